@@ -1,0 +1,68 @@
+// zps/common/thread_pool.h — a fixed pool of named worker threads for data-parallel passes
+// (the optimizer, gradient statistics, bulk conversion).
+//
+// ParallelFor(n, fn) runs fn(0..n-1) across the pool and the calling thread, and returns when all
+// have run. Which thread runs which index is not fixed, so callers that need bit-identical
+// results whatever the thread count must cut work into a fixed number of tasks and combine the
+// partial results in task order (the optimizer does).
+//
+// Thread-safety: ParallelFor may be called from several threads; calls are serialised.
+// Ownership: the destructor joins all threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zps/common/status.h"
+
+namespace zps {
+
+struct ThreadPoolOptions {
+  std::string name = "zps-pool";  // Default: "zps-pool"; threads are named name-0, name-1, ...
+  int threads = 0;                // Default: 0 = one per online CPU. Includes the calling thread.
+  bool pin = false;               // Default: false. Pin thread i to CPU i (the caller is not pinned).
+};
+
+class ThreadPool {
+ public:
+  /// Errors: InvalidArgument for threads < 0; Internal if a thread cannot be started.
+  static Result<std::unique_ptr<ThreadPool>> Create(const ThreadPoolOptions& options);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  /// Number of threads that run tasks, counting the caller of ParallelFor.
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  /// Runs fn(i) for every i in [0, n). fn must not throw and must not call ParallelFor.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  explicit ThreadPool(ThreadPoolOptions options);
+  void WorkerLoop(int index);
+  void RunTasks();
+
+  ThreadPoolOptions options_;
+  std::mutex call_mu_;  // serialises ParallelFor; taken before mu_
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  // Guarded by mu_:
+  uint64_t generation_ = 0;
+  int active_ = 0;
+  bool stop_ = false;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t n_ = 0;
+  // Lock-free task cursor for the current generation.
+  std::atomic<size_t> next_{0};
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace zps

@@ -1,0 +1,90 @@
+#include "zps/common/thread_pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include "zps/common/logging.h"
+
+namespace zps {
+
+Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(const ThreadPoolOptions& options) {
+  if (options.threads < 0) return InvalidArgument("thread count must be >= 0");
+  ThreadPoolOptions opts = options;
+  if (opts.threads == 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::unique_ptr<ThreadPool> pool(new ThreadPool(opts));
+  try {
+    for (int i = 1; i < opts.threads; ++i) {
+      pool->workers_.emplace_back([p = pool.get(), i] { p->WorkerLoop(i); });
+    }
+  } catch (const std::system_error& e) {
+    return Internal(std::string("cannot start pool thread: ") + e.what());
+  }
+  return pool;
+}
+
+ThreadPool::ThreadPool(ThreadPoolOptions options) : options_(std::move(options)) {}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::RunTasks() {
+  for (;;) {
+    size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_) break;
+    (*fn_)(i);
+  }
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  log::SetThreadName(options_.name + "-" + std::to_string(index));
+  if (options_.pin) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<unsigned>(index) % CPU_SETSIZE, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunTasks();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> call(call_mu_);
+  if (workers_.empty() || n == 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    active_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  RunTasks();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace zps

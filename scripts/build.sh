@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds zps into build/ (programs in build/bin/). Extra arguments go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${ZPS_BUILD_DIR:-build}
+JOBS=${ZPS_JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${ZPS_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"

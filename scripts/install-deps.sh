@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package zps builds, tests and benchmarks with. Idempotent: packages
+# already present are skipped by apt-get, and apt's lists are refreshed only when a package is
+# missing. Run as root (or through sudo).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libboost-dev                   # Boost.Asio (header-only)
+  libucx-dev ucx-utils           # data plane, and ucx_perftest for the transport ceiling
+  librocksdb-dev                 # catalog and checkpoints
+  liburing-dev                   # NVMe tier
+  nlohmann-json3-dev             # config files and JSON output
+  libgtest-dev libgmock-dev      # unit tests
+  fio                            # disk ceiling beside the NVMe benchmarks
+  python3 python3-numpy          # small test helpers (safetensors reader, bench drivers)
+  iproute2 procps curl           # network namespaces, process control, HTTP checks in tests
+)
+# Optional extras that only the comparison benchmarks use (PyTorch is large).
+if [[ "${ZPS_WITH_TORCH:-0}" == "1" ]]; then
+  PACKAGES+=(python3-torch)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
