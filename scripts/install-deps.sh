@@ -15,6 +15,8 @@ PACKAGES=(
   fio                            # disk ceiling beside the NVMe benchmarks
   python3 python3-numpy          # small test helpers (safetensors reader, bench drivers)
   iproute2 procps curl           # network namespaces, process control, HTTP checks in tests
+  prometheus                     # real scrape test, promtool check metrics/rules
+  nodejs npm unzip               # chart validation (kubernetes-models, ajv) and the helm binary
 )
 # Optional extras that only the comparison benchmarks use (PyTorch is large).
 if [[ "${ZPS_WITH_TORCH:-0}" == "1" ]]; then

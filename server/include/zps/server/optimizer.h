@@ -1,0 +1,121 @@
+// zps/server/optimizer.h — the fused CPU optimizer a shard runs over its chunks.
+//
+// One call to Optimizer::Update makes ONE pass over memory: it reads the gradient (fp32, fp16 or
+// bf16), the fp32 master, m and v, applies one scale factor (1/loss_scale x clip coefficient),
+// and writes master, m, v and the 16-bit serving copy (fp16 or bf16) of the new master.
+// ComputeGradStats is the separate statistics pass (sum of squares, non-finite flag) that feeds
+// the coordinator's commit decision.
+//
+// Algorithms: Adam and AdamW (bias correction on or off; weight decay coupled, i.e. L2 added to
+// the gradient, or decoupled) and SGD with momentum (optionally Nesterov).
+// Vectorised for AVX-512 and AVX2+FMA+F16C with a scalar fallback, chosen at Create() from the
+// active ISA (zps/common/cpu.h, ZPS_ISA overrides).
+//
+// Determinism: results are bit-identical whatever the thread pool's size, because work is cut
+// into fixed-size blocks and partial sums are combined in block order.
+//
+// Thread-safety: an Optimizer is immutable after Create(); Update and ComputeGradStats may run
+// concurrently on disjoint chunks (they share the pool, whose calls are serialised).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
+#include "zps/common/status.h"
+#include "zps/common/thread_pool.h"
+
+namespace zps::server {
+
+enum class OptimizerKind : uint8_t { kAdam = 0, kAdamW = 1, kSgd = 2 };
+
+std::string_view OptimizerKindName(OptimizerKind kind);
+/// "adam", "adamw", "sgd".
+Result<OptimizerKind> ParseOptimizerKind(std::string_view text);
+
+/// Hyperparameters. Validate() rejects bad values with InvalidArgument naming the field.
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;  // Default: adamw
+  float lr = 1e-3f;                  // Default: 1e-3. Must be >= 0 and finite.
+  float beta1 = 0.9f;                // Default: 0.9. Adam/AdamW; in [0, 1).
+  float beta2 = 0.999f;              // Default: 0.999. Adam/AdamW; in [0, 1).
+  float eps = 1e-8f;                 // Default: 1e-8. Adam/AdamW; > 0.
+  float weight_decay = 0.0f;         // Default: 0. >= 0. Coupled (L2) for kAdam and kSgd,
+                                     // decoupled for kAdamW.
+  bool bias_correction = true;       // Default: true. Adam/AdamW.
+  float momentum = 0.0f;             // Default: 0. SGD; in [0, 1).
+  bool nesterov = false;             // Default: false. SGD; needs momentum > 0.
+
+  Status Validate() const;
+  /// A stable binary encoding (versioned), for checkpoints.
+  std::vector<std::byte> Serialize() const;
+  /// Errors: InvalidArgument / DataLoss for a malformed or unknown-version buffer.
+  static Result<OptimizerConfig> Deserialize(std::span<const std::byte> bytes);
+};
+
+/// The state of one chunk: fp32 master, and the moments. `v` is unused (may be empty) for SGD;
+/// `m` holds the momentum buffer for SGD (may be empty when momentum == 0).
+struct ChunkState {
+  std::span<float> master;
+  std::span<float> m;
+  std::span<float> v;
+};
+
+/// A read-only gradient buffer of `n` elements of `dtype`.
+struct GradView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t n = 0;
+};
+
+struct UpdateParams {
+  int64_t step = 1;            // 1-based step count after this update (drives bias correction).
+  float grad_scale = 1.0f;     // Multiplies every gradient element before use.
+  DType out_dtype = DType::kBF16;  // kF16 or kBF16: the serving copy's type.
+  std::span<uint16_t> out16;   // The serving copy; same length as master. May be empty: no copy.
+};
+
+struct GradStats {
+  double sum_squares = 0.0;  // of the scaled gradient
+  bool non_finite = false;   // any Inf or NaN element
+};
+
+class Optimizer {
+ public:
+  /// Errors: InvalidArgument from config.Validate(); InvalidArgument if `isa` is not supported
+  /// by this CPU. `pool` may be null (single-threaded); it must outlive the Optimizer.
+  static Result<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config, ThreadPool* pool,
+                                                   Isa isa);
+  /// As above with the active ISA (ActiveIsa()).
+  static Result<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config, ThreadPool* pool);
+
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  const OptimizerConfig& config() const { return config_; }
+  Isa isa() const { return isa_; }
+
+  /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, m, v, out16),
+  /// when step < 1, when grad_scale is not finite, or when out_dtype is kF32.
+  /// On error nothing is written.
+  Status Update(const ChunkState& state, const GradView& grad, const UpdateParams& params) const;
+
+  /// Sum of squares of (grad x scale), accumulated in double over fixed blocks of 4096 fp32
+  /// partials, combined in order, and the non-finite flag. Bit-identical for any pool size.
+  Result<GradStats> ComputeGradStats(const GradView& grad, float scale = 1.0f) const;
+
+ private:
+  Optimizer(const OptimizerConfig& config, ThreadPool* pool, Isa isa);
+
+  OptimizerConfig config_;
+  ThreadPool* pool_;
+  Isa isa_;
+};
+
+}  // namespace zps::server
