@@ -1,0 +1,40 @@
+// bench.h — the sub-command table of zps-bench.
+//
+// A sub-command lives in its own file (optimizer_bench.cc, transport_bench.cc, ...) and registers
+// itself with one line at namespace scope:
+//
+//   ZPS_BENCH_SUBCOMMAND("transport", "UCX/TCP data-plane throughput", RunTransportBench);
+//
+// where `int RunTransportBench(int argc, char** argv)` receives argv[0] == "transport" followed by
+// the sub-command's own flags (parse them with zps::Flags, so --help works), and returns the
+// process exit code. bench/CMakeLists.txt picks up every bench/*_bench.cc on its own.
+//
+// Thread-safety: registration happens during static initialisation, before main().
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace zps::bench {
+
+using SubcommandFn = int (*)(int argc, char** argv);
+
+struct Subcommand {
+  std::string_view name;
+  std::string_view summary;
+  SubcommandFn run;
+};
+
+/// Adds a sub-command; returns true so it can initialise a static. Duplicate names abort at
+/// start-up (a build mistake, not a runtime condition).
+bool RegisterSubcommand(Subcommand cmd);
+/// All registered sub-commands, sorted by name.
+const std::vector<Subcommand>& Subcommands();
+
+}  // namespace zps::bench
+
+#define ZPS_BENCH_CONCAT_INNER_(a, b) a##b
+#define ZPS_BENCH_CONCAT_(a, b) ZPS_BENCH_CONCAT_INNER_(a, b)
+#define ZPS_BENCH_SUBCOMMAND(name, summary, fn)                                  \
+  [[maybe_unused]] static const bool ZPS_BENCH_CONCAT_(zps_bench_registered_, __LINE__) = \
+      ::zps::bench::RegisterSubcommand({name, summary, fn})

@@ -1,0 +1,215 @@
+// zps-bench optimizer: throughput of the fused optimizer pass and of the gradient-statistics
+// pass over a chunk far larger than the caches (default 64M parameters, ~1.3 GiB of buffers).
+//
+// Method (as ../shared/probes/adam_probe.c, so the figures compare): buffers are first-touched
+// by the same pool that runs the kernels, each case runs `steps` times, the first two are
+// warm-up, and the best remaining time is reported (the median too). Bytes per parameter count
+// what the pass must move: reads and writes of the arrays, not the read-for-ownership traffic.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "zps/common/config.h"
+#include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
+#include "zps/common/thread_pool.h"
+#include "zps/server/optimizer.h"
+
+namespace zps::bench {
+namespace {
+
+struct Options {
+  bool json = false;          // Default: false (a table).
+  int threads = 0;            // Default: 0 = run at 1 thread and at all CPUs.
+  int64_t params = 64 << 20;  // Default: 64M.
+  int steps = 8;              // Default: 8 (2 warm-up).
+  bool huge_pages = false;    // Default: false (plain pages, as the probe).
+  bool pin = false;           // Default: false.
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+template <typename T>
+std::unique_ptr<T[], FreeDeleter> Alloc(size_t n, bool huge) {
+  constexpr size_t kAlign = 2 << 20;
+  const size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p == nullptr) {
+    std::fprintf(stderr, "zps-bench: cannot allocate %zu bytes\n", bytes);
+    std::exit(1);
+  }
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint; THP may still say no
+  return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(p));
+}
+
+struct Buffers {
+  size_t n;
+  std::unique_ptr<float[], FreeDeleter> g32, master, m, v;
+  std::unique_ptr<uint16_t[], FreeDeleter> g16, out;
+};
+
+// First touch from the pool's threads, as the probe does with OpenMP.
+void Fill(Buffers& b, ThreadPool* pool) {
+  constexpr size_t kBlock = 1 << 20;
+  const size_t tasks = (b.n + kBlock - 1) / kBlock;
+  pool->ParallelFor(tasks, [&](size_t t) {
+    for (size_t i = t * kBlock; i < std::min(b.n, (t + 1) * kBlock); ++i) {
+      b.master[i] = 0.01f * static_cast<float>(i % 97);
+      b.g32[i] = 0.001f * static_cast<float>(i % 13) - 0.006f;
+      b.g16[i] = FloatToHalf(b.g32[i]);
+      b.m[i] = b.v[i] = 0.0f;
+      b.out[i] = 0;
+    }
+  });
+}
+
+struct Case {
+  std::string kernel;  // "adamw_fused" | "grad_stats"
+  DType grad;
+  bool copy;
+  DType out;
+  double bytes_per_param;
+};
+
+struct Timing {
+  double best_s, median_s;
+};
+
+template <typename Fn>
+Timing TimeSteps(int steps, Fn&& fn) {
+  std::vector<double> t;
+  for (int s = 1; s <= steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(s);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s > 2) t.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2]};
+}
+
+int Run(int argc, char** argv) {
+  Options o;
+  Flags flags("zps-bench optimizer",
+              "Fused optimizer and gradient-statistics throughput over one large chunk.\n"
+              "ZPS_ISA=scalar|avx2|avx512 selects the kernels (default: the best this CPU has).");
+  flags.Add("json", "print one JSON object per line", &o.json);
+  flags.Add("threads", "pool size; 0 = run at 1 thread and at all CPUs", &o.threads, 0, 1024);
+  flags.Add("params", "parameters in the chunk", &o.params, 1, int64_t{1} << 34);
+  flags.Add("steps", "timed steps per case (the first 2 are warm-up)", &o.steps, 3, 1000);
+  flags.Add("huge-pages", "madvise(MADV_HUGEPAGE) the buffers", &o.huge_pages);
+  flags.Add("pin", "pin pool threads to CPUs (ThreadPoolOptions.pin)", &o.pin);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "zps-bench optimizer: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  if (*parsed == ParseOutcome::kHelpShown) return 0;
+  auto isa = ActiveIsa();
+  if (!isa.ok()) {
+    std::fprintf(stderr, "zps-bench optimizer: %s\n", isa.status().ToString().c_str());
+    return 2;
+  }
+
+  std::vector<int> thread_counts;
+  if (o.threads > 0) {
+    thread_counts = {o.threads};
+  } else {
+    const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    thread_counts = {1};
+    if (all > 1) thread_counts.push_back(all);
+  }
+
+  const auto n = static_cast<size_t>(o.params);
+  Buffers b{n, Alloc<float>(n, o.huge_pages), Alloc<float>(n, o.huge_pages), Alloc<float>(n, o.huge_pages),
+            Alloc<float>(n, o.huge_pages), Alloc<uint16_t>(n, o.huge_pages), Alloc<uint16_t>(n, o.huge_pages)};
+
+  // Fused AdamW reads g, master, m, v and writes master, m, v (+ the copy).
+  const std::vector<Case> cases = {
+      {"adamw_fused", DType::kF32, true, DType::kBF16, 4 + 24 + 2},
+      {"adamw_fused", DType::kF16, true, DType::kF16, 2 + 24 + 2},
+      {"adamw_fused", DType::kF32, false, DType::kBF16, 4 + 24},
+      {"grad_stats", DType::kF32, false, DType::kF32, 4},
+      {"grad_stats", DType::kF16, false, DType::kF32, 2},
+  };
+
+  if (!o.json) {
+    std::printf("zps-bench optimizer: %zu params, isa %s, best of %d steps after 2 warm-up\n", n,
+                std::string(IsaName(*isa)).c_str(), o.steps - 2);
+    std::printf("%-12s %-5s %-5s %7s %10s %10s %8s %6s\n", "kernel", "grad", "out", "threads",
+                "Mparam/s", "median", "GB/s", "B/par");
+  }
+  server::OptimizerConfig cfg;  // AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8
+  cfg.weight_decay = 0.01f;
+  for (int threads : thread_counts) {
+    auto pool = ThreadPool::Create({.name = "zps-bench", .threads = threads, .pin = o.pin});
+    if (!pool.ok()) {
+      std::fprintf(stderr, "zps-bench optimizer: %s\n", pool.status().ToString().c_str());
+      return 1;
+    }
+    Fill(b, pool->get());
+    auto opt = server::Optimizer::Create(cfg, pool->get(), *isa);
+    if (!opt.ok()) {
+      std::fprintf(stderr, "zps-bench optimizer: %s\n", opt.status().ToString().c_str());
+      return 1;
+    }
+    for (const Case& c : cases) {
+      const void* gdata = c.grad == DType::kF32 ? static_cast<const void*>(b.g32.get()) : b.g16.get();
+      const server::GradView grad{gdata, c.grad, n};
+      Status err;
+      const Timing t = TimeSteps(o.steps, [&](int step) {
+        if (c.kernel == "grad_stats") {
+          auto st = (*opt)->ComputeGradStats(grad, 0.5f);
+          if (!st.ok()) err = st.status();
+          return;
+        }
+        const server::ChunkState state{{b.master.get(), n}, {b.m.get(), n}, {b.v.get(), n}};
+        server::UpdateParams up;
+        up.step = step;
+        up.out_dtype = c.out;
+        if (c.copy) up.out16 = {b.out.get(), n};
+        Status s = (*opt)->Update(state, grad, up);
+        if (!s.ok()) err = s;
+      });
+      if (!err.ok()) {
+        std::fprintf(stderr, "zps-bench optimizer: %s\n", err.ToString().c_str());
+        return 1;
+      }
+      const double mps = static_cast<double>(n) / t.best_s / 1e6;
+      const double mps_med = static_cast<double>(n) / t.median_s / 1e6;
+      const double gbs = static_cast<double>(n) * c.bytes_per_param / t.best_s / 1e9;
+      const std::string out = c.copy ? std::string(DTypeName(c.out)) : "none";
+      const std::string gname(DTypeName(c.grad));
+      if (o.json) {
+        std::printf(
+            "{\"bench\": \"optimizer\", \"kernel\": \"%s\", \"grad_dtype\": \"%s\", \"out_dtype\": "
+            "\"%s\", \"threads\": %d, \"params\": %zu, \"isa\": \"%s\", \"mparams_per_s\": %.0f, "
+            "\"median_mparams_per_s\": %.0f, \"gb_per_s\": %.1f, \"bytes_per_param\": %.0f, "
+            "\"huge_pages\": %s, \"pin\": %s}\n",
+            c.kernel.c_str(), gname.c_str(), out.c_str(), threads, n, std::string(IsaName(*isa)).c_str(),
+            mps, mps_med, gbs, c.bytes_per_param, o.huge_pages ? "true" : "false", o.pin ? "true" : "false");
+      } else {
+        std::printf("%-12s %-5s %-5s %7d %10.0f %10.0f %8.1f %6.0f\n", c.kernel.c_str(), gname.c_str(),
+                    out.c_str(), threads, mps, mps_med, gbs, c.bytes_per_param);
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+ZPS_BENCH_SUBCOMMAND("optimizer", "fused optimizer and gradient-statistics throughput", Run);
+
+}  // namespace zps::bench

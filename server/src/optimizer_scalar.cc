@@ -1,0 +1,91 @@
+// Scalar kernels: the portable fallback (and the path ZPS_ISA=scalar tests). One lane, no FMA:
+// every operation rounds once, as in the vector paths, but a*b+c rounds twice here.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "optimizer_kernels.h"
+#include "zps/common/dtype.h"
+
+namespace zps::server::internal {
+namespace scalar {
+
+struct V {
+  using F = float;
+  static constexpr size_t kLanes = 1;
+  static F Set1(float x) { return x; }
+  static F Load(const float* p) { return *p; }
+  static void Store(float* p, F x) { *p = x; }
+  static F Mul(F a, F b) { return a * b; }
+  static F Fma(F a, F b, F c) { return a * b + c; }
+  static F Fnma(F a, F b, F c) { return c - a * b; }
+  static F Sqrt(F a) { return std::sqrt(a); }
+  static F Div(F a, F b) { return a / b; }
+  template <DType G>
+  static F LoadGrad(const void* base, size_t i) {
+    if constexpr (G == DType::kF32) {
+      float x;
+      std::memcpy(&x, static_cast<const unsigned char*>(base) + i * 4, 4);
+      return x;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const unsigned char*>(base) + i * 2, 2);
+      return G == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
+    }
+  }
+  template <DType OUT, bool STREAM>
+  static void StoreOut(uint16_t* p, F x) {
+    *p = OUT == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
+  }
+  static void StreamFence() {}
+};
+
+#include "optimizer_kernel_body.inc"
+
+template <DType G>
+double SumSquaresRangeT(const void* g, size_t begin, size_t end) {
+  double s = 0.0;
+  for (size_t b = begin; b < end; b += kStatsBlock) {
+    const size_t e = std::min(end, b + kStatsBlock);
+    // Same shape as the vector paths (16 lane sums over whole groups of 16, reduced in lane
+    // order, then the block's tail in order), so the result is bit-identical to theirs: the
+    // products are exact, and every addition happens in the same order.
+    double lanes[16] = {};
+    size_t i = b;
+    for (; i + 16 <= e; i += 16) {
+      for (size_t k = 0; k < 16; ++k) {
+        const double x = V::LoadGrad<G>(g, i + k);
+        lanes[k] += x * x;
+      }
+    }
+    double bs = 0.0;
+    for (double x : lanes) bs += x;
+    for (; i < e; ++i) {
+      const double x = V::LoadGrad<G>(g, i);
+      bs += x * x;
+    }
+    s += bs;
+  }
+  return s;
+}
+
+double SumSquaresRange(const void* g, DType dtype, size_t begin, size_t end) {
+  switch (dtype) {
+    case DType::kF32: return SumSquaresRangeT<DType::kF32>(g, begin, end);
+    case DType::kF16: return SumSquaresRangeT<DType::kF16>(g, begin, end);
+    case DType::kBF16: return SumSquaresRangeT<DType::kBF16>(g, begin, end);
+  }
+  return 0.0;
+}
+
+void UpdateRange(const KernelArgs& a, size_t begin, size_t end) { UpdateRangeImpl<V>(a, begin, end); }
+
+}  // namespace scalar
+
+const KernelTable& ScalarKernels() {
+  static constexpr KernelTable table{&scalar::UpdateRange, &scalar::SumSquaresRange};
+  return table;
+}
+
+}  // namespace zps::server::internal

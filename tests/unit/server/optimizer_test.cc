@@ -1,0 +1,413 @@
+// Fused optimizer kernels against a scalar double-precision reference, once per ISA (the ctest
+// registration sets ZPS_ISA; see zps_cc_test ISA_MATRIX).
+//
+// Tolerances (one step from identical fp32 inputs; u = 2^-24 ~ 6e-8 is the fp32 unit roundoff,
+// and each kernel value is a handful of fp32 operations, each rounding once):
+//   m, v:    |err| <= 1e-6 * (sum of the magnitudes of the terms that form them) + 1e-30
+//            (~16u: the terms carry <= ~4 roundings; bounding by the terms, not the result,
+//            allows for cancellation in b1*m + (1-b1)*g)
+//   master:  |err| <= 1e-6 * |p_ref| + 1e-5 * step_size * U + 1e-30, with U = (|b1*m| +
+//            |(1-b1)*g|) / denom the size of the Adam update before the step size (for SGD
+//            U = |d|-terms, likewise). sqrt and division are exact (correctly rounded) in every
+//            path, so the update carries ~10u at most; 1e-5 leaves room without hiding a wrong
+//            formula (a missing bias correction or decay changes the result by >= 1e-3 relative).
+//   grad stats: |err| <= 1e-12 * reference (every square is exact in double; only additions
+//            round).
+//   16-bit copy: bit-equal to FloatToHalf/FloatToBf16 of the new master.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
+#include "zps/common/thread_pool.h"
+#include "zps/server/optimizer.h"
+
+namespace zps::server {
+namespace {
+
+constexpr double kTolMV = 1e-6;
+constexpr double kTolP = 1e-6;
+constexpr double kTolUpdate = 1e-5;
+constexpr double kTolStats = 1e-12;
+
+#define ZPS_GET_ISA_OR_SKIP(var)                                         \
+  auto var##_result = ActiveIsa();                                       \
+  if (!var##_result.ok()) GTEST_SKIP() << var##_result.status().ToString(); \
+  const Isa var = *var##_result
+
+struct State {
+  std::vector<float> p, m, v;
+  std::vector<uint16_t> g16;  // grads as fp16/bf16 bits
+  std::vector<float> g32;
+  std::vector<uint16_t> out;
+};
+
+uint16_t ToBits(float x, DType t) { return t == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x); }
+
+// Random state resembling training: weights O(1), moments small, some fresh (zero) moments.
+State MakeState(size_t n, DType grad_dtype, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> w(-1.0f, 1.0f), g(-0.1f, 0.1f);
+  State s;
+  s.p.resize(n), s.m.resize(n), s.v.resize(n), s.g32.resize(n), s.g16.resize(n), s.out.assign(n, 0xdead);
+  for (size_t i = 0; i < n; ++i) {
+    s.p[i] = w(rng);
+    const bool fresh = i % 7 == 3;
+    s.m[i] = fresh ? 0.0f : 0.01f * w(rng);
+    s.v[i] = fresh ? 0.0f : 1e-4f * std::fabs(w(rng));
+    float gi = g(rng);
+    if (i % 11 == 5) gi *= 1e-4f;  // small gradients: eps matters
+    if (grad_dtype != DType::kF32) {
+      s.g16[i] = ToBits(gi, grad_dtype);
+      gi = LoadAsFloat(s.g16.data(), grad_dtype, i);
+    }
+    s.g32[i] = gi;
+  }
+  return s;
+}
+
+GradView Grad(const State& s, DType t, size_t off, size_t n) {
+  return t == DType::kF32 ? GradView{s.g32.data() + off, t, n} : GradView{s.g16.data() + off, t, n};
+}
+
+struct Ref {
+  double p, m, v, tol_p, tol_m, tol_v;
+};
+
+// The reference step in double, from the same fp32 inputs, with its tolerance.
+Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, float m, float v, float g) {
+  const double lr = c.lr, wd = c.weight_decay;
+  double gd = static_cast<double>(g) * scale;
+  Ref r{};
+  if (c.kind == OptimizerKind::kSgd) {
+    const double l2 = wd * p;
+    gd += l2;
+    const double mom = c.momentum;
+    double d = gd, dterms = std::fabs(gd) + std::fabs(l2);
+    if (mom > 0) {
+      r.m = mom * m + gd;
+      r.tol_m = kTolMV * (std::fabs(mom * m) + dterms) + 1e-30;
+      d = c.nesterov ? gd + mom * r.m : r.m;
+      dterms = c.nesterov ? dterms + mom * (std::fabs(mom * m) + dterms) : std::fabs(mom * m) + dterms;
+    }
+    r.p = p - lr * d;
+    r.tol_p = kTolP * std::fabs(r.p) + kTolUpdate * lr * dterms + 1e-30;
+    return r;
+  }
+  double l2term = 0;
+  if (c.kind == OptimizerKind::kAdam) {
+    l2term = wd * p;
+    gd += l2term;
+  }
+  const double b1 = c.beta1, b2 = c.beta2;
+  r.m = b1 * m + (1 - b1) * gd;
+  r.v = b2 * v + (1 - b2) * gd * gd;
+  const double gterms = std::fabs(static_cast<double>(g) * scale) + std::fabs(l2term);
+  r.tol_m = kTolMV * (std::fabs(b1 * m) + (1 - b1) * gterms) + 1e-30;
+  r.tol_v = kTolMV * (b2 * v + (1 - b2) * gterms * gterms) + 1e-30;
+  const double bc1 = c.bias_correction ? 1 - std::pow(b1, static_cast<double>(step)) : 1;
+  const double bc2 = c.bias_correction ? 1 - std::pow(b2, static_cast<double>(step)) : 1;
+  const double denom = std::sqrt(r.v) / std::sqrt(bc2) + c.eps;
+  const double decayed = c.kind == OptimizerKind::kAdamW ? p * (1 - lr * wd) : p;
+  const double step_size = lr / bc1;
+  r.p = decayed - step_size * r.m / denom;
+  r.tol_p = kTolP * std::fabs(r.p) +
+            kTolUpdate * step_size * (std::fabs(b1 * m) + (1 - b1) * gterms) / denom + 1e-30;
+  return r;
+}
+
+struct Case {
+  const char* name;
+  OptimizerConfig config;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW, c.weight_decay = 0.1f;
+  cases.push_back({"adamw", c});
+  c.bias_correction = false;
+  cases.push_back({"adamw_nobias", c});
+  c = {};
+  c.kind = OptimizerKind::kAdam, c.weight_decay = 0.01f, c.beta1 = 0.8f, c.eps = 1e-6f;
+  cases.push_back({"adam_l2", c});
+  c = {};
+  c.kind = OptimizerKind::kSgd, c.lr = 0.05f;
+  cases.push_back({"sgd_plain", c});
+  c.momentum = 0.9f, c.weight_decay = 1e-3f;
+  cases.push_back({"sgd_momentum", c});
+  c.nesterov = true;
+  cases.push_back({"sgd_nesterov", c});
+  return cases;
+}
+
+// Runs the optimizer on elements [off, off+n) of a fresh state and checks every element against
+// the reference, and the copy against the scalar conversion.
+void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, bool copy, DType ot,
+                           size_t off, size_t n, int64_t step) {
+  SCOPED_TRACE(testing::Message() << cs.name << " grad=" << DTypeName(gt) << " out="
+                                  << (copy ? DTypeName(ot) : "none") << " off=" << off << " n=" << n
+                                  << " step=" << step);
+  const bool sgd = cs.config.kind == OptimizerKind::kSgd;
+  State s = MakeState(off + n + 3, gt, static_cast<uint32_t>(n * 31 + off));
+  const State before = s;
+  auto opt = Optimizer::Create(cs.config, pool, isa);
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  const float scale = 0.5f;
+  ChunkState st{{s.p.data() + off, n}, {s.m.data() + off, n}, {s.v.data() + off, n}};
+  if (sgd) st.v = {};
+  if (sgd && cs.config.momentum == 0) st.m = {};
+  UpdateParams up;
+  up.step = step;
+  up.grad_scale = scale;
+  up.out_dtype = ot;
+  if (copy) up.out16 = {s.out.data() + off, n};
+  ASSERT_TRUE((*opt)->Update(st, Grad(s, gt, off, n), up).ok());
+
+  int bad = 0;
+  for (size_t i = off; i < off + n && bad < 5; ++i) {
+    const Ref r = Reference(cs.config, step, scale, before.p[i], before.m[i], before.v[i], before.g32[i]);
+    const bool ok_p = std::fabs(s.p[i] - r.p) <= r.tol_p;
+    const bool has_m = !sgd || cs.config.momentum > 0;
+    const bool ok_m = !has_m || std::fabs(s.m[i] - r.m) <= r.tol_m;
+    const bool ok_v = sgd || std::fabs(s.v[i] - r.v) <= r.tol_v;
+    const bool ok_out = copy ? s.out[i] == ToBits(s.p[i], ot) : s.out[i] == 0xdead;
+    if (!(ok_p && ok_m && ok_v && ok_out)) {
+      ++bad;
+      ADD_FAILURE() << "element " << i << ": p " << s.p[i] << " vs " << r.p << " (tol " << r.tol_p
+                    << "), m " << s.m[i] << " vs " << r.m << ", v " << s.v[i] << " vs " << r.v
+                    << ", out " << s.out[i] << " vs " << ToBits(s.p[i], ot);
+    }
+  }
+  // Nothing outside [off, off+n) is touched.
+  for (size_t i : {size_t{0}, off + n, off + n + 2}) {
+    if (i >= off && i < off + n) continue;
+    EXPECT_EQ(s.p[i], before.p[i]);
+    EXPECT_EQ(s.m[i], before.m[i]);
+    EXPECT_EQ(s.v[i], before.v[i]);
+    EXPECT_EQ(s.out[i], before.out[i]);
+  }
+}
+
+TEST(Optimizer, EveryKernelGradDtypeAndCopyMatchesReference) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto pool = ThreadPool::Create({.name = "test-opt", .threads = 2});
+  ASSERT_TRUE(pool.ok());
+  // 70001 elements: several pool tasks, streaming copy stores (>= 64Ki), a ragged tail; the
+  // offset of 1 element misaligns every array and the copy (alignment peel).
+  for (const Case& cs : Cases()) {
+    for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (int out = 0; out < 3; ++out) {
+        const bool copy = out > 0;
+        const DType ot = out == 1 ? DType::kF16 : DType::kBF16;
+        CheckAgainstReference(isa, pool->get(), cs, gt, copy, ot, 1, 70001, 3);
+      }
+    }
+  }
+}
+
+TEST(Optimizer, BiasCorrectionAcrossSteps) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  for (const Case& cs : Cases()) {
+    for (int64_t step : {1, 2, 10, 1000, 1000000}) {
+      CheckAgainstReference(isa, nullptr, cs, DType::kF32, true, DType::kBF16, 0, 333, step);
+    }
+  }
+}
+
+TEST(Optimizer, EmptyTinyAndOddSizes) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  for (const Case& cs : Cases()) {
+    for (size_t n = 1; n <= 67; ++n) {
+      for (size_t off : {size_t{0}, size_t{3}}) {
+        CheckAgainstReference(isa, nullptr, cs, DType::kF16, true, DType::kF16, off, n, 2);
+      }
+    }
+  }
+  auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_TRUE((*opt)->Update({}, GradView{nullptr, DType::kF32, 0}, UpdateParams{}).ok());
+  auto stats = (*opt)->ComputeGradStats(GradView{nullptr, DType::kBF16, 0});
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->sum_squares, 0.0);
+  EXPECT_FALSE(stats->non_finite);
+}
+
+// Every byte of the result, for pool sizes 1, 2, 3 and 7 and no pool.
+TEST(Optimizer, BitIdenticalAcrossThreadCounts) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  const size_t n = 3 * 65536 + 12345;
+  for (const Case& cs : Cases()) {
+    std::vector<State> results;
+    std::vector<double> sums;
+    for (int threads : {0, 1, 2, 3, 7}) {
+      std::unique_ptr<ThreadPool> pool;
+      if (threads > 0) {
+        auto p = ThreadPool::Create({.name = "test-bits", .threads = threads});
+        ASSERT_TRUE(p.ok());
+        pool = std::move(*p);
+      }
+      State s = MakeState(n, DType::kBF16, 7);
+      auto opt = Optimizer::Create(cs.config, pool.get(), isa);
+      ASSERT_TRUE(opt.ok());
+      UpdateParams up;
+      up.grad_scale = 0.25f;
+      up.out16 = s.out;
+      for (int64_t step = 1; step <= 2; ++step) {
+        up.step = step;
+        ASSERT_TRUE((*opt)->Update({s.p, s.m, s.v}, Grad(s, DType::kBF16, 0, n), up).ok());
+      }
+      auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF32, 0, n), 3.0f);
+      ASSERT_TRUE(stats.ok());
+      sums.push_back(stats->sum_squares);
+      results.push_back(std::move(s));
+    }
+    for (size_t k = 1; k < results.size(); ++k) {
+      EXPECT_EQ(std::memcmp(results[k].p.data(), results[0].p.data(), n * 4), 0) << cs.name << " " << k;
+      EXPECT_EQ(std::memcmp(results[k].m.data(), results[0].m.data(), n * 4), 0) << cs.name << " " << k;
+      EXPECT_EQ(std::memcmp(results[k].v.data(), results[0].v.data(), n * 4), 0) << cs.name << " " << k;
+      EXPECT_EQ(results[k].out, results[0].out) << cs.name << " " << k;
+      EXPECT_EQ(std::bit_cast<uint64_t>(sums[k]), std::bit_cast<uint64_t>(sums[0])) << cs.name << " " << k;
+    }
+  }
+}
+
+double RefSumSquares(const State& s, size_t n, float scale) {
+  long double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += static_cast<long double>(s.g32[i]) * s.g32[i];
+  return static_cast<double>(sum * scale * scale);
+}
+
+TEST(Optimizer, GradStatsMatchReference) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto pool = ThreadPool::Create({.name = "test-stats", .threads = 3});
+  ASSERT_TRUE(pool.ok());
+  auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
+  ASSERT_TRUE(opt.ok());
+  for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
+      State s = MakeState(n, gt, static_cast<uint32_t>(n));
+      auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 8.0f);
+      ASSERT_TRUE(stats.ok());
+      const double ref = RefSumSquares(s, n, 8.0f);
+      EXPECT_NEAR(stats->sum_squares, ref, kTolStats * ref) << DTypeName(gt) << " n=" << n;
+      EXPECT_FALSE(stats->non_finite);
+    }
+  }
+}
+
+// The statistics are the same bits on every ISA this CPU has (same lane layout, exact squares).
+TEST(Optimizer, GradStatsSameOnEveryIsa) {
+  const size_t n = 100003;
+  State s = MakeState(n, DType::kF16, 11);
+  std::vector<uint64_t> bits;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
+    ASSERT_TRUE(opt.ok());
+    auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF16, 0, n));
+    ASSERT_TRUE(stats.ok());
+    bits.push_back(std::bit_cast<uint64_t>(stats->sum_squares));
+  }
+  for (uint64_t b : bits) EXPECT_EQ(b, bits[0]);
+}
+
+TEST(Optimizer, NonFiniteGradientsFlagged) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto pool = ThreadPool::Create({.name = "test-nan", .threads = 2});
+  ASSERT_TRUE(pool.ok());
+  auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
+  ASSERT_TRUE(opt.ok());
+  const size_t n = 150001;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    // Positions: first, inside a vector, in a later pool task, the ragged tail, the last.
+    for (size_t pos : {size_t{0}, size_t{9}, size_t{70000}, size_t{n - 3}, size_t{n - 1}}) {
+      for (float bad : {inf, -inf, nan}) {
+        State s = MakeState(n, gt, 5);
+        s.g32[pos] = bad;
+        s.g16[pos] = ToBits(bad, gt == DType::kF32 ? DType::kF16 : gt);
+        auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 1e-3f);
+        ASSERT_TRUE(stats.ok());
+        EXPECT_TRUE(stats->non_finite) << DTypeName(gt) << " pos=" << pos << " value=" << bad;
+      }
+    }
+  }
+  // fp16 overflow: the largest finite fp16 is fine, squared or not.
+  State s = MakeState(100, DType::kF16, 5);
+  s.g16[50] = 0x7bff;
+  auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF16, 0, 100), 65536.0f);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_FALSE(stats->non_finite);
+}
+
+TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
+  ASSERT_TRUE(opt.ok());
+  const size_t n = 100;
+  State s = MakeState(n, DType::kF32, 1);
+  const State before = s;
+  const GradView g = Grad(s, DType::kF32, 0, n);
+  UpdateParams up;
+  up.out16 = s.out;
+  auto expect_invalid = [&](const ChunkState& st, const GradView& gv, const UpdateParams& p, const char* what) {
+    Status r = (*opt)->Update(st, gv, p);
+    EXPECT_EQ(r.code(), Code::kInvalidArgument) << what << ": " << r.ToString();
+  };
+  const ChunkState good{s.p, s.m, s.v};
+  expect_invalid({{s.p.data(), n - 1}, s.m, s.v}, g, up, "short master");
+  expect_invalid({s.p, {s.m.data(), n - 1}, s.v}, g, up, "short m");
+  expect_invalid({s.p, s.m, {}}, g, up, "missing v");
+  expect_invalid(good, GradView{g.data, DType::kF32, n + 1}, up, "long grad");
+  expect_invalid(good, GradView{nullptr, DType::kF32, n}, up, "null grad");
+  expect_invalid(good, GradView{g.data, static_cast<DType>(7), n}, up, "bad dtype");
+  UpdateParams p = up;
+  p.out16 = {s.out.data(), n - 1};
+  expect_invalid(good, g, p, "short copy");
+  p = up;
+  p.step = 0;
+  expect_invalid(good, g, p, "step 0");
+  p = up;
+  p.grad_scale = std::numeric_limits<float>::infinity();
+  expect_invalid(good, g, p, "inf scale");
+  p = up;
+  p.grad_scale = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid(good, g, p, "nan scale");
+  p = up;
+  p.out_dtype = DType::kF32;
+  expect_invalid(good, g, p, "fp32 copy");
+  EXPECT_EQ(s.p, before.p);
+  EXPECT_EQ(s.m, before.m);
+  EXPECT_EQ(s.v, before.v);
+  EXPECT_EQ(s.out, before.out);
+  EXPECT_EQ((*opt)->ComputeGradStats(g, std::numeric_limits<float>::infinity()).status().code(),
+            Code::kInvalidArgument);
+  // SGD without momentum needs neither m nor v.
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  auto plain = Optimizer::Create(sgd, nullptr, isa);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE((*plain)->Update({s.p, {}, {}}, g, up).ok());
+  sgd.momentum = 0.5f;
+  auto mom = Optimizer::Create(sgd, nullptr, isa);
+  ASSERT_TRUE(mom.ok());
+  EXPECT_EQ((*mom)->Update({s.p, {}, {}}, g, up).code(), Code::kInvalidArgument);
+}
+
+TEST(Optimizer, CreateReportsIsa) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_EQ((*opt)->isa(), isa);
+  EXPECT_EQ((*opt)->config().kind, OptimizerKind::kAdamW);
+}
+
+}  // namespace
+}  // namespace zps::server
