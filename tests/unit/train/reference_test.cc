@@ -1,0 +1,191 @@
+// ReferenceTrainer: determinism, learning on the real corpus, fp16 overflow skip, clipping.
+#include "zps/train/reference.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "zps/train/data.h"
+
+namespace zps::train {
+namespace {
+
+ModelConfig TinyModel() {
+  ModelConfig c;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.d_ff = 64;
+  c.seq_len = 32;
+  c.seed = 7;
+  return c;
+}
+
+ReferenceOptions SmallChunks(int world) {
+  ReferenceOptions o;
+  o.layout.chunk_elems = 4096;  // many chunks, parameters spanning chunk boundaries
+  o.layout.align_elems = 64;
+  o.layout.num_shards = 2;
+  o.world = world;
+  o.optimizer.lr = 3e-3f;
+  o.commit.grad_divisor = world;
+  return o;
+}
+
+struct Run {
+  std::unique_ptr<ReferenceTrainer> trainer;
+  std::unique_ptr<DataLoader> loader;
+  int batch;
+  std::vector<ReferenceStepResult> results;
+
+  Status Steps(int n) {
+    const int world = loader->options().world;
+    std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(world),
+                                           std::vector<uint8_t>(loader->batch_bytes()));
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::span<const uint8_t>> spans;
+      for (int r = 0; r < world; ++r) {
+        ZPS_RETURN_IF_ERROR(loader->BatchForRank(trainer->step(), r, bufs[static_cast<size_t>(r)]));
+        spans.emplace_back(bufs[static_cast<size_t>(r)]);
+      }
+      ZPS_ASSIGN_OR_RETURN(auto res, trainer->Step(spans, batch));
+      results.push_back(std::move(res));
+    }
+    return Status::Ok();
+  }
+};
+
+const std::string& Corpus() {
+  static const std::string corpus = LoadCorpus("").value();
+  return corpus;
+}
+
+Run MakeRun(const ModelConfig& mc, const ReferenceOptions& o, int batch) {
+  Run run;
+  run.trainer = std::move(ReferenceTrainer::Create(mc, o, nullptr).value());
+  DataOptions d;
+  d.seq_len = mc.seq_len;
+  d.batch = batch;
+  d.world = o.world;
+  d.seed = 5;
+  run.loader = std::move(DataLoader::Create(Corpus(), d).value());
+  run.batch = batch;
+  return run;
+}
+
+bool SameState(const ReferenceTrainer& a, const ReferenceTrainer& b) {
+  auto eq = [](auto x, auto y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size_bytes()) == 0;
+  };
+  return eq(a.master(), b.master()) && eq(a.m(), b.m()) && eq(a.v(), b.v()) &&
+         eq(a.serving(), b.serving());
+}
+
+TEST(ReferenceTest, InitialStateFromSeededInit) {
+  auto run = MakeRun(TinyModel(), SmallChunks(1), 2);
+  const auto& t = *run.trainer;
+  EXPECT_GT(t.layout().num_chunks(), 5u);
+  const auto& decls = run.trainer->model().decls();
+  for (uint32_t id = 0; id < decls.size(); ++id) {
+    std::vector<float> want(decls[id].spec.numel());
+    ASSERT_TRUE(InitParam(decls[id], TinyModel().seed, want).ok());
+    auto got = t.ParamMaster(id);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(0, std::memcmp(want.data(), got->data(), want.size() * sizeof(float)));
+    const uint64_t off = t.layout().param_offset(id);
+    EXPECT_EQ(t.serving()[off], FloatToBf16(want[0]));
+  }
+}
+
+TEST(ReferenceTest, DeterministicTwoRuns) {
+  auto a = MakeRun(TinyModel(), SmallChunks(2), 2);
+  auto b = MakeRun(TinyModel(), SmallChunks(2), 2);
+  ASSERT_TRUE(a.Steps(3).ok());
+  ASSERT_TRUE(b.Steps(3).ok());
+  EXPECT_TRUE(SameState(*a.trainer, *b.trainer));
+  for (size_t i = 0; i < a.results.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(&a.results[i].loss, &b.results[i].loss, sizeof(double)));
+    EXPECT_EQ(a.results[i].decision.grad_scale, b.results[i].decision.grad_scale);
+  }
+  // A thread pool changes nothing.
+  auto pool = ThreadPool::Create({.name = "t", .threads = 2}).value();
+  auto c = MakeRun(TinyModel(), SmallChunks(2), 2);
+  c.trainer = std::move(ReferenceTrainer::Create(TinyModel(), SmallChunks(2), pool.get()).value());
+  ASSERT_TRUE(c.Steps(3).ok());
+  EXPECT_TRUE(SameState(*a.trainer, *c.trainer));
+}
+
+TEST(ReferenceTest, LossFallsOnCorpus) {
+  ModelConfig mc = TinyModel();
+  auto o = SmallChunks(2);
+  o.optimizer.lr = 1e-2f;
+  o.commit.max_grad_norm = 1.0;
+  auto run = MakeRun(mc, o, 4);
+  std::vector<uint8_t> eval(static_cast<size_t>(8) * (mc.seq_len + 1));
+  ASSERT_TRUE(run.loader->EvalBatch(0, 8, eval).ok());
+  const double before = run.trainer->Evaluate(eval, 8).value();
+  EXPECT_NEAR(before, std::log(256.0), 0.1);
+  ASSERT_TRUE(run.Steps(30).ok());
+  const double after = run.trainer->Evaluate(eval, 8).value();
+  EXPECT_LT(after, 0.7 * before) << "eval loss " << before << " -> " << after;
+  EXPECT_LT(run.results.back().loss, 0.7 * run.results.front().loss);
+  EXPECT_EQ(run.trainer->optimizer_step(), 30);
+}
+
+TEST(ReferenceTest, Fp16LossScalingForcedOverflowSkips) {
+  auto o = SmallChunks(2);
+  o.serving_dtype = DType::kF16;
+  o.grad_dtype = DType::kF16;
+  o.commit.dynamic_loss_scale = true;
+  o.commit.initial_loss_scale = 1024.0;
+  o.commit.scale_window = 2;
+  o.inject_overflow_step = 3;
+  auto run = MakeRun(TinyModel(), o, 2);
+  ASSERT_TRUE(run.Steps(3).ok());
+  EXPECT_EQ(run.trainer->optimizer_step(), 3);
+  EXPECT_EQ(run.trainer->loss_scale(), 2048.0);  // grew once after 2 good steps
+  std::vector<float> master(run.trainer->master().begin(), run.trainer->master().end());
+  std::vector<uint16_t> serving(run.trainer->serving().begin(), run.trainer->serving().end());
+  ASSERT_TRUE(run.Steps(1).ok());  // the overflow step
+  const auto& d = run.results.back().decision;
+  EXPECT_TRUE(d.skip);
+  EXPECT_EQ(d.loss_scale, 2048.0);
+  EXPECT_EQ(d.next_loss_scale, 1024.0);
+  EXPECT_EQ(run.trainer->optimizer_step(), 3);
+  EXPECT_EQ(0, std::memcmp(master.data(), run.trainer->master().data(),
+                           master.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(serving.data(), run.trainer->serving().data(),
+                           serving.size() * sizeof(uint16_t)));
+  ASSERT_TRUE(run.Steps(2).ok());
+  EXPECT_FALSE(run.results.back().decision.skip);
+  EXPECT_EQ(run.trainer->optimizer_step(), 5);
+  EXPECT_TRUE(std::isfinite(run.results.back().loss));
+}
+
+TEST(ReferenceTest, ClippingScalesTheUpdate) {
+  auto o = SmallChunks(2);
+  o.commit.max_grad_norm = 1e-3;
+  auto run = MakeRun(TinyModel(), o, 2);
+  ASSERT_TRUE(run.Steps(2).ok());
+  for (const auto& r : run.results) {
+    ASSERT_FALSE(r.decision.skip);
+    EXPECT_GT(r.decision.global_norm, 1e-3);
+    EXPECT_NEAR(r.decision.grad_scale * r.decision.global_norm * 2.0, 1e-3, 1e-6);
+  }
+}
+
+TEST(ReferenceTest, BadInput) {
+  auto o = SmallChunks(2);
+  o.serving_dtype = DType::kF32;
+  EXPECT_EQ(ReferenceTrainer::Create(TinyModel(), o, nullptr).status().code(),
+            Code::kInvalidArgument);
+  auto run = MakeRun(TinyModel(), SmallChunks(2), 2);
+  std::vector<uint8_t> buf(run.loader->batch_bytes());
+  std::vector<std::span<const uint8_t>> one = {buf};
+  EXPECT_EQ(run.trainer->Step(one, 2).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(run.trainer->step(), 0);
+}
+
+}  // namespace
+}  // namespace zps::train

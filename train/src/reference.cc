@@ -1,0 +1,206 @@
+#include "zps/train/reference.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "zps/common/crc32c.h"
+
+namespace zps::train {
+
+Status ReferenceOptions::Validate() const {
+  if (world < 1 || world > (1 << 16)) return InvalidArgument("reference: world must be in [1, 65536]");
+  if (serving_dtype == DType::kF32) return InvalidArgument("reference: serving_dtype must be 16-bit");
+  if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
+  ZPS_RETURN_IF_ERROR(optimizer.Validate());
+  return commit.Validate();
+}
+
+// ParamAccess over the serving copy; pushes land in the trainer's per-rank gradient buffer.
+class ReferenceTrainer::Access : public ParamAccess {
+ public:
+  Access(ReferenceTrainer& t, bool inject_overflow) : t_(t), inject_(inject_overflow) {}
+
+  Result<std::vector<std::span<const float>>> Acquire(
+      std::span<const uint32_t> param_ids) override {
+    std::vector<std::span<const float>> out;
+    out.reserve(param_ids.size());
+    for (uint32_t id : param_ids) {
+      if (id >= t_.layout_.num_params())
+        return OutOfRange("reference: param id " + std::to_string(id) + " out of range");
+    }
+    for (uint32_t id : param_ids) {
+      const uint64_t off = t_.layout_.param_offset(id), n = t_.layout_.param_numel(id);
+      std::vector<float>& buf = views_[id];
+      buf.resize(n);
+      const std::span<const uint16_t> src(t_.serving_.data() + off, n);
+      if (t_.options_.serving_dtype == DType::kBF16) {
+        ConvertBF16ToF32(src, buf);
+      } else {
+        ConvertF16ToF32(src, buf);
+      }
+      out.emplace_back(buf);
+    }
+    return out;
+  }
+
+  void Release(std::span<const uint32_t> param_ids) override {
+    for (uint32_t id : param_ids) views_.erase(id);
+  }
+
+  Status PushGrad(uint32_t param_id, std::span<const float> grad) override {
+    if (param_id >= t_.layout_.num_params())
+      return OutOfRange("reference: param id " + std::to_string(param_id) + " out of range");
+    const uint64_t off = t_.layout_.param_offset(param_id), n = t_.layout_.param_numel(param_id);
+    if (grad.size() != n)
+      return InvalidArgument("reference: grad of " + t_.layout_.spec(param_id).name + " has " +
+                             std::to_string(grad.size()) + " elements, expected " +
+                             std::to_string(n));
+    std::vector<float> injected;
+    if (inject_ && param_id == 0) {
+      injected.assign(grad.begin(), grad.end());
+      injected[0] = std::numeric_limits<float>::infinity();
+      grad = injected;
+    }
+    std::byte* base = t_.rank_grad_.data();
+    switch (t_.options_.grad_dtype) {
+      case DType::kF32:
+        std::memcpy(reinterpret_cast<float*>(base) + off, grad.data(), n * sizeof(float));
+        break;
+      case DType::kF16:
+        ConvertF32ToF16(grad, {reinterpret_cast<uint16_t*>(base) + off, n});
+        break;
+      case DType::kBF16:
+        ConvertF32ToBF16(grad, {reinterpret_cast<uint16_t*>(base) + off, n});
+        break;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ReferenceTrainer& t_;
+  bool inject_;
+  std::map<uint32_t, std::vector<float>> views_;
+};
+
+ReferenceTrainer::ReferenceTrainer(Layout layout, const ReferenceOptions& options)
+    : layout_(std::move(layout)), options_(options), commit_(options.commit) {}
+
+ReferenceTrainer::~ReferenceTrainer() = default;
+
+Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelConfig& model,
+                                                                   const ReferenceOptions& options,
+                                                                   ThreadPool* pool) {
+  ZPS_RETURN_IF_ERROR(options.Validate());
+  ZPS_ASSIGN_OR_RETURN(auto m, Model::Create(model));
+  ZPS_ASSIGN_OR_RETURN(auto layout, Layout::Build(LayoutSpecs(m->decls()), options.layout));
+  ZPS_ASSIGN_OR_RETURN(auto opt, server::Optimizer::Create(options.optimizer, pool));
+  std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer(std::move(layout), options));
+  t->model_ = std::move(m);
+  t->optimizer_ = std::move(opt);
+  const size_t total = t->layout_.total_elems();
+  t->master_.assign(total, 0.0f);
+  t->m_.assign(total, 0.0f);
+  t->v_.assign(total, 0.0f);
+  t->acc_.assign(total, 0.0f);
+  t->serving_.assign(total, 0);
+  t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
+  const auto& decls = t->model_->decls();
+  for (uint32_t id = 0; id < decls.size(); ++id) {
+    ZPS_RETURN_IF_ERROR(InitParam(decls[id], model.seed,
+                                  {t->master_.data() + t->layout_.param_offset(id),
+                                   t->layout_.param_numel(id)}));
+  }
+  if (options.serving_dtype == DType::kBF16) {
+    ConvertF32ToBF16(t->master_, t->serving_);
+  } else {
+    ConvertF32ToF16(t->master_, t->serving_);
+  }
+  return t;
+}
+
+Result<ReferenceStepResult> ReferenceTrainer::Step(
+    std::span<const std::span<const uint8_t>> batches, int batch) {
+  const int world = options_.world;
+  if (batches.size() != static_cast<size_t>(world))
+    return InvalidArgument("reference: " + std::to_string(batches.size()) +
+                           " micro-batches for a world of " + std::to_string(world));
+  ReferenceStepResult res;
+  const float loss_scale = static_cast<float>(commit_.loss_scale());
+  const size_t total = layout_.total_elems();
+  const DType gd = options_.grad_dtype;
+  // 2 + 3: ranks in order; each rank's pushes are reduced into acc_ before the next rank runs.
+  for (int r = 0; r < world; ++r) {
+    std::memset(rank_grad_.data(), 0, rank_grad_.size());  // padding is never pushed: 0
+    Access access(*this, step_ == options_.inject_overflow_step && r == 0);
+    ZPS_ASSIGN_OR_RETURN(auto out, model_->TrainStep(batches[static_cast<size_t>(r)], batch,
+                                                     loss_scale, access));
+    res.rank_loss.push_back(out.loss);
+    res.tokens += out.tokens;
+    const void* g = rank_grad_.data();
+    if (r == 0) {
+      for (size_t i = 0; i < total; ++i) acc_[i] = LoadAsFloat(g, gd, i);
+    } else {
+      for (size_t i = 0; i < total; ++i) acc_[i] += LoadAsFloat(g, gd, i);
+    }
+  }
+  double loss_sum = 0.0;
+  for (double l : res.rank_loss) loss_sum += l;
+  res.loss = loss_sum / world;
+
+  // 4: per-chunk statistics, in chunk order.
+  const uint32_t chunks = layout_.num_chunks();
+  const uint64_t chunk_elems = layout_.options().chunk_elems;
+  std::vector<server::ChunkReport> reports(chunks);
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
+    ZPS_ASSIGN_OR_RETURN(auto stats, optimizer_->ComputeGradStats(
+                                         {acc_.data() + begin, DType::kF32, n}, 1.0f));
+    reports[c] = {stats.sum_squares, stats.non_finite};
+  }
+  // 5: the commit.
+  res.decision = commit_.Decide(reports);
+  // 6: the update.
+  if (!res.decision.skip) {
+    ++optimizer_step_;
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
+      server::ChunkState st{{master_.data() + begin, n}, {m_.data() + begin, n},
+                            {v_.data() + begin, n}};
+      server::UpdateParams up;
+      up.step = optimizer_step_;
+      up.grad_scale = res.decision.grad_scale;
+      up.out_dtype = options_.serving_dtype;
+      up.out16 = {serving_.data() + begin, n};
+      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {acc_.data() + begin, DType::kF32, n}, up));
+    }
+  }
+  ++step_;
+  return res;
+}
+
+Result<double> ReferenceTrainer::Evaluate(std::span<const uint8_t> tokens, int batch) {
+  Access access(*this, false);
+  return model_->Evaluate(tokens, batch, access);
+}
+
+Result<std::vector<float>> ReferenceTrainer::ParamMaster(uint32_t id) const {
+  if (id >= layout_.num_params()) return OutOfRange("reference: param id out of range");
+  const auto* p = master_.data() + layout_.param_offset(id);
+  return std::vector<float>(p, p + layout_.param_numel(id));
+}
+
+Result<uint32_t> ReferenceTrainer::ChunkCrc(uint32_t c) const {
+  if (c >= layout_.num_chunks()) return OutOfRange("reference: chunk out of range");
+  const uint64_t begin = static_cast<uint64_t>(c) * layout_.options().chunk_elems;
+  const uint64_t n = layout_.chunk_size(c);
+  uint32_t crc = Crc32c(master_.data() + begin, n * sizeof(float));
+  crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m_.data() + begin, n)));
+  crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v_.data() + begin, n)));
+  crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving_.data() + begin, n)));
+  return crc;
+}
+
+}  // namespace zps::train
