@@ -1,0 +1,145 @@
+// zps/common/messages.h — the message catalogue of the control plane (RPC types) and the data
+// plane (UCX active-message ids), with their encodings. docs/protocol.md describes each one.
+//
+// Every Decode validates lengths, counts and enum values and returns InvalidArgument on
+// anything malformed; nothing is read past the input.
+// Thread-safety: pure functions and value types.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zps/common/dtype.h"
+#include "zps/common/status.h"
+
+namespace zps::msg {
+
+// ---- control plane (rpc types; replies are type | 0x8000) ----
+enum RpcType : uint16_t {
+  kRegisterShard = 10,  ///< shard -> coordinator: RegisterShard; reply empty
+  kAwaitJob = 11,       ///< shard -> coordinator: empty; reply: the job spec bytes (long-poll)
+  kJoin = 12,           ///< worker -> coordinator: Join; reply JoinReply
+  kReport = 13,         ///< shard -> coordinator: Report; reply CommitInfo (long-poll)
+  kAwaitCommit = 14,    ///< worker -> coordinator: AwaitCommit; reply CommitInfo (long-poll)
+  kStatus = 15,         ///< anyone -> any server: empty; reply: a JSON status document
+};
+
+/// Roles in the hello.
+enum Role : uint32_t { kRoleWorker = 1, kRoleShard = 2, kRoleTool = 3 };
+
+struct RegisterShard {
+  uint32_t ordinal = 0;
+  std::string endpoint;  // host:port of the shard's control plane
+  std::vector<std::byte> Encode() const;
+  static Result<RegisterShard> Decode(std::span<const std::byte> b);
+};
+
+struct Join {
+  uint32_t rank = 0;
+  uint64_t job_hash = 0;
+  std::vector<std::byte> job_spec;  // rank 0: the full spec; other ranks: empty
+  std::vector<std::byte> Encode() const;
+  static Result<Join> Decode(std::span<const std::byte> b);
+};
+
+/// What a worker needs to move data: the layout and the data-plane settings of the job.
+struct JoinReply {
+  uint64_t job_hash = 0;
+  int64_t resume_step = 0;
+  double loss_scale = 1.0;
+  std::vector<std::string> shard_endpoints;  // index = shard ordinal
+  std::vector<std::byte> layout;             // Layout::Serialize()
+  uint8_t reduction_mode = 0;                // 0 server-sum, 1 pre-reduced
+  uint32_t world_size = 1;
+  DType grad_dtype = DType::kF32;
+  DType serving_dtype = DType::kBF16;
+  std::vector<std::byte> Encode() const;
+  static Result<JoinReply> Decode(std::span<const std::byte> b);
+};
+
+struct ChunkStat {
+  uint32_t chunk = 0;
+  double sum_squares = 0.0;
+  bool non_finite = false;
+};
+
+struct Report {
+  int64_t step = 0;
+  uint32_t ordinal = 0;
+  std::vector<ChunkStat> chunks;
+  std::vector<std::byte> Encode() const;
+  static Result<Report> Decode(std::span<const std::byte> b);
+};
+
+struct CommitInfo {
+  int64_t step = 0;
+  bool skip = false;
+  float grad_scale = 0.0f;
+  double global_norm = 0.0;
+  double loss_scale = 1.0;       // used by this step's gradients
+  double next_loss_scale = 1.0;  // to use for the next step
+  int64_t optimizer_step = 0;    // applied updates after this step
+  std::vector<std::byte> Encode() const;
+  static Result<CommitInfo> Decode(std::span<const std::byte> b);
+};
+
+struct AwaitCommit {
+  int64_t step = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<AwaitCommit> Decode(std::span<const std::byte> b);
+};
+
+// ---- data plane (UCX active messages) ----
+enum AmId : uint16_t { kAmFetch = 1, kAmFetchReply = 2, kAmPush = 3, kAmPushReply = 4 };
+
+inline constexpr size_t kMaxErrorMessage = 1024;
+
+struct FetchHeader {
+  uint64_t session = 0;  // the session token from the shard's hello
+  uint64_t request = 0;
+  uint32_t chunk = 0;
+  uint64_t offset = 0;  // elements
+  uint64_t length = 0;  // elements
+  int64_t min_version = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<FetchHeader> Decode(std::span<const std::byte> b);
+};
+
+/// Reply to a fetch; the data (length x serving dtype bytes) follows when code == 0.
+struct FetchReplyHeader {
+  uint64_t request = 0;
+  uint32_t code = 0;  // zps::Code
+  int64_t version = -1;
+  std::string message;
+  std::vector<std::byte> Encode() const;
+  static Result<FetchReplyHeader> Decode(std::span<const std::byte> b);
+};
+
+/// A push; the data (length x dtype bytes) follows.
+struct PushHeader {
+  uint64_t session = 0;
+  uint64_t request = 0;
+  int64_t step = 0;  // -1 = initial values
+  uint32_t chunk = 0;
+  uint64_t offset = 0;  // elements
+  uint64_t length = 0;  // elements
+  uint32_t rank = 0;
+  DType dtype = DType::kF32;
+  std::vector<std::byte> Encode() const;
+  static Result<PushHeader> Decode(std::span<const std::byte> b);
+};
+
+struct PushReplyHeader {
+  uint64_t request = 0;
+  uint32_t code = 0;
+  std::string message;
+  std::vector<std::byte> Encode() const;
+  static Result<PushReplyHeader> Decode(std::span<const std::byte> b);
+};
+
+/// Turns a reply's (code, message) into a Status; unknown codes become Internal.
+Status StatusFromWire(uint32_t code, std::string message);
+
+}  // namespace zps::msg

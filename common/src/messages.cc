@@ -1,0 +1,251 @@
+#include "zps/common/messages.h"
+
+#include "zps/common/bytes.h"
+
+namespace zps::msg {
+namespace {
+constexpr size_t kMaxEndpoint = 512;
+constexpr uint32_t kMaxShards = 4096;
+constexpr size_t kMaxSpec = 512u << 20;
+constexpr uint32_t kMaxChunksPerReport = 1u << 24;
+}  // namespace
+
+std::vector<std::byte> RegisterShard::Encode() const {
+  ByteWriter w;
+  w.U32(ordinal);
+  w.Str(endpoint);
+  return w.Take();
+}
+Result<RegisterShard> RegisterShard::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  RegisterShard m;
+  ZPS_ASSIGN_OR_RETURN(m.ordinal, r.U32("ordinal"));
+  ZPS_ASSIGN_OR_RETURN(m.endpoint, r.Str("endpoint", kMaxEndpoint));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("RegisterShard"));
+  return m;
+}
+
+std::vector<std::byte> Join::Encode() const {
+  ByteWriter w;
+  w.U32(rank);
+  w.U64(job_hash);
+  w.Blob(job_spec);
+  return w.Take();
+}
+Result<Join> Join::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  Join m;
+  ZPS_ASSIGN_OR_RETURN(m.rank, r.U32("rank"));
+  ZPS_ASSIGN_OR_RETURN(m.job_hash, r.U64("job_hash"));
+  ZPS_ASSIGN_OR_RETURN(auto spec, r.Blob("job_spec", kMaxSpec));
+  m.job_spec.assign(spec.begin(), spec.end());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("Join"));
+  return m;
+}
+
+std::vector<std::byte> JoinReply::Encode() const {
+  ByteWriter w;
+  w.U64(job_hash);
+  w.I64(resume_step);
+  w.F64(loss_scale);
+  w.U32(static_cast<uint32_t>(shard_endpoints.size()));
+  for (const auto& e : shard_endpoints) w.Str(e);
+  w.Blob(layout);
+  w.U8(reduction_mode);
+  w.U32(world_size);
+  w.U8(static_cast<uint8_t>(grad_dtype));
+  w.U8(static_cast<uint8_t>(serving_dtype));
+  return w.Take();
+}
+Result<JoinReply> JoinReply::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  JoinReply m;
+  ZPS_ASSIGN_OR_RETURN(m.job_hash, r.U64("job_hash"));
+  ZPS_ASSIGN_OR_RETURN(m.resume_step, r.I64("resume_step"));
+  ZPS_ASSIGN_OR_RETURN(m.loss_scale, r.F64("loss_scale"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("num_shards"));
+  if (n == 0 || n > kMaxShards) return InvalidArgument("shard count out of range");
+  for (uint32_t i = 0; i < n; ++i) {
+    ZPS_ASSIGN_OR_RETURN(auto e, r.Str("endpoint", kMaxEndpoint));
+    m.shard_endpoints.push_back(std::move(e));
+  }
+  ZPS_ASSIGN_OR_RETURN(auto layout, r.Blob("layout", kMaxSpec));
+  m.layout.assign(layout.begin(), layout.end());
+  ZPS_ASSIGN_OR_RETURN(m.reduction_mode, r.U8("reduction_mode"));
+  if (m.reduction_mode > 1) return InvalidArgument("unknown reduction mode");
+  ZPS_ASSIGN_OR_RETURN(m.world_size, r.U32("world_size"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t g, r.U8("grad_dtype"));
+  ZPS_ASSIGN_OR_RETURN(m.grad_dtype, DTypeFromByte(g));
+  ZPS_ASSIGN_OR_RETURN(uint8_t s, r.U8("serving_dtype"));
+  ZPS_ASSIGN_OR_RETURN(m.serving_dtype, DTypeFromByte(s));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("JoinReply"));
+  return m;
+}
+
+std::vector<std::byte> Report::Encode() const {
+  ByteWriter w;
+  w.I64(step);
+  w.U32(ordinal);
+  w.U32(static_cast<uint32_t>(chunks.size()));
+  for (const auto& c : chunks) {
+    w.U32(c.chunk);
+    w.F64(c.sum_squares);
+    w.U8(c.non_finite ? 1 : 0);
+  }
+  return w.Take();
+}
+Result<Report> Report::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  Report m;
+  ZPS_ASSIGN_OR_RETURN(m.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(m.ordinal, r.U32("ordinal"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("count"));
+  if (n > kMaxChunksPerReport || n * 13ull > r.remaining()) {
+    return InvalidArgument("report chunk count out of range");
+  }
+  m.chunks.resize(n);
+  for (auto& c : m.chunks) {
+    ZPS_ASSIGN_OR_RETURN(c.chunk, r.U32("chunk"));
+    ZPS_ASSIGN_OR_RETURN(c.sum_squares, r.F64("sum_squares"));
+    ZPS_ASSIGN_OR_RETURN(uint8_t nf, r.U8("non_finite"));
+    c.non_finite = nf != 0;
+  }
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("Report"));
+  return m;
+}
+
+std::vector<std::byte> CommitInfo::Encode() const {
+  ByteWriter w;
+  w.I64(step);
+  w.U8(skip ? 1 : 0);
+  w.F32(grad_scale);
+  w.F64(global_norm);
+  w.F64(loss_scale);
+  w.F64(next_loss_scale);
+  w.I64(optimizer_step);
+  return w.Take();
+}
+Result<CommitInfo> CommitInfo::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  CommitInfo m;
+  ZPS_ASSIGN_OR_RETURN(m.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t skip, r.U8("skip"));
+  m.skip = skip != 0;
+  ZPS_ASSIGN_OR_RETURN(m.grad_scale, r.F32("grad_scale"));
+  ZPS_ASSIGN_OR_RETURN(m.global_norm, r.F64("global_norm"));
+  ZPS_ASSIGN_OR_RETURN(m.loss_scale, r.F64("loss_scale"));
+  ZPS_ASSIGN_OR_RETURN(m.next_loss_scale, r.F64("next_loss_scale"));
+  ZPS_ASSIGN_OR_RETURN(m.optimizer_step, r.I64("optimizer_step"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("CommitInfo"));
+  return m;
+}
+
+std::vector<std::byte> AwaitCommit::Encode() const {
+  ByteWriter w;
+  w.I64(step);
+  return w.Take();
+}
+Result<AwaitCommit> AwaitCommit::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  AwaitCommit m;
+  ZPS_ASSIGN_OR_RETURN(m.step, r.I64("step"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("AwaitCommit"));
+  return m;
+}
+
+std::vector<std::byte> FetchHeader::Encode() const {
+  ByteWriter w;
+  w.U64(session);
+  w.U64(request);
+  w.U32(chunk);
+  w.U64(offset);
+  w.U64(length);
+  w.I64(min_version);
+  return w.Take();
+}
+Result<FetchHeader> FetchHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  FetchHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.session, r.U64("session"));
+  ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
+  ZPS_ASSIGN_OR_RETURN(m.chunk, r.U32("chunk"));
+  ZPS_ASSIGN_OR_RETURN(m.offset, r.U64("offset"));
+  ZPS_ASSIGN_OR_RETURN(m.length, r.U64("length"));
+  ZPS_ASSIGN_OR_RETURN(m.min_version, r.I64("min_version"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("FetchHeader"));
+  return m;
+}
+
+std::vector<std::byte> FetchReplyHeader::Encode() const {
+  ByteWriter w;
+  w.U64(request);
+  w.U32(code);
+  w.I64(version);
+  w.Str(message.substr(0, kMaxErrorMessage));
+  return w.Take();
+}
+Result<FetchReplyHeader> FetchReplyHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  FetchReplyHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
+  ZPS_ASSIGN_OR_RETURN(m.code, r.U32("code"));
+  ZPS_ASSIGN_OR_RETURN(m.version, r.I64("version"));
+  ZPS_ASSIGN_OR_RETURN(m.message, r.Str("message", kMaxErrorMessage));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("FetchReplyHeader"));
+  return m;
+}
+
+std::vector<std::byte> PushHeader::Encode() const {
+  ByteWriter w;
+  w.U64(session);
+  w.U64(request);
+  w.I64(step);
+  w.U32(chunk);
+  w.U64(offset);
+  w.U64(length);
+  w.U32(rank);
+  w.U8(static_cast<uint8_t>(dtype));
+  return w.Take();
+}
+Result<PushHeader> PushHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  PushHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.session, r.U64("session"));
+  ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
+  ZPS_ASSIGN_OR_RETURN(m.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(m.chunk, r.U32("chunk"));
+  ZPS_ASSIGN_OR_RETURN(m.offset, r.U64("offset"));
+  ZPS_ASSIGN_OR_RETURN(m.length, r.U64("length"));
+  ZPS_ASSIGN_OR_RETURN(m.rank, r.U32("rank"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t d, r.U8("dtype"));
+  ZPS_ASSIGN_OR_RETURN(m.dtype, DTypeFromByte(d));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("PushHeader"));
+  return m;
+}
+
+std::vector<std::byte> PushReplyHeader::Encode() const {
+  ByteWriter w;
+  w.U64(request);
+  w.U32(code);
+  w.Str(message.substr(0, kMaxErrorMessage));
+  return w.Take();
+}
+Result<PushReplyHeader> PushReplyHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  PushReplyHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
+  ZPS_ASSIGN_OR_RETURN(m.code, r.U32("code"));
+  ZPS_ASSIGN_OR_RETURN(m.message, r.Str("message", kMaxErrorMessage));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("PushReplyHeader"));
+  return m;
+}
+
+Status StatusFromWire(uint32_t code, std::string message) {
+  if (code == 0) return Status::Ok();
+  if (code > static_cast<uint32_t>(Code::kCancelled)) {
+    return Internal("peer sent unknown error code " + std::to_string(code) + ": " + message);
+  }
+  return Status(static_cast<Code>(code), std::move(message));
+}
+
+}  // namespace zps::msg

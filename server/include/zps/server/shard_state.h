@@ -1,0 +1,189 @@
+// zps/server/shard_state.h — one shard's chunks and the synchronous step protocol, apart from
+// any wire. The UCX and RPC adapters call into it; tests drive it directly.
+//
+// Per chunk it keeps the fp32 master, Adam m and v, the 16-bit serving copy, a version, and the
+// gradient slots of the step in progress:
+//   - server-sum: one fp32 slot per rank. ReduceStep sums them IN RANK ORDER (acc = g0; acc += g1;
+//     ...), never arrival order, so results are reproducible.
+//   - pre-reduced: one slot; ranks push disjoint slices of it.
+// A push names (step, chunk, element range, rank, dtype). Coverage is tracked per slot over
+// element ranges: a range must lie inside one parameter's run in the chunk (padding is never
+// pushed), and overlapping an already pushed range is a duplicate (AlreadyExists). A chunk is
+// ready when every slot covers every parameter element of the chunk.
+//
+// Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep write
+// the fp32 master directly), then 0. Step s pushes are accepted while the chunk is at version s;
+// ApplyCommit(s) updates (or skips) and publishes s + 1, answering fetches waiting for it.
+//
+// Lock order: mu_ only (no other lock is taken while holding it; callbacks run after release).
+// Thread-safety: all public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "zps/common/aligned_buffer.h"
+#include "zps/common/dtype.h"
+#include "zps/common/layout.h"
+#include "zps/common/status.h"
+#include "zps/common/thread_pool.h"
+#include "zps/server/optimizer.h"
+#include "zps/server/step_commit.h"
+
+namespace zps::server {
+
+enum class ReductionMode : uint8_t { kServerSum = 0, kPreReduced = 1 };
+std::string_view ReductionModeName(ReductionMode m);
+Result<ReductionMode> ParseReductionMode(std::string_view text);
+
+/// The step value of initial-value pushes.
+inline constexpr int64_t kInitStep = -1;
+
+struct ShardJob {
+  ReductionMode mode = ReductionMode::kServerSum;  // Default: server-sum
+  uint32_t world_size = 1;                          // Default: 1
+  DType grad_dtype = DType::kF32;                   // Default: fp32; the dtype pushes must use
+  DType serving_dtype = DType::kBF16;               // Default: bf16
+};
+
+struct PushRequest {
+  int64_t step = 0;
+  uint32_t chunk = 0;
+  uint64_t offset = 0;  // elements from the chunk start
+  uint64_t length = 0;  // elements
+  uint32_t rank = 0;
+  DType dtype = DType::kF32;
+};
+
+/// A reserved push range. Move-only; pass it back to FinishPush exactly once.
+class PushTicket {
+ public:
+  PushTicket() = default;
+  PushTicket(PushTicket&&) = default;
+  PushTicket& operator=(PushTicket&&) = default;
+  /// Where the pushed bytes must be written (length x dtype size bytes).
+  std::span<std::byte> destination() const { return {dest_, bytes_}; }
+
+ private:
+  friend class ShardState;
+  PushRequest req_;
+  uint32_t slot_ = 0;
+  std::byte* dest_ = nullptr;
+  size_t bytes_ = 0;
+  std::unique_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
+};
+
+struct CommitOrder {
+  int64_t step = 0;
+  bool skip = false;
+  float grad_scale = 1.0f;
+  int64_t optimizer_step = 1;  // 1-based count of applied (not skipped) updates
+};
+
+struct FetchRequest {
+  uint32_t chunk = 0;
+  uint64_t offset = 0;  // elements
+  uint64_t length = 0;  // elements
+  int64_t min_version = 0;
+};
+
+/// Called once per fetch, maybe later from another thread. `data` points into the serving copy
+/// and stays valid until the next update of that chunk, which the step protocol orders after
+/// every fetch of the current version.
+using FetchCallback =
+    std::function<void(const Status&, int64_t version, std::span<const std::byte> data)>;
+
+class ShardState {
+ public:
+  /// Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs out.
+  static Result<std::unique_ptr<ShardState>> Create(const Layout& layout, uint32_t ordinal,
+                                                    const ShardJob& job,
+                                                    const OptimizerConfig& optimizer,
+                                                    ThreadPool* pool);
+  ~ShardState();
+
+  const Layout& layout() const { return layout_; }
+  const ShardJob& job() const { return job_; }
+  uint32_t ordinal() const { return ordinal_; }
+  const std::vector<uint32_t>& chunk_ids() const { return chunk_ids_; }
+  /// The lowest version over local chunks (-1 while any is uninitialised).
+  int64_t version() const;
+
+  /// Validates and reserves a push range. Errors: OutOfRange (chunk not here, range outside a
+  /// parameter), InvalidArgument (dtype, rank, empty range), FailedPrecondition (stale or future
+  /// step, already initialised), AlreadyExists (overlaps a pushed range). Nothing changes on error.
+  Result<PushTicket> BeginPush(const PushRequest& req);
+  /// Completes (transfer OK) or abandons (transfer failed: the range is released) a push.
+  Status FinishPush(PushTicket ticket, const Status& transfer);
+
+  /// Blocks until every local chunk has all contributions of `step`. Errors: DeadlineExceeded,
+  /// Cancelled after Shutdown.
+  Status WaitForGradients(int64_t step, std::chrono::milliseconds timeout);
+  /// Reduces every local chunk of `step` and returns one report per local chunk, in chunk order.
+  /// Errors: FailedPrecondition if the step is not complete.
+  Result<std::vector<std::pair<uint32_t, ChunkReport>>> ReduceStep(int64_t step);
+  /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
+  Status ApplyCommit(const CommitOrder& order);
+
+  /// Answers now if the chunk is at >= min_version, else when it gets there. Errors (to the
+  /// callback): OutOfRange, InvalidArgument, FailedPrecondition (version too far ahead),
+  /// Cancelled on Shutdown.
+  void Fetch(const FetchRequest& req, FetchCallback cb);
+
+  /// Fails every waiting fetch and gradient wait with `reason`. Idempotent.
+  void Shutdown(const Status& reason);
+
+  /// CRC32C over every chunk's master, m, v, serving copy and version: "stored state".
+  uint32_t StateCrc() const;
+  /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange.
+  Result<std::vector<float>> MasterOf(uint32_t chunk) const;
+
+ private:
+  struct Waiter {
+    FetchRequest req;
+    FetchCallback cb;
+  };
+  struct Chunk {
+    uint32_t id = 0;
+    uint64_t size = 0;
+    AlignedBuffer<float> master, m, v;
+    AlignedBuffer<uint16_t> serving;
+    std::vector<AlignedBuffer<float>> grads;             // per slot
+    std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
+    std::vector<uint64_t> landed;                        // per slot: elements completed
+    std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
+    uint64_t expected = 0;                               // parameter elements in the chunk
+    int64_t version = -1;
+    std::vector<Waiter> waiters;
+  };
+
+  ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job, ThreadPool* pool);
+  Chunk* FindChunk(uint32_t id);
+  const Chunk* FindChunk(uint32_t id) const;
+  bool ChunkReady(const Chunk& c) const;  // needs mu_
+  bool StepReady(int64_t step) const;     // needs mu_
+  void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
+  void ResetCoverage(Chunk& c);
+
+  const Layout layout_;
+  const uint32_t ordinal_;
+  const ShardJob job_;
+  ThreadPool* pool_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<uint32_t> chunk_ids_;
+  std::vector<Chunk> chunks_;  // same order as chunk_ids_
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_ = false;       // guarded by mu_
+  Status shutdown_reason_;      // guarded by mu_
+};
+
+}  // namespace zps::server

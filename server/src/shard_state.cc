@@ -1,0 +1,375 @@
+#include "zps/server/shard_state.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "zps/common/crc32c.h"
+#include "zps/common/logging.h"
+
+namespace zps::server {
+
+std::string_view ReductionModeName(ReductionMode m) {
+  return m == ReductionMode::kServerSum ? "server-sum" : "pre-reduced";
+}
+
+Result<ReductionMode> ParseReductionMode(std::string_view text) {
+  if (text == "server-sum") return ReductionMode::kServerSum;
+  if (text == "pre-reduced") return ReductionMode::kPreReduced;
+  return InvalidArgument("reduction mode must be server-sum or pre-reduced; got '" +
+                         std::string(text) + "'");
+}
+
+ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
+                       ThreadPool* pool)
+    : layout_(layout), ordinal_(ordinal), job_(job), pool_(pool) {}
+
+ShardState::~ShardState() { Shutdown(Cancelled("shard state destroyed")); }
+
+Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uint32_t ordinal,
+                                                       const ShardJob& job,
+                                                       const OptimizerConfig& optimizer,
+                                                       ThreadPool* pool) {
+  if (ordinal >= layout.options().num_shards) {
+    return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
+                           std::to_string(layout.options().num_shards));
+  }
+  if (job.world_size == 0 || job.world_size > 65536) {
+    return InvalidArgument("world_size must be in [1, 65536]");
+  }
+  if (job.serving_dtype == DType::kF32) {
+    return InvalidArgument("the serving copy must be fp16 or bf16");
+  }
+  std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
+  ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
+  s->chunk_ids_ = layout.ChunksOfShard(ordinal);
+  const uint32_t slots = job.mode == ReductionMode::kServerSum ? job.world_size : 1;
+  const bool needs_v = optimizer.kind != OptimizerKind::kSgd;
+  const bool needs_m = needs_v || optimizer.momentum > 0.0f;
+  s->chunks_.resize(s->chunk_ids_.size());
+  const uint64_t chunk_elems = layout.options().chunk_elems;
+  for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
+    Chunk& c = s->chunks_[i];
+    c.id = s->chunk_ids_[i];
+    c.size = layout.chunk_size(c.id);
+    ZPS_ASSIGN_OR_RETURN(c.master, AlignedBuffer<float>::Allocate(c.size));
+    if (needs_m) {
+      ZPS_ASSIGN_OR_RETURN(c.m, AlignedBuffer<float>::Allocate(c.size));
+    }
+    if (needs_v) {
+      ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
+    }
+    ZPS_ASSIGN_OR_RETURN(c.serving, AlignedBuffer<uint16_t>::Allocate(c.size));
+    for (uint32_t k = 0; k < slots; ++k) {
+      ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
+      c.grads.push_back(std::move(g));
+    }
+    c.covered.resize(slots);
+    c.landed.assign(slots, 0);
+  }
+  // Parameter runs inside each local chunk.
+  for (uint32_t p = 0; p < layout.num_params(); ++p) {
+    ZPS_ASSIGN_OR_RETURN(auto pieces, layout.Pieces(p));
+    for (const Piece& piece : pieces) {
+      if (layout.shard_of_chunk(piece.chunk) != ordinal) continue;
+      Chunk* c = s->FindChunk(piece.chunk);
+      c->params.emplace_back(piece.chunk_offset, piece.chunk_offset + piece.length);
+      c->expected += piece.length;
+    }
+  }
+  (void)chunk_elems;
+  return s;
+}
+
+ShardState::Chunk* ShardState::FindChunk(uint32_t id) {
+  const uint32_t n = layout_.options().num_shards;
+  if (id >= layout_.num_chunks() || id % n != ordinal_) return nullptr;
+  return &chunks_[(id - ordinal_) / n];
+}
+
+const ShardState::Chunk* ShardState::FindChunk(uint32_t id) const {
+  return const_cast<ShardState*>(this)->FindChunk(id);
+}
+
+int64_t ShardState::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t v = INT64_MAX;
+  for (const auto& c : chunks_) v = std::min(v, c.version);
+  return chunks_.empty() ? 0 : v;
+}
+
+Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
+  if (req.length == 0) return InvalidArgument("push of zero elements");
+  const bool init = req.step == kInitStep;
+  if (init ? req.dtype != DType::kF32 : req.dtype != job_.grad_dtype) {
+    return InvalidArgument(std::string("push dtype ") + std::string(DTypeName(req.dtype)) +
+                           " does not match the job's " +
+                           std::string(DTypeName(init ? DType::kF32 : job_.grad_dtype)));
+  }
+  if (req.rank >= job_.world_size) {
+    return InvalidArgument("rank " + std::to_string(req.rank) + " >= world size " +
+                           std::to_string(job_.world_size));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return shutdown_reason_;
+  Chunk* c = FindChunk(req.chunk);
+  if (c == nullptr) {
+    return OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " +
+                      std::to_string(ordinal_));
+  }
+  if (req.offset >= c->size || req.length > c->size - req.offset) {
+    return OutOfRange("push range outside chunk " + std::to_string(req.chunk));
+  }
+  // The range must lie inside one parameter run.
+  auto it = std::upper_bound(c->params.begin(), c->params.end(),
+                             std::make_pair(req.offset, UINT64_MAX));
+  if (it == c->params.begin() || std::prev(it)->second < req.offset + req.length) {
+    return OutOfRange("push range [" + std::to_string(req.offset) + ", +" +
+                      std::to_string(req.length) + ") is not inside one parameter");
+  }
+  if (init) {
+    if (c->version != -1) return FailedPrecondition("chunk " + std::to_string(c->id) + " is already initialised");
+  } else if (c->version == -1) {
+    return FailedPrecondition("chunk " + std::to_string(c->id) + " is not initialised yet");
+  } else if (req.step < c->version) {
+    return FailedPrecondition("stale step " + std::to_string(req.step) + " (chunk at version " +
+                              std::to_string(c->version) + ")");
+  } else if (req.step > c->version) {
+    return FailedPrecondition("future step " + std::to_string(req.step) + " (chunk at version " +
+                              std::to_string(c->version) + ")");
+  }
+  const uint32_t slot =
+      (init || job_.mode == ReductionMode::kPreReduced) ? 0 : req.rank;
+  auto& cov = c->covered[slot];
+  const uint64_t b = req.offset, e = req.offset + req.length;
+  auto next = cov.lower_bound(b);
+  if ((next != cov.end() && next->first < e) ||
+      (next != cov.begin() && std::prev(next)->second > b)) {
+    return AlreadyExists("elements [" + std::to_string(b) + ", " + std::to_string(e) +
+                         ") of chunk " + std::to_string(c->id) + " were already pushed by " +
+                         (slot == 0 && req.rank != 0 ? "a rank" : "rank " + std::to_string(req.rank)));
+  }
+  cov.emplace(b, e);
+  PushTicket t;
+  t.req_ = req;
+  t.slot_ = slot;
+  t.bytes_ = req.length * DTypeSize(req.dtype);
+  if (init) {
+    t.dest_ = reinterpret_cast<std::byte*>(c->master.data() + b);
+  } else if (req.dtype == DType::kF32) {
+    t.dest_ = reinterpret_cast<std::byte*>(c->grads[slot].data() + b);
+  } else {
+    t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
+    t.dest_ = t.staging_.get();
+  }
+  return t;
+}
+
+Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
+  std::vector<std::pair<Waiter, Status>> ready;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    Chunk* c = FindChunk(t.req_.chunk);
+    if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
+    if (!transfer.ok()) {
+      c->covered[t.slot_].erase(t.req_.offset);
+      return Status::Ok();
+    }
+    if (t.staging_) {
+      lock.unlock();  // the range is reserved: no one else writes it
+      const auto* src = reinterpret_cast<const uint16_t*>(t.staging_.get());
+      std::span<float> dst(c->grads[t.slot_].data() + t.req_.offset, t.req_.length);
+      if (t.req_.dtype == DType::kF16) ConvertF16ToF32({src, t.req_.length}, dst);
+      else ConvertBF16ToF32({src, t.req_.length}, dst);
+      lock.lock();
+    }
+    c->landed[t.slot_] += t.req_.length;
+    if (t.req_.step == kInitStep) {
+      if (c->landed[0] == c->expected) {
+        std::span<const float> master = c->master.span();
+        if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving.span());
+        else ConvertF32ToBF16(master, c->serving.span());
+        ResetCoverage(*c);
+        Publish(*c, 0, ready);
+        cv_.notify_all();
+      }
+    } else if (ChunkReady(*c)) {
+      cv_.notify_all();
+    }
+  }
+  for (auto& [w, st] : ready) {
+    const Chunk* c = FindChunk(w.req.chunk);
+    w.cb(st, 0,
+         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)));
+  }
+  return Status::Ok();
+}
+
+bool ShardState::ChunkReady(const Chunk& c) const {
+  for (uint64_t n : c.landed) {
+    if (n != c.expected) return false;
+  }
+  return true;
+}
+
+bool ShardState::StepReady(int64_t step) const {
+  for (const auto& c : chunks_) {
+    if (c.version != step || !ChunkReady(c)) return false;
+  }
+  return true;
+}
+
+Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool ok = cv_.wait_for(lock, timeout, [&] { return shutdown_ || StepReady(step); });
+  if (shutdown_) return shutdown_reason_;
+  if (!ok) return DeadlineExceeded("gradients of step " + std::to_string(step) + " incomplete");
+  return Status::Ok();
+}
+
+Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!StepReady(step)) {
+      return FailedPrecondition("step " + std::to_string(step) + " is not complete on this shard");
+    }
+  }
+  // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
+  std::vector<std::pair<uint32_t, ChunkReport>> out;
+  out.reserve(chunks_.size());
+  for (Chunk& c : chunks_) {
+    float* acc = c.grads[0].data();
+    for (size_t r = 1; r < c.grads.size(); ++r) {
+      const float* g = c.grads[r].data();
+      for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
+    }
+    ZPS_ASSIGN_OR_RETURN(GradStats st,
+                         optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
+    out.emplace_back(c.id, ChunkReport{st.sum_squares, st.non_finite});
+  }
+  return out;
+}
+
+Status ShardState::ApplyCommit(const CommitOrder& order) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!StepReady(order.step)) {
+      return FailedPrecondition("commit for step " + std::to_string(order.step) +
+                                " before its gradients are complete");
+    }
+  }
+  if (!order.skip) {
+    for (Chunk& c : chunks_) {
+      ChunkState st{c.master.span(), c.m.span(), c.v.span()};
+      UpdateParams up;
+      up.step = order.optimizer_step;
+      up.grad_scale = order.grad_scale;
+      up.out_dtype = job_.serving_dtype;
+      up.out16 = c.serving.span();
+      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up));
+    }
+  }
+  std::vector<std::pair<Waiter, Status>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Chunk& c : chunks_) {
+      ResetCoverage(c);
+      Publish(c, order.step + 1, ready);
+    }
+  }
+  for (auto& [w, st] : ready) {
+    const Chunk* c = FindChunk(w.req.chunk);
+    w.cb(st, order.step + 1,
+         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)));
+  }
+  return Status::Ok();
+}
+
+void ShardState::ResetCoverage(Chunk& c) {
+  for (auto& cov : c.covered) cov.clear();
+  std::fill(c.landed.begin(), c.landed.end(), 0);
+}
+
+void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready) {
+  c.version = version;
+  auto keep = c.waiters.begin();
+  for (auto it = c.waiters.begin(); it != c.waiters.end(); ++it) {
+    if (it->req.min_version <= version) {
+      ready.emplace_back(std::move(*it), Status::Ok());
+    } else {
+      *keep++ = std::move(*it);
+    }
+  }
+  c.waiters.erase(keep, c.waiters.end());
+}
+
+void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (shutdown_) {
+    Status s = shutdown_reason_;
+    lock.unlock();
+    cb(s, -1, {});
+    return;
+  }
+  Chunk* c = FindChunk(req.chunk);
+  Status bad;
+  if (c == nullptr) {
+    bad = OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " + std::to_string(ordinal_));
+  } else if (req.length == 0 || req.offset >= c->size || req.length > c->size - req.offset) {
+    bad = OutOfRange("fetch range outside chunk " + std::to_string(req.chunk));
+  } else if (req.min_version < 0 || req.min_version > c->version + 1) {
+    bad = FailedPrecondition("fetch for version " + std::to_string(req.min_version) +
+                             " while chunk " + std::to_string(req.chunk) + " is at " +
+                             std::to_string(c->version));
+  }
+  if (!bad.ok()) {
+    lock.unlock();
+    cb(bad, -1, {});
+    return;
+  }
+  if (c->version >= req.min_version) {
+    int64_t v = c->version;
+    auto data = std::as_bytes(std::span<const uint16_t>(c->serving.data() + req.offset, req.length));
+    lock.unlock();
+    cb(Status::Ok(), v, data);
+    return;
+  }
+  c->waiters.push_back({req, std::move(cb)});
+}
+
+void ShardState::Shutdown(const Status& reason) {
+  std::vector<Waiter> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    shutdown_reason_ = reason;
+    for (auto& c : chunks_) {
+      for (auto& w : c.waiters) failed.push_back(std::move(w));
+      c.waiters.clear();
+    }
+  }
+  cv_.notify_all();
+  for (auto& w : failed) w.cb(reason, -1, {});
+}
+
+uint32_t ShardState::StateCrc() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t crc = 0;
+  for (const auto& c : chunks_) {
+    crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
+    crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
+    crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
+    crc = Crc32cExtend(crc, std::as_bytes(c.serving.span()));
+    crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&c.version, 1)));
+  }
+  return crc;
+}
+
+Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Chunk* c = FindChunk(chunk);
+  if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
+  return std::vector<float>(c->master.data(), c->master.data() + c->size);
+}
+
+}  // namespace zps::server

@@ -1,0 +1,92 @@
+#include "zps/server/coordinator.h"
+
+#include <gtest/gtest.h>
+
+namespace zps::server {
+namespace {
+
+JobSpec MakeJob(uint32_t world, double clip = 0.0) {
+  auto l = Layout::Build({{"w", {300}}}, {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
+  EXPECT_TRUE(l.ok());
+  JobSpec j{*l, {}, {}, {}};
+  j.shard.world_size = world;
+  j.commit.max_grad_norm = clip;
+  j.commit.grad_divisor = world;  // average the rank sums
+  return j;
+}
+
+TEST(Coordinator, JoinValidatesAndReportsDecide) {
+  Coordinator c(2);
+  JobSpec job = MakeJob(2, 1.0);
+  EXPECT_EQ(c.Join(0, job, job.Hash()).status().code(), Code::kUnavailable);  // no shards yet
+  ASSERT_TRUE(c.RegisterShard(0, "127.0.0.1:7000").ok());
+  ASSERT_TRUE(c.RegisterShard(1, "127.0.0.1:7001").ok());
+  EXPECT_FALSE(c.RegisterShard(2, "x").ok());
+  EXPECT_EQ(c.Join(1, std::nullopt, 42).status().code(), Code::kUnavailable);  // before rank 0
+
+  bool got_job = false;
+  c.AwaitJob([&](const Result<JobSpec>& j) { got_job = j.ok(); });
+  auto j0 = c.Join(0, job, job.Hash());
+  ASSERT_TRUE(j0.ok()) << j0.status().ToString();
+  EXPECT_TRUE(got_job);
+  EXPECT_EQ(j0->resume_step, 0);
+  EXPECT_EQ(j0->shard_endpoints[1], "127.0.0.1:7001");
+  EXPECT_EQ(c.Join(1, std::nullopt, 42).status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(c.Join(1, std::nullopt, job.Hash()).ok());
+  EXPECT_EQ(c.Join(2, std::nullopt, job.Hash()).status().code(), Code::kInvalidArgument);
+
+  // 3 chunks: 0 and 2 on shard 0, 1 on shard 1. Norm = sqrt(9+16+0)/2 = 2.5 -> clipped to 1.
+  Result<CommitInfo> worker = Internal("unset");
+  c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { worker = r; });
+  Result<CommitInfo> s0 = Internal("unset"), s1 = Internal("unset");
+  c.Report(0, 1, {{0, {}}}, [&](const Result<CommitInfo>& r) { s1 = r; });
+  EXPECT_EQ(s1.status().code(), Code::kInvalidArgument);  // chunk 0 is not on shard 1
+  c.Report(0, 1, {{1, {16.0, false}}}, [&](const Result<CommitInfo>& r) { s1 = r; });
+  EXPECT_FALSE(s1.ok());  // still waiting (unset)
+  c.Report(0, 0, {{0, {9.0, false}}, {2, {0.0, false}}}, [&](const Result<CommitInfo>& r) { s0 = r; });
+  ASSERT_TRUE(s0.ok() && s1.ok() && worker.ok());
+  EXPECT_FALSE(s0->skip);
+  EXPECT_DOUBLE_EQ(s0->global_norm, 2.5);
+  EXPECT_FLOAT_EQ(s0->grad_scale, static_cast<float>(0.5 * (1.0 / (2.5 + 1e-6))));
+  EXPECT_EQ(s0->optimizer_step, 1);
+  EXPECT_EQ(c.step(), 1);
+  // History answers late askers; the future is refused.
+  bool again = false;
+  c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { again = r.ok() && r->step == 0; });
+  EXPECT_TRUE(again);
+  Status ahead;
+  c.AwaitCommit(5, [&](const Result<CommitInfo>& r) { ahead = r.status(); });
+  EXPECT_EQ(ahead.code(), Code::kFailedPrecondition);
+}
+
+TEST(Coordinator, OverflowSkipsAndLowersTheScale) {
+  Coordinator c(2);
+  JobSpec job = MakeJob(1);
+  job.commit.dynamic_loss_scale = true;
+  job.commit.initial_loss_scale = 1024;
+  ASSERT_TRUE(c.RegisterShard(0, "a:1").ok());
+  ASSERT_TRUE(c.RegisterShard(1, "b:1").ok());
+  ASSERT_TRUE(c.Join(0, job, job.Hash()).ok());
+  Result<CommitInfo> r = Internal("unset");
+  c.Report(0, 1, {{1, {1.0, true}}}, [](const Result<CommitInfo>&) {});
+  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [&](const Result<CommitInfo>& x) { r = x; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->skip);
+  EXPECT_EQ(r->optimizer_step, 0);
+  EXPECT_DOUBLE_EQ(r->loss_scale, 1024);
+  EXPECT_DOUBLE_EQ(r->next_loss_scale, 512);
+  Status stale;
+  c.Report(0, 0, {{0, {}}}, [&](const Result<CommitInfo>& x) { stale = x.status(); });
+  EXPECT_EQ(stale.code(), Code::kFailedPrecondition);
+}
+
+TEST(Coordinator, ShutdownFailsWaiters) {
+  Coordinator c(1);
+  Status s;
+  c.AwaitJob([&](const Result<JobSpec>& j) { s = j.status(); });
+  c.Shutdown(Cancelled("bye"));
+  EXPECT_EQ(s.code(), Code::kCancelled);
+}
+
+}  // namespace
+}  // namespace zps::server

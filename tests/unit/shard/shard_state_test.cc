@@ -1,0 +1,178 @@
+#include "zps/server/shard_state.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+namespace zps::server {
+namespace {
+
+// Two parameters over chunks of 128 elements, 2 shards: p0 has 200 elements (chunks 0,1),
+// p1 starts at 256 (aligned) with 50 elements (chunk 2). Shard 0 owns chunks 0 and 2.
+Layout TestLayout() {
+  auto l = Layout::Build({{"p0", {200}}, {"p1", {5, 10}}},
+                         {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
+  EXPECT_TRUE(l.ok());
+  return *l;
+}
+
+class ShardStateTest : public ::testing::Test {
+ protected:
+  void Make(ReductionMode mode, uint32_t world, DType grad = DType::kF32) {
+    ShardJob job{mode, world, grad, DType::kBF16};
+    auto s = ShardState::Create(layout_, 0, job, OptimizerConfig{}, nullptr);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shard_ = std::move(*s);
+  }
+  Status Push(const PushRequest& r, const void* data) {
+    auto t = shard_->BeginPush(r);
+    if (!t.ok()) return t.status();
+    std::memcpy(t->destination().data(), data, t->destination().size());
+    return shard_->FinishPush(std::move(*t), Status::Ok());
+  }
+  // Initialises the shard-0 chunks: chunk 0 = p0[0..128), chunk 2 = p1.
+  void Init() {
+    std::vector<float> v(128);
+    std::iota(v.begin(), v.end(), 1.0f);
+    ASSERT_TRUE(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).ok());
+    ASSERT_TRUE(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()).ok());
+    ASSERT_EQ(shard_->version(), 0);
+  }
+  Layout layout_ = TestLayout();
+  std::unique_ptr<ShardState> shard_;
+};
+
+TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
+  Make(ReductionMode::kServerSum, 2);
+  EXPECT_EQ(shard_->version(), -1);
+  Init();
+  std::vector<uint16_t> got;
+  int64_t version = -5;
+  shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d) {
+    ASSERT_TRUE(s.ok());
+    version = v;
+    got.resize(d.size() / 2);
+    std::memcpy(got.data(), d.data(), d.size());
+  });
+  EXPECT_EQ(version, 0);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0], FloatToBf16(11.0f));
+}
+
+TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
+  Make(ReductionMode::kServerSum, 2);
+  Init();
+  std::vector<float> g0(128), g1(128);
+  for (int i = 0; i < 128; ++i) {
+    g0[i] = 1e-3f * static_cast<float>(i) + 0.1f;
+    g1[i] = -3e-4f * static_cast<float>(i * i % 17) + 1e8f * (i == 3);
+  }
+  // Rank 1 arrives first, in two pieces; the sum must still be g0 + g1.
+  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g1.data() + 64).ok());
+  ASSERT_TRUE(Push({0, 0, 0, 64, 1, DType::kF32}, g1.data()).ok());
+  ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()).ok());
+  EXPECT_EQ(shard_->WaitForGradients(0, std::chrono::milliseconds(1)).code(), Code::kDeadlineExceeded);
+  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());
+  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  auto reports = shard_->ReduceStep(0);
+  ASSERT_TRUE(reports.ok());
+  ASSERT_EQ(reports->size(), 2u);
+  EXPECT_EQ((*reports)[0].first, 0u);
+  EXPECT_EQ((*reports)[1].first, 2u);
+  ASSERT_TRUE(shard_->ApplyCommit({0, false, 0.5f, 1}).ok());
+  EXPECT_EQ(shard_->version(), 1);
+
+  // The same update done directly.
+  std::vector<float> sum(128), master(128), m(128), v(128);
+  std::iota(master.begin(), master.end(), 1.0f);
+  for (int i = 0; i < 128; ++i) sum[i] = g0[i] + g1[i];
+  auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE((*opt)->Update({master, m, v}, {sum.data(), DType::kF32, 128},
+                             {1, 0.5f, DType::kBF16, {}}).ok());
+  auto got = shard_->MasterOf(0);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(0, std::memcmp(got->data(), master.data(), 128 * 4));
+}
+
+TEST_F(ShardStateTest, BadPushesChangeNothing) {
+  Make(ReductionMode::kServerSum, 2, DType::kF16);
+  Init();
+  std::vector<uint16_t> h(128, FloatToHalf(0.5f));
+  ASSERT_TRUE(Push({0, 0, 0, 16, 0, DType::kF16}, h.data()).ok());
+  const uint32_t crc = shard_->StateCrc();
+  struct Case {
+    PushRequest r;
+    Code code;
+  } cases[] = {
+      {{0, 0, 0, 16, 0, DType::kF32}, Code::kInvalidArgument},   // wrong dtype
+      {{0, 0, 0, 16, 2, DType::kF16}, Code::kInvalidArgument},   // rank >= world
+      {{0, 0, 0, 0, 0, DType::kF16}, Code::kInvalidArgument},    // empty
+      {{0, 1, 0, 16, 0, DType::kF16}, Code::kOutOfRange},        // chunk on shard 1
+      {{0, 99, 0, 16, 0, DType::kF16}, Code::kOutOfRange},       // no such chunk
+      {{0, 0, 120, 16, 0, DType::kF16}, Code::kOutOfRange},      // past the chunk
+      {{0, 2, 40, 20, 0, DType::kF16}, Code::kOutOfRange},       // into padding
+      {{-7, 0, 16, 16, 0, DType::kF16}, Code::kFailedPrecondition},  // stale
+      {{1, 0, 16, 16, 0, DType::kF16}, Code::kFailedPrecondition},   // future
+      {{0, 0, 8, 16, 0, DType::kF16}, Code::kAlreadyExists},     // overlaps rank 0's push
+      {{kInitStep, 0, 0, 16, 0, DType::kF32}, Code::kFailedPrecondition},  // re-init
+  };
+  for (const auto& c : cases) {
+    Status s = Push(c.r, h.data());
+    EXPECT_EQ(s.code(), c.code) << s.ToString() << " chunk " << c.r.chunk << " off " << c.r.offset;
+    EXPECT_FALSE(s.message().empty());
+  }
+  EXPECT_EQ(shard_->StateCrc(), crc);
+  // An abandoned transfer releases its range.
+  auto t = shard_->BeginPush({0, 0, 16, 16, 0, DType::kF16});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(shard_->FinishPush(std::move(*t), Unavailable("peer died")).ok());
+  EXPECT_TRUE(Push({0, 0, 16, 16, 0, DType::kF16}, h.data()).ok());
+}
+
+TEST_F(ShardStateTest, PreReducedTakesDisjointSlicesFromAnyRank) {
+  Make(ReductionMode::kPreReduced, 2);
+  Init();
+  std::vector<float> g(128, 0.25f);
+  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()).ok());
+  EXPECT_EQ(Push({0, 0, 32, 64, 1, DType::kF32}, g.data()).code(), Code::kAlreadyExists);
+  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g.data()).ok());
+  EXPECT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  auto r = shard_->ReduceStep(0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ((*r)[0].second.sum_squares, 128 * 0.0625);
+}
+
+TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
+  Make(ReductionMode::kServerSum, 1);
+  int64_t seen = -2;
+  shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>) {
+    EXPECT_TRUE(s.ok());
+    seen = v;
+  });
+  EXPECT_EQ(seen, -2);  // waiting for init
+  Init();
+  EXPECT_EQ(seen, 0);
+  Status far;
+  shard_->Fetch({0, 0, 8, 5}, [&](const Status& s, int64_t, std::span<const std::byte>) { far = s; });
+  EXPECT_EQ(far.code(), Code::kFailedPrecondition);
+  Status bad;
+  shard_->Fetch({0, 120, 16, 0}, [&](const Status& s, int64_t, std::span<const std::byte>) { bad = s; });
+  EXPECT_EQ(bad.code(), Code::kOutOfRange);
+  Status pending = Status::Ok();
+  bool called = false;
+  shard_->Fetch({0, 0, 8, 1}, [&](const Status& s, int64_t, std::span<const std::byte>) {
+    pending = s;
+    called = true;
+  });
+  EXPECT_FALSE(called);
+  shard_->Shutdown(Cancelled("stopping"));
+  EXPECT_TRUE(called);
+  EXPECT_EQ(pending.code(), Code::kCancelled);
+}
+
+}  // namespace
+}  // namespace zps::server
