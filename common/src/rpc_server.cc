@@ -77,8 +77,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(std::shared_ptr<Server::Impl> srv, tcp::socket sock)
       : srv_(std::move(srv)),
-        strand_(asio::make_strand(srv_->io)),
         sock_(std::move(sock)),
+        strand_(sock_.get_executor()),
         timer_(strand_) {
     error_code ec;
     auto ep = sock_.remote_endpoint(ec);
@@ -136,6 +136,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void ReadHeader() {
     if (closed_ || closing_) return;
+    reading_ = true;
     asio::async_read(sock_, asio::buffer(hdr_),
                      [self = shared_from_this()](const error_code& ec, size_t n) {
                        self->OnHeader(ec, n);
@@ -143,7 +144,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void OnHeader(const error_code& ec, size_t n) {
-    if (closed_ || closing_) return;
+    reading_ = false;
+    if (closed_) return;
+    if (closing_) {
+      ContinueDrain(ec);
+      return;
+    }
     if (ec) {
       if (ec == asio::error::eof && n > 0) {
         Fail(FrameErrorName(FrameError::kTruncated), 0,
@@ -169,6 +175,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       OnFrame();
       return;
     }
+    reading_ = true;
     asio::async_read(sock_, asio::buffer(payload_),
                      [self = shared_from_this()](const error_code& e, size_t) {
                        self->OnPayload(e);
@@ -176,7 +183,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void OnPayload(const error_code& ec) {
-    if (closed_ || closing_) return;
+    reading_ = false;
+    if (closed_) return;
+    if (closing_) {
+      ContinueDrain(ec);
+      return;
+    }
     if (ec) {
       if (ec == asio::error::eof) {
         Fail(FrameErrorName(FrameError::kTruncated), cur_.request_id,
@@ -314,19 +326,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // peer reads the Error frame instead of a reset.
     error_code ec;
     sock_.shutdown(tcp::socket::shutdown_send, ec);
-    Drain();
+    if (!reading_) Drain();  // else the outstanding read's handler continues with ContinueDrain
   }
 
   void Drain() {
     if (closed_) return;
+    reading_ = true;
     sock_.async_read_some(asio::buffer(drain_),
                           [self = shared_from_this()](const error_code& ec, size_t) {
-                            if (ec) {
-                              self->DoClose();
-                            } else {
-                              self->Drain();
-                            }
+                            self->reading_ = false;
+                            self->ContinueDrain(ec);
                           });
+  }
+
+  void ContinueDrain(const error_code& ec) {
+    if (closed_) return;
+    if (ec) {
+      DoClose();
+    } else if (!writing_) {
+      Drain();
+    }  // else MaybeFinishClosing starts the drain once the Error frame is out
   }
 
   void Enqueue(Out o) {
@@ -379,8 +398,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   std::shared_ptr<Server::Impl> srv_;  // first: destroyed last, after the socket and timer
-  asio::strand<asio::io_context::executor_type> strand_;
-  tcp::socket sock_;
+  tcp::socket sock_;  // its executor is this connection's strand (made at accept)
+  asio::any_io_executor strand_;
   asio::steady_timer timer_;
   std::string remote_;
 
@@ -394,6 +413,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<std::byte, 4096> drain_{};
   std::deque<Out> outq_;
   bool writing_ = false;
+  bool reading_ = false;  // a read (frame or drain) is outstanding on sock_
   bool authed_ = false;
   bool closing_ = false;  // an error was sent; no more reads or dispatch
   bool closed_ = false;
