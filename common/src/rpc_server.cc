@@ -10,6 +10,10 @@
 
 #include <array>
 #include <atomic>
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+// Asio uses std::atomic_thread_fence, which GCC warns about under -fsanitize=thread.
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
