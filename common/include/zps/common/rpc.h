@@ -42,7 +42,8 @@ struct ServerOptions {
   int io_threads = 1;                    // Default: 1. Threads named "rpc-io-N".
 };
 
-/// An authenticated peer, as established by its hello. Valid for the connection's lifetime.
+/// An authenticated peer, as established by its hello. The server hands it to handlers and hooks
+/// by reference, valid during the call; copy it to keep it.
 struct Peer {
   uint64_t session_id = 0;     ///< random, issued by the server at the hello
   uint64_t session_token = 0;  ///< random, issued by the server; data-plane messages carry it
@@ -88,8 +89,8 @@ class Responder {
 
 /// Called for each request of a registered type on an authenticated connection.
 /// Runs on an rpc io thread, serialised per connection: it must not block. Long work or waits go
-/// elsewhere, carrying the Responder. `payload` is valid only during the call (copy what you
-/// keep). An exception escaping the handler is caught and answered with Error Internal.
+/// elsewhere, carrying the Responder. `peer` and `payload` are valid only during the call (copy
+/// what you keep). An exception escaping the handler is caught and answered with Error Internal.
 using Handler = std::function<void(const Peer&, std::span<const std::byte> payload, Responder)>;
 
 /// Returns extra bytes appended to the hello reply, or an error to refuse the peer (sent to it as
@@ -111,8 +112,8 @@ using HelloHook =
 class Server {
  public:
   /// Binds the listening socket (nothing is accepted until Start).
-  /// Errors: InvalidArgument (bad address, io_threads < 1, max_connections 0), IoError (bind or
-  /// listen failed, e.g. the port is in use).
+  /// Errors: InvalidArgument (bad address, io_threads < 1, max_connections 0, hello_timeout_ms <= 0,
+  /// idle_timeout_ms < 0), IoError (bind or listen failed, e.g. the port is in use).
   static Result<std::unique_ptr<Server>> Create(ServerOptions opts);
   ~Server();
   Server(const Server&) = delete;
