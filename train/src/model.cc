@@ -269,7 +269,8 @@ Result<std::vector<std::span<const float>>> AcquireChecked(ParamAccess& access,
 }
 
 Status CheckTokens(const ModelConfig& c, std::span<const uint8_t> tokens, int batch) {
-  if (batch < 1 || batch > (1 << 20)) return InvalidArgument("batch must be in [1, 2^20]");
+  if (batch < 1 || static_cast<int64_t>(batch) * c.seq_len > (1 << 24))
+    return InvalidArgument("batch must be >= 1 with batch x seq_len <= 2^24");
   const size_t want = static_cast<size_t>(batch) * (static_cast<size_t>(c.seq_len) + 1);
   if (tokens.size() != want)
     return InvalidArgument("token buffer has " + std::to_string(tokens.size()) +

@@ -116,9 +116,9 @@ class Model {
   /// pushes tok_emb then pos_emb last. Pushes: head (lnf.g, lnf.b, lm_head), then per block in
   /// reverse its params in id order, then the embeddings.
   ///
-  /// Errors: InvalidArgument for a bad batch or token buffer size, or a non-finite/non-positive
-  /// loss_scale; OutOfRange for a token >= vocab; Internal when Acquire returns views of the wrong
-  /// length; any error of `access` (everything acquired is released first).
+  /// Errors: InvalidArgument for a bad batch (< 1, or batch x seq_len > 2^24) or token buffer
+  /// size, or a non-finite/non-positive loss_scale; Internal when Acquire returns views of the
+  /// wrong length; any error of `access` (everything acquired is released first).
   Result<StepOutput> TrainStep(std::span<const uint8_t> tokens, int batch, float loss_scale,
                                ParamAccess& access);
 
