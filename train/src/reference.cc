@@ -107,6 +107,7 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   t->acc_.assign(total, 0.0f);
   t->serving_.assign(total, 0);
   t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
+  if (options.grad_dtype != DType::kF32) t->widened_.assign(total, 0.0f);
   const auto& decls = t->model_->decls();
   for (uint32_t id = 0; id < decls.size(); ++id) {
     ZPS_RETURN_IF_ERROR(InitParam(decls[id], model.seed,
@@ -139,11 +140,22 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
                                                      loss_scale, access));
     res.rank_loss.push_back(out.loss);
     res.tokens += out.tokens;
-    const void* g = rank_grad_.data();
+    // Widen this rank's pushes to fp32 (exact), then acc = g_0 or acc += g_r.
+    const float* g = reinterpret_cast<const float*>(rank_grad_.data());
+    if (gd != DType::kF32) {
+      const std::span<const uint16_t> g16(reinterpret_cast<const uint16_t*>(rank_grad_.data()),
+                                          total);
+      if (gd == DType::kF16) {
+        ConvertF16ToF32(g16, widened_);
+      } else {
+        ConvertBF16ToF32(g16, widened_);
+      }
+      g = widened_.data();
+    }
     if (r == 0) {
-      for (size_t i = 0; i < total; ++i) acc_[i] = LoadAsFloat(g, gd, i);
+      std::memcpy(acc_.data(), g, total * sizeof(float));
     } else {
-      for (size_t i = 0; i < total; ++i) acc_[i] += LoadAsFloat(g, gd, i);
+      for (size_t i = 0; i < total; ++i) acc_[i] += g[i];
     }
   }
   double loss_sum = 0.0;

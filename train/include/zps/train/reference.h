@@ -109,7 +109,7 @@ class ReferenceTrainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<server::Optimizer> optimizer_;
   server::StepCommit commit_;
-  std::vector<float> master_, m_, v_, acc_;
+  std::vector<float> master_, m_, v_, acc_, widened_;
   std::vector<uint16_t> serving_;
   std::vector<std::byte> rank_grad_;  // one rank's pushes, in grad_dtype, total_elems long
   int64_t step_ = 0;
