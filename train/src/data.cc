@@ -58,8 +58,7 @@ Result<std::string> LoadCorpus(const std::string& path) {
 DataLoader::DataLoader(std::string corpus, const DataOptions& options, int64_t train_windows)
     : corpus_(std::move(corpus)), options_(options), train_windows_(train_windows) {}
 
-Result<std::unique_ptr<DataLoader>> DataLoader::Create(std::string corpus,
-                                                       const DataOptions& o) {
+Result<std::unique_ptr<DataLoader>> DataLoader::Create(std::string corpus, const DataOptions& o) {
   if (o.seq_len < 1) return InvalidArgument("data: seq_len must be >= 1");
   if (o.batch < 1) return InvalidArgument("data: batch must be >= 1");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)

@@ -92,12 +92,24 @@ __attribute__((target_clones("avx2", "default"))) void Gemm(const float* A, cons
     const int mr = std::min(kMr, M - i0);
     for (int j0 = 0; j0 < n_full; j0 += kNr) {
       switch (mr) {
-        case 6: MicroTile<6>(A, B, bias, C, K, N, i0, j0, accumulate); break;
-        case 5: MicroTile<5>(A, B, bias, C, K, N, i0, j0, accumulate); break;
-        case 4: MicroTile<4>(A, B, bias, C, K, N, i0, j0, accumulate); break;
-        case 3: MicroTile<3>(A, B, bias, C, K, N, i0, j0, accumulate); break;
-        case 2: MicroTile<2>(A, B, bias, C, K, N, i0, j0, accumulate); break;
-        default: MicroTile<1>(A, B, bias, C, K, N, i0, j0, accumulate); break;
+        case 6:
+          MicroTile<6>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
+        case 5:
+          MicroTile<5>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
+        case 4:
+          MicroTile<4>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
+        case 3:
+          MicroTile<3>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
+        case 2:
+          MicroTile<2>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
+        default:
+          MicroTile<1>(A, B, bias, C, K, N, i0, j0, accumulate);
+          break;
       }
     }
     if (n_full < N) EdgeTile(A, B, bias, C, K, N, i0, mr, n_full, N - n_full, accumulate);
@@ -224,8 +236,8 @@ void AttentionForward(const float* qkv, float* probs, float* y, int B, int T, in
   }
 }
 
-void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                       int B, int T, int D, int H) {
+void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv, int B,
+                       int T, int D, int H) {
   const int hd = D / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t row = 3LL * D;

@@ -30,8 +30,8 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
 /// Writes probs[B, H, T, T] (row i holds j <= i; the rest is 0) and y[B*T, D].
 void AttentionForward(const float* qkv, float* probs, float* y, int B, int T, int D, int H);
 /// dqkv (overwrite) from dy[B*T, D].
-void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv,
-                       int B, int T, int D, int H);
+void AttentionBackward(const float* qkv, const float* probs, const float* dy, float* dqkv, int B,
+                       int T, int D, int H);
 
 /// Mean cross-entropy of logits[N,V] against targets. Returns the loss (accumulated in double,
 /// rows in order). If dlogits is not null, writes dlogits = (softmax - onehot) * grad_scale.

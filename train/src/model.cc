@@ -14,7 +14,19 @@ namespace {
 
 // Per-block parameter slots, in id order within a block.
 enum BlockSlot : uint32_t {
-  kLn1G = 0, kLn1B, kWqkv, kBqkv, kWo, kBo, kLn2G, kLn2B, kW1, kB1, kW2, kB2, kBlockParams
+  kLn1G = 0,
+  kLn1B,
+  kWqkv,
+  kBqkv,
+  kWo,
+  kBo,
+  kLn2G,
+  kLn2B,
+  kW1,
+  kB1,
+  kW2,
+  kB2,
+  kBlockParams
 };
 constexpr uint32_t kTokEmb = 0;
 constexpr uint32_t kPosEmb = 1;
@@ -60,14 +72,17 @@ class Held {
 }  // namespace
 
 Status ModelConfig::Validate() const {
-  if (vocab != 256) return InvalidArgument("model: vocab must be 256 (byte-level), got " +
-                                           std::to_string(vocab));
-  if (d_model < 1 || d_model > 65536) return InvalidArgument("model: d_model must be in [1, 65536]");
-  if (n_layers < 1 || n_layers > 4096) return InvalidArgument("model: n_layers must be in [1, 4096]");
+  if (vocab != 256)
+    return InvalidArgument("model: vocab must be 256 (byte-level), got " + std::to_string(vocab));
+  if (d_model < 1 || d_model > 65536)
+    return InvalidArgument("model: d_model must be in [1, 65536]");
+  if (n_layers < 1 || n_layers > 4096)
+    return InvalidArgument("model: n_layers must be in [1, 4096]");
   if (n_heads < 1 || d_model % n_heads != 0)
     return InvalidArgument("model: n_heads must be >= 1 and divide d_model");
   if (d_ff < 1 || d_ff > 262144) return InvalidArgument("model: d_ff must be in [1, 262144]");
-  if (seq_len < 1 || seq_len > 65536) return InvalidArgument("model: seq_len must be in [1, 65536]");
+  if (seq_len < 1 || seq_len > 65536)
+    return InvalidArgument("model: seq_len must be in [1, 65536]");
   // Every weight matrix must fit int indexing of one dimension pair in int64 and a float count
   // below 2^40 (the layout's bound).
   if (static_cast<uint64_t>(d_model) * static_cast<uint64_t>(std::max(3 * d_model, d_ff)) >
@@ -121,8 +136,12 @@ Status InitParam(const ParamDecl& decl, uint64_t seed, uint64_t offset, std::spa
     return OutOfRange("InitParam " + decl.spec.name + ": range [" + std::to_string(offset) + ", +" +
                       std::to_string(out.size()) + ") past " + std::to_string(numel));
   switch (decl.init.kind) {
-    case ParamInit::Kind::kZeros: std::fill(out.begin(), out.end(), 0.0f); break;
-    case ParamInit::Kind::kOnes: std::fill(out.begin(), out.end(), 1.0f); break;
+    case ParamInit::Kind::kZeros:
+      std::fill(out.begin(), out.end(), 0.0f);
+      break;
+    case ParamInit::Kind::kOnes:
+      std::fill(out.begin(), out.end(), 1.0f);
+      break;
     case ParamInit::Kind::kUniform: {
       // u in [-1, 1) from the top 24 bits (exact in fp32); scaled to std via sqrt(3).
       const uint64_t key = SplitMix64(seed ^ SplitMix64(Fnv1a(decl.spec.name)));
@@ -176,14 +195,14 @@ uint64_t ActivationBytes(const ModelConfig& c, int batch) {
 
 struct Model::Workspace {
   int batch = 0;
-  std::vector<uint8_t> inputs, targets;                 // [N]
-  std::vector<std::vector<float>> x;                    // [L+1][N*D]: block inputs, final out
-  std::vector<std::vector<float>> ln1, mean1, rstd1, qkv, probs, att, mid, ln2, mean2, rstd2,
-      hpre, hact;                                       // per layer
+  std::vector<uint8_t> inputs, targets;  // [N]
+  std::vector<std::vector<float>> x;     // [L+1][N*D]: block inputs, final out
+  std::vector<std::vector<float>> ln1, mean1, rstd1, qkv, probs, att, mid, ln2, mean2, rstd2, hpre,
+      hact;  // per layer
   std::vector<float> lnf, meanf, rstdf, logits, dlogits;
   std::vector<float> dx, dmid, dtmp, dqkv, datt, dh, dact;  // backward scratch
-  std::vector<float> trans;                             // transposes (weights and activations)
-  std::vector<float> grad;                              // one group's grads
+  std::vector<float> trans;                                 // transposes (weights and activations)
+  std::vector<float> grad;                                  // one group's grads
 
   void Resize(const ModelConfig& c, int b) {
     if (b == batch) return;
@@ -285,8 +304,8 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
   const ModelConfig& c = config_;
   Workspace& w = *ws_;
   w.Resize(c, batch);
-  const int T = c.seq_len, D = c.d_model, F = c.d_ff, V = c.vocab, H = c.n_heads,
-            L = c.n_layers, N = batch * T;
+  const int T = c.seq_len, D = c.d_model, F = c.d_ff, V = c.vocab, H = c.n_heads, L = c.n_layers,
+            N = batch * T;
   for (int b = 0; b < batch; ++b) {
     const uint8_t* row = tokens.data() + static_cast<size_t>(b) * (T + 1);
     std::memcpy(&w.inputs[static_cast<size_t>(b) * T], row, static_cast<size_t>(T));
@@ -323,8 +342,7 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
       mid[i] += w.dtmp[i] + p[kBo][i % static_cast<size_t>(D)];
     kernels::LayerNormForward(mid, p[kLn2G].data(), p[kLn2B].data(), w.ln2[l].data(),
                               w.mean2[l].data(), w.rstd2[l].data(), N, D);
-    kernels::Gemm(w.ln2[l].data(), p[kW1].data(), p[kB1].data(), w.hpre[l].data(), N, D, F,
-                  false);
+    kernels::Gemm(w.ln2[l].data(), p[kW1].data(), p[kB1].data(), w.hpre[l].data(), N, D, F, false);
     kernels::GeluForward(w.hpre[l].data(), w.hact[l].data(), static_cast<int64_t>(N) * F);
     kernels::Gemm(w.hact[l].data(), p[kW2].data(), p[kB2].data(), w.dtmp.data(), N, F, D, false);
     float* out = w.x[static_cast<size_t>(l) + 1].data();
@@ -335,8 +353,8 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
   const auto& head_ids = groups_.back();
   ZPS_ASSIGN_OR_RETURN(auto hp, AcquireChecked(access, decls_, head_ids));
   Held held(access, head_ids);
-  kernels::LayerNormForward(w.x[L].data(), hp[0].data(), hp[1].data(), w.lnf.data(),
-                            w.meanf.data(), w.rstdf.data(), N, D);
+  kernels::LayerNormForward(w.x[L].data(), hp[0].data(), hp[1].data(), w.lnf.data(), w.meanf.data(),
+                            w.rstdf.data(), N, D);
   kernels::Gemm(w.lnf.data(), hp[2].data(), nullptr, w.logits.data(), N, D, V, false);
   const float grad_scale = loss_scale / static_cast<float>(N);
   *loss = kernels::CrossEntropy(w.logits.data(), w.targets.data(),
@@ -382,15 +400,15 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
     kernels::Gemm(w.trans.data(), w.dx.data(), nullptr, gslot[kW2], F, N, D, false);
     kernels::Transpose(p[kW2].data(), w.trans.data(), F, D);
     kernels::Gemm(w.dx.data(), w.trans.data(), nullptr, w.dact.data(), N, D, F, false);
-    kernels::GeluBackward(w.hpre[l].data(), w.dact.data(), w.dh.data(), static_cast<int64_t>(N) * F);
+    kernels::GeluBackward(w.hpre[l].data(), w.dact.data(), w.dh.data(),
+                          static_cast<int64_t>(N) * F);
     kernels::ColumnSum(w.dh.data(), gslot[kB1], N, F, false);
     kernels::Transpose(w.ln2[l].data(), w.trans.data(), N, D);
     kernels::Gemm(w.trans.data(), w.dh.data(), nullptr, gslot[kW1], D, N, F, false);
     kernels::Transpose(p[kW1].data(), w.trans.data(), D, F);
     kernels::Gemm(w.dh.data(), w.trans.data(), nullptr, w.dtmp.data(), N, F, D, false);
-    kernels::LayerNormBackward(w.dtmp.data(), w.mid[l].data(), w.mean2[l].data(),
-                               w.rstd2[l].data(), p[kLn2G].data(), w.dmid.data(), gslot[kLn2G],
-                               gslot[kLn2B], N, D);
+    kernels::LayerNormBackward(w.dtmp.data(), w.mid[l].data(), w.mean2[l].data(), w.rstd2[l].data(),
+                               p[kLn2G].data(), w.dmid.data(), gslot[kLn2G], gslot[kLn2B], N, D);
     for (size_t i = 0; i < ND; ++i) w.dmid[i] += w.dx[i];
     // Attention: mid = x + att·Wo + bo.
     kernels::ColumnSum(w.dmid.data(), gslot[kBo], N, D, false);

@@ -11,8 +11,10 @@
 namespace zps::train {
 
 Status ReferenceOptions::Validate() const {
-  if (world < 1 || world > (1 << 16)) return InvalidArgument("reference: world must be in [1, 65536]");
-  if (serving_dtype == DType::kF32) return InvalidArgument("reference: serving_dtype must be 16-bit");
+  if (world < 1 || world > (1 << 16))
+    return InvalidArgument("reference: world must be in [1, 65536]");
+  if (serving_dtype == DType::kF32)
+    return InvalidArgument("reference: serving_dtype must be 16-bit");
   if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
   ZPS_RETURN_IF_ERROR(optimizer.Validate());
   return commit.Validate();
@@ -110,9 +112,9 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   if (options.grad_dtype != DType::kF32) t->widened_.assign(total, 0.0f);
   const auto& decls = t->model_->decls();
   for (uint32_t id = 0; id < decls.size(); ++id) {
-    ZPS_RETURN_IF_ERROR(InitParam(decls[id], model.seed,
-                                  {t->master_.data() + t->layout_.param_offset(id),
-                                   t->layout_.param_numel(id)}));
+    ZPS_RETURN_IF_ERROR(
+        InitParam(decls[id], model.seed,
+                  {t->master_.data() + t->layout_.param_offset(id), t->layout_.param_numel(id)}));
   }
   if (options.serving_dtype == DType::kBF16) {
     ConvertF32ToBF16(t->master_, t->serving_);
@@ -136,8 +138,8 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
   for (int r = 0; r < world; ++r) {
     std::memset(rank_grad_.data(), 0, rank_grad_.size());  // padding is never pushed: 0
     Access access(*this, step_ == options_.inject_overflow_step && r == 0);
-    ZPS_ASSIGN_OR_RETURN(auto out, model_->TrainStep(batches[static_cast<size_t>(r)], batch,
-                                                     loss_scale, access));
+    ZPS_ASSIGN_OR_RETURN(
+        auto out, model_->TrainStep(batches[static_cast<size_t>(r)], batch, loss_scale, access));
     res.rank_loss.push_back(out.loss);
     res.tokens += out.tokens;
     // Widen this rank's pushes to fp32 (exact), then acc = g_0 or acc += g_r.
@@ -168,8 +170,8 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
   std::vector<server::ChunkReport> reports(chunks);
   for (uint32_t c = 0; c < chunks; ++c) {
     const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
-    ZPS_ASSIGN_OR_RETURN(auto stats, optimizer_->ComputeGradStats(
-                                         {acc_.data() + begin, DType::kF32, n}, 1.0f));
+    ZPS_ASSIGN_OR_RETURN(auto stats,
+                         optimizer_->ComputeGradStats({acc_.data() + begin, DType::kF32, n}, 1.0f));
     reports[c] = {stats.sum_squares, stats.non_finite};
   }
   // 5: the commit.
@@ -179,8 +181,8 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
     ++optimizer_step_;
     for (uint32_t c = 0; c < chunks; ++c) {
       const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
-      server::ChunkState st{{master_.data() + begin, n}, {m_.data() + begin, n},
-                            {v_.data() + begin, n}};
+      server::ChunkState st{
+          {master_.data() + begin, n}, {m_.data() + begin, n}, {v_.data() + begin, n}};
       server::UpdateParams up;
       up.step = optimizer_step_;
       up.grad_scale = res.decision.grad_scale;

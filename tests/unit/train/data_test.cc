@@ -2,12 +2,12 @@
 #include "zps/train/data.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <unistd.h>
 
 namespace zps::train {
 namespace {
@@ -26,7 +26,8 @@ TEST(DataTest, DefaultCorpusLoads) {
 }
 
 TEST(DataTest, CorpusDirectorySortedAndNoSymlinks) {
-  const auto dir = std::filesystem::temp_directory_path() / ("zps_corpus_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zps_corpus_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "b") << "BBB";
@@ -76,7 +77,8 @@ TEST(DataTest, RanksDisjointAndDeterministic) {
   std::set<int64_t> epoch;
   for (int64_t s = 0; s < spe; ++s)
     for (int r = 0; r < o.world; ++r)
-      for (int i = 0; i < o.batch; ++i) EXPECT_TRUE(epoch.insert(loaders[0]->WindowOf(s, r, i)).second);
+      for (int i = 0; i < o.batch; ++i)
+        EXPECT_TRUE(epoch.insert(loaders[0]->WindowOf(s, r, i)).second);
   // Eval windows are the tail, outside training.
   std::vector<uint8_t> ev(2 * 16);
   ASSERT_TRUE(loaders[0]->EvalBatch(2, 2, ev).ok());

@@ -126,8 +126,8 @@ TEST(ModelTest, AccessOrderAndPushes) {
   FakeAccess access(m->decls(), 1);
   auto tokens = RandomTokens(2 * 8, 2);
   ASSERT_TRUE(m->TrainStep(tokens, 2, 1.0f, access).ok());
-  std::vector<std::string> want = {"A0", "R0", "A2", "R2", "A14", "R14", "A26", "P26", "P27",
-                                   "P28", "R26", "A14"};
+  std::vector<std::string> want = {"A0",  "R0",  "A2",  "R2",  "A14", "R14",
+                                   "A26", "P26", "P27", "P28", "R26", "A14"};
   for (int i = 14; i < 26; ++i) want.push_back("P" + std::to_string(i));
   want.push_back("R14");
   want.push_back("A2");
@@ -154,8 +154,8 @@ TEST(ModelTest, FiniteDifferenceGradients) {
   for (size_t id = 0; id < access.params.size(); ++id) {
     const auto& spec = m->decls()[id].spec;
     const bool gain = spec.name.ends_with(".g");
-    const float a = spec.shape.size() == 2 ? 1.7f / std::sqrt(static_cast<float>(spec.shape[0]))
-                                           : 0.3f;
+    const float a =
+        spec.shape.size() == 2 ? 1.7f / std::sqrt(static_cast<float>(spec.shape[0])) : 0.3f;
     for (auto& v : access.params[id]) v = (gain ? 1.0f : 0.0f) + a * unit(rng);
   }
   const int batch = 2;
@@ -185,9 +185,9 @@ TEST(ModelTest, FiniteDifferenceGradients) {
     const double lm = m->Evaluate(tokens, batch, access).value();
     p = saved;
     const double numeric = (lp - lm) / (2.0 * eps);
-    if (std::getenv("ZPS_FD_VERBOSE")) std::printf("%-16s %+.6e %+.6e\n", m->decls()[id].spec.name.c_str(), numeric, analytic);
-    EXPECT_NEAR(numeric, analytic, 5e-5 + 0.01 * std::fabs(analytic))
-        << m->decls()[id].spec.name;
+    if (std::getenv("ZPS_FD_VERBOSE"))
+      std::printf("%-16s %+.6e %+.6e\n", m->decls()[id].spec.name.c_str(), numeric, analytic);
+    EXPECT_NEAR(numeric, analytic, 5e-5 + 0.01 * std::fabs(analytic)) << m->decls()[id].spec.name;
   }
 }
 

@@ -12,8 +12,8 @@ TEST(OptionsTest, FlagsFillConfig) {
   Flags flags("t", "test");
   AddModelFlags(flags, &mc);
   AddDataFlags(flags, &d, &corpus);
-  const char* argv[] = {"t", "--d-model=64", "--n-layers", "6", "--model-seed=9", "--batch=3",
-                        "--corpus=/tmp/x", "--data-seed", "12"};
+  const char* argv[] = {"t",         "--d-model=64",    "--n-layers",  "6", "--model-seed=9",
+                        "--batch=3", "--corpus=/tmp/x", "--data-seed", "12"};
   auto r = flags.Parse(9, argv);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(mc.d_model, 64);

@@ -153,8 +153,8 @@ TEST(ReferenceTest, Fp16LossScalingForcedOverflowSkips) {
   EXPECT_EQ(d.loss_scale, 2048.0);
   EXPECT_EQ(d.next_loss_scale, 1024.0);
   EXPECT_EQ(run.trainer->optimizer_step(), 3);
-  EXPECT_EQ(0, std::memcmp(master.data(), run.trainer->master().data(),
-                           master.size() * sizeof(float)));
+  EXPECT_EQ(
+      0, std::memcmp(master.data(), run.trainer->master().data(), master.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(serving.data(), run.trainer->serving().data(),
                            serving.size() * sizeof(uint16_t)));
   ASSERT_TRUE(run.Steps(2).ok());

@@ -32,13 +32,13 @@
 namespace zps::train {
 
 struct ModelConfig {
-  int vocab = 256;     // Default: 256 (bytes). Must be 256 for byte-level data.
-  int d_model = 128;   // Default: 128. Multiple of n_heads.
-  int n_layers = 4;    // Default: 4. >= 1.
-  int n_heads = 4;     // Default: 4. >= 1.
-  int d_ff = 512;      // Default: 512 (4 x d_model).
-  int seq_len = 128;   // Default: 128. Context length (positional table size).
-  uint64_t seed = 1;   // Default: 1. Seeds InitParam.
+  int vocab = 256;    // Default: 256 (bytes). Must be 256 for byte-level data.
+  int d_model = 128;  // Default: 128. Multiple of n_heads.
+  int n_layers = 4;   // Default: 4. >= 1.
+  int n_heads = 4;    // Default: 4. >= 1.
+  int d_ff = 512;     // Default: 512 (4 x d_model).
+  int seq_len = 128;  // Default: 128. Context length (positional table size).
+  uint64_t seed = 1;  // Default: 1. Seeds InitParam.
 
   /// Errors: InvalidArgument naming the field (non-positive sizes, d_model % n_heads != 0,
   /// sizes whose products overflow the bounds below).
@@ -83,8 +83,8 @@ double TrainFlopsPerToken(const ModelConfig& config);
 uint64_t ActivationBytes(const ModelConfig& config, int batch);
 
 struct StepOutput {
-  double loss = 0.0;    // mean cross-entropy (nats/token) of this micro-batch, unscaled
-  int64_t tokens = 0;   // predicted tokens = batch x seq_len
+  double loss = 0.0;   // mean cross-entropy (nats/token) of this micro-batch, unscaled
+  int64_t tokens = 0;  // predicted tokens = batch x seq_len
 };
 
 class Model {

@@ -46,13 +46,13 @@
 namespace zps::train {
 
 struct ReferenceOptions {
-  LayoutOptions layout;                 // Default: LayoutOptions defaults. Must match the shards'.
-  server::OptimizerConfig optimizer;    // Default: AdamW, lr 1e-3.
-  server::CommitConfig commit;          // Default: no clipping, no loss scaling, divisor 1.
-  int world = 1;                        // Default: 1. Ranks per step.
-  DType serving_dtype = DType::kBF16;   // Default: bf16. kF16 or kBF16.
-  DType grad_dtype = DType::kF32;       // Default: fp32. Push dtype: kF32, kF16 or kBF16.
-  int64_t inject_overflow_step = -1;    // Default: -1 = never. 0-based step index.
+  LayoutOptions layout;                // Default: LayoutOptions defaults. Must match the shards'.
+  server::OptimizerConfig optimizer;   // Default: AdamW, lr 1e-3.
+  server::CommitConfig commit;         // Default: no clipping, no loss scaling, divisor 1.
+  int world = 1;                       // Default: 1. Ranks per step.
+  DType serving_dtype = DType::kBF16;  // Default: bf16. kF16 or kBF16.
+  DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16 or kBF16.
+  int64_t inject_overflow_step = -1;   // Default: -1 = never. 0-based step index.
 
   Status Validate() const;
 };
