@@ -50,6 +50,7 @@ struct V {
     }
   }
   static void StreamFence() { _mm_sfence(); }
+  static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 };
 
 #include "optimizer_kernel_body.inc"
@@ -61,6 +62,9 @@ double SumSquaresBlock(const void* g, size_t begin, size_t end) {
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
   size_t i = begin;
   for (; i + 16 <= end; i += 16) {
+    // 2 KiB ahead, as in optimizer_avx512.cc (an integer address: never faults, never UB).
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g) + i * DTypeSize(G) + 2048),
+                 _MM_HINT_T0);
     const __m256 x0 = V::LoadGrad<G>(g, i);
     const __m256 x1 = V::LoadGrad<G>(g, i + 8);
     const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));

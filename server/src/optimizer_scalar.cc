@@ -39,6 +39,7 @@ struct V {
     *p = OUT == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
   }
   static void StreamFence() {}
+  static void Prefetch(const void*) {}
 };
 
 #include "optimizer_kernel_body.inc"
