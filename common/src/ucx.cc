@@ -108,15 +108,41 @@ Result<std::unique_ptr<MemoryRegion>> Context::Register(std::span<std::byte> mem
   std::unique_ptr<MemoryRegion> region(new MemoryRegion());
   region->memory_ = memory;
   region->mem_ = MemPtr(mem, MemDeleter{context_.get()});
+  ZPS_RETURN_IF_ERROR(region->PackRkey(context_.get()));
+  return region;
+}
 
+Result<std::unique_ptr<MemoryRegion>> Context::Allocate(size_t size) {
+  if (size == 0) return InvalidArgument("ucx: cannot allocate 0 bytes");
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = size;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h mem = nullptr;
+  ucs_status_t st = ucp_mem_map(context_.get(), &params, &mem);
+  if (st != UCS_OK) return FromUcs(st, "ucp_mem_map(ALLOCATE)");
+  std::unique_ptr<MemoryRegion> region(new MemoryRegion());
+  region->mem_ = MemPtr(mem, MemDeleter{context_.get()});
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(mem, &attr);
+  if (st != UCS_OK) return FromUcs(st, "ucp_mem_query");
+  region->memory_ = {static_cast<std::byte*>(attr.address), size};
+  ZPS_RETURN_IF_ERROR(region->PackRkey(context_.get()));
+  return region;
+}
+
+Status MemoryRegion::PackRkey(ucp_context_h context) {
   void* rkey_raw = nullptr;
   size_t rkey_size = 0;
-  st = ucp_rkey_pack(context_.get(), mem, &rkey_raw, &rkey_size);
+  ucs_status_t st = ucp_rkey_pack(context, mem_.get(), &rkey_raw, &rkey_size);
   if (st != UCS_OK) return FromUcs(st, "ucp_rkey_pack");
   RkeyBufferPtr rkey_buf(rkey_raw);
   const auto* bytes = static_cast<const std::byte*>(rkey_raw);
-  region->rkey_.assign(bytes, bytes + rkey_size);
-  return region;
+  rkey_.assign(bytes, bytes + rkey_size);
+  return Status::Ok();
 }
 
 bool MemoryRegion::Contains(const void* p, size_t n) const {

@@ -88,6 +88,14 @@ class Context {
   /// ResourceExhausted/Internal from ucp_mem_map or ucp_rkey_pack.
   Result<std::unique_ptr<MemoryRegion>> Register(std::span<std::byte> memory);
 
+  /// Allocates `size` bytes through UCX (ucp_mem_map with UCP_MEM_MAP_ALLOCATE) and registers
+  /// them; the region owns the memory. On shared memory a peer's Get from such a region is a
+  /// plain copy out of a mapped posix segment (UCX 1.13 cannot map ordinary user memory for
+  /// RMA: a Get from a Register()ed region is emulated, ~10x slower). So allocate memory that
+  /// peers Get from here. Errors: InvalidArgument for size 0; ResourceExhausted/Internal from
+  /// UCX.
+  Result<std::unique_ptr<MemoryRegion>> Allocate(size_t size);
+
   /// The transports as configured ("" when UCX decides).
   const std::string& transports() const { return transports_; }
   /// False when the configured transports are shared memory only (posix, sysv, cma, knem, xpmem,
@@ -123,6 +131,7 @@ class MemoryRegion {
  private:
   friend class Context;
   MemoryRegion() = default;
+  Status PackRkey(ucp_context_h context);
   std::span<std::byte> memory_;
   MemPtr mem_;
   std::vector<std::byte> rkey_;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# bench-transport.sh — the UCX data-plane layer (zps-bench transport-raw) beside ucx_perftest,
+# on the same transport, in the same run, on loopback. Prints JSON lines for both and, per
+# (op, size), the ratio to the best ucx_perftest figure (ucp_am_bw, tag_bw, ucp_get) at that size.
+#
+#   scripts/bench-transport.sh                       # tcp and shm, 4/16/64 MiB
+#   scripts/bench-transport.sh --tls shm --sizes 4MiB --reps 3
+#   BUILD_DIR=build-ucx scripts/bench-transport.sh --port 13500
+#
+# Options: --tls tcp|shm|both (default both), --sizes LIST (default 4MiB,16MiB,64MiB),
+# --reps N (ucx_perftest runs per case, median taken; default 1), --port P (default 13370; the
+# perftest server listens on 127.0.0.1:P), --window N (zps-bench operations in flight, default 2).
+# Extra UCX_* variables in the environment apply to both programs.
+# The machines are shared and noisy: compare ratios from one run, not figures across runs.
+set -euo pipefail
+
+BUILD_DIR=${BUILD_DIR:-build}
+BENCH="$BUILD_DIR/bin/zps-bench"
+TLS=both
+SIZES="4MiB,16MiB,64MiB"
+REPS=1
+PORT=13370
+WINDOW=2
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --tls) TLS=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --window) WINDOW=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "bench-transport.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+command -v ucx_perftest >/dev/null || { echo "bench-transport.sh: ucx_perftest missing (Debian ucx-utils)" >&2; exit 1; }
+[[ -x "$BENCH" ]] || { echo "bench-transport.sh: $BENCH missing; build zps-bench first" >&2; exit 1; }
+
+to_bytes() {  # 4MiB -> 4194304
+  local v=${1%iB}; v=${v%B}
+  case "$v" in
+    *K|*k) echo $(( ${v%?} * 1024 )) ;;
+    *M|*m) echo $(( ${v%?} * 1048576 )) ;;
+    *G|*g) echo $(( ${v%?} * 1073741824 )) ;;
+    *) echo "$v" ;;
+  esac
+}
+
+ucx_tls() { [[ $1 == shm ]] && echo "posix,cma,self" || echo "$1"; }
+
+# One ucx_perftest run; prints MB/s (2^20 bytes) or nothing.
+perftest_once() {
+  local tls=$1 test=$2 size=$3 iters=$4 spid out
+  UCX_TLS=$(ucx_tls "$tls") timeout 120 ucx_perftest -p "$PORT" >/dev/null 2>&1 &
+  spid=$!
+  sleep 0.4
+  out=$(UCX_TLS=$(ucx_tls "$tls") timeout 120 ucx_perftest 127.0.0.1 -p "$PORT" -t "$test" \
+        -s "$size" -n "$iters" -w $(( iters / 10 + 1 )) 2>&1 | awk '/^Final:/ {print $6}') || true
+  wait "$spid" 2>/dev/null || true
+  echo "$out"
+}
+
+RESULTS=$(mktemp)
+trap 'rm -f "$RESULTS"' EXIT
+IFS=',' read -r -a SIZE_LIST <<< "$SIZES"
+case "$TLS" in both) TLS_LIST=(tcp shm) ;; *) TLS_LIST=("$TLS") ;; esac
+
+for tls in "${TLS_LIST[@]}"; do
+  for s in "${SIZE_LIST[@]}"; do
+    size=$(to_bytes "$s")
+    iters=$(( 512 * 1048576 / size )); (( iters < 10 )) && iters=10
+    for test in ucp_am_bw tag_bw ucp_get; do
+      vals=()
+      for ((r = 0; r < REPS; r++)); do
+        v=$(perftest_once "$tls" "$test" "$size" "$iters")
+        [[ -n "$v" ]] && vals+=("$v")
+      done
+      [[ ${#vals[@]} -eq 0 ]] && { echo "bench-transport.sh: ucx_perftest $test $tls $size failed" >&2; continue; }
+      med=$(printf '%s\n' "${vals[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+      printf '{"bench":"ucx_perftest","test":"%s","tls":"%s","size_bytes":%s,"gb_per_s":%.3f,"runs":%d}\n' \
+        "$test" "$tls" "$size" "$(awk -v m="$med" 'BEGIN {print m * 1048576 / 1e9}')" "${#vals[@]}" | tee -a "$RESULTS"
+    done
+  done
+  "$BENCH" transport-raw --json --tls "$tls" --sizes "$SIZES" --window "$WINDOW" | tee -a "$RESULTS"
+done
+
+python3 - "$RESULTS" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+best = {}
+for r in rows:
+    if r["bench"] == "ucx_perftest":
+        k = (r["tls"], r["size_bytes"])
+        if r["gb_per_s"] > best.get(k, (0, ""))[0]:
+            best[k] = (r["gb_per_s"], r["test"])
+print("\n%-4s %-9s %10s %9s %22s %7s" % ("tls", "op", "size", "GB/s", "best ucx_perftest", "ratio"))
+for r in rows:
+    if r["bench"] != "transport-raw":
+        continue
+    b, t = best.get((r["tls"], r["size_bytes"]), (0, "-"))
+    ratio = r["gb_per_s"] / b if b else float("nan")
+    print("%-4s %-9s %10d %9.3f %13.3f %-8s %7.2f" % (r["tls"], r["op"], r["size_bytes"], r["gb_per_s"], b, t, ratio))
+    print(json.dumps({"bench": "transport-ratio", "tls": r["tls"], "op": r["op"],
+                      "size_bytes": r["size_bytes"], "gb_per_s": r["gb_per_s"],
+                      "perftest_best_gb_per_s": b, "perftest_best_test": t,
+                      "ratio": round(ratio, 3)}))
+EOF
