@@ -25,6 +25,11 @@ Result<Level> ParseLevel(std::string_view text);
 /// Names the calling thread in log records (and in /proc, truncated to 15 bytes).
 void SetThreadName(std::string_view name);
 
+/// Turns the stream expression into void, for the conditional in ZPS_LOG.
+struct Voidify {
+  void operator&(std::ostream&) {}
+};
+
 /// One log record; writes itself on destruction.
 class Record {
  public:
@@ -46,10 +51,12 @@ class Record {
 #define ZPS_LOG_LEVEL_WARNING ::zps::log::Level::kWarning
 #define ZPS_LOG_LEVEL_ERROR ::zps::log::Level::kError
 
-#define ZPS_LOG(severity)                                               \
-  if (ZPS_LOG_LEVEL_##severity < ::zps::log::GetLevel()) {              \
-  } else                                                                \
-    ::zps::log::Record(ZPS_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()
+// An expression (not an if/else), so `if (x) ZPS_LOG(INFO) << ...;` has no dangling else.
+#define ZPS_LOG(severity)                                     \
+  (ZPS_LOG_LEVEL_##severity < ::zps::log::GetLevel())         \
+      ? (void)0                                               \
+      : ::zps::log::Voidify() &                               \
+            ::zps::log::Record(ZPS_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()
 
 /// For broken internal invariants only, never for peer or file input: logs and aborts.
 #define ZPS_CHECK(cond)                                                          \
