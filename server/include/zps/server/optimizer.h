@@ -102,12 +102,17 @@ class Optimizer {
   Isa isa() const { return isa_; }
 
   /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, m, v, out16),
-  /// when step < 1, when grad_scale is not finite, or when out_dtype is kF32.
-  /// On error nothing is written.
+  /// when step < 1, when grad_scale is not finite, when out_dtype is kF32, or for a bad grad
+  /// dtype / null grad data with n > 0. On error nothing is written.
+  /// The arrays must not overlap each other (they are read and written in one pass).
   Status Update(const ChunkState& state, const GradView& grad, const UpdateParams& params) const;
 
-  /// Sum of squares of (grad x scale), accumulated in double over fixed blocks of 4096 fp32
-  /// partials, combined in order, and the non-finite flag. Bit-identical for any pool size.
+  /// Sum of squares of (grad x scale), accumulated in double over fixed blocks of 4096
+  /// elements (each fp32 square is exact in double; 16 lane sums per block), blocks combined in
+  /// index order, then multiplied by scale^2; and the non-finite flag (any Inf/NaN element).
+  /// Bit-identical for any pool size and on every ISA. Relative error <= (320 + n/65536) x 2^-53
+  /// (docs/optimizer.md). Errors: InvalidArgument for a bad dtype, null data with n > 0, or a
+  /// non-finite scale.
   Result<GradStats> ComputeGradStats(const GradView& grad, float scale = 1.0f) const;
 
  private:
