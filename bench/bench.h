@@ -35,6 +35,6 @@ const std::vector<Subcommand>& Subcommands();
 
 #define ZPS_BENCH_CONCAT_INNER_(a, b) a##b
 #define ZPS_BENCH_CONCAT_(a, b) ZPS_BENCH_CONCAT_INNER_(a, b)
-#define ZPS_BENCH_SUBCOMMAND(name, summary, fn)                                  \
+#define ZPS_BENCH_SUBCOMMAND(name, summary, fn)                                           \
   [[maybe_unused]] static const bool ZPS_BENCH_CONCAT_(zps_bench_registered_, __LINE__) = \
       ::zps::bench::RegisterSubcommand({name, summary, fn})

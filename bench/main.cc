@@ -27,7 +27,8 @@ bool RegisterSubcommand(Subcommand cmd) {
     }
   }
   t.push_back(cmd);
-  std::sort(t.begin(), t.end(), [](const Subcommand& a, const Subcommand& b) { return a.name < b.name; });
+  std::sort(t.begin(), t.end(),
+            [](const Subcommand& a, const Subcommand& b) { return a.name < b.name; });
   return true;
 }
 

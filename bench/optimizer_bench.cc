@@ -131,8 +131,13 @@ int Run(int argc, char** argv) {
   }
 
   const auto n = static_cast<size_t>(o.params);
-  Buffers b{n, Alloc<float>(n, o.huge_pages), Alloc<float>(n, o.huge_pages), Alloc<float>(n, o.huge_pages),
-            Alloc<float>(n, o.huge_pages), Alloc<uint16_t>(n, o.huge_pages), Alloc<uint16_t>(n, o.huge_pages)};
+  Buffers b{n,
+            Alloc<float>(n, o.huge_pages),
+            Alloc<float>(n, o.huge_pages),
+            Alloc<float>(n, o.huge_pages),
+            Alloc<float>(n, o.huge_pages),
+            Alloc<uint16_t>(n, o.huge_pages),
+            Alloc<uint16_t>(n, o.huge_pages)};
 
   // Fused AdamW reads g, master, m, v and writes master, m, v (+ the copy).
   const std::vector<Case> cases = {
@@ -164,7 +169,8 @@ int Run(int argc, char** argv) {
       return 1;
     }
     for (const Case& c : cases) {
-      const void* gdata = c.grad == DType::kF32 ? static_cast<const void*>(b.g32.get()) : b.g16.get();
+      const void* gdata =
+          c.grad == DType::kF32 ? static_cast<const void*>(b.g32.get()) : b.g16.get();
       const server::GradView grad{gdata, c.grad, n};
       Status err;
       const Timing t = TimeSteps(o.steps, [&](int step) {
@@ -196,11 +202,12 @@ int Run(int argc, char** argv) {
             "\"%s\", \"threads\": %d, \"params\": %zu, \"isa\": \"%s\", \"mparams_per_s\": %.0f, "
             "\"median_mparams_per_s\": %.0f, \"gb_per_s\": %.1f, \"bytes_per_param\": %.0f, "
             "\"huge_pages\": %s, \"pin\": %s}\n",
-            c.kernel.c_str(), gname.c_str(), out.c_str(), threads, n, std::string(IsaName(*isa)).c_str(),
-            mps, mps_med, gbs, c.bytes_per_param, o.huge_pages ? "true" : "false", o.pin ? "true" : "false");
+            c.kernel.c_str(), gname.c_str(), out.c_str(), threads, n,
+            std::string(IsaName(*isa)).c_str(), mps, mps_med, gbs, c.bytes_per_param,
+            o.huge_pages ? "true" : "false", o.pin ? "true" : "false");
       } else {
-        std::printf("%-12s %-5s %-5s %7d %10.0f %10.0f %8.1f %6.0f\n", c.kernel.c_str(), gname.c_str(),
-                    out.c_str(), threads, mps, mps_med, gbs, c.bytes_per_param);
+        std::printf("%-12s %-5s %-5s %7d %10.0f %10.0f %8.1f %6.0f\n", c.kernel.c_str(),
+                    gname.c_str(), out.c_str(), threads, mps, mps_med, gbs, c.bytes_per_param);
       }
       std::fflush(stdout);
     }

@@ -5,12 +5,13 @@
 // same arithmetic wherever it falls (tails run the vector code on a padded copy), and the
 // statistics are added block by block in index order, so results are bit-identical for any pool
 // size, including no pool.
+#include "zps/server/optimizer.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "optimizer_kernels.h"
-#include "zps/server/optimizer.h"
 
 namespace zps::server {
 
@@ -32,9 +33,12 @@ constexpr size_t kStreamMinElems = 64 * 1024;
 
 const KernelTable& KernelsFor(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return internal::Avx512Kernels();
-    case Isa::kAvx2: return internal::Avx2Kernels();
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return internal::Avx512Kernels();
+    case Isa::kAvx2:
+      return internal::Avx2Kernels();
+    case Isa::kScalar:
+      break;
   }
   return internal::ScalarKernels();
 }
@@ -73,16 +77,18 @@ Optimizer::Optimizer(const OptimizerConfig& config, ThreadPool* pool, Isa isa)
 
 Optimizer::~Optimizer() = default;
 
-Result<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config, ThreadPool* pool,
-                                                     Isa isa) {
+Result<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
+                                                     ThreadPool* pool, Isa isa) {
   ZPS_RETURN_IF_ERROR(config.Validate());
   if (!IsaSupported(isa)) {
-    return InvalidArgument("optimizer: ISA " + std::string(IsaName(isa)) + " is not supported by this CPU");
+    return InvalidArgument("optimizer: ISA " + std::string(IsaName(isa)) +
+                           " is not supported by this CPU");
   }
   return std::unique_ptr<Optimizer>(new Optimizer(config, pool, isa));
 }
 
-Result<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config, ThreadPool* pool) {
+Result<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
+                                                     ThreadPool* pool) {
   ZPS_ASSIGN_OR_RETURN(Isa isa, ActiveIsa());
   return Create(config, pool, isa);
 }
@@ -100,7 +106,8 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   if (params.out_dtype != DType::kF16 && params.out_dtype != DType::kBF16) {
     return InvalidArgument("out_dtype must be fp16 or bf16");
   }
-  if (params.step < 1) return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
+  if (params.step < 1)
+    return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
   if (!std::isfinite(params.grad_scale)) return InvalidArgument("grad_scale must be finite");
   if (n == 0) return Status::Ok();
 

@@ -59,12 +59,14 @@ struct V {
 // 4), reduced in a fixed order.
 template <DType G>
 double SumSquaresBlock(const void* g, size_t begin, size_t end) {
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
   size_t i = begin;
   for (; i + 16 <= end; i += 16) {
     // 2 KiB ahead, as in optimizer_avx512.cc (an integer address: never faults, never UB).
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g) + i * DTypeSize(G) + 2048),
-                 _MM_HINT_T0);
+    _mm_prefetch(
+        reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g) + i * DTypeSize(G) + 2048),
+        _MM_HINT_T0);
     const __m256 x0 = V::LoadGrad<G>(g, i);
     const __m256 x1 = V::LoadGrad<G>(g, i + 8);
     const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
@@ -90,20 +92,26 @@ double SumSquaresBlock(const void* g, size_t begin, size_t end) {
 template <DType G>
 double SumSquaresRangeT(const void* g, size_t begin, size_t end) {
   double s = 0.0;
-  for (size_t b = begin; b < end; b += kStatsBlock) s += SumSquaresBlock<G>(g, b, std::min(end, b + kStatsBlock));
+  for (size_t b = begin; b < end; b += kStatsBlock)
+    s += SumSquaresBlock<G>(g, b, std::min(end, b + kStatsBlock));
   return s;
 }
 
 double SumSquaresRange(const void* g, DType dtype, size_t begin, size_t end) {
   switch (dtype) {
-    case DType::kF32: return SumSquaresRangeT<DType::kF32>(g, begin, end);
-    case DType::kF16: return SumSquaresRangeT<DType::kF16>(g, begin, end);
-    case DType::kBF16: return SumSquaresRangeT<DType::kBF16>(g, begin, end);
+    case DType::kF32:
+      return SumSquaresRangeT<DType::kF32>(g, begin, end);
+    case DType::kF16:
+      return SumSquaresRangeT<DType::kF16>(g, begin, end);
+    case DType::kBF16:
+      return SumSquaresRangeT<DType::kBF16>(g, begin, end);
   }
   return 0.0;
 }
 
-void UpdateRange(const KernelArgs& a, size_t begin, size_t end) { UpdateRangeImpl<V>(a, begin, end); }
+void UpdateRange(const KernelArgs& a, size_t begin, size_t end) {
+  UpdateRangeImpl<V>(a, begin, end);
+}
 
 }  // namespace avx2
 }  // namespace zps::server::internal

@@ -37,8 +37,8 @@ struct V {
     if constexpr (G == DType::kF32) {
       return _mm512_loadu_ps(static_cast<const float*>(base) + i);
     } else {
-      const __m256i h =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
       return G == DType::kF16 ? simd::F16ToF32x16(h) : simd::BF16ToF32x16(h);
     }
   }
@@ -81,7 +81,8 @@ double SumSquaresBlock(const void* g, size_t begin, size_t end) {
     Prefetch2K<G>(g, i);
     const __m512 x = LoadF32x16<G>(g, i);
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    const __m512d hi =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
     acc0 = _mm512_fmadd_pd(lo, lo, acc0);
     acc1 = _mm512_fmadd_pd(hi, hi, acc1);
   }
@@ -100,20 +101,26 @@ double SumSquaresBlock(const void* g, size_t begin, size_t end) {
 template <DType G>
 double SumSquaresRangeT(const void* g, size_t begin, size_t end) {
   double s = 0.0;
-  for (size_t b = begin; b < end; b += kStatsBlock) s += SumSquaresBlock<G>(g, b, std::min(end, b + kStatsBlock));
+  for (size_t b = begin; b < end; b += kStatsBlock)
+    s += SumSquaresBlock<G>(g, b, std::min(end, b + kStatsBlock));
   return s;
 }
 
 double SumSquaresRange(const void* g, DType dtype, size_t begin, size_t end) {
   switch (dtype) {
-    case DType::kF32: return SumSquaresRangeT<DType::kF32>(g, begin, end);
-    case DType::kF16: return SumSquaresRangeT<DType::kF16>(g, begin, end);
-    case DType::kBF16: return SumSquaresRangeT<DType::kBF16>(g, begin, end);
+    case DType::kF32:
+      return SumSquaresRangeT<DType::kF32>(g, begin, end);
+    case DType::kF16:
+      return SumSquaresRangeT<DType::kF16>(g, begin, end);
+    case DType::kBF16:
+      return SumSquaresRangeT<DType::kBF16>(g, begin, end);
   }
   return 0.0;
 }
 
-void UpdateRange(const KernelArgs& a, size_t begin, size_t end) { UpdateRangeImpl<V>(a, begin, end); }
+void UpdateRange(const KernelArgs& a, size_t begin, size_t end) {
+  UpdateRangeImpl<V>(a, begin, end);
+}
 
 }  // namespace avx512
 }  // namespace zps::server::internal

@@ -12,9 +12,12 @@ namespace zps::server {
 
 std::string_view OptimizerKindName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+    case OptimizerKind::kSgd:
+      return "sgd";
   }
   return "unknown";
 }
@@ -42,8 +45,10 @@ Status Bad(std::string_view field, std::string_view rule, float got) {
 }  // namespace
 
 Status OptimizerConfig::Validate() const {
-  if (kind != OptimizerKind::kAdam && kind != OptimizerKind::kAdamW && kind != OptimizerKind::kSgd) {
-    return InvalidArgument("optimizer config: unknown kind " + std::to_string(static_cast<int>(kind)));
+  if (kind != OptimizerKind::kAdam && kind != OptimizerKind::kAdamW &&
+      kind != OptimizerKind::kSgd) {
+    return InvalidArgument("optimizer config: unknown kind " +
+                           std::to_string(static_cast<int>(kind)));
   }
   // `!(x >= 0)` rather than `x < 0` so that NaN fails every check.
   if (!std::isfinite(lr) || !(lr >= 0.0f)) return Bad("lr", "must be finite and >= 0", lr);
@@ -60,8 +65,8 @@ Status OptimizerConfig::Validate() const {
   // Decoupled decay multiplies the weights by (1 - lr*weight_decay); past 1 it flips their sign,
   // which is never intended.
   if (kind == OptimizerKind::kAdamW && static_cast<double>(lr) * weight_decay > 1.0) {
-    return InvalidArgument("optimizer config: adamw needs lr * weight_decay <= 1, got " +
-                           Num(lr) + " * " + Num(weight_decay));
+    return InvalidArgument("optimizer config: adamw needs lr * weight_decay <= 1, got " + Num(lr) +
+                           " * " + Num(weight_decay));
   }
   return Status::Ok();
 }

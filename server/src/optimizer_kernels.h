@@ -18,7 +18,7 @@ namespace zps::server::internal {
 struct KernelArgs {
   OptimizerKind kind = OptimizerKind::kAdamW;
   DType grad_dtype = DType::kF32;
-  bool has_out = false;       // write the 16-bit copy
+  bool has_out = false;  // write the 16-bit copy
   DType out_dtype = DType::kBF16;
   bool stream_out = false;    // non-temporal stores for the copy (large chunks only)
   bool has_momentum = false;  // SGD: momentum > 0 (m is read and written)
@@ -41,7 +41,8 @@ struct KernelArgs {
   float decay = 1.0f;         // decoupled: 1 - lr*weight_decay (kAdamW); 1 otherwise
   float step_size = 1e-3f;    // lr / (1 - beta1^step), or lr without bias correction
   float inv_sqrt_bc2 = 1.0f;  // 1 / sqrt(1 - beta2^step), or 1
-  // SGD: g' = g*grad_scale + l2*p;  buf = momentum*buf + g';  d = nesterov ? g' + momentum*buf : buf
+  // SGD: g' = g*grad_scale + l2*p;  buf = momentum*buf + g';  d = nesterov ? g' + momentum*buf :
+  // buf
   //      p = p - lr*d   (momentum == 0: p = p - lr*g')
   float lr = 1e-3f;
   float momentum = 0.0f;

@@ -66,9 +66,10 @@ TEST(OptimizerConfig, BadHyperparametersRejected) {
   ExpectInvalid(with([](auto& c) { c.kind = static_cast<OptimizerKind>(9); }), "kind");
   // Edges that are allowed.
   EXPECT_TRUE(with([](auto& c) { c.lr = 0.0f, c.beta1 = 0.0f, c.beta2 = 0.0f; }).Validate().ok());
-  EXPECT_TRUE(with([](auto& c) { c.kind = OptimizerKind::kAdam, c.lr = 2.0f, c.weight_decay = 1.0f; })
-                  .Validate()
-                  .ok());
+  EXPECT_TRUE(
+      with([](auto& c) { c.kind = OptimizerKind::kAdam, c.lr = 2.0f, c.weight_decay = 1.0f; })
+          .Validate()
+          .ok());
 }
 
 TEST(OptimizerConfig, KindNames) {
@@ -106,7 +107,9 @@ void Reseal(std::vector<std::byte>& b) {
 
 TEST(OptimizerConfig, GarbageRejected) {
   const auto good = Odd().Serialize();
-  auto bad = [&](std::vector<std::byte> b) { return OptimizerConfig::Deserialize(b).status().code(); };
+  auto bad = [&](std::vector<std::byte> b) {
+    return OptimizerConfig::Deserialize(b).status().code();
+  };
   EXPECT_NE(bad({}), Code::kOk);
   EXPECT_NE(bad(std::vector<std::byte>(good.begin(), good.begin() + 7)), Code::kOk);
   EXPECT_NE(bad(std::vector<std::byte>(good.begin(), good.end() - 1)), Code::kOk);

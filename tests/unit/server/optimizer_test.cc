@@ -14,6 +14,8 @@
 //   grad stats: |err| <= 1e-12 * reference (every square is exact in double; only additions
 //            round).
 //   16-bit copy: bit-equal to FloatToHalf/FloatToBf16 of the new master.
+#include "zps/server/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,7 +27,6 @@
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
-#include "zps/server/optimizer.h"
 
 namespace zps::server {
 namespace {
@@ -35,8 +36,8 @@ constexpr double kTolP = 1e-6;
 constexpr double kTolUpdate = 1e-5;
 constexpr double kTolStats = 1e-12;
 
-#define ZPS_GET_ISA_OR_SKIP(var)                                         \
-  auto var##_result = ActiveIsa();                                       \
+#define ZPS_GET_ISA_OR_SKIP(var)                                            \
+  auto var##_result = ActiveIsa();                                          \
   if (!var##_result.ok()) GTEST_SKIP() << var##_result.status().ToString(); \
   const Isa var = *var##_result
 
@@ -54,7 +55,8 @@ State MakeState(size_t n, DType grad_dtype, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> w(-1.0f, 1.0f), g(-0.1f, 0.1f);
   State s;
-  s.p.resize(n), s.m.resize(n), s.v.resize(n), s.g32.resize(n), s.g16.resize(n), s.out.assign(n, 0xdead);
+  s.p.resize(n), s.m.resize(n), s.v.resize(n), s.g32.resize(n), s.g16.resize(n),
+      s.out.assign(n, 0xdead);
   for (size_t i = 0; i < n; ++i) {
     s.p[i] = w(rng);
     const bool fresh = i % 7 == 3;
@@ -80,7 +82,8 @@ struct Ref {
 };
 
 // The reference step in double, from the same fp32 inputs, with its tolerance.
-Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, float m, float v, float g) {
+Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, float m, float v,
+              float g) {
   const double lr = c.lr, wd = c.weight_decay;
   double gd = static_cast<double>(g) * scale;
   Ref r{};
@@ -93,7 +96,8 @@ Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, floa
       r.m = mom * m + gd;
       r.tol_m = kTolMV * (std::fabs(mom * m) + dterms) + 1e-30;
       d = c.nesterov ? gd + mom * r.m : r.m;
-      dterms = c.nesterov ? dterms + mom * (std::fabs(mom * m) + dterms) : std::fabs(mom * m) + dterms;
+      dterms =
+          c.nesterov ? dterms + mom * (std::fabs(mom * m) + dterms) : std::fabs(mom * m) + dterms;
     }
     r.p = p - lr * d;
     r.tol_p = kTolP * std::fabs(r.p) + kTolUpdate * lr * dterms + 1e-30;
@@ -150,9 +154,9 @@ std::vector<Case> Cases() {
 // the reference, and the copy against the scalar conversion.
 void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, bool copy, DType ot,
                            size_t off, size_t n, int64_t step) {
-  SCOPED_TRACE(testing::Message() << cs.name << " grad=" << DTypeName(gt) << " out="
-                                  << (copy ? DTypeName(ot) : "none") << " off=" << off << " n=" << n
-                                  << " step=" << step);
+  SCOPED_TRACE(testing::Message() << cs.name << " grad=" << DTypeName(gt)
+                                  << " out=" << (copy ? DTypeName(ot) : "none") << " off=" << off
+                                  << " n=" << n << " step=" << step);
   const bool sgd = cs.config.kind == OptimizerKind::kSgd;
   State s = MakeState(off + n + 3, gt, static_cast<uint32_t>(n * 31 + off));
   const State before = s;
@@ -171,7 +175,8 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
 
   int bad = 0;
   for (size_t i = off; i < off + n && bad < 5; ++i) {
-    const Ref r = Reference(cs.config, step, scale, before.p[i], before.m[i], before.v[i], before.g32[i]);
+    const Ref r =
+        Reference(cs.config, step, scale, before.p[i], before.m[i], before.v[i], before.g32[i]);
     const bool ok_p = std::fabs(s.p[i] - r.p) <= r.tol_p;
     const bool has_m = !sgd || cs.config.momentum > 0;
     const bool ok_m = !has_m || std::fabs(s.m[i] - r.m) <= r.tol_m;
@@ -268,11 +273,15 @@ TEST(Optimizer, BitIdenticalAcrossThreadCounts) {
       results.push_back(std::move(s));
     }
     for (size_t k = 1; k < results.size(); ++k) {
-      EXPECT_EQ(std::memcmp(results[k].p.data(), results[0].p.data(), n * 4), 0) << cs.name << " " << k;
-      EXPECT_EQ(std::memcmp(results[k].m.data(), results[0].m.data(), n * 4), 0) << cs.name << " " << k;
-      EXPECT_EQ(std::memcmp(results[k].v.data(), results[0].v.data(), n * 4), 0) << cs.name << " " << k;
+      EXPECT_EQ(std::memcmp(results[k].p.data(), results[0].p.data(), n * 4), 0)
+          << cs.name << " " << k;
+      EXPECT_EQ(std::memcmp(results[k].m.data(), results[0].m.data(), n * 4), 0)
+          << cs.name << " " << k;
+      EXPECT_EQ(std::memcmp(results[k].v.data(), results[0].v.data(), n * 4), 0)
+          << cs.name << " " << k;
       EXPECT_EQ(results[k].out, results[0].out) << cs.name << " " << k;
-      EXPECT_EQ(std::bit_cast<uint64_t>(sums[k]), std::bit_cast<uint64_t>(sums[0])) << cs.name << " " << k;
+      EXPECT_EQ(std::bit_cast<uint64_t>(sums[k]), std::bit_cast<uint64_t>(sums[0]))
+          << cs.name << " " << k;
     }
   }
 }
@@ -290,7 +299,8 @@ TEST(Optimizer, GradStatsMatchReference) {
   auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
   ASSERT_TRUE(opt.ok());
   for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
+    for (size_t n :
+         {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
       State s = MakeState(n, gt, static_cast<uint32_t>(n));
       auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 8.0f);
       ASSERT_TRUE(stats.ok());
@@ -357,7 +367,8 @@ TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
   const GradView g = Grad(s, DType::kF32, 0, n);
   UpdateParams up;
   up.out16 = s.out;
-  auto expect_invalid = [&](const ChunkState& st, const GradView& gv, const UpdateParams& p, const char* what) {
+  auto expect_invalid = [&](const ChunkState& st, const GradView& gv, const UpdateParams& p,
+                            const char* what) {
     Status r = (*opt)->Update(st, gv, p);
     EXPECT_EQ(r.code(), Code::kInvalidArgument) << what << ": " << r.ToString();
   };
