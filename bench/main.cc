@@ -39,8 +39,11 @@ const std::vector<Subcommand>& Subcommands() { return Table(); }
 namespace {
 void Usage(FILE* out) {
   std::fprintf(out, "usage: zps-bench <sub-command> [--help] [flags]\n\nsub-commands:\n");
+  int width = 0;
+  for (const auto& c : zps::bench::Subcommands())
+    width = std::max(width, static_cast<int>(c.name.size()));
   for (const auto& c : zps::bench::Subcommands()) {
-    std::fprintf(out, "  %-12.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+    std::fprintf(out, "  %-*.*s  %.*s\n", width, static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.summary.size()), c.summary.data());
   }
 }
