@@ -86,6 +86,22 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   return static_cast<uint64_t>(std::llround(bytes));
 }
 
+Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view endpoint) {
+  size_t colon = endpoint.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return InvalidArgument("endpoint '" + std::string(endpoint) + "' is not host:port");
+  }
+  auto port = ParseInt(endpoint.substr(colon + 1), 1, 65535);
+  if (!port.ok()) {
+    return InvalidArgument("endpoint '" + std::string(endpoint) + "': " + port.status().message());
+  }
+  std::string host(endpoint.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, static_cast<uint16_t>(*port));
+}
+
 std::string EnvName(std::string_view option) {
   std::string env = "ZPS_";
   for (char c : option) {

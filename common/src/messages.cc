@@ -240,6 +240,44 @@ Result<PushReplyHeader> PushReplyHeader::Decode(std::span<const std::byte> b) {
   return m;
 }
 
+std::vector<std::byte> ChunkCrcsRequest::Encode() const {
+  ByteWriter w;
+  w.I64(min_version);
+  return w.Take();
+}
+Result<ChunkCrcsRequest> ChunkCrcsRequest::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ChunkCrcsRequest m;
+  ZPS_ASSIGN_OR_RETURN(m.min_version, r.I64("min_version"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ChunkCrcsRequest"));
+  return m;
+}
+
+std::vector<std::byte> ChunkCrcs::Encode() const {
+  ByteWriter w;
+  w.I64(version);
+  w.U32(static_cast<uint32_t>(crcs.size()));
+  for (const auto& [c, crc] : crcs) {
+    w.U32(c);
+    w.U32(crc);
+  }
+  return w.Take();
+}
+Result<ChunkCrcs> ChunkCrcs::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ChunkCrcs m;
+  ZPS_ASSIGN_OR_RETURN(m.version, r.I64("version"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("count"));
+  if (n * 8ull > r.remaining()) return InvalidArgument("chunk crc count out of range");
+  for (uint32_t i = 0; i < n; ++i) {
+    ZPS_ASSIGN_OR_RETURN(uint32_t c, r.U32("chunk"));
+    ZPS_ASSIGN_OR_RETURN(uint32_t crc, r.U32("crc"));
+    m.crcs.emplace_back(c, crc);
+  }
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ChunkCrcs"));
+  return m;
+}
+
 Status StatusFromWire(uint32_t code, std::string message) {
   if (code == 0) return Status::Ok();
   if (code > static_cast<uint32_t>(Code::kCancelled)) {

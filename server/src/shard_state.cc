@@ -365,6 +365,16 @@ uint32_t ShardState::StateCrc() const {
   return crc;
 }
 
+Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Chunk* c = FindChunk(chunk);
+  if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
+  uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));
+  if (c->m.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->m.span()));
+  if (c->v.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->v.span()));
+  return Crc32cExtend(crc, std::as_bytes(c->serving.span()));
+}
+
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Chunk* c = FindChunk(chunk);

@@ -22,6 +22,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zps/common/status.h"
@@ -35,6 +36,9 @@ Result<int64_t> ParseInt(std::string_view text, int64_t min, int64_t max);
 Result<double> ParseDouble(std::string_view text);
 /// "1/0", "true/false", "yes/no", "on/off".
 Result<bool> ParseBool(std::string_view text);
+
+/// Splits "host:port" (or "[v6]:port"). Errors: InvalidArgument.
+Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view endpoint);
 
 enum class ParseOutcome { kRun, kHelpShown };
 

@@ -24,6 +24,22 @@ enum RpcType : uint16_t {
   kReport = 13,         ///< shard -> coordinator: Report; reply CommitInfo (long-poll)
   kAwaitCommit = 14,    ///< worker -> coordinator: AwaitCommit; reply CommitInfo (long-poll)
   kStatus = 15,         ///< anyone -> any server: empty; reply: a JSON status document
+  kChunkCrcs = 16,      ///< anyone -> shard: ChunkCrcsRequest; reply ChunkCrcs
+};
+
+/// Asks a shard for the CRC32C of every local chunk's state once it reached `min_version`
+/// (Unavailable while it has not: retry).
+struct ChunkCrcsRequest {
+  int64_t min_version = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<ChunkCrcsRequest> Decode(std::span<const std::byte> b);
+};
+
+struct ChunkCrcs {
+  int64_t version = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> crcs;  // (chunk, crc), ascending chunk
+  std::vector<std::byte> Encode() const;
+  static Result<ChunkCrcs> Decode(std::span<const std::byte> b);
 };
 
 /// Roles in the hello.

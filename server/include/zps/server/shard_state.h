@@ -142,6 +142,9 @@ class ShardState {
 
   /// CRC32C over every chunk's master, m, v, serving copy and version: "stored state".
   uint32_t StateCrc() const;
+  /// CRC32C over a local chunk's master, m, v and serving copy, in that order (as
+  /// train::ReferenceTrainer::ChunkCrc). Errors: OutOfRange.
+  Result<uint32_t> ChunkCrc(uint32_t chunk) const;
   /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange.
   Result<std::vector<float>> MasterOf(uint32_t chunk) const;
 

@@ -1,0 +1,73 @@
+// zps/server/shard_server.h — a shard process: the control plane (RPC), the data plane (UCX),
+// the step driver, and, on the coordinator shard, the Coordinator. A thin adapter over
+// ShardState and Coordinator, which hold the logic.
+//
+// Startup: bind the control port; start UCX; (coordinator shard) serve coordinator RPCs; connect
+// to the coordinator, register, and wait for the job; build the ShardState; then run steps:
+// wait for gradients -> reduce -> report (long-poll for the decision) -> apply -> publish.
+//
+// Thread-safety: Start/Stop/Wait from the owning thread (main); Stop is also safe from a signal
+// watcher thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "zps/common/config.h"
+#include "zps/common/status.h"
+
+namespace zps::server {
+
+struct ShardServerOptions {
+  int ordinal = 0;                      // Default: 0 (the coordinator shard).
+  int shards = 1;                       // Default: 1. Shards in the job.
+  std::string coordinator;              // Default: "" = this process when ordinal is 0.
+                                        // host:port of the coordinator's control plane.
+  std::string bind_address = "0.0.0.0";  // Default: all interfaces.
+  std::string advertise_host = "127.0.0.1";  // Default: loopback. How peers reach this shard.
+  int port = 7070;                      // Default: 7070. Control-plane TCP port (0 = ephemeral).
+  std::string token;                    // Default: "" (use token-file). Shared secret.
+  std::string token_file;               // Default: "". File holding the shared secret.
+  std::string ucx_tls;                  // Default: "" = UCX_TLS or UCX's choice; e.g. tcp, shm.
+  int optimizer_threads = 0;            // Default: 0 = one per CPU.
+  bool pin_threads = false;             // Default: false.
+  int64_t step_timeout_s = 3600;        // Default: 1 h. Longest wait for a step's gradients.
+  std::string log_level = "info";       // Default: info.
+  int metrics_port = 9464;              // Default: 9464. /metrics, /healthz, /readyz (0 = off).
+  std::string data_dir;                 // Default: "" (no durable state yet).
+  uint64_t memory_budget = 0;           // Default: 0 = unlimited (RAM tier only).
+  int64_t checkpoint_every = 0;         // Default: 0 = never.
+
+  /// Registers every field with `flags` (name = the option's flag).
+  void Register(Flags& flags);
+  /// Resolves token-file into token and checks ranges. Errors: InvalidArgument, NotFound.
+  Status Finalize();
+};
+
+class ShardServer {
+ public:
+  /// Binds the control port and sets up UCX. Errors: IoError (port in use), from UCX.
+  static Result<std::unique_ptr<ShardServer>> Create(const ShardServerOptions& options);
+  ~ShardServer();
+
+  /// Starts serving and the background job/step threads.
+  Status Start();
+  /// Blocks until Stop() or a fatal error; returns that error (OK after a clean Stop).
+  Status Wait();
+  /// Requests shutdown: waiters fail with Cancelled, threads join. Idempotent.
+  void Stop();
+  /// The bound control port.
+  uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  explicit ShardServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reads a token file (trailing whitespace trimmed). Errors: NotFound, InvalidArgument if empty.
+Result<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace zps::server

@@ -1,0 +1,517 @@
+#include "zps/server/shard_server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "zps/common/logging.h"
+#include "zps/common/messages.h"
+#include "zps/common/rpc.h"
+#include "zps/common/thread_pool.h"
+#include "zps/common/ucx.h"
+#include "zps/server/coordinator.h"
+#include "zps/server/job.h"
+#include "zps/server/shard_state.h"
+
+namespace zps::server {
+
+using namespace std::chrono_literals;
+
+void ShardServerOptions::Register(Flags& f) {
+  f.Add("ordinal", "this shard's ordinal (0 also runs the coordinator)", &ordinal, 0, 4095);
+  f.Add("shards", "number of shards in the job", &shards, 1, 4096);
+  f.Add("coordinator", "host:port of the coordinator (empty on shard 0: itself)", &coordinator);
+  f.Add("bind", "address the control plane listens on", &bind_address);
+  f.Add("advertise-host", "host name or address peers use to reach this shard", &advertise_host);
+  f.Add("port", "control-plane TCP port (0 = ephemeral)", &port, 0, 65535);
+  f.Add("token", "shared auth secret (prefer token-file)", &token);
+  f.Add("token-file", "file holding the shared auth secret", &token_file);
+  f.Add("ucx-tls", "UCX transports, e.g. tcp or posix,cma,self (empty: UCX_TLS or UCX default)",
+        &ucx_tls);
+  f.Add("threads", "optimizer threads (0 = one per CPU)", &optimizer_threads, 0, 1024);
+  f.Add("pin-threads", "pin optimizer threads to CPUs", &pin_threads);
+  f.Add("step-timeout", "seconds to wait for one step's gradients", &step_timeout_s, 1,
+        86400 * 7);
+  f.Add("log-level", "debug, info, warning or error", &log_level);
+  f.Add("metrics-port", "HTTP port for /metrics, /healthz, /readyz (0 = off)", &metrics_port, 0,
+        65535);
+  f.Add("data-dir", "directory for durable state (checkpoints, spill)", &data_dir);
+  f.AddBytes("memory-budget", "RAM budget for chunk state (0 = unlimited)", &memory_budget);
+  f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
+        INT64_MAX);
+}
+
+Result<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("token file '" + path + "' cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  if (t.empty()) return InvalidArgument("token file '" + path + "' is empty");
+  return t;
+}
+
+Status ShardServerOptions::Finalize() {
+  if (!token_file.empty()) {
+    ZPS_ASSIGN_OR_RETURN(token, ReadTokenFile(token_file));
+  }
+  if (token.empty()) {
+    return InvalidArgument("no auth token: set --token-file (or ZPS_TOKEN_FILE / ZPS_TOKEN)");
+  }
+  if (ordinal >= shards) {
+    return InvalidArgument("--ordinal " + std::to_string(ordinal) + " must be < --shards " +
+                           std::to_string(shards));
+  }
+  if (ordinal != 0 && coordinator.empty()) {
+    return InvalidArgument("shard " + std::to_string(ordinal) + " needs --coordinator host:port");
+  }
+  if (!coordinator.empty()) ZPS_RETURN_IF_ERROR(SplitHostPort(coordinator).status());
+  return Status::Ok();
+}
+
+struct ShardServer::Impl {
+  struct Session {
+    uint32_t rank = 0;
+    ucx::Endpoint ep;
+  };
+
+  ShardServerOptions opts;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ucx::Context> ucx_context;
+  std::unique_ptr<ucx::Worker> ucx;
+  std::unique_ptr<rpc::Server> rpc;
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<ShardState> state;          // set once by the driver, before state_ptr
+  std::atomic<ShardState*> state_ptr{nullptr};
+  std::unique_ptr<rpc::Client> coord_client;  // driver thread only (Close from Stop)
+  std::thread driver;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint64_t, Session> sessions;  // guarded by mu; key = session token
+  bool stopping = false;                           // guarded by mu
+  bool finished = false;                           // guarded by mu
+  Status fatal;                                    // guarded by mu
+
+  bool Stopping() {
+    std::lock_guard<std::mutex> lock(mu);
+    return stopping;
+  }
+  void Fail(const Status& s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (fatal.ok() && !stopping) fatal = s;
+      finished = true;
+    }
+    cv.notify_all();
+  }
+  bool FindSession(uint64_t token, Session* out) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(token);
+    if (it == sessions.end()) return false;
+    *out = it->second;
+    return true;
+  }
+
+  void SetupCoordinatorRpcs();
+  void SetupDataPlane();
+  void DriverLoop();
+  Status RunDriver();
+  Result<std::vector<std::byte>> CallCoordinator(uint16_t type, std::span<const std::byte> payload,
+                                                 std::chrono::milliseconds timeout);
+  void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
+                  std::span<const std::byte> data);
+  void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
+  std::string StatusJson();
+};
+
+// ---- data plane -----------------------------------------------------------------------------
+
+void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s,
+                                   int64_t version, std::span<const std::byte> data) {
+  msg::FetchReplyHeader h{request, static_cast<uint32_t>(s.code()), version, s.message()};
+  ucx->SendAm(ep, msg::kAmFetchReply, h.Encode(), s.ok() ? data : std::span<const std::byte>{},
+              nullptr, [](Status st) {
+                if (!st.ok()) ZPS_LOG(DEBUG) << "fetch reply not delivered: " << st.ToString();
+              });
+}
+
+void ShardServer::Impl::ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s) {
+  msg::PushReplyHeader h{request, static_cast<uint32_t>(s.code()), s.message()};
+  ucx->SendAm(ep, msg::kAmPushReply, h.Encode(), {}, nullptr, [](Status st) {
+    if (!st.ok()) ZPS_LOG(DEBUG) << "push reply not delivered: " << st.ToString();
+  });
+}
+
+void ShardServer::Impl::SetupDataPlane() {
+  Status s = ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) {
+    auto h = msg::FetchHeader::Decode(m.header());
+    if (!h.ok()) {
+      ZPS_LOG(WARNING) << "dropping malformed fetch: " << h.status().ToString();
+      return;
+    }
+    Session session;
+    if (!FindSession(h->session, &session)) {
+      if (m.reply_endpoint().valid()) {
+        ReplyFetch(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"), -1, {});
+      }
+      return;
+    }
+    ShardState* st = state_ptr.load();
+    if (st == nullptr) {
+      ReplyFetch(session.ep, h->request, Unavailable("the shard has no job yet"), -1, {});
+      return;
+    }
+    st->Fetch({h->chunk, h->offset, h->length, h->min_version},
+              [this, ep = session.ep, req = h->request](const Status& fs, int64_t v,
+                                                        std::span<const std::byte> data) {
+                ReplyFetch(ep, req, fs, v, data);
+              });
+  });
+  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+  s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) {
+    auto h = msg::PushHeader::Decode(m.header());
+    if (!h.ok()) {
+      ZPS_LOG(WARNING) << "dropping malformed push: " << h.status().ToString();
+      return;
+    }
+    Session session;
+    if (!FindSession(h->session, &session)) {
+      if (m.reply_endpoint().valid()) {
+        ReplyPush(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"));
+      }
+      return;
+    }
+    ShardState* st = state_ptr.load();
+    if (st == nullptr) {
+      ReplyPush(session.ep, h->request, Unavailable("the shard has no job yet"));
+      return;
+    }
+    if (h->length > (1ull << 40) || m.data_length() != h->length * DTypeSize(h->dtype)) {
+      ReplyPush(session.ep, h->request,
+                InvalidArgument("push carries " + std::to_string(m.data_length()) +
+                                " bytes for " + std::to_string(h->length) + " elements of " +
+                                std::string(DTypeName(h->dtype))));
+      return;
+    }
+    auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
+    if (!ticket.ok()) {
+      ReplyPush(session.ep, h->request, ticket.status());
+      return;
+    }
+    auto held = std::make_shared<PushTicket>(std::move(*ticket));
+    std::span<std::byte> dest = held->destination();
+    Status rs = m.Receive(dest, [this, st, held, ep = session.ep, req = h->request](Status transfer) {
+      Status fin = st->FinishPush(std::move(*held), transfer);
+      if (transfer.ok()) ReplyPush(ep, req, fin);
+    });
+    (void)rs;  // errors reach the callback too
+  });
+  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+}
+
+// ---- coordinator RPCs -------------------------------------------------------------------------
+
+void ShardServer::Impl::SetupCoordinatorRpcs() {
+  Coordinator* c = coordinator.get();
+  rpc->Register(msg::kRegisterShard, [c](const rpc::Peer&, std::span<const std::byte> p,
+                                         rpc::Responder r) {
+    auto m = msg::RegisterShard::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    Status s = c->RegisterShard(m->ordinal, m->endpoint);
+    if (!s.ok()) return r.Error(s);
+    r.Reply({});
+  });
+  rpc->Register(msg::kAwaitJob, [c](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
+    c->AwaitJob([r](const Result<JobSpec>& j) mutable {
+      if (!j.ok()) return r.Error(j.status());
+      r.Reply(j->Serialize());
+    });
+  });
+  rpc->Register(msg::kJoin, [c](const rpc::Peer& peer, std::span<const std::byte> p,
+                                rpc::Responder r) {
+    auto m = msg::Join::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    std::optional<JobSpec> spec;
+    if (!m->job_spec.empty()) {
+      auto j = JobSpec::Deserialize(m->job_spec);
+      if (!j.ok()) return r.Error(j.status().WithContext("job spec"));
+      spec = std::move(*j);
+    }
+    auto info = c->Join(m->rank, spec, m->job_hash);
+    if (!info.ok()) return r.Error(info.status());
+    ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote << ", resume at step "
+                  << info->resume_step;
+    c->AwaitJob([r, info = *info](const Result<JobSpec>& j) mutable {
+      if (!j.ok()) return r.Error(j.status());
+      msg::JoinReply reply;
+      reply.job_hash = info.job_hash;
+      reply.resume_step = info.resume_step;
+      reply.loss_scale = info.loss_scale;
+      reply.shard_endpoints = info.shard_endpoints;
+      reply.layout = j->layout.Serialize();
+      reply.reduction_mode = static_cast<uint8_t>(j->shard.mode);
+      reply.world_size = j->shard.world_size;
+      reply.grad_dtype = j->shard.grad_dtype;
+      reply.serving_dtype = j->shard.serving_dtype;
+      r.Reply(reply.Encode());
+    });
+  });
+  rpc->Register(msg::kReport, [c](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
+    auto m = msg::Report::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    std::vector<std::pair<uint32_t, ChunkReport>> reports;
+    reports.reserve(m->chunks.size());
+    for (const auto& ch : m->chunks) reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
+    c->Report(m->step, m->ordinal, reports, [r](const Result<CommitInfo>& ci) mutable {
+      if (!ci.ok()) return r.Error(ci.status());
+      r.Reply(ci->Encode());
+    });
+  });
+  rpc->Register(msg::kAwaitCommit, [c](const rpc::Peer&, std::span<const std::byte> p,
+                                       rpc::Responder r) {
+    auto m = msg::AwaitCommit::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    c->AwaitCommit(m->step, [r](const Result<CommitInfo>& ci) mutable {
+      if (!ci.ok()) return r.Error(ci.status());
+      r.Reply(ci->Encode());
+    });
+  });
+}
+
+std::string ShardServer::Impl::StatusJson() {
+  nlohmann::json j;
+  j["ordinal"] = opts.ordinal;
+  j["shards"] = opts.shards;
+  ShardState* st = state_ptr.load();
+  j["job_loaded"] = st != nullptr;
+  j["version"] = st ? st->version() : -1;
+  j["chunks"] = st ? st->chunk_ids().size() : 0;
+  if (coordinator) j["coordinator_step"] = coordinator->step();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    j["worker_sessions"] = sessions.size();
+  }
+  return j.dump();
+}
+
+// ---- step driver ------------------------------------------------------------------------------
+
+Result<std::vector<std::byte>> ShardServer::Impl::CallCoordinator(
+    uint16_t type, std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
+  if (!coord_client || !coord_client->connected()) {
+    return Unavailable("lost the connection to the coordinator");
+  }
+  return coord_client->Call(type, payload, timeout);
+}
+
+Status ShardServer::Impl::RunDriver() {
+  log::SetThreadName("shard-driver");
+  std::string coord = opts.coordinator.empty() ? "127.0.0.1:" + std::to_string(rpc->port())
+                                               : opts.coordinator;
+  ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
+  // Connect with backoff: the coordinator may start after us.
+  auto backoff = 100ms;
+  for (;;) {
+    if (Stopping()) return Cancelled("stopping");
+    rpc::ClientOptions co{hp.first, hp.second, opts.token, msg::kRoleShard,
+                          static_cast<uint32_t>(opts.ordinal), "shard-" + std::to_string(opts.ordinal),
+                          {}, 5000};
+    auto client = rpc::Client::Connect(co);
+    if (client.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      coord_client = std::move(*client);
+      break;
+    }
+    if (client.status().code() == Code::kUnauthenticated ||
+        client.status().code() == Code::kFailedPrecondition) {
+      return client.status().WithContext("coordinator " + coord);
+    }
+    ZPS_LOG(INFO) << "waiting for the coordinator at " << coord << ": "
+                  << client.status().ToString();
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+  msg::RegisterShard reg{static_cast<uint32_t>(opts.ordinal),
+                         opts.advertise_host + ":" + std::to_string(rpc->port())};
+  ZPS_RETURN_IF_ERROR(CallCoordinator(msg::kRegisterShard, reg.Encode(), 10s).status());
+
+  std::vector<std::byte> job_bytes;
+  for (;;) {
+    if (Stopping()) return Cancelled("stopping");
+    auto r = CallCoordinator(msg::kAwaitJob, {}, 60s);
+    if (r.ok()) {
+      job_bytes = std::move(*r);
+      break;
+    }
+    if (r.status().code() != Code::kDeadlineExceeded) return r.status().WithContext("await job");
+  }
+  ZPS_ASSIGN_OR_RETURN(JobSpec job, JobSpec::Deserialize(job_bytes));
+  if (job.layout.options().num_shards != static_cast<uint32_t>(opts.shards)) {
+    return FailedPrecondition("the job is laid out for " +
+                              std::to_string(job.layout.options().num_shards) +
+                              " shards but --shards is " + std::to_string(opts.shards));
+  }
+  ZPS_ASSIGN_OR_RETURN(state, ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal),
+                                                 job.shard, job.optimizer, pool.get()));
+  state_ptr.store(state.get());
+  ZPS_LOG(INFO) << "shard " << opts.ordinal << " holds " << state->chunk_ids().size() << " of "
+                << job.layout.num_chunks() << " chunks";
+
+  for (int64_t step = 0;; ++step) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.step_timeout_s);
+    for (;;) {
+      Status w = state->WaitForGradients(step, 500ms);
+      if (w.ok()) break;
+      if (w.code() != Code::kDeadlineExceeded) return w;
+      if (Stopping()) return Cancelled("stopping");
+      if (!coord_client->connected()) return Unavailable("lost the connection to the coordinator");
+      if (std::chrono::steady_clock::now() > deadline) {
+        return DeadlineExceeded("step " + std::to_string(step) + ": gradients incomplete after " +
+                                std::to_string(opts.step_timeout_s) + " s");
+      }
+    }
+    ZPS_ASSIGN_OR_RETURN(auto reports, state->ReduceStep(step));
+    msg::Report rep{step, static_cast<uint32_t>(opts.ordinal), {}};
+    for (const auto& [chunk, r] : reports) rep.chunks.push_back({chunk, r.sum_squares, r.non_finite});
+    ZPS_ASSIGN_OR_RETURN(auto reply, CallCoordinator(msg::kReport, rep.Encode(),
+                                                     std::chrono::seconds(opts.step_timeout_s)));
+    ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(reply));
+    ZPS_RETURN_IF_ERROR(state->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step}));
+    ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
+  }
+}
+
+void ShardServer::Impl::DriverLoop() {
+  Status s = RunDriver();
+  if (!s.ok() && s.code() != Code::kCancelled) {
+    ZPS_LOG(ERROR) << "shard " << opts.ordinal << " stops: " << s.ToString();
+  }
+  Fail(s.code() == Code::kCancelled ? Status::Ok() : s);
+}
+
+// ---- lifecycle --------------------------------------------------------------------------------
+
+ShardServer::ShardServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ShardServer::~ShardServer() { Stop(); }
+
+Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  ZPS_ASSIGN_OR_RETURN(impl->pool, ThreadPool::Create({.name = "optimizer",
+                                                       .threads = options.optimizer_threads,
+                                                       .pin = options.pin_threads}));
+  ZPS_ASSIGN_OR_RETURN(impl->ucx_context, ucx::Context::Create({.transports = options.ucx_tls}));
+  ZPS_ASSIGN_OR_RETURN(impl->ucx, ucx::Worker::Create(*impl->ucx_context, {.thread_name = "shard-ucx"}));
+  rpc::ServerOptions ro;
+  ro.bind_address = options.bind_address;
+  ro.port = static_cast<uint16_t>(options.port);
+  ro.token = options.token;
+  ro.io_threads = 2;
+  ZPS_ASSIGN_OR_RETURN(impl->rpc, rpc::Server::Create(ro));
+  if (options.ordinal == 0 && options.coordinator.empty()) {
+    impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards));
+  }
+  return std::unique_ptr<ShardServer>(new ShardServer(std::move(impl)));
+}
+
+Status ShardServer::Start() {
+  Impl* d = impl_.get();
+  d->SetupDataPlane();
+  if (d->coordinator) d->SetupCoordinatorRpcs();
+  d->rpc->Register(msg::kStatus, [d](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
+    std::string s = d->StatusJson();
+    r.Reply(std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
+                                   reinterpret_cast<const std::byte*>(s.data()) + s.size()));
+  });
+  d->rpc->Register(msg::kChunkCrcs, [d](const rpc::Peer&, std::span<const std::byte> p,
+                                        rpc::Responder r) {
+    auto m = msg::ChunkCrcsRequest::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    ShardState* st = d->state_ptr.load();
+    if (st == nullptr) return r.Error(Unavailable("the shard has no job yet"));
+    msg::ChunkCrcs out;
+    out.version = st->version();
+    if (out.version < m->min_version) {
+      return r.Error(Unavailable("shard at version " + std::to_string(out.version)));
+    }
+    for (uint32_t c : st->chunk_ids()) {
+      auto crc = st->ChunkCrc(c);
+      if (!crc.ok()) return r.Error(crc.status());
+      out.crcs.emplace_back(c, *crc);
+    }
+    r.Reply(out.Encode());
+  });
+  d->rpc->OnHello([d](const rpc::Peer& peer, std::span<const std::byte> extra)
+                      -> Result<std::vector<std::byte>> {
+    if (peer.role != msg::kRoleWorker) return std::vector<std::byte>{};
+    if (extra.empty()) return InvalidArgument("a worker's hello must carry its UCX address");
+    ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
+                         d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
+                           ZPS_LOG(WARNING) << "data-plane peer (rank " << rank
+                                            << ") failed: " << s.ToString();
+                         }));
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      d->sessions[peer.session_token] = {peer.rank, ep};
+    }
+    ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
+    return d->ucx->Address();
+  });
+  d->rpc->OnDisconnect([d](const rpc::Peer& peer) {
+    ucx::Endpoint ep;
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      auto it = d->sessions.find(peer.session_token);
+      if (it == d->sessions.end()) return;
+      ep = it->second.ep;
+      d->sessions.erase(it);
+    }
+    ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
+    d->ucx->Close(ep);
+  });
+  ZPS_RETURN_IF_ERROR(d->ucx->Start());
+  ZPS_RETURN_IF_ERROR(d->rpc->Start());
+  ZPS_LOG(INFO) << "shard " << d->opts.ordinal << "/" << d->opts.shards << " listening on "
+                << d->opts.bind_address << ":" << d->rpc->port()
+                << (d->coordinator ? " (coordinator)" : "");
+  d->driver = std::thread([d] { d->DriverLoop(); });
+  return Status::Ok();
+}
+
+Status ShardServer::Wait() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->finished || impl_->stopping; });
+  return impl_->fatal;
+}
+
+void ShardServer::Stop() {
+  Impl* d = impl_.get();
+  {
+    std::lock_guard<std::mutex> lock(d->mu);
+    if (d->stopping && !d->driver.joinable()) return;
+    d->stopping = true;
+  }
+  d->cv.notify_all();
+  if (d->coordinator) d->coordinator->Shutdown(Cancelled("coordinator shutting down"));
+  if (ShardState* st = d->state_ptr.load()) st->Shutdown(Cancelled("shard shutting down"));
+  {
+    std::lock_guard<std::mutex> lock(d->mu);
+    if (d->coord_client) d->coord_client->Close();
+  }
+  if (d->driver.joinable()) d->driver.join();
+  d->rpc->Stop();
+  d->ucx->Stop();
+}
+
+uint16_t ShardServer::port() const { return impl_->rpc->port(); }
+
+}  // namespace zps::server

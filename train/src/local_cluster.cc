@@ -1,0 +1,226 @@
+#include "local_cluster.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace zps::train {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+Result<uint16_t> FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError("bind", e);
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct Child {
+  pid_t pid = -1;
+  std::string name;
+  std::string log;
+  bool done = false;
+  int status = 0;
+};
+
+Result<Child> Spawn(const std::string& name, const std::vector<std::string>& args,
+                    const std::string& log_path) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoError("fork", errno);
+  if (pid == 0) {
+    ::setpgid(0, 0);  // a terminal's ^C reaches only us; we stop the children in order
+    if (!log_path.empty()) {
+      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDERR_FILENO);
+        if (name.rfind("worker-0", 0) != 0) ::dup2(fd, STDOUT_FILENO);
+        ::close(fd);
+      }
+    }
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return Child{pid, name, log_path};
+}
+
+void PrintTail(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(line);
+  size_t from = lines.size() > 15 ? lines.size() - 15 : 0;
+  for (size_t i = from; i < lines.size(); ++i) std::fprintf(stderr, "  | %s\n", lines[i].c_str());
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  return "unknown status";
+}
+
+void StopAll(std::vector<Child>& children, int sig) {
+  for (auto& c : children) {
+    if (!c.done) ::kill(c.pid, sig);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (auto& c : children) {
+    while (!c.done) {
+      pid_t r = ::waitpid(c.pid, &c.status, WNOHANG);
+      if (r == c.pid) {
+        c.done = true;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, &c.status, 0);
+        c.done = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+}  // namespace
+
+Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return IoError("cannot find this program's path: " + ec.message());
+  fs::path server = self.parent_path() / "zps-server";
+  if (!fs::exists(server)) return NotFound("zps-server not found next to " + self.string());
+  char tmpl[] = "/tmp/zps-local-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
+  const std::string dir = tmpl;
+  const std::string token_file = dir + "/token";
+  {
+    std::random_device rd;
+    std::string token;
+    for (int i = 0; i < 32; ++i) token += "0123456789abcdef"[rd() % 16];
+    std::ofstream(token_file) << token << "\n";
+    ::chmod(token_file.c_str(), 0600);
+  }
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < cluster.shards; ++i) {
+    ZPS_ASSIGN_OR_RETURN(uint16_t p, FreePort());
+    ports.push_back(p);
+  }
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ports[0]);
+  std::printf("zps local cluster: %d shards + %d workers on loopback (logs in %s)\n",
+              cluster.shards, cluster.workers, dir.c_str());
+  std::fflush(stdout);
+
+  struct sigaction sa{};
+  sa.sa_handler = [](int sig) { g_signal = sig; };
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Child> shards, workers;
+  Status result;
+  for (int i = 0; i < cluster.shards; ++i) {
+    std::vector<std::string> args = {server.string(),
+                                     "--ordinal=" + std::to_string(i),
+                                     "--shards=" + std::to_string(cluster.shards),
+                                     "--port=" + std::to_string(ports[i]),
+                                     "--bind=127.0.0.1",
+                                     "--token-file=" + token_file,
+                                     "--metrics-port=0"};
+    if (i > 0) args.push_back("--coordinator=" + endpoint);
+    if (!cluster.ucx_tls.empty()) args.push_back("--ucx-tls=" + cluster.ucx_tls);
+    auto c = Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");
+    if (!c.ok()) {
+      result = c.status();
+      break;
+    }
+    shards.push_back(std::move(*c));
+  }
+  for (int r = 0; result.ok() && r < cluster.workers; ++r) {
+    std::vector<std::string> args = {self.string()};
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    args.push_back("--mode=worker");
+    args.push_back("--rank=" + std::to_string(r));
+    args.push_back("--endpoint=" + endpoint);
+    args.push_back("--token-file=" + token_file);
+    auto c = Spawn("worker-" + std::to_string(r), args,
+                   r == 0 ? "" : dir + "/worker-" + std::to_string(r) + ".log");
+    if (!c.ok()) {
+      result = c.status();
+      break;
+    }
+    workers.push_back(std::move(*c));
+  }
+  // Wait for every worker; stop early if anything fails or a signal arrives.
+  while (result.ok()) {
+    if (g_signal != 0) {
+      result = Cancelled("interrupted by signal " + std::to_string(g_signal.load()));
+      break;
+    }
+    bool all_done = true;
+    for (auto* group : {&workers, &shards}) {
+      for (auto& c : *group) {
+        if (c.done) continue;
+        pid_t r = ::waitpid(c.pid, &c.status, WNOHANG);
+        if (r == c.pid) {
+          c.done = true;
+          bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+          if (!ok || group == &shards) {
+            result = Internal(c.name + " stopped early (" + DescribeExit(c.status) + ")");
+            if (!c.log.empty()) {
+              std::fprintf(stderr, "last lines of %s:\n", c.log.c_str());
+              PrintTail(c.log);
+            }
+          }
+        }
+      }
+    }
+    for (auto& c : workers) all_done = all_done && c.done;
+    if (all_done || !result.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  StopAll(workers, SIGTERM);
+  StopAll(shards, SIGTERM);
+  for (auto& c : shards) {
+    if (result.ok() && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+      result = Internal(c.name + " did not shut down cleanly (" + DescribeExit(c.status) + ")");
+      PrintTail(c.log);
+    }
+  }
+  if (result.ok()) {
+    std::printf("zps local cluster: all processes exited cleanly\n");
+    fs::remove_all(dir, ec);
+  }
+  return result;
+}
+
+}  // namespace zps::train

@@ -1,0 +1,22 @@
+// The embedded default of zps-train: a local cluster of zps-server and zps-train processes on
+// loopback. Internal to zps-train.
+#pragma once
+
+#include <string>
+
+#include "zps/common/status.h"
+
+namespace zps::train {
+
+struct LocalCluster {
+  int shards = 2;       // zps-server processes (ordinal 0 is the coordinator)
+  int workers = 2;      // zps-train --mode worker processes
+  std::string ucx_tls;  // passed to every process ("" = UCX's choice)
+};
+
+/// Starts the shards, then the workers with this process's own arguments plus their rank and
+/// the endpoint; prints rank 0's output; stops everything at the end (or on SIGINT/SIGTERM, or
+/// when any process fails, whose log tail is printed). Logs go to a temporary directory.
+Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv);
+
+}  // namespace zps::train

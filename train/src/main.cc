@@ -1,0 +1,380 @@
+// zps-train: trains a byte-level transformer LM through zps.
+//
+//   zps-train                       # embedded default: a local cluster (2 shards + 2 workers)
+//   zps-train --mode worker ...     # one rank of a job (ZPS_ENDPOINT, ZPS_TOKEN_FILE)
+//   zps-train --mode reference ...  # the same training in one process, no server
+//
+// All ranks must be given the same model, data, optimizer and layout options: rank 0 registers
+// the job and the others are checked against its hash.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zps/common/config.h"
+#include "zps/common/logging.h"
+#include "zps/common/messages.h"
+#include "zps/server/job.h"
+#include "zps/train/data.h"
+#include "zps/train/model.h"
+#include "zps/train/options.h"
+#include "zps/train/reference.h"
+#include "zps/train/worker_access.h"
+#include "zps/worker/client.h"
+#include "local_cluster.h"
+
+namespace zps::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TrainOptions {
+  std::string mode = "auto";       // Default: auto = worker when an endpoint is set, else local.
+  std::string endpoint;            // Default: "". Coordinator host:port (ZPS_ENDPOINT).
+  std::string token;               // Default: "".
+  std::string token_file;          // Default: "".
+  int rank = 0;                    // Default: 0.
+  int world_size = 2;              // Default: 2 ranks.
+  int shards = 2;                  // Default: 2 shards.
+  int64_t steps = 150;             // Default: 150 steps (about two minutes on 2 cores).
+  std::string optimizer = "adamw";  // Default: adamw.
+  double lr = 3e-3;                // Default: 3e-3.
+  double weight_decay = 0.0;       // Default: 0.
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
+  double max_grad_norm = 1.0;      // Default: 1.0 (0 = no clipping).
+  bool loss_scaling = false;       // Default: false. fp16 dynamic loss scaling (fp16 grads).
+  double initial_loss_scale = 65536.0;  // Default: 2^16.
+  std::string grad_dtype = "";     // Default: fp32, or fp16 with loss scaling.
+  std::string serving_dtype = "";  // Default: bf16, or fp16 with loss scaling.
+  std::string reduction = "server-sum";  // Default: server-sum.
+  uint64_t chunk_elems = 256u << 10;  // Default: 256 Ki elements (1 MiB of fp32) per chunk.
+  int64_t inject_overflow_step = -1;  // Default: never.
+  uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB.
+  uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB.
+  std::string ucx_tls;             // Default: "" (UCX_TLS or UCX's choice).
+  int log_every = 10;              // Default: every 10 steps.
+  bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
+  std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
+  int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
+  ModelConfig model;
+  DataOptions data;
+  std::string corpus;
+};
+
+void Register(Flags& f, TrainOptions& o) {
+  f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)", &o.mode);
+  f.Add("endpoint", "coordinator host:port (worker mode)", &o.endpoint);
+  f.Add("token", "shared auth secret (prefer token-file)", &o.token);
+  f.Add("token-file", "file holding the shared auth secret", &o.token_file);
+  f.Add("rank", "this worker's rank", &o.rank, 0, 65535);
+  f.Add("world-size", "number of worker ranks", &o.world_size, 1, 65536);
+  f.Add("shards", "number of shards in the job", &o.shards, 1, 4096);
+  f.Add("steps", "training steps", &o.steps, 1, INT64_MAX / 2);
+  f.Add("optimizer", "adam, adamw or sgd", &o.optimizer);
+  f.Add("lr", "learning rate", &o.lr);
+  f.Add("weight-decay", "weight decay", &o.weight_decay);
+  f.Add("beta1", "Adam beta1", &o.beta1);
+  f.Add("beta2", "Adam beta2", &o.beta2);
+  f.Add("eps", "Adam epsilon", &o.eps);
+  f.Add("max-grad-norm", "global gradient-norm clip (0 = off)", &o.max_grad_norm);
+  f.Add("loss-scaling", "fp16 dynamic loss scaling (pushes fp16 gradients)", &o.loss_scaling);
+  f.Add("initial-loss-scale", "first loss scale with --loss-scaling", &o.initial_loss_scale);
+  f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
+        &o.grad_dtype);
+  f.Add("serving-dtype", "16-bit copy workers fetch: bf16 or fp16", &o.serving_dtype);
+  f.Add("reduction", "server-sum or pre-reduced", &o.reduction);
+  f.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", &o.chunk_elems);
+  f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step", &o.inject_overflow_step, -1, INT64_MAX);
+  f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)", &o.prefetch_bytes);
+  f.AddBytes("max-live-bytes", "fetched parameter bytes held at most", &o.max_live_bytes);
+  f.Add("ucx-tls", "UCX transports (e.g. tcp, posix,cma,self)", &o.ucx_tls);
+  f.Add("log-every", "print progress every N steps", &o.log_every, 1, 1000000);
+  f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
+  f.Add("log-level", "debug, info, warning or error", &o.log_level);
+  f.Add("op-timeout", "seconds any single wait may take", &o.op_timeout_s, 1, 86400);
+  AddModelFlags(f, &o.model);
+  AddDataFlags(f, &o.data, &o.corpus);
+}
+
+Result<server::JobSpec> BuildJob(const TrainOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(Layout layout,
+                       Layout::Build(LayoutSpecs(Specs(o.model)),
+                                     {.chunk_elems = o.chunk_elems, .align_elems = 64,
+                                      .num_shards = static_cast<uint32_t>(o.shards)}));
+  server::JobSpec job{std::move(layout), {}, {}, {}};
+  ZPS_ASSIGN_OR_RETURN(job.shard.mode, server::ParseReductionMode(o.reduction));
+  job.shard.world_size = static_cast<uint32_t>(o.world_size);
+  std::string gd = o.grad_dtype.empty() ? (o.loss_scaling ? "fp16" : "fp32") : o.grad_dtype;
+  std::string sd = o.serving_dtype.empty() ? (o.loss_scaling ? "fp16" : "bf16") : o.serving_dtype;
+  ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(gd));
+  ZPS_ASSIGN_OR_RETURN(job.shard.serving_dtype, ParseDType(sd));
+  ZPS_ASSIGN_OR_RETURN(job.optimizer.kind, server::ParseOptimizerKind(o.optimizer));
+  job.optimizer.lr = static_cast<float>(o.lr);
+  job.optimizer.beta1 = static_cast<float>(o.beta1);
+  job.optimizer.beta2 = static_cast<float>(o.beta2);
+  job.optimizer.eps = static_cast<float>(o.eps);
+  job.optimizer.weight_decay = static_cast<float>(o.weight_decay);
+  job.commit.max_grad_norm = o.max_grad_norm;
+  job.commit.grad_divisor = o.world_size;
+  job.commit.dynamic_loss_scale = o.loss_scaling;
+  job.commit.initial_loss_scale = o.initial_loss_scale;
+  ZPS_RETURN_IF_ERROR(job.Validate());
+  return job;
+}
+
+void PrintCrcs(const std::vector<std::pair<uint32_t, uint32_t>>& crcs) {
+  for (const auto& [c, crc] : crcs) std::printf("chunk_crc %u %08x\n", c, crc);
+}
+
+// ---- reference mode: the whole job in this process ------------------------------------------
+
+Status RunReference(const TrainOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  ReferenceOptions ro;
+  ro.layout = job.layout.options();
+  ro.optimizer = job.optimizer;
+  ro.commit = job.commit;
+  ro.world = o.world_size;
+  ro.serving_dtype = job.shard.serving_dtype;
+  ro.grad_dtype = job.shard.grad_dtype;
+  ro.inject_overflow_step = o.inject_overflow_step;
+  ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
+  ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
+  DataOptions d = o.data;
+  d.seq_len = o.model.seq_len;
+  d.world = o.world_size;
+  ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
+  std::vector<std::vector<uint8_t>> batches(o.world_size, std::vector<uint8_t>(loader->batch_bytes()));
+  auto t0 = Clock::now();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    auto ts = Clock::now();
+    std::vector<std::span<const uint8_t>> views;
+    for (int r = 0; r < o.world_size; ++r) {
+      ZPS_RETURN_IF_ERROR(loader->BatchForRank(step, r, batches[r]));
+      views.emplace_back(batches[r]);
+    }
+    ZPS_ASSIGN_OR_RETURN(auto res, trainer->Step(views, d.batch));
+    double dt = std::chrono::duration<double>(Clock::now() - ts).count();
+    if (step % o.log_every == 0 || step + 1 == o.steps) {
+      std::printf("step %5lld  loss %.4f  rank0_loss %.6f  step_time %.3fs  %s\n",
+                  static_cast<long long>(step), res.loss, res.rank_loss[0], dt,
+                  res.decision.skip ? "(skipped)" : "");
+      std::fflush(stdout);
+    }
+  }
+  double total = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("reference: %lld steps in %.1fs (%.3fs/step)\n", static_cast<long long>(o.steps),
+              total, total / o.steps);
+  if (o.print_crcs) {
+    std::vector<std::pair<uint32_t, uint32_t>> crcs;
+    for (uint32_t c = 0; c < trainer->layout().num_chunks(); ++c) {
+      ZPS_ASSIGN_OR_RETURN(uint32_t crc, trainer->ChunkCrc(c));
+      crcs.emplace_back(c, crc);
+    }
+    PrintCrcs(crcs);
+  }
+  return Status::Ok();
+}
+
+// ---- worker mode: one rank against a running job --------------------------------------------
+
+Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& loader, int64_t version) {
+  const int rows = std::min(loader.eval_windows(), 8);
+  if (rows == 0) return std::nan("");
+  std::vector<uint8_t> tokens(static_cast<size_t>(rows) * (loader.options().seq_len + 1));
+  ZPS_RETURN_IF_ERROR(loader.EvalBatch(0, rows, tokens));
+  access.BeginStep(version, false);
+  auto loss = model.Evaluate(tokens, rows, access);
+  return loss;
+}
+
+Status RunWorker(const TrainOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  const auto spec = job.Serialize();
+  worker::WorkerOptions wo;
+  wo.endpoint = o.endpoint;
+  wo.token = o.token;
+  wo.rank = static_cast<uint32_t>(o.rank);
+  wo.ucx_tls = o.ucx_tls;
+  wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
+  ZPS_ASSIGN_OR_RETURN(auto client, worker::Client::Connect(wo, spec, job.Hash()));
+  ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
+  ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
+  DataOptions d = o.data;
+  d.seq_len = o.model.seq_len;
+  d.rank = o.rank;
+  d.world = o.world_size;
+  ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
+  const bool lead = o.rank == 0;
+
+  int64_t start = client->resume_step();
+  if (start == 0 && lead) {
+    // A new job: rank 0 uploads the seeded initial values.
+    for (uint32_t p = 0; p < model->num_params(); ++p) {
+      std::vector<float> values(client->layout().param_numel(p));
+      ZPS_RETURN_IF_ERROR(InitParam(model->decls()[p], o.model.seed, values));
+      ZPS_RETURN_IF_ERROR(client->PushInitial(p, values));
+    }
+    ZPS_RETURN_IF_ERROR(client->FlushPushes());
+  }
+  WorkerAccess access(client.get(), {o.prefetch_bytes, o.max_live_bytes});
+  double eval_start = std::nan("");
+  if (lead && start == 0) {
+    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, access, *loader, 0));
+    std::printf("rank 0: %llu parameters, %u chunks on %d shards; held-out loss at start %.4f\n",
+                static_cast<unsigned long long>(CountParams(o.model)), client->layout().num_chunks(),
+                o.shards, eval_start);
+  }
+  double loss_scale = client->job().loss_scale;
+  std::vector<uint8_t> batch(loader->batch_bytes());
+  std::vector<double> losses;
+  const double tokens_per_step = static_cast<double>(o.world_size) * d.batch * d.seq_len;
+  auto t_start = Clock::now();
+  auto t_window = t_start;
+  uint64_t fetched0 = client->fetched_bytes(), pushed0 = client->pushed_bytes();
+  double step_time_sum = 0;
+  for (int64_t step = start; step < o.steps; ++step) {
+    auto ts = Clock::now();
+    ZPS_RETURN_IF_ERROR(loader->Batch(step, batch));
+    access.BeginStep(step, step == o.inject_overflow_step && lead);
+    ZPS_ASSIGN_OR_RETURN(StepOutput out,
+                         model->TrainStep(batch, d.batch, static_cast<float>(loss_scale), access));
+    access.EndStep();
+    ZPS_RETURN_IF_ERROR(client->FlushPushes().WithContext("step " + std::to_string(step)));
+    ZPS_ASSIGN_OR_RETURN(msg::CommitInfo commit, client->AwaitCommit(step));
+    loss_scale = commit.next_loss_scale;
+    losses.push_back(out.loss);
+    step_time_sum += std::chrono::duration<double>(Clock::now() - ts).count();
+    if (lead && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start)) {
+      auto now = Clock::now();
+      double window = std::chrono::duration<double>(now - t_window).count();
+      int64_t n = step == start ? 1 : std::min<int64_t>(o.log_every, step + 1 - start);
+      double fetch_gbps = (client->fetched_bytes() - fetched0) / window / 1e9;
+      double push_gbps = (client->pushed_bytes() - pushed0) / window / 1e9;
+      std::printf("step %5lld  loss %.4f  norm %.3f%s  tokens/s %.0f  fetch %.2f GB/s  push %.2f GB/s"
+                  "  step %.3fs\n",
+                  static_cast<long long>(step), out.loss, commit.global_norm,
+                  commit.skip ? " (skipped: overflow)" : "", tokens_per_step * n / window,
+                  fetch_gbps, push_gbps, window / n);
+      std::fflush(stdout);
+      t_window = now;
+      fetched0 = client->fetched_bytes();
+      pushed0 = client->pushed_bytes();
+    }
+  }
+  double total = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (lead) {
+    const auto& ps = access.prefetch_stats();
+    size_t k = std::min<size_t>(10, losses.size());
+    double first = 0, last = 0;
+    for (size_t i = 0; i < k; ++i) {
+      first += losses[i];
+      last += losses[losses.size() - 1 - i];
+    }
+    std::printf("summary: %lld steps in %.1fs, %.3fs/step; train loss %.4f -> %.4f (mean of %zu "
+                "steps)\n",
+                static_cast<long long>(o.steps - start), total, step_time_sum / std::max<size_t>(1, losses.size()),
+                first / std::max<size_t>(1, k), last / std::max<size_t>(1, k), k);
+    std::printf("prefetch: %llu acquires, %llu hits, %llu fetched ahead, %llu trace rebuilds, "
+                "%.2fs waiting for data\n",
+                static_cast<unsigned long long>(ps.acquires), static_cast<unsigned long long>(ps.hits),
+                static_cast<unsigned long long>(ps.prefetches),
+                static_cast<unsigned long long>(ps.trace_rebuilds),
+                std::chrono::duration<double>(ps.wait).count());
+    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, access, *loader, o.steps));
+    if (!std::isnan(eval_start)) {
+      std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
+                  100.0 * (eval_start - eval_end) / eval_start);
+    } else {
+      std::printf("held-out loss %.4f\n", eval_end);
+    }
+    if (o.print_crcs) {
+      std::vector<std::pair<uint32_t, uint32_t>> all;
+      for (uint32_t s = 0; s < static_cast<uint32_t>(o.shards); ++s) {
+        msg::ChunkCrcsRequest req{o.steps};
+        for (int attempt = 0;; ++attempt) {
+          auto r = client->CallShard(s, msg::kChunkCrcs, req.Encode());
+          if (r.ok()) {
+            ZPS_ASSIGN_OR_RETURN(auto crcs, msg::ChunkCrcs::Decode(*r));
+            all.insert(all.end(), crcs.crcs.begin(), crcs.crcs.end());
+            break;
+          }
+          if (r.status().code() != Code::kUnavailable || attempt > 500) return r.status();
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
+      std::sort(all.begin(), all.end());
+      PrintCrcs(all);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RunLocal(const TrainOptions& o, int argc, char** argv) {
+  LocalCluster cluster;
+  cluster.shards = o.shards;
+  cluster.workers = o.world_size;
+  cluster.ucx_tls = o.ucx_tls;
+  return RunLocalCluster(cluster, argc, argv);
+}
+
+}  // namespace
+}  // namespace zps::train
+
+int main(int argc, char** argv) {
+  using namespace zps;
+  using namespace zps::train;
+  TrainOptions o;
+  o.data.batch = 8;
+  Flags flags("zps-train",
+              "Trains a byte-level decoder-only transformer through zps. With no endpoint it "
+              "starts a local cluster (--shards zps-server processes and --world-size workers on "
+              "loopback) and trains on the Debian license texts.");
+  Register(flags, o);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "zps-train: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  if (*parsed == ParseOutcome::kHelpShown) return 0;
+  auto level = log::ParseLevel(o.log_level);
+  if (!level.ok()) {
+    std::fprintf(stderr, "zps-train: %s\n", level.status().ToString().c_str());
+    return 2;
+  }
+  log::SetLevel(*level);
+  Status s = o.model.Validate();
+  if (s.ok() && !o.token_file.empty()) {
+    auto t = [&]() -> Result<std::string> {
+      std::ifstream in(o.token_file);
+      if (!in) return NotFound("token file '" + o.token_file + "' cannot be read");
+      std::string tok((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.back()))) tok.pop_back();
+      return tok;
+    }();
+    if (t.ok()) o.token = *t;
+    else s = t.status();
+  }
+  std::string mode = o.mode;
+  if (mode == "auto") mode = o.endpoint.empty() ? "local" : "worker";
+  if (s.ok()) {
+    if (mode == "reference") s = RunReference(o);
+    else if (mode == "worker") s = o.token.empty() ? InvalidArgument("worker mode needs a token (--token-file or ZPS_TOKEN_FILE)") : RunWorker(o);
+    else if (mode == "local") s = RunLocal(o, argc, argv);
+    else s = InvalidArgument("--mode must be auto, local, worker or reference");
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "zps-train (rank %d): %s\n", o.rank, s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,122 @@
+// zps/worker/client.h — the worker library: connects a training process (one rank) to a zps job,
+// fetches 16-bit parameters from the shards and pushes gradients to them.
+//
+//   auto c = zps::worker::Client::Connect(opts, job_spec_bytes, job_hash);   // rank 0 registers
+//   auto buf = (*c)->Fetch(param_id, /*min_version=*/step);                  // fans out to shards
+//   (*c)->PushGrad(param_id, step, grad_fp32);                               // async, bucketed
+//   (*c)->FlushPushes();                                                     // all acknowledged
+//   auto commit = (*c)->AwaitCommit(step);                                   // the step's decision
+//
+// The control plane (RPC over TCP) authenticates with the shared token and exchanges UCX worker
+// addresses; the data plane is UCX active messages carrying each shard's session token.
+// No global state: any number of Clients may live in one process.
+//
+// Thread-safety: every method is thread-safe. Fetch results are immutable buffers shared with the
+// caller. Every wait is bounded by WorkerOptions::op_timeout: a dead shard or coordinator gives
+// Unavailable or DeadlineExceeded, never a hang.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zps/common/dtype.h"
+#include "zps/common/layout.h"
+#include "zps/common/messages.h"
+#include "zps/common/status.h"
+#include "zps/worker/device.h"
+
+namespace zps::worker {
+
+struct WorkerOptions {
+  std::string endpoint;          // Default: none. host:port of the coordinator (ZPS_ENDPOINT).
+  std::string token;             // Default: none. The shared auth secret.
+  uint32_t rank = 0;             // Default: 0.
+  std::string ucx_tls;           // Default: "" = UCX_TLS or UCX's choice.
+  std::chrono::milliseconds connect_timeout{60000};  // Default: 60 s to reach and join the job.
+  std::chrono::milliseconds op_timeout{300000};      // Default: 5 min for any single wait.
+  Device* device = nullptr;      // Default: null = host memory (CpuDevice).
+};
+
+/// A fetched parameter: numel elements of the serving dtype, at `version` or newer.
+struct ParamBuffer {
+  uint32_t param = 0;
+  int64_t version = -1;
+  DType dtype = DType::kBF16;
+  DeviceBuffer memory;
+  std::span<const std::byte> bytes() const { return {memory.data(), memory.size()}; }
+};
+
+/// An in-flight fetch. Wait() may be called from any thread, any number of times.
+class FetchOp {
+ public:
+  /// Blocks until every piece arrived or failed, or `timeout`. Errors: from the shards,
+  /// Unavailable (peer lost), DeadlineExceeded.
+  Result<std::shared_ptr<const ParamBuffer>> Wait(std::chrono::milliseconds timeout);
+  bool done() const;
+  struct State;
+  explicit FetchOp(std::shared_ptr<State> s) : state_(std::move(s)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Client {
+ public:
+  /// Connects to the coordinator (retrying until connect_timeout), joins the job (rank 0
+  /// registers `job_spec`; other ranks are checked against `job_hash`), and connects to every
+  /// shard. Errors: Unavailable (unreachable), Unauthenticated (token), FailedPrecondition (spec
+  /// mismatch), InvalidArgument (bad options or replies).
+  static Result<std::unique_ptr<Client>> Connect(const WorkerOptions& options,
+                                                 std::span<const std::byte> job_spec,
+                                                 uint64_t job_hash);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Layout& layout() const;
+  const msg::JoinReply& job() const;
+  /// The step to train next (0 for a new job).
+  int64_t resume_step() const { return job().resume_step; }
+  uint32_t rank() const;
+  /// The bound on every single wait (WorkerOptions::op_timeout).
+  std::chrono::milliseconds op_timeout() const;
+
+  /// Starts fetching parameter `param` at version >= min_version from the shards that hold it.
+  /// Errors are reported by the returned op's Wait (OutOfRange for a bad id).
+  FetchOp FetchAsync(uint32_t param, int64_t min_version);
+  /// FetchAsync + Wait(op_timeout).
+  Result<std::shared_ptr<const ParamBuffer>> Fetch(uint32_t param, int64_t min_version);
+
+  /// Sends the gradient of `param` for `step` (fp32, numel elements), converted to the job's
+  /// grad dtype. Copies before returning; completion is observed through FlushPushes.
+  /// Errors: OutOfRange (id), InvalidArgument (length); an earlier push's failure.
+  Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad);
+  /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
+  Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
+  /// Rank 0 of a new job: the initial fp32 values of `param`.
+  Status PushInitial(uint32_t param, std::span<const float> values);
+  /// Waits until every push so far is acknowledged; returns (and clears) the first error.
+  Status FlushPushes();
+
+  /// The coordinator's decision for `step` (long-poll, bounded by op_timeout).
+  Result<msg::CommitInfo> AwaitCommit(int64_t step);
+  /// Calls rpc `type` on shard `ordinal` (tools and tests, e.g. msg::kStatus).
+  Result<std::vector<std::byte>> CallShard(uint32_t ordinal, uint16_t type,
+                                           std::span<const std::byte> payload);
+
+  /// Bytes moved so far (for progress output).
+  uint64_t fetched_bytes() const;
+  uint64_t pushed_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zps::worker

@@ -1,0 +1,398 @@
+#include "zps/worker/client.h"
+
+#include <atomic>
+#include <cstring>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "zps/common/config.h"
+#include "zps/common/logging.h"
+#include "zps/common/rpc.h"
+#include "zps/common/ucx.h"
+
+namespace zps::worker {
+
+using namespace std::chrono_literals;
+
+// ---- FetchOp --------------------------------------------------------------------------------
+
+struct FetchOp::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = 0;   // guarded by mu
+  Status error;           // guarded by mu
+  int64_t version = INT64_MAX;  // guarded by mu: the lowest version over pieces
+  std::shared_ptr<ParamBuffer> buffer;
+
+  void Complete(const Status& s, int64_t piece_version) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!s.ok() && error.ok()) error = s;
+      version = std::min(version, piece_version);
+      --remaining;
+    }
+    cv.notify_all();
+  }
+};
+
+Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->remaining == 0; })) {
+    return DeadlineExceeded("fetch of parameter " + std::to_string(state_->buffer->param) +
+                            " not answered within " + std::to_string(timeout.count()) + " ms");
+  }
+  if (!state_->error.ok()) return state_->error;
+  state_->buffer->version = state_->version;
+  return std::shared_ptr<const ParamBuffer>(state_->buffer);
+}
+
+bool FetchOp::done() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->remaining == 0;
+}
+
+// ---- Client ---------------------------------------------------------------------------------
+
+struct Client::Impl {
+  struct FetchPiece {
+    std::shared_ptr<FetchOp::State> op;
+    size_t byte_offset = 0;
+    size_t bytes = 0;
+    uint32_t shard = 0;
+  };
+
+  WorkerOptions opts;
+  Device* device = nullptr;
+  std::unique_ptr<ucx::Context> ucx_context;
+  std::unique_ptr<ucx::Worker> ucx;
+  std::unique_ptr<rpc::Client> coord;
+  std::vector<std::unique_ptr<rpc::Client>> shard_rpc;
+  std::vector<uint64_t> session;     // per shard
+  std::vector<ucx::Endpoint> eps;    // per shard
+  msg::JoinReply job;
+  std::optional<Layout> layout;
+  std::atomic<uint64_t> next_request{1};
+  std::atomic<uint64_t> fetched{0}, pushed{0};
+
+  std::mutex mu;
+  std::condition_variable push_cv;
+  std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
+  std::unordered_map<uint64_t, uint32_t> pushes;     // guarded by mu: request -> shard
+  Status push_error;                                 // guarded by mu
+
+  std::optional<FetchPiece> TakeFetch(uint64_t request) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = fetches.find(request);
+    if (it == fetches.end()) return std::nullopt;
+    FetchPiece p = std::move(it->second);
+    fetches.erase(it);
+    return p;
+  }
+  void FinishPush(uint64_t request, const Status& s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (pushes.erase(request) == 0) return;
+      if (!s.ok() && push_error.ok()) push_error = s;
+    }
+    push_cv.notify_all();
+  }
+  void FailShard(uint32_t shard, const Status& s) {
+    std::vector<FetchPiece> failed;
+    std::vector<uint64_t> failed_pushes;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = fetches.begin(); it != fetches.end();) {
+        if (it->second.shard == shard) {
+          failed.push_back(std::move(it->second));
+          it = fetches.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto& [req, sh] : pushes) {
+        if (sh == shard) failed_pushes.push_back(req);
+      }
+    }
+    for (auto& p : failed) p.op->Complete(s, -1);
+    for (uint64_t r : failed_pushes) FinishPush(r, s);
+  }
+
+  Status SetupUcx();
+  Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
+  Status ConnectShards();
+  Status SendPush(uint32_t param, int64_t step, DType dtype,
+                  std::shared_ptr<std::vector<std::byte>> data);
+};
+
+Status Client::Impl::SetupUcx() {
+  ZPS_ASSIGN_OR_RETURN(ucx_context, ucx::Context::Create({.transports = opts.ucx_tls}));
+  ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx"}));
+  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply, [this](ucx::AmMessage& m) {
+    auto h = msg::FetchReplyHeader::Decode(m.header());
+    if (!h.ok()) {
+      ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
+      return;
+    }
+    auto piece = TakeFetch(h->request);
+    if (!piece) return;  // timed out or failed already
+    if (h->code != 0) {
+      piece->op->Complete(msg::StatusFromWire(h->code, h->message), -1);
+      return;
+    }
+    if (m.data_length() != piece->bytes) {
+      piece->op->Complete(DataLoss("fetch reply carries " + std::to_string(m.data_length()) +
+                                   " bytes, expected " + std::to_string(piece->bytes)),
+                          -1);
+      return;
+    }
+    auto op = piece->op;
+    std::span<std::byte> dest(op->buffer->memory.data() + piece->byte_offset, piece->bytes);
+    int64_t version = h->version;
+    size_t bytes = piece->bytes;
+    Status s = m.Receive(dest, [this, op, version, bytes](Status st) {
+      if (st.ok()) fetched += bytes;
+      op->Complete(st, version);
+    });
+    (void)s;  // also reported through the callback
+  }));
+  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
+    auto h = msg::PushReplyHeader::Decode(m.header());
+    if (!h.ok()) {
+      ZPS_LOG(WARNING) << "malformed push reply: " << h.status().ToString();
+      return;
+    }
+    FinishPush(h->request, msg::StatusFromWire(h->code, h->message));
+  }));
+  return ucx->Start();
+}
+
+Status Client::Impl::JoinJob(std::span<const std::byte> spec, uint64_t hash) {
+  ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(opts.endpoint));
+  const auto deadline = std::chrono::steady_clock::now() + opts.connect_timeout;
+  auto backoff = 100ms;
+  Status last;
+  msg::Join join{opts.rank, hash, {}};
+  if (opts.rank == 0) join.job_spec.assign(spec.begin(), spec.end());
+  const auto payload = join.Encode();
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!coord || !coord->connected()) {
+      rpc::ClientOptions co{hp.first, hp.second, opts.token, msg::kRoleTool, opts.rank,
+                            "worker-" + std::to_string(opts.rank), {}, 5000};
+      auto c = rpc::Client::Connect(co);
+      if (!c.ok()) {
+        last = c.status();
+        if (last.code() == Code::kUnauthenticated || last.code() == Code::kFailedPrecondition ||
+            last.code() == Code::kInvalidArgument) {
+          return last;
+        }
+      } else {
+        coord = std::move(*c);
+      }
+    }
+    if (coord && coord->connected()) {
+      auto r = coord->Call(msg::kJoin, payload, 30s);
+      if (r.ok()) {
+        ZPS_ASSIGN_OR_RETURN(job, msg::JoinReply::Decode(*r));
+        ZPS_ASSIGN_OR_RETURN(Layout l, Layout::Deserialize(job.layout));
+        layout = std::move(l);
+        return Status::Ok();
+      }
+      last = r.status();
+      if (last.code() != Code::kUnavailable) return last.WithContext("join");
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+  return Unavailable("could not join the job at " + opts.endpoint + " within " +
+                     std::to_string(opts.connect_timeout.count()) + " ms: " + last.ToString());
+}
+
+Status Client::Impl::ConnectShards() {
+  const size_t n = job.shard_endpoints.size();
+  shard_rpc.resize(n);
+  session.resize(n);
+  eps.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(job.shard_endpoints[i]));
+    rpc::ClientOptions co{hp.first, hp.second, opts.token,
+                          msg::kRoleWorker, opts.rank, "worker-" + std::to_string(opts.rank),
+                          ucx->Address(), 5000};
+    ZPS_ASSIGN_OR_RETURN(shard_rpc[i], rpc::Client::Connect(co));
+    session[i] = shard_rpc[i]->session_token();
+    auto addr = shard_rpc[i]->hello_reply_extra();
+    ZPS_ASSIGN_OR_RETURN(eps[i], ucx->Connect(addr, [this, i](const ucx::Endpoint&, const Status& s) {
+                           ZPS_LOG(WARNING) << "shard " << i << " data plane failed: " << s.ToString();
+                           FailShard(i, Unavailable("shard " + std::to_string(i) + " lost: " + s.message()));
+                         }));
+  }
+  return Status::Ok();
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  if (impl_->ucx) impl_->ucx->Stop();
+  for (auto& c : impl_->shard_rpc) {
+    if (c) c->Close();
+  }
+  if (impl_->coord) impl_->coord->Close();
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
+                                                std::span<const std::byte> job_spec,
+                                                uint64_t job_hash) {
+  if (options.endpoint.empty()) return InvalidArgument("no coordinator endpoint (ZPS_ENDPOINT)");
+  if (options.token.empty()) return InvalidArgument("no auth token");
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  impl->device = options.device ? options.device : CpuDevice::Default();
+  ZPS_RETURN_IF_ERROR(impl->SetupUcx());
+  ZPS_RETURN_IF_ERROR(impl->JoinJob(job_spec, job_hash));
+  ZPS_RETURN_IF_ERROR(impl->ConnectShards());
+  ZPS_LOG(INFO) << "rank " << options.rank << " joined: " << impl->layout->num_params()
+                << " parameters on " << impl->job.shard_endpoints.size() << " shards, resume at step "
+                << impl->job.resume_step;
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+const Layout& Client::layout() const { return *impl_->layout; }
+const msg::JoinReply& Client::job() const { return impl_->job; }
+uint32_t Client::rank() const { return impl_->opts.rank; }
+std::chrono::milliseconds Client::op_timeout() const { return impl_->opts.op_timeout; }
+uint64_t Client::fetched_bytes() const { return impl_->fetched.load(); }
+uint64_t Client::pushed_bytes() const { return impl_->pushed.load(); }
+
+FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
+  auto st = std::make_shared<FetchOp::State>();
+  st->buffer = std::make_shared<ParamBuffer>();
+  st->buffer->param = param;
+  st->buffer->dtype = impl_->job.serving_dtype;
+  auto pieces = impl_->layout->Pieces(param < impl_->layout->num_params() ? param : UINT32_MAX);
+  if (!pieces.ok()) {
+    st->error = pieces.status();
+    return FetchOp(st);
+  }
+  const size_t esize = DTypeSize(impl_->job.serving_dtype);
+  auto mem = impl_->device->Allocate(impl_->layout->param_numel(param) * esize);
+  if (!mem.ok()) {
+    st->error = mem.status();
+    return FetchOp(st);
+  }
+  st->buffer->memory = std::move(*mem);
+  st->remaining = pieces->size();
+  for (const Piece& p : *pieces) {
+    const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
+    const uint64_t req = impl_->next_request++;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->fetches[req] = {st, p.param_offset * esize, p.length * esize, shard};
+    }
+    msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
+    impl_->ucx->SendAm(impl_->eps[shard], msg::kAmFetch, h.Encode(), {}, nullptr,
+                       [impl = impl_.get(), req](Status s) {
+                         if (s.ok()) return;
+                         if (auto piece = impl->TakeFetch(req)) piece->op->Complete(s, -1);
+                       });
+  }
+  return FetchOp(st);
+}
+
+Result<std::shared_ptr<const ParamBuffer>> Client::Fetch(uint32_t param, int64_t min_version) {
+  return FetchAsync(param, min_version).Wait(impl_->opts.op_timeout);
+}
+
+Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype,
+                              std::shared_ptr<std::vector<std::byte>> data) {
+  ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param));
+  const size_t esize = DTypeSize(dtype);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!push_error.ok()) return push_error;
+  }
+  for (const Piece& p : pieces) {
+    const uint32_t shard = layout->shard_of_chunk(p.chunk);
+    const uint64_t req = next_request++;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pushes[req] = shard;
+    }
+    msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, opts.rank, dtype};
+    std::span<const std::byte> bytes(data->data() + p.param_offset * esize, p.length * esize);
+    pushed += bytes.size();
+    ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, data, [this, req](Status s) {
+      if (!s.ok()) FinishPush(req, s);
+    });
+  }
+  return Status::Ok();
+}
+
+Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> grad) {
+  const Layout& l = *impl_->layout;
+  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  if (grad.size() != l.param_numel(param)) {
+    return InvalidArgument("gradient of '" + l.spec(param).name + "' has " +
+                           std::to_string(grad.size()) + " elements, expected " +
+                           std::to_string(l.param_numel(param)));
+  }
+  const DType dt = impl_->job.grad_dtype;
+  auto data = std::make_shared<std::vector<std::byte>>(grad.size() * DTypeSize(dt));
+  if (dt == DType::kF32) {
+    std::memcpy(data->data(), grad.data(), data->size());
+  } else {
+    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data->data()), grad.size());
+    if (dt == DType::kF16) ConvertF32ToF16(grad, out);
+    else ConvertF32ToBF16(grad, out);
+  }
+  return impl_->SendPush(param, step, dt, std::move(data));
+}
+
+Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad) {
+  const Layout& l = *impl_->layout;
+  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  const DType dt = impl_->job.grad_dtype;
+  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
+    return InvalidArgument("raw gradient has the wrong byte length");
+  }
+  auto data = std::make_shared<std::vector<std::byte>>(grad.begin(), grad.end());
+  return impl_->SendPush(param, step, dt, std::move(data));
+}
+
+Status Client::PushInitial(uint32_t param, std::span<const float> values) {
+  const Layout& l = *impl_->layout;
+  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  if (values.size() != l.param_numel(param)) return InvalidArgument("initial values: wrong length");
+  auto data = std::make_shared<std::vector<std::byte>>(values.size() * 4);
+  std::memcpy(data->data(), values.data(), data->size());
+  return impl_->SendPush(param, -1, DType::kF32, std::move(data));
+}
+
+Status Client::FlushPushes() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (!impl_->push_cv.wait_for(lock, impl_->opts.op_timeout,
+                               [&] { return impl_->pushes.empty(); })) {
+    return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
+                            " pushes unacknowledged after " +
+                            std::to_string(impl_->opts.op_timeout.count()) + " ms");
+  }
+  Status s = impl_->push_error;
+  impl_->push_error = Status::Ok();
+  return s;
+}
+
+Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
+  msg::AwaitCommit req{step};
+  ZPS_ASSIGN_OR_RETURN(auto reply, impl_->coord->Call(msg::kAwaitCommit, req.Encode(),
+                                                      impl_->opts.op_timeout));
+  return msg::CommitInfo::Decode(reply);
+}
+
+Result<std::vector<std::byte>> Client::CallShard(uint32_t ordinal, uint16_t type,
+                                                 std::span<const std::byte> payload) {
+  if (ordinal >= impl_->shard_rpc.size()) return OutOfRange("no shard " + std::to_string(ordinal));
+  return impl_->shard_rpc[ordinal]->Call(type, payload, impl_->opts.op_timeout);
+}
+
+}  // namespace zps::worker
