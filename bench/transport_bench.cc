@@ -68,6 +68,7 @@ struct Options {
   bool json = false;                           // Default: false (a table).
   bool register_only = false;  // Default: false: the source region comes from Context::Allocate.
   bool auto_protocol = false;  // Default: false: AM payloads are forced to rendezvous.
+  bool reply_ep = false;       // Default: false: the source replies through its own endpoint.
 };
 
 std::string Hex(std::span<const std::byte> bytes) {
@@ -164,7 +165,13 @@ int RunSource(const Options& o, uint64_t max_size) {
   const ucx::MemoryRegion* reg = region->get();
 
   bool force_rndv = !o.auto_protocol;
-  Status st = worker->SetAmHandler(kFetchRequest, [worker, reg, force_rndv](ucx::AmMessage& m) {
+  // Replies go through an endpoint the source connects to the fetcher's address (as a shard
+  // does with the worker address it got over the control plane); before it exists, or with
+  // --reply-ep, through the message's reply endpoint.
+  auto back = std::make_shared<ucx::Endpoint>();
+  bool use_reply_ep = o.reply_ep;
+  Status st = worker->SetAmHandler(kFetchRequest, [worker, reg, force_rndv, back,
+                                                   use_reply_ep](ucx::AmMessage& m) {
     Request r{};
     if (m.header().size() != sizeof(r)) return;
     std::memcpy(&r, m.header().data(), sizeof(r));
@@ -173,7 +180,8 @@ int RunSource(const Options& o, uint64_t max_size) {
     so.force_rendezvous = force_rndv;
     so.region = reg;
     // Inline on the progress thread, so the reply endpoint is valid.
-    worker->SendAm(m.reply_endpoint(), kFetchData, m.header(),
+    const ucx::Endpoint& to = use_reply_ep || !back->valid() ? m.reply_endpoint() : *back;
+    worker->SendAm(to, kFetchData, m.header(),
                    reg->memory().subspan(r.offset, r.size), nullptr, nullptr, so);
   });
   if (st.ok()) {
@@ -191,8 +199,25 @@ int RunSource(const Options& o, uint64_t max_size) {
               Hex(reg->rkey()).c_str(), static_cast<unsigned long long>(reg->remote_address()),
               static_cast<int>(getpid()));
   std::fflush(stdout);
+  std::string line;
   char c;
   while (read(0, &c, 1) > 0) {
+    if (c != '\n') {
+      line.push_back(c);
+      continue;
+    }
+    if (line.rfind("ADDR ", 0) == 0) {
+      auto ep = worker->Connect(Unhex(line.substr(5)), {}, getppid());
+      if (!ep.ok()) {
+        std::fprintf(stderr, "source: %s\n", ep.status().ToString().c_str());
+        return 1;
+      }
+      // Written on the progress thread, where the handler reads it.
+      worker->Post([back, e = *ep] { *back = e; });
+      std::printf("CONNECTED\n");
+      std::fflush(stdout);
+    }
+    line.clear();
   }
   worker->Stop();
   return 0;
@@ -204,10 +229,12 @@ int RunSource(const Options& o, uint64_t max_size) {
 struct Source {
   pid_t pid = -1;
   int stdin_fd = -1;
+  FILE* out = nullptr;
   std::vector<std::byte> address, rkey;
   uint64_t remote_address = 0;
   ~Source() {
     if (stdin_fd >= 0) close(stdin_fd);
+    if (out != nullptr) std::fclose(out);
     if (pid > 0) {
       for (int i = 0; i < 300 && waitpid(pid, nullptr, WNOHANG) != pid; ++i) usleep(10000);
       kill(pid, SIGKILL);
@@ -233,6 +260,7 @@ std::unique_ptr<Source> SpawnSource(const Options& o, uint64_t max_size) {
                           "--spin-us",     spin_arg.c_str(),
                           o.register_only ? "--register-only=true" : "--register-only=false",
                           o.auto_protocol ? "--auto-protocol=true" : "--auto-protocol=false",
+                          o.reply_ep ? "--reply-ep=true" : "--reply-ep=false",
                           nullptr};
     execv("/proc/self/exe", const_cast<char* const*>(argv));
     _exit(127);
@@ -252,7 +280,7 @@ std::unique_ptr<Source> SpawnSource(const Options& o, uint64_t max_size) {
     if (s.rfind("RADDR ", 0) == 0) src->remote_address = std::stoull(s.substr(6));
     if (s == "READY") break;
   }
-  if (f != nullptr) std::fclose(f);
+  src->out = f;
   if (src->address.empty()) return nullptr;
   return src;
 }
@@ -410,6 +438,18 @@ int RunFetcher(const Options& o, const std::vector<uint64_t>& sizes) {
     return 1;
   }
   runner = std::make_unique<Runner>(worker, *ep, *src, slots, !o.auto_protocol);
+  {  // let the source connect back to us (see RunSource)
+    std::string line = "ADDR " + Hex(worker.Address()) + "\n";
+    if (write(src->stdin_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      std::fprintf(stderr, "zps-bench transport-raw: cannot talk to the source\n");
+      return 1;
+    }
+    char buf[256];
+    if (std::fgets(buf, sizeof(buf), src->out) == nullptr) {
+      std::fprintf(stderr, "zps-bench transport-raw: the source did not connect back\n");
+      return 1;
+    }
+  }
   worker.Post([&runner_ptr, &runner] { runner_ptr = runner.get(); });
 
   if (!o.json) {
@@ -475,6 +515,8 @@ int RunTransportBench(int argc, char** argv) {
   flags.Add("register-only", "source region: register malloc'd memory instead of UCX-allocated",
             &o.register_only);
   flags.Add("auto-protocol", "let UCX choose eager/rendezvous for AM payloads", &o.auto_protocol);
+  flags.Add("reply-ep", "am_fetch: the source answers through the AM reply endpoint instead of "
+            "an endpoint it connects to the fetcher", &o.reply_ep);
   flags.Add("role", "internal: fetcher or source", &o.role);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {

@@ -8,7 +8,7 @@
 #   BUILD_DIR=build-ucx scripts/bench-transport.sh --port 13500
 #
 # Options: --tls tcp|shm|both (default both), --sizes LIST (default 4MiB,16MiB,64MiB),
-# --reps N (ucx_perftest runs per case, median taken; default 1), --port P (default 13370; the
+# --reps N (interleaved rounds of ucx_perftest then zps-bench; medians; default 3), --port P (default 13370; the
 # perftest server listens on 127.0.0.1:P), --window N (zps-bench operations in flight, default 2).
 # Extra UCX_* variables in the environment apply to both programs.
 # The machines are shared and noisy: compare ratios from one run, not figures across runs.
@@ -18,7 +18,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 BENCH="$BUILD_DIR/bin/zps-bench"
 TLS=both
 SIZES="4MiB,16MiB,64MiB"
-REPS=1
+REPS=3
 PORT=13370
 WINDOW=2
 while [[ $# -gt 0 ]]; do
@@ -64,43 +64,52 @@ trap 'rm -f "$RESULTS"' EXIT
 IFS=',' read -r -a SIZE_LIST <<< "$SIZES"
 case "$TLS" in both) TLS_LIST=(tcp shm) ;; *) TLS_LIST=("$TLS") ;; esac
 
-for tls in "${TLS_LIST[@]}"; do
-  for s in "${SIZE_LIST[@]}"; do
-    size=$(to_bytes "$s")
-    iters=$(( 512 * 1048576 / size )); (( iters < 10 )) && iters=10
-    for test in ucp_am_bw tag_bw ucp_get; do
-      vals=()
-      for ((r = 0; r < REPS; r++)); do
+# Rounds interleave ucx_perftest and zps-bench, so that load from other processes hits both
+# alike; each zps-bench figure is divided by the best ucx_perftest figure of its own round.
+for ((round = 0; round < REPS; round++)); do
+  for tls in "${TLS_LIST[@]}"; do
+    for s in "${SIZE_LIST[@]}"; do
+      size=$(to_bytes "$s")
+      iters=$(( 512 * 1048576 / size )); (( iters < 10 )) && iters=10
+      for test in ucp_am_bw tag_bw ucp_get; do
         v=$(perftest_once "$tls" "$test" "$size" "$iters")
-        [[ -n "$v" ]] && vals+=("$v")
+        [[ -z "$v" ]] && { echo "bench-transport.sh: ucx_perftest $test $tls $size failed" >&2; continue; }
+        printf '{"bench":"ucx_perftest","round":%d,"test":"%s","tls":"%s","size_bytes":%s,"gb_per_s":%.3f}\n' \
+          "$round" "$test" "$tls" "$size" "$(awk -v m="$v" 'BEGIN {print m * 1048576 / 1e9}')" | tee -a "$RESULTS"
       done
-      [[ ${#vals[@]} -eq 0 ]] && { echo "bench-transport.sh: ucx_perftest $test $tls $size failed" >&2; continue; }
-      med=$(printf '%s\n' "${vals[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-      printf '{"bench":"ucx_perftest","test":"%s","tls":"%s","size_bytes":%s,"gb_per_s":%.3f,"runs":%d}\n' \
-        "$test" "$tls" "$size" "$(awk -v m="$med" 'BEGIN {print m * 1048576 / 1e9}')" "${#vals[@]}" | tee -a "$RESULTS"
     done
+    "$BENCH" transport-raw --json --tls "$tls" --sizes "$SIZES" --window "$WINDOW" --reps 1 \
+        --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
   done
-  "$BENCH" transport-raw --json --tls "$tls" --sizes "$SIZES" --window "$WINDOW" | tee -a "$RESULTS"
 done
 
 python3 - "$RESULTS" <<'EOF'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 best = {}
 for r in rows:
     if r["bench"] == "ucx_perftest":
-        k = (r["tls"], r["size_bytes"])
+        k = (r["round"], r["tls"], r["size_bytes"])
         if r["gb_per_s"] > best.get(k, (0, ""))[0]:
             best[k] = (r["gb_per_s"], r["test"])
-print("\n%-4s %-9s %10s %9s %22s %7s" % ("tls", "op", "size", "GB/s", "best ucx_perftest", "ratio"))
+cases = {}
 for r in rows:
     if r["bench"] != "transport-raw":
         continue
-    b, t = best.get((r["tls"], r["size_bytes"]), (0, "-"))
-    ratio = r["gb_per_s"] / b if b else float("nan")
-    print("%-4s %-9s %10d %9.3f %13.3f %-8s %7.2f" % (r["tls"], r["op"], r["size_bytes"], r["gb_per_s"], b, t, ratio))
-    print(json.dumps({"bench": "transport-ratio", "tls": r["tls"], "op": r["op"],
-                      "size_bytes": r["size_bytes"], "gb_per_s": r["gb_per_s"],
-                      "perftest_best_gb_per_s": b, "perftest_best_test": t,
-                      "ratio": round(ratio, 3)}))
+    b, t = best.get((r["round"], r["tls"], r["size_bytes"]), (0, "-"))
+    if b:
+        cases.setdefault((r["tls"], r["op"], r["size_bytes"]), []).append((r["gb_per_s"], b, t))
+print("\nmedians over %d round(s); ratio = zps / best ucx_perftest of the same round" %
+      (1 + max([r["round"] for r in rows] or [0])))
+print("%-4s %-9s %10s %9s %20s %7s" % ("tls", "op", "size", "GB/s", "best perftest GB/s", "ratio"))
+for (tls, op, size), v in cases.items():
+    ours = statistics.median(x[0] for x in v)
+    ref = statistics.median(x[1] for x in v)
+    ratio = statistics.median(x[0] / x[1] for x in v)
+    tests = sorted(set(x[2] for x in v))
+    print("%-4s %-9s %10d %9.3f %12.3f %-7s %7.2f" % (tls, op, size, ours, ref, ",".join(tests), ratio))
+    print(json.dumps({"bench": "transport-ratio", "tls": tls, "op": op, "size_bytes": size,
+                      "gb_per_s": round(ours, 3), "perftest_best_gb_per_s": round(ref, 3),
+                      "perftest_best_test": ",".join(tests), "ratio": round(ratio, 3),
+                      "rounds": len(v)}))
 EOF

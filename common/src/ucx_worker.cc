@@ -150,6 +150,10 @@ Status Worker::Start() {
 }
 
 void Worker::Stop() {
+  if (OnProgressThread()) {
+    ZPS_LOG(ERROR) << "ucx: Worker::Stop called on its own progress thread; ignored";
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     State s = state_.load();
@@ -419,6 +423,7 @@ Result<Endpoint> Worker::ConnectNow(std::vector<std::byte> address, ErrorCallbac
   if (peer_pid > 0) any_peer_pid_.store(true, std::memory_order_relaxed);
   Endpoint handle;
   handle.id_ = state->id;
+  handle.peer_mode_ = state->peer_mode;
   eps_.emplace(state->id, std::move(state));
   return handle;
 }
@@ -454,11 +459,6 @@ void Worker::Fail(const Endpoint& ep, Status reason) {
     MarkFailed(id, std::move(*r));
   });
   if (!posted) delete owned;
-}
-
-bool Worker::HasPeerErrorHandling(const Endpoint& ep) {
-  auto it = eps_.find(ep.id());
-  return it != eps_.end() && it->second->peer_mode;
 }
 
 void Worker::CheckPeers() {

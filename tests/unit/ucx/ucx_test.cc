@@ -138,6 +138,8 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(UcxPairTest, AddressIsNonEmptyAndStatusConverts) {
   EXPECT_FALSE(a_->Address().empty());
+  // UCX 1.13 has peer-failure handling on tcp only (shared memory: pid check / Fail()).
+  EXPECT_EQ(ep_.peer_error_handling(), GetParam() == "tcp");
   EXPECT_EQ(FromUcs(UCS_OK, "x").code(), Code::kOk);
   EXPECT_EQ(FromUcs(UCS_ERR_CONNECTION_RESET, "x").code(), Code::kUnavailable);
   EXPECT_EQ(FromUcs(UCS_ERR_ENDPOINT_TIMEOUT, "x").code(), Code::kUnavailable);
