@@ -92,6 +92,7 @@ struct ShardServer::Impl {
   std::atomic<ShardState*> state_ptr{nullptr};
   std::unique_ptr<rpc::Client> coord_client;  // driver thread only (Close from Stop)
   std::thread driver;
+  std::once_flag stop_once;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -494,10 +495,14 @@ Status ShardServer::Wait() {
 }
 
 void ShardServer::Stop() {
+  // Concurrent callers (main and the signal watcher) all return after one complete shutdown.
+  std::call_once(impl_->stop_once, [this] { StopOnce(); });
+}
+
+void ShardServer::StopOnce() {
   Impl* d = impl_.get();
   {
     std::lock_guard<std::mutex> lock(d->mu);
-    if (d->stopping && !d->driver.joinable()) return;
     d->stopping = true;
   }
   d->cv.notify_all();

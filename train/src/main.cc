@@ -164,7 +164,7 @@ Status RunReference(const TrainOptions& o) {
     }
     ZPS_ASSIGN_OR_RETURN(auto res, trainer->Step(views, d.batch));
     double dt = std::chrono::duration<double>(Clock::now() - ts).count();
-    if (step % o.log_every == 0 || step + 1 == o.steps) {
+    if (step % o.log_every == 0 || step + 1 == o.steps || res.decision.skip) {
       std::printf("step %5lld  loss %.4f  rank0_loss %.6f  step_time %.3fs  %s\n",
                   static_cast<long long>(step), res.loss, res.rank_loss[0], dt,
                   res.decision.skip ? "(skipped)" : "");
@@ -254,7 +254,7 @@ Status RunWorker(const TrainOptions& o) {
     loss_scale = commit.next_loss_scale;
     losses.push_back(out.loss);
     step_time_sum += std::chrono::duration<double>(Clock::now() - ts).count();
-    if (lead && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start)) {
+    if (lead && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start || commit.skip)) {
       auto now = Clock::now();
       double window = std::chrono::duration<double>(now - t_window).count();
       int64_t n = step == start ? 1 : std::min<int64_t>(o.log_every, step + 1 - start);

@@ -64,6 +64,7 @@ class ShardServer {
 
  private:
   explicit ShardServer(std::unique_ptr<Impl> impl);
+  void StopOnce();
   std::unique_ptr<Impl> impl_;
 };
 
