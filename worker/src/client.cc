@@ -270,7 +270,7 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
   st->buffer = std::make_shared<ParamBuffer>();
   st->buffer->param = param;
   st->buffer->dtype = impl_->job.serving_dtype;
-  auto pieces = impl_->layout->Pieces(param < impl_->layout->num_params() ? param : UINT32_MAX);
+  auto pieces = impl_->layout->Pieces(param);
   if (!pieces.ok()) {
     st->error = pieces.status();
     return FetchOp(st);

@@ -38,6 +38,7 @@ TEST(Layout, PiecesCoverTheParameterExactly) {
   EXPECT_EQ(sum, 1000u);
   EXPECT_EQ((*q)[0].chunk_offset, (2560u + 192 + 100) % 1024);
   EXPECT_EQ(l->Pieces(9).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(l->Pieces(UINT32_MAX, 0, 1).status().code(), Code::kOutOfRange);
   EXPECT_EQ(l->Pieces(2, 5, 3).status().code(), Code::kOutOfRange);
 }
 

@@ -73,7 +73,10 @@ class Layout {
   /// The pieces covering elements [begin, begin+len) of parameter `id`, in order.
   /// Errors: OutOfRange for a bad id or range.
   Result<std::vector<Piece>> Pieces(uint32_t id, uint64_t begin, uint64_t len) const;
-  Result<std::vector<Piece>> Pieces(uint32_t id) const { return Pieces(id, 0, param_numel(id)); }
+  Result<std::vector<Piece>> Pieces(uint32_t id) const {
+    if (id >= specs_.size()) return OutOfRange("parameter id " + std::to_string(id) + " out of range");
+    return Pieces(id, 0, param_numel(id));
+  }
 
   /// 64-bit hash of specs and options (FNV-1a over the serialised form).
   uint64_t Hash() const { return hash_; }
