@@ -1,0 +1,181 @@
+// zps/server/chunk_store.h — a shard's chunk state in RAM up to a memory budget, the rest spilled
+// to NVMe (O_DIRECT files, io_uring), with a pipelined pass for the optimizer.
+//
+// Per chunk c of n elements the store keeps:
+//   - the state record: fp32 master, then `moments` fp32 arrays (m, then v), each starting at a
+//     4 KiB boundary of the record. Budget: `memory_budget`.
+//   - the serving record: the 16-bit serving copy (fp16/bf16 bits). Budget: `serving_memory_budget`.
+// Placement is fixed at Create(): the pipeline's buffers are taken from each budget first, then
+// chunks are made resident in id order while they fit; the rest live in two preallocated spill
+// files (`<prefix>-state.zps`, `<prefix>-serving.zps`) in id order, so a pass in id order is a
+// sequential scan of the disk.
+//
+// The pass (ForEachChunk) pipelines:
+//
+//   disk --read c+1, c+2 (read-ahead)--> slot   fn(c) on the caller's thread   slot --write c-1-->
+//
+// While fn runs on chunk c, up to `read_ahead` later spilled chunks are being read and up to
+// `write_behind` earlier ones written. Requests are cut into `io_bytes` pieces with at most
+// `queue_depth` in flight. Completions are reaped on the calling thread between fn calls and
+// while it waits for a read. Resident chunks are handed over in place (no copy).
+//
+// Example — one optimizer step over a mostly spilled shard:
+//
+//   ChunkStoreOptions o;  o.memory_budget = 2ull << 30;  o.spill_dir = "/nvme/zps";
+//   ZPS_ASSIGN_OR_RETURN(auto store, ChunkStore::Create(o, chunk_elems));
+//   PassOptions pass;  pass.serving = true;            // the update writes the serving copy
+//   ZPS_RETURN_IF_ERROR(store->ForEachChunk(ids, pass,
+//       [&](uint32_t c, const ChunkSpans& s) -> Status {
+//         UpdateParams p;  p.step = step;  p.out16 = s.serving;  p.out_dtype = DType::kBF16;
+//         return optimizer->Update(s.state, GradView{grads[c], DType::kF32, s.state.master.size()}, p);
+//       }));
+//
+// Errors and integrity: an I/O error stops the pass: in-flight requests are drained, and the
+// error names the chunk, file and offset. A failed *read* leaves the chunk untouched (fn is not
+// called for it). A failed *write* marks that record lost: later reads of it return DataLoss
+// until it is rewritten in full (WriteChunk / WriteServing, e.g. from a checkpoint). A full disk
+// is ResourceExhausted, normally at Create() (the files are fallocated). Chunks before the
+// failure point in the pass were updated; chunks after it were not. The store never returns data
+// it did not read back successfully.
+//
+// Thread-safety: every public method is thread-safe; calls are serialised by one internal mutex
+// (a ReadServing during a pass waits for the pass). `fn` runs with that mutex held and must not
+// call back into the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zps/common/status.h"
+#include "zps/server/nvme.h"
+#include "zps/server/optimizer.h"
+
+namespace zps::server {
+
+struct ChunkStoreOptions {
+  uint64_t memory_budget = 2ull << 30;           // Default: 2 GiB (master + moments + buffers).
+  uint64_t serving_memory_budget = 512ull << 20;  // Default: 512 MiB (serving copies + buffers).
+  std::string spill_dir = "/var/lib/zps/spill";   // Default: /var/lib/zps/spill. Must exist.
+  std::string file_prefix = "zps-spill";          // Default: "zps-spill".
+  uint32_t moments = 2;          // Default: 2 (Adam m, v). 1 = SGD momentum, 0 = plain SGD.
+  bool direct_io = true;         // Default: true (O_DIRECT).
+  bool allow_buffered_fallback = false;  // Default: false. See SpillFileOptions.
+  uint32_t queue_depth = 16;     // Default: 16 requests in flight.
+  uint32_t io_bytes = 1u << 20;  // Default: 1 MiB per request; a multiple of 4096.
+  uint32_t read_ahead = 2;       // Default: 2 chunks read ahead of the current one; >= 1.
+  uint32_t write_behind = 2;     // Default: 2 chunks written behind at most; >= 1.
+  bool register_buffers = false; // Default: false. Register the pipeline buffers with io_uring.
+  bool sqpoll = false;           // Default: false. io_uring SQPOLL thread.
+  /// Test hook: wraps the io_uring engine (e.g. in a fault injector). Default: none.
+  std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
+};
+
+/// What a pass moves. Default: read and write the state; leave the serving copy alone.
+struct PassOptions {
+  bool read_state = true;   // false: spilled state is NOT read; fn must overwrite all of it.
+  bool write_state = true;  // false: the pass is read-only for the state (fn must not modify).
+  bool serving = false;     // true: fn gets the serving copy and must overwrite all of it (it
+                            // is never read from disk, only written behind).
+};
+
+/// What fn sees for one chunk. Spans are valid only during the call.
+struct ChunkSpans {
+  ChunkState state;              // master (n), m and v (n each, or empty per `moments`)
+  std::span<uint16_t> serving;   // n elements when PassOptions::serving, else empty
+};
+
+struct ChunkStoreStats {
+  uint32_t chunks = 0;
+  uint32_t state_resident = 0;      // chunks whose state is in RAM
+  uint32_t serving_resident = 0;    // chunks whose serving copy is in RAM
+  uint64_t state_ram_bytes = 0;     // resident state records
+  uint64_t serving_ram_bytes = 0;   // resident serving records
+  uint64_t buffer_bytes = 0;        // pipeline buffers (both budgets)
+  uint64_t state_file_bytes = 0;
+  uint64_t serving_file_bytes = 0;
+  uint64_t bytes_read = 0;          // since Create
+  uint64_t bytes_written = 0;
+  bool direct = true;               // false when the buffered fallback was taken
+};
+
+class ChunkStore {
+ public:
+  using ChunkFn = std::function<Status(uint32_t chunk, const ChunkSpans& spans)>;
+
+  /// `chunk_elems[c]` = elements of chunk c (> 0). All state starts at zero.
+  /// Errors: InvalidArgument for bad options (zero depth, io_bytes not a multiple of 4096,
+  /// read_ahead/write_behind 0, moments > 2, no chunks, a zero-sized chunk); ResourceExhausted when
+  /// a budget cannot hold the pipeline's buffers (the message gives the needed size), when RAM
+  /// cannot be allocated, or when the disk cannot hold the spill files; FailedPrecondition /
+  /// NotFound / IoError from the spill files and io_uring (see SpillFile, CreateUringEngine).
+  static Result<std::unique_ptr<ChunkStore>> Create(const ChunkStoreOptions& options,
+                                                    std::vector<uint64_t> chunk_elems);
+  ~ChunkStore();
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
+
+  /// Calls fn(c, spans) for each c of `chunks`, in that order, pipelined as above.
+  /// Errors: InvalidArgument for an unknown or repeated chunk id (nothing is done); the first
+  /// error fn returns (the pass stops; that chunk's spilled copy is not written); IoError /
+  /// ResourceExhausted for a failed read or write (see the header comment); DataLoss when a chunk
+  /// of the pass was lost by an earlier failed write (the pass stops before it).
+  Status ForEachChunk(std::span<const uint32_t> chunks, const PassOptions& pass, const ChunkFn& fn);
+
+  /// Copies chunk c's state out / in. Spans must have chunk_elems(c) elements (m, v: or be empty
+  /// when `moments` < 1 / < 2). WriteChunk rewrites the whole record and clears a lost mark.
+  /// Errors: InvalidArgument (bad id or lengths), DataLoss (lost record), IoError,
+  /// ResourceExhausted. On error the outputs / the stored record are unspecified only for
+  /// WriteChunk, which then marks the record lost.
+  Status ReadChunk(uint32_t c, std::span<float> master, std::span<float> m, std::span<float> v);
+  Status WriteChunk(uint32_t c, std::span<const float> master, std::span<const float> m,
+                    std::span<const float> v);
+  /// As above for the serving copy (the fetch path for spilled serving copies).
+  Status ReadServing(uint32_t c, std::span<uint16_t> out);
+  Status WriteServing(uint32_t c, std::span<const uint16_t> in);
+
+  uint32_t num_chunks() const { return static_cast<uint32_t>(chunks_.size()); }
+  /// Elements of chunk c; c must be < num_chunks().
+  uint64_t chunk_elems(uint32_t c) const { return chunks_[c].elems; }
+  bool state_resident(uint32_t c) const { return chunks_[c].state_resident; }
+  bool serving_resident(uint32_t c) const { return chunks_[c].serving_resident; }
+  ChunkStoreStats stats() const;
+
+ private:
+  struct Chunk {
+    uint64_t elems = 0;
+    uint64_t state_bytes = 0;    // record size (4 KiB multiple)
+    uint64_t serving_bytes = 0;
+    uint64_t array_stride = 0;   // bytes from master to m, m to v
+    bool state_resident = false;
+    bool serving_resident = false;
+    uint64_t state_off = 0;      // in state_ram_ or state_file_
+    uint64_t serving_off = 0;    // in serving_ram_ or serving_file_
+    std::string state_lost;      // non-empty: why the spilled record is lost
+    std::string serving_lost;
+  };
+  struct Slot;
+  explicit ChunkStore(const ChunkStoreOptions& options);
+  Status Init(std::vector<uint64_t> chunk_elems);
+  Status CheckId(uint32_t c) const;
+  Status Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset, std::byte* buf,
+                  uint64_t bytes, const std::string& what);
+  Status RecordLostError(uint32_t c, bool serving) const;
+
+  ChunkStoreOptions options_;
+  mutable std::mutex mu_;  // serialises every public call (see the header comment)
+  std::vector<Chunk> chunks_;
+  uint64_t state_stride_max_ = 0;    // largest state record
+  uint64_t serving_stride_max_ = 0;  // largest serving record
+  std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;   // resident records
+  std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_; // pipeline slots
+  std::unique_ptr<SpillFile> state_file_, serving_file_;
+  std::unique_ptr<IoEngine> engine_;
+  ChunkStoreStats stats_;
+};
+
+}  // namespace zps::server
