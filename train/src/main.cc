@@ -258,13 +258,13 @@ Status RunWorker(const TrainOptions& o) {
       auto now = Clock::now();
       double window = std::chrono::duration<double>(now - t_window).count();
       int64_t n = step == start ? 1 : std::min<int64_t>(o.log_every, step + 1 - start);
-      double fetch_gbps = (client->fetched_bytes() - fetched0) / window / 1e9;
-      double push_gbps = (client->pushed_bytes() - pushed0) / window / 1e9;
-      std::printf("step %5lld  loss %.4f  norm %.3f%s  tokens/s %.0f  fetch %.2f GB/s  push %.2f GB/s"
+      double fetch_mbps = (client->fetched_bytes() - fetched0) / window / 1e6;
+      double push_mbps = (client->pushed_bytes() - pushed0) / window / 1e6;
+      std::printf("step %5lld  loss %.4f  norm %.3f%s  tokens/s %.0f  fetch %.1f MB/s  push %.1f MB/s"
                   "  step %.3fs\n",
                   static_cast<long long>(step), out.loss, commit.global_norm,
                   commit.skip ? " (skipped: overflow)" : "", tokens_per_step * n / window,
-                  fetch_gbps, push_gbps, window / n);
+                  fetch_mbps, push_mbps, window / n);
       std::fflush(stdout);
       t_window = now;
       fetched0 = client->fetched_bytes();
