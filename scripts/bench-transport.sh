@@ -64,8 +64,8 @@ trap 'rm -f "$RESULTS"' EXIT
 IFS=',' read -r -a SIZE_LIST <<< "$SIZES"
 case "$TLS" in both) TLS_LIST=(tcp shm) ;; *) TLS_LIST=("$TLS") ;; esac
 
-# Rounds interleave ucx_perftest and zps-bench, so that load from other processes hits both
-# alike; each zps-bench figure is divided by the best ucx_perftest figure of its own round.
+# Rounds interleave ucx_perftest and zps-bench per size, so that load from other processes hits
+# both alike; each zps-bench figure is divided by the best ucx_perftest figure of its own round.
 for ((round = 0; round < REPS; round++)); do
   for tls in "${TLS_LIST[@]}"; do
     for s in "${SIZE_LIST[@]}"; do
@@ -77,9 +77,9 @@ for ((round = 0; round < REPS; round++)); do
         printf '{"bench":"ucx_perftest","round":%d,"test":"%s","tls":"%s","size_bytes":%s,"gb_per_s":%.3f}\n' \
           "$round" "$test" "$tls" "$size" "$(awk -v m="$v" 'BEGIN {print m * 1048576 / 1e9}')" | tee -a "$RESULTS"
       done
+      "$BENCH" transport-raw --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
+          --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
     done
-    "$BENCH" transport-raw --json --tls "$tls" --sizes "$SIZES" --window "$WINDOW" --reps 1 \
-        --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
   done
 done
 
