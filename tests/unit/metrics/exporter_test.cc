@@ -1,0 +1,219 @@
+// The HTTP exporter over real loopback sockets: routes, probes, bad and slow clients.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zps/common/metrics.h"
+#include "zps/common/process_metrics.h"
+#include "zps/common/ucx.h"
+
+namespace zps::metrics {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A connected loopback socket, closed on destruction.
+class Sock {
+ public:
+  explicit Sock(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~Sock() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  bool Send(std::string_view s) {
+    return ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+  }
+  // Reads until EOF or `timeout`; returns what came.
+  std::string ReadAll(std::chrono::milliseconds timeout = 3000ms, bool* eof = nullptr) {
+    std::string out;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        if (eof) *eof = true;
+        break;
+      }
+      out.append(buf, n);
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+std::string Get(uint16_t port, std::string_view request) {
+  Sock s(port);
+  EXPECT_TRUE(s.connected());
+  EXPECT_TRUE(s.Send(request));
+  return s.ReadAll();
+}
+
+std::string StatusLine(const std::string& reply) { return reply.substr(0, reply.find("\r\n")); }
+std::string Body(const std::string& reply) {
+  size_t p = reply.find("\r\n\r\n");
+  return p == std::string::npos ? "" : reply.substr(p + 4);
+}
+
+class ExporterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto fam = registry_.AddCounter("zps_test_total", "A test counter.");
+    ASSERT_TRUE(fam.ok());
+    counter_ = *(*fam)->Add({});
+    counter_.Inc(7);
+  }
+  std::unique_ptr<Exporter> Start(ExporterOptions o = {}) {
+    o.bind_address = "127.0.0.1";
+    o.port = 0;
+    auto e = Exporter::Start(
+        o, &registry_, [this]() -> Status { return live_ ? Status::Ok() : Internal("dead"); },
+        [this]() -> Status { return ready_ ? Status::Ok() : Unavailable("no layout yet"); });
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+  Registry registry_;
+  Counter counter_;
+  std::atomic<bool> live_{true}, ready_{false};
+};
+
+TEST_F(ExporterTest, ServesMetricsAndProbes) {
+  auto e = Start();
+  ASSERT_NE(e, nullptr);
+  ASSERT_NE(e->port(), 0);
+  std::string r = Get(e->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK");
+  EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), std::string::npos);
+  EXPECT_EQ(Body(r), registry_.Serialize());
+  EXPECT_NE(Body(r).find("zps_test_total 7\n"), std::string::npos);
+  EXPECT_NE(r.find("Content-Length: " + std::to_string(Body(r).size()) + "\r\n"), std::string::npos);
+
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /healthz HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+  r = Get(e->port(), "GET /readyz HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 503 Service Unavailable");
+  EXPECT_NE(Body(r).find("no layout yet"), std::string::npos);
+  ready_ = true;
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /readyz?verbose=1 HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+  live_ = false;
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /healthz HTTP/1.1\r\n\r\n")),
+            "HTTP/1.1 503 Service Unavailable");
+
+  r = Get(e->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK");
+  EXPECT_EQ(Body(r), "");
+}
+
+TEST_F(ExporterTest, RejectsWhatItDoesNotServe) {
+  auto e = Start();
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /nope HTTP/1.1\r\n\r\n")), "HTTP/1.1 404 Not Found");
+  std::string r = Get(e->port(), "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_NE(r.find("Allow: GET, HEAD\r\n"), std::string::npos);
+  for (std::string_view garbage :
+       {"\x16\x03\x01\x02\x01\xfc\x03\x03\r\n\r\n", "GET\r\n\r\n",
+        "GET /metrics\r\n\r\n", "GET /metrics HTTP/2.0\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics  HTTP/1.1\r\n\r\n"}) {
+    EXPECT_EQ(StatusLine(Get(e->port(), garbage)), "HTTP/1.1 400 Bad Request") << garbage;
+  }
+  // A head larger than the bound: 431, and the server did not buffer it all.
+  std::string big = "GET /metrics HTTP/1.1\r\nX-Fill: " + std::string(20000, 'a') + "\r\n\r\n";
+  EXPECT_EQ(StatusLine(Get(e->port(), big)), "HTTP/1.1 431 Request Header Fields Too Large");
+  // Still serving afterwards.
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+}
+
+TEST_F(ExporterTest, SlowClientsAreDroppedAndDoNotBlockOthers) {
+  ExporterOptions o;
+  o.request_timeout_ms = 300;
+  auto e = Start(o);
+  ASSERT_NE(e, nullptr);
+  Sock silent(e->port());
+  Sock partial(e->port());
+  ASSERT_TRUE(partial.Send("GET /metr"));
+  // Others are served while those two dawdle.
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /healthz HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+  bool eof1 = false, eof2 = false;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(silent.ReadAll(3000ms, &eof1), "");
+  EXPECT_EQ(partial.ReadAll(3000ms, &eof2), "");
+  EXPECT_TRUE(eof1 && eof2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+}
+
+TEST_F(ExporterTest, ConnectionLimit) {
+  ExporterOptions o;
+  o.max_connections = 2;
+  o.request_timeout_ms = 2000;
+  auto e = Start(o);
+  ASSERT_NE(e, nullptr);
+  Sock a(e->port()), b(e->port());
+  std::this_thread::sleep_for(100ms);  // let the server accept both
+  Sock c(e->port());
+  bool eof = false;
+  EXPECT_EQ(c.ReadAll(1000ms, &eof), "");
+  EXPECT_TRUE(eof);  // over the limit: closed at once
+  ASSERT_TRUE(a.Send("GET /healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(StatusLine(a.ReadAll()), "HTTP/1.1 200 OK");
+}
+
+TEST_F(ExporterTest, StopWithOpenConnectionsAndPortInUse) {
+  auto e = Start();
+  ASSERT_NE(e, nullptr);
+  ExporterOptions same;
+  same.bind_address = "127.0.0.1";
+  same.port = e->port();
+  EXPECT_EQ(Exporter::Start(same, &registry_, nullptr, nullptr).status().code(), Code::kIoError);
+  same.bind_address = "not an address";
+  EXPECT_EQ(Exporter::Start(same, &registry_, nullptr, nullptr).status().code(),
+            Code::kInvalidArgument);
+  Sock idle(e->port());
+  std::this_thread::sleep_for(50ms);
+  auto t0 = std::chrono::steady_clock::now();
+  e->Stop();
+  e->Stop();  // idempotent
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);
+  bool eof = false;
+  idle.ReadAll(1000ms, &eof);
+  EXPECT_TRUE(eof);
+}
+
+TEST(UcxTransportInfo, ClassesFromTheContext) {
+  auto ctx = ucx::Context::Create({.transports = "tcp"});
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  EXPECT_EQ(UcxTransportClasses(**ctx), (std::vector<std::string>{"tcp"}));
+  auto shm = ucx::Context::Create({.transports = "shm"});
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  EXPECT_EQ(UcxTransportClasses(**shm), (std::vector<std::string>{"shm"}));
+
+  Registry r;
+  auto pm = ProcessMetrics::Create(r, "worker");
+  ASSERT_TRUE(pm.ok());
+  ASSERT_TRUE(pm->SetUcxTransports(**ctx).ok());
+  EXPECT_NE(r.Serialize().find("zps_ucx_transport_info{transport=\"tcp\"} 1\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zps::metrics
