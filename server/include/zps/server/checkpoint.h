@@ -1,0 +1,264 @@
+// zps/server/checkpoint.h — one shard's durable catalog and step-aligned checkpoints, in one
+// RocksDB database per shard directory. A plain class: the shard process decides when to
+// checkpoint (every K steps, on demand, at shutdown) and what to restore; this class only stores.
+//
+// What is stored (keys sort by step, so a checkpoint is one contiguous key range):
+//   catalog   "c<name>"                         layout, shard ordinal, job spec, chunk versions...
+//   intent    "p<step>"                         written (synced) by BeginCheckpoint
+//   data      "d<step><chunk><kind><slice>"     master / m / v in slices of ≤ slice_bytes, and
+//                                               an opaque state blob (optimizer, loss scaler)
+//   manifest  "m<step>"                         the commit record: chunk ids, versions, sizes
+// Every value carries a CRC32C over its key and payload, checked on every read (DataLoss).
+// Large values go to integrated BlobDB blob files.
+//
+// Crash consistency: data is written without the WAL; Commit() flushes the memtables (the data is
+// then in synced SST/blob files) and only then writes ONE synced WriteBatch that puts the manifest
+// and removes the intent. Killed before that batch: the checkpoint never existed, and the next
+// Open() deletes its leftovers (the intent says which step). Killed after: it is complete. Older
+// checkpoints are removed (manifest first, in a synced batch, then DeleteRange + compaction), so
+// at every kill point the last complete checkpoint stays loadable.
+//
+// Restoring after a crash:
+//   ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, {}));
+//   ZPS_ASSIGN_OR_RETURN(auto info, store->LatestComplete(/*verify=*/true));  // falls back
+//   ZPS_ASSIGN_OR_RETURN(auto reader, store->OpenCheckpoint(info.step));
+//   for (uint32_t c : reader->chunks()) reader->ReadChunk(c, {master, m, v});
+// Rolling back to an older step S (the coordinator's choice): DropCheckpointsAfter(S) first, so
+// the steps after S can be checkpointed again.
+//
+// Thread-safety: CheckpointStore's methods are thread-safe. At most one CheckpointWriter is open
+// at a time; a writer and a reader are used by one thread each (a reader's const methods may be
+// called from several threads at once). Writers and readers must not outlive their store.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zps/common/layout.h"
+#include "zps/common/status.h"
+#include "zps/server/job.h"
+
+namespace rocksdb {
+class Env;
+}
+
+namespace zps::server {
+
+namespace detail {
+class Db;
+class Snapshot;
+}  // namespace detail
+
+struct CheckpointOptions {
+  uint32_t keep = 2;                           // Default: 2 — committed checkpoints kept (≥ 1).
+  uint64_t slice_bytes = 4ull << 20;           // Default: 4 MiB — largest tensor value.
+  uint64_t write_buffer_bytes = 256ull << 20;  // Default: 256 MiB — one memtable.
+  int max_write_buffers = 4;                   // Default: 4 memtables (flushes overlap writes).
+  int background_jobs = 2;                     // Default: 2 flush/compaction threads.
+  bool direct_writes = false;                  // Default: off — O_DIRECT flush/compaction
+                                               // (needs a filesystem that supports it).
+  bool direct_reads = false;                   // Default: off — O_DIRECT reads.
+  bool create_if_missing = true;               // Default: true.
+  bool read_only = false;                      // Default: false — true for inspect/export
+                                               // (works beside a live writer; sees state at
+                                               // open). Writing calls return FailedPrecondition.
+  rocksdb::Env* env = nullptr;                 // Default: nullptr = rocksdb::Env::Default().
+                                               // Tests inject faults here; not owned.
+  /// Errors: InvalidArgument.
+  Status Validate() const;
+};
+
+/// The tensors of one chunk, as fp32 arrays of the chunk's size. An empty span is skipped (read
+/// only the master for export).
+struct ChunkTensors {
+  std::span<const float> master, m, v;
+};
+struct ChunkTensorsOut {
+  std::span<float> master, m, v;
+};
+
+enum class Verification : uint8_t {
+  kManifestOk = 0,  ///< the commit record parsed and its CRC matched; values not read
+  kVerified = 1,    ///< every value read back and matched its CRC
+  kCorrupt = 2,     ///< a bad manifest, or a value missing or failing its CRC (see `problem`)
+};
+std::string_view VerificationName(Verification v);
+
+struct ChunkEntry {
+  uint32_t chunk = 0;
+  int64_t version = 0;  // the chunk's version when checkpointed
+  uint64_t elems = 0;
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  int64_t created_unix_ms = 0;
+  uint64_t layout_hash = 0;
+  uint32_t shard = 0;
+  uint64_t bytes = 0;  // payload bytes: tensors and state
+  std::vector<ChunkEntry> chunks;
+  Verification verification = Verification::kManifestOk;
+  std::string problem;  // why kCorrupt
+};
+
+class CheckpointStore;
+
+/// An open, uncommitted checkpoint. Destroying it without Commit() aborts it (its data is
+/// deleted). Not thread-safe: one thread drives it.
+class CheckpointWriter {
+ public:
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  int64_t step() const { return step_; }
+
+  /// Adds one local chunk. Every non-empty span must have the chunk's size (from the layout);
+  /// master, m and v are all required. Errors: OutOfRange (not a chunk of this shard),
+  /// InvalidArgument (sizes, chunk added twice), FailedPrecondition (committed/aborted/failed
+  /// writer), ResourceExhausted (disk full), IoError. After an error the writer is failed:
+  /// only destruction (abort) remains.
+  Status AddChunk(uint32_t chunk, int64_t version, const ChunkTensors& tensors);
+  /// Stores an opaque state blob (optimizer step, loss scaler, ...), at most slice_bytes.
+  /// Errors: as AddChunk; InvalidArgument when too large or set twice.
+  Status SetState(std::span<const std::byte> state);
+  /// Makes the checkpoint durable and visible atomically, then removes checkpoints beyond
+  /// `keep`. Errors: FailedPrecondition (a local chunk of the layout was not added, or the writer
+  /// is not open), ResourceExhausted, IoError. On error nothing became visible; the writer is
+  /// failed. A failure of the clean-up after the commit is logged, not returned (the checkpoint
+  /// is committed and the next Commit or Open retries it).
+  Status Commit();
+  /// Bytes of payload added so far.
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  friend class CheckpointStore;
+  CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout, uint32_t shard);
+  Status PutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data);
+  void Abort();
+
+  CheckpointStore* store_;
+  int64_t step_;
+  Layout layout_;
+  uint32_t shard_ = 0;
+  std::vector<uint32_t> local_;  // the shard's chunks, ascending
+  enum class State { kOpen, kCommitted, kFailed } state_ = State::kOpen;
+  std::vector<ChunkEntry> chunks_;
+  std::vector<bool> added_;  // by local chunk index
+  bool has_state_ = false;
+  uint32_t state_crc_ = 0;
+  uint64_t state_len_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+/// A committed checkpoint, pinned by a RocksDB snapshot: garbage collection cannot remove it
+/// while the reader lives. Const methods are thread-safe.
+class CheckpointReader {
+ public:
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const CheckpointInfo& info() const { return info_; }
+  /// Chunk ids in the checkpoint, ascending.
+  std::vector<uint32_t> chunks() const;
+  /// Reads a chunk's tensors into `out` (empty spans skipped; others must have the chunk's size).
+  /// The output is unspecified on error. Errors: NotFound (chunk not in the checkpoint),
+  /// InvalidArgument (sizes), DataLoss (CRC mismatch or missing value), IoError.
+  Status ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) const;
+  /// The state blob (empty if none was set). Errors: DataLoss, IoError.
+  Result<std::vector<std::byte>> ReadState() const;
+  /// Reads every value and checks its CRC. Errors: DataLoss naming the first bad value, IoError.
+  Status Verify() const;
+
+ private:
+  friend class CheckpointStore;
+  CheckpointReader(CheckpointStore* store, CheckpointInfo info);
+  Status ReadSlices(uint32_t chunk, uint8_t kind, std::span<std::byte> out) const;
+
+  CheckpointStore* store_;
+  CheckpointInfo info_;
+  std::unique_ptr<detail::Snapshot> snapshot_;
+  uint64_t slice_bytes_ = 0;  // as written
+  bool has_state_ = false;
+  uint64_t state_len_ = 0;
+  uint32_t state_crc_ = 0;
+};
+
+class CheckpointStore {
+ public:
+  /// Opens the database in `dir` (created if missing and allowed) and deletes the leftovers of
+  /// checkpoints that were begun but never committed. Errors: InvalidArgument (options),
+  /// NotFound (missing and not create_if_missing), DataLoss (RocksDB found corruption),
+  /// ResourceExhausted (disk full), IoError, Unavailable (another process holds the lock).
+  static Result<std::unique_ptr<CheckpointStore>> Open(const std::string& dir,
+                                                       const CheckpointOptions& options);
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  const std::string& dir() const;
+  const CheckpointOptions& options() const { return options_; }
+
+  // ---- catalog (every write is one synced batch) ----
+  /// Records the layout and which shard this database belongs to. Required before
+  /// BeginCheckpoint. Errors: InvalidArgument (shard ≥ num_shards), FailedPrecondition (a
+  /// different layout or shard is already recorded, or read-only), ResourceExhausted, IoError.
+  Status SetIdentity(const Layout& layout, uint32_t shard);
+  /// Errors: NotFound (never set), DataLoss, IoError.
+  Result<Layout> GetLayout() const;
+  Result<uint32_t> GetShard() const;
+  /// The job spec (also records nothing else). Errors: as PutCatalog / GetCatalog.
+  Status PutJobSpec(const JobSpec& spec);
+  Result<JobSpec> GetJobSpec() const;
+  /// Current chunk versions (chunk id, version), e.g. written after each applied step.
+  Status PutChunkVersions(std::span<const std::pair<uint32_t, int64_t>> versions);
+  Result<std::vector<std::pair<uint32_t, int64_t>>> GetChunkVersions() const;
+  /// Any other catalog entry (name: 1..64 bytes). Errors: InvalidArgument (name),
+  /// FailedPrecondition (read-only), ResourceExhausted, IoError; Get: NotFound, DataLoss.
+  Status PutCatalog(std::string_view name, std::span<const std::byte> value);
+  Result<std::vector<std::byte>> GetCatalog(std::string_view name) const;
+
+  // ---- checkpoints ----
+  /// Starts checkpoint `step` (≥ 0). Errors: FailedPrecondition (no identity, read-only, another
+  /// writer open), AlreadyExists (a committed checkpoint of this step: DropCheckpointsAfter
+  /// first), ResourceExhausted, IoError.
+  Result<std::unique_ptr<CheckpointWriter>> BeginCheckpoint(int64_t step);
+  /// Committed checkpoints, oldest first. With `verify`, every value is read and checked (slow:
+  /// reads the whole checkpoint); otherwise only the manifests. A corrupt one is listed with
+  /// kCorrupt, not an error. Errors: IoError (a read failed for a reason other than corruption).
+  Result<std::vector<CheckpointInfo>> ListCheckpoints(bool verify) const;
+  /// The newest checkpoint that is not corrupt (with `verify`: whose every value checks out),
+  /// falling back to older ones with a warning. Errors: NotFound (none usable), IoError.
+  Result<CheckpointInfo> LatestComplete(bool verify) const;
+  /// Opens a committed checkpoint for reading. Errors: NotFound, DataLoss (bad manifest), IoError.
+  Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(int64_t step) const;
+  /// Convenience: OpenCheckpoint(step) then ReadChunk. Errors: as both.
+  Status LoadChunk(int64_t step, uint32_t chunk, const ChunkTensorsOut& out) const;
+  /// Deletes every committed checkpoint with a step > `step` (a rollback). Errors:
+  /// FailedPrecondition (read-only or a writer open), ResourceExhausted, IoError.
+  Status DropCheckpointsAfter(int64_t step);
+  /// Bytes of the database's live SST and blob files.
+  uint64_t DiskBytes() const;
+
+ private:
+  friend class CheckpointWriter;
+  friend class CheckpointReader;
+  CheckpointStore(std::unique_ptr<detail::Db> db, const CheckpointOptions& options);
+  Status CleanUpIntents();
+  Status DeleteSteps(const std::vector<int64_t>& steps);
+  Status CollectGarbage();
+  Status CheckWritable() const;
+
+  std::unique_ptr<detail::Db> db_;
+  CheckpointOptions options_;
+  std::mutex mu_;
+  bool writer_open_ = false;  // guarded by mu_
+};
+
+}  // namespace zps::server

@@ -1,0 +1,639 @@
+#include "zps/server/checkpoint.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "checkpoint_db.h"
+#include "zps/common/bytes.h"
+#include "zps/common/crc32c.h"
+#include "zps/common/logging.h"
+
+namespace zps::server {
+
+using detail::Db;
+using detail::FromRocks;
+using detail::GetBe64;
+using detail::PutBe32;
+using detail::PutBe64;
+
+namespace {
+
+constexpr uint32_t kManifestMagic = 0x4d4b435a;  // "ZCKM"
+constexpr uint32_t kManifestFormat = 1;
+constexpr uint32_t kStateChunk = 0xffffffffu;
+enum Kind : uint8_t { kMaster = 0, kM = 1, kV = 2, kState = 3 };
+constexpr size_t kMaxCatalogName = 64;
+
+std::string CatalogKey(std::string_view name) { return "c" + std::string(name); }
+std::string StepKey(char prefix, int64_t step) {
+  std::string k(1, prefix);
+  PutBe64(k, static_cast<uint64_t>(step));
+  return k;
+}
+std::string DataKey(int64_t step, uint32_t chunk, uint8_t kind, uint32_t slice) {
+  std::string k = StepKey('d', step);
+  PutBe32(k, chunk);
+  k.push_back(static_cast<char>(kind));
+  PutBe32(k, slice);
+  return k;
+}
+
+Status AddFramed(rocksdb::WriteBatch& batch, std::string_view key,
+                 std::span<const std::byte> payload) {
+  auto crc = detail::FrameCrc(key, payload);
+  rocksdb::Slice kparts[1] = {rocksdb::Slice(key.data(), key.size())};
+  rocksdb::Slice vparts[2] = {
+      rocksdb::Slice(crc.data(), 4),
+      rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size())};
+  return FromRocks(batch.Put(rocksdb::SliceParts(kparts, 1), rocksdb::SliceParts(vparts, 2)),
+                   "batch put");
+}
+
+std::vector<std::byte> EncodeManifest(const CheckpointInfo& info, uint64_t slice_bytes,
+                                      bool has_state, uint64_t state_len, uint32_t state_crc) {
+  ByteWriter w;
+  w.U32(kManifestMagic);
+  w.U32(kManifestFormat);
+  w.I64(info.step);
+  w.I64(info.created_unix_ms);
+  w.U64(info.layout_hash);
+  w.U32(info.shard);
+  w.U64(slice_bytes);
+  w.U64(info.bytes);
+  w.U8(has_state ? 1 : 0);
+  w.U64(state_len);
+  w.U32(state_crc);
+  w.U32(static_cast<uint32_t>(info.chunks.size()));
+  for (const auto& c : info.chunks) {
+    w.U32(c.chunk);
+    w.I64(c.version);
+    w.U64(c.elems);
+  }
+  return w.Take();
+}
+
+struct Manifest {
+  CheckpointInfo info;
+  uint64_t slice_bytes = 0;
+  bool has_state = false;
+  uint64_t state_len = 0;
+  uint32_t state_crc = 0;
+};
+
+Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> bytes) {
+  ByteReader r(bytes);
+  Manifest m;
+  ZPS_ASSIGN_OR_RETURN(uint32_t magic, r.U32("magic"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t format, r.U32("format"));
+  if (magic != kManifestMagic || format != kManifestFormat) {
+    return DataLoss("checkpoint manifest: bad magic or format");
+  }
+  ZPS_ASSIGN_OR_RETURN(m.info.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(m.info.created_unix_ms, r.I64("created"));
+  ZPS_ASSIGN_OR_RETURN(m.info.layout_hash, r.U64("layout_hash"));
+  ZPS_ASSIGN_OR_RETURN(m.info.shard, r.U32("shard"));
+  ZPS_ASSIGN_OR_RETURN(m.slice_bytes, r.U64("slice_bytes"));
+  ZPS_ASSIGN_OR_RETURN(m.info.bytes, r.U64("bytes"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t has_state, r.U8("has_state"));
+  ZPS_ASSIGN_OR_RETURN(m.state_len, r.U64("state_len"));
+  ZPS_ASSIGN_OR_RETURN(m.state_crc, r.U32("state_crc"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("chunks"));
+  if (n > bytes.size() / 20) return DataLoss("checkpoint manifest: chunk count too large");
+  m.has_state = has_state != 0;
+  m.info.chunks.resize(n);
+  for (auto& c : m.info.chunks) {
+    ZPS_ASSIGN_OR_RETURN(c.chunk, r.U32("chunk"));
+    ZPS_ASSIGN_OR_RETURN(c.version, r.I64("version"));
+    ZPS_ASSIGN_OR_RETURN(c.elems, r.U64("elems"));
+  }
+  Status end = r.ExpectEnd("checkpoint manifest");
+  if (!end.ok()) return DataLoss(end.message());
+  if (m.info.step != key_step || m.slice_bytes == 0 || m.slice_bytes % 4 != 0) {
+    return DataLoss("checkpoint manifest: inconsistent fields");
+  }
+  return m;
+}
+
+// Decoding errors of our own formats are corruption of stored data.
+Status AsDataLoss(const Status& s, std::string_view what) {
+  if (s.ok() || s.code() == Code::kDataLoss) return s.WithContext(what);
+  if (s.code() == Code::kInvalidArgument) return DataLoss(std::string(what) + ": " + s.message());
+  return s;
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string_view VerificationName(Verification v) {
+  switch (v) {
+    case Verification::kManifestOk: return "manifest-ok";
+    case Verification::kVerified: return "verified";
+    case Verification::kCorrupt: return "CORRUPT";
+  }
+  return "?";
+}
+
+Status CheckpointOptions::Validate() const {
+  if (keep < 1) return InvalidArgument("checkpoint keep must be >= 1");
+  if (slice_bytes < 4096 || slice_bytes > (64ull << 20) || slice_bytes % 4 != 0) {
+    return InvalidArgument("checkpoint slice_bytes must be a multiple of 4 in [4 KiB, 64 MiB]");
+  }
+  if (write_buffer_bytes < (1ull << 20)) return InvalidArgument("write_buffer_bytes < 1 MiB");
+  if (max_write_buffers < 2) return InvalidArgument("max_write_buffers must be >= 2");
+  if (background_jobs < 2) return InvalidArgument("background_jobs must be >= 2");
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- store
+
+CheckpointStore::CheckpointStore(std::unique_ptr<Db> db, const CheckpointOptions& options)
+    : db_(std::move(db)), options_(options) {}
+CheckpointStore::~CheckpointStore() = default;
+
+const std::string& CheckpointStore::dir() const { return db_->dir(); }
+
+Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir,
+                                                               const CheckpointOptions& options) {
+  ZPS_ASSIGN_OR_RETURN(auto db, Db::Open(dir, options));
+  auto store = std::unique_ptr<CheckpointStore>(new CheckpointStore(std::move(db), options));
+  if (!options.read_only) {
+    ZPS_RETURN_IF_ERROR(store->CleanUpIntents());
+    Status gc = store->CollectGarbage();
+    if (!gc.ok()) ZPS_LOG(WARNING) << "checkpoint gc at open of " << dir << ": " << gc.ToString();
+  }
+  return store;
+}
+
+Status CheckpointStore::CheckWritable() const {
+  if (options_.read_only) return FailedPrecondition("checkpoint store " + dir() + " is read-only");
+  return Status::Ok();
+}
+
+Status CheckpointStore::CleanUpIntents() {
+  ZPS_ASSIGN_OR_RETURN(auto intents, db_->Scan("p", "q"));
+  if (intents.empty()) return Status::Ok();
+  rocksdb::WriteBatch batch;
+  for (const auto& [key, value] : intents) {
+    if (key.size() != 9) return DataLoss("checkpoint store " + dir() + ": malformed intent key");
+    const auto step = static_cast<int64_t>(GetBe64(key.data() + 1));
+    ZPS_LOG(WARNING) << "checkpoint store " << dir() << ": removing uncommitted checkpoint "
+                     << step << " (begun, never committed)";
+    const std::string b = StepKey('d', step), e = StepKey('d', step + 1);
+    ZPS_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(b, e), "batch"));
+    ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(key), "batch"));
+  }
+  ZPS_RETURN_IF_ERROR(db_->Write(batch, true, false, "remove uncommitted checkpoints"));
+  return db_->Compact("d", "e");
+}
+
+Status CheckpointStore::DeleteSteps(const std::vector<int64_t>& steps) {
+  if (steps.empty()) return Status::Ok();
+  rocksdb::WriteBatch batch;
+  // Manifest and data go together in one synced batch: a checkpoint is never half deleted.
+  for (int64_t s : steps) {
+    ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(StepKey('m', s)), "batch"));
+    ZPS_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(StepKey('d', s), StepKey('d', s + 1)), "batch"));
+  }
+  ZPS_RETURN_IF_ERROR(db_->Write(batch, true, false, "delete checkpoints"));
+  const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
+  return db_->Compact(StepKey('d', *lo), StepKey('d', *hi + 1));
+}
+
+Status CheckpointStore::CollectGarbage() {
+  ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan("m", "n"));
+  if (manifests.size() <= options_.keep) return Status::Ok();
+  std::vector<int64_t> old;
+  for (size_t i = 0; i + options_.keep < manifests.size(); ++i) {
+    if (manifests[i].first.size() != 9) return DataLoss("malformed manifest key in " + dir());
+    old.push_back(static_cast<int64_t>(GetBe64(manifests[i].first.data() + 1)));
+  }
+  return DeleteSteps(old);
+}
+
+Status CheckpointStore::SetIdentity(const Layout& layout, uint32_t shard) {
+  ZPS_RETURN_IF_ERROR(CheckWritable());
+  if (shard >= layout.options().num_shards) {
+    return InvalidArgument("shard " + std::to_string(shard) + " >= num_shards " +
+                           std::to_string(layout.options().num_shards));
+  }
+  auto have = GetLayout();
+  if (have.ok()) {
+    ZPS_ASSIGN_OR_RETURN(uint32_t have_shard, GetShard());
+    if (have->Hash() != layout.Hash() || have_shard != shard) {
+      return FailedPrecondition("checkpoint store " + dir() +
+                                " belongs to another layout or shard (shard " +
+                                std::to_string(have_shard) + ")");
+    }
+    return Status::Ok();
+  }
+  if (have.status().code() != Code::kNotFound) return have.status();
+  rocksdb::WriteBatch batch;
+  const auto bytes = layout.Serialize();
+  ZPS_RETURN_IF_ERROR(AddFramed(batch, CatalogKey("layout"), bytes));
+  ByteWriter w;
+  w.U32(shard);
+  ZPS_RETURN_IF_ERROR(AddFramed(batch, CatalogKey("shard"), w.buffer()));
+  return db_->Write(batch, true, false, "record identity");
+}
+
+Result<Layout> CheckpointStore::GetLayout() const {
+  ZPS_ASSIGN_OR_RETURN(auto bytes, GetCatalog("layout"));
+  auto l = Layout::Deserialize(bytes);
+  if (!l.ok()) return AsDataLoss(l.status(), "stored layout of " + dir());
+  return l;
+}
+
+Result<uint32_t> CheckpointStore::GetShard() const {
+  ZPS_ASSIGN_OR_RETURN(auto bytes, GetCatalog("shard"));
+  ByteReader r(bytes);
+  auto s = r.U32("shard");
+  if (!s.ok()) return AsDataLoss(s.status(), "stored shard of " + dir());
+  return *s;
+}
+
+Status CheckpointStore::PutJobSpec(const JobSpec& spec) {
+  return PutCatalog("job", spec.Serialize());
+}
+
+Result<JobSpec> CheckpointStore::GetJobSpec() const {
+  ZPS_ASSIGN_OR_RETURN(auto bytes, GetCatalog("job"));
+  auto j = JobSpec::Deserialize(bytes);
+  if (!j.ok()) return AsDataLoss(j.status(), "stored job spec of " + dir());
+  return j;
+}
+
+Status CheckpointStore::PutChunkVersions(std::span<const std::pair<uint32_t, int64_t>> versions) {
+  ByteWriter w;
+  w.U32(static_cast<uint32_t>(versions.size()));
+  for (const auto& [c, v] : versions) {
+    w.U32(c);
+    w.I64(v);
+  }
+  return PutCatalog("versions", w.buffer());
+}
+
+Result<std::vector<std::pair<uint32_t, int64_t>>> CheckpointStore::GetChunkVersions() const {
+  ZPS_ASSIGN_OR_RETURN(auto bytes, GetCatalog("versions"));
+  ByteReader r(bytes);
+  auto decode = [&]() -> Result<std::vector<std::pair<uint32_t, int64_t>>> {
+    ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("count"));
+    if (n > bytes.size() / 12) return InvalidArgument("count too large");
+    std::vector<std::pair<uint32_t, int64_t>> out(n);
+    for (auto& [c, v] : out) {
+      ZPS_ASSIGN_OR_RETURN(c, r.U32("chunk"));
+      ZPS_ASSIGN_OR_RETURN(v, r.I64("version"));
+    }
+    ZPS_RETURN_IF_ERROR(r.ExpectEnd("chunk versions"));
+    return out;
+  };
+  auto out = decode();
+  if (!out.ok()) return AsDataLoss(out.status(), "stored chunk versions of " + dir());
+  return out;
+}
+
+Status CheckpointStore::PutCatalog(std::string_view name, std::span<const std::byte> value) {
+  ZPS_RETURN_IF_ERROR(CheckWritable());
+  if (name.empty() || name.size() > kMaxCatalogName) {
+    return InvalidArgument("catalog name must be 1.." + std::to_string(kMaxCatalogName) +
+                           " bytes");
+  }
+  return db_->PutFramedSync(CatalogKey(name), value);
+}
+
+Result<std::vector<std::byte>> CheckpointStore::GetCatalog(std::string_view name) const {
+  auto v = db_->GetFramed(CatalogKey(name), nullptr);
+  if (!v.ok() && v.status().code() == Code::kNotFound) {
+    return NotFound("catalog entry '" + std::string(name) + "' not in " + dir());
+  }
+  if (!v.ok()) return v.status().WithContext("catalog entry '" + std::string(name) + "'");
+  return v;
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64_t step) {
+  ZPS_RETURN_IF_ERROR(CheckWritable());
+  if (step < 0) return InvalidArgument("checkpoint step must be >= 0");
+  auto layout = GetLayout();
+  if (!layout.ok() && layout.status().code() == Code::kNotFound) {
+    return FailedPrecondition("checkpoint store " + dir() + ": SetIdentity before checkpoints");
+  }
+  if (!layout.ok()) return layout.status();
+  ZPS_ASSIGN_OR_RETURN(uint32_t shard, GetShard());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writer_open_) return FailedPrecondition("a checkpoint is already being written");
+    writer_open_ = true;
+  }
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    writer_open_ = false;
+  };
+  auto existing = db_->GetFramed(StepKey('m', step), nullptr);
+  if (existing.ok() || existing.status().code() != Code::kNotFound) {
+    release();
+    if (!existing.ok() && existing.status().code() != Code::kDataLoss) return existing.status();
+    return AlreadyExists("checkpoint " + std::to_string(step) + " already exists in " + dir());
+  }
+  // The intent marks the step's data for removal if we never get to commit.
+  rocksdb::WriteBatch batch;
+  Status s = FromRocks(batch.Put(StepKey('p', step), ""), "batch");
+  if (s.ok()) s = db_->Write(batch, true, false, "begin checkpoint");
+  if (!s.ok()) {
+    release();
+    return s;
+  }
+  return std::unique_ptr<CheckpointWriter>(
+      new CheckpointWriter(this, step, std::move(*layout), shard));
+}
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointStore::OpenCheckpoint(int64_t step) const {
+  auto* self = const_cast<CheckpointStore*>(this);  // readers only read
+  auto snap = std::make_unique<detail::Snapshot>(self->db_.get());
+  auto bytes = db_->GetFramed(StepKey('m', step), snap->get());
+  const std::string what = "checkpoint " + std::to_string(step) + " in " + dir();
+  if (!bytes.ok() && bytes.status().code() == Code::kNotFound) return NotFound(what + " not found");
+  if (!bytes.ok()) return bytes.status().WithContext(what + " manifest");
+  auto m = DecodeManifest(step, *bytes);
+  if (!m.ok()) return AsDataLoss(m.status(), what);
+  auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader(self, m->info));
+  reader->snapshot_ = std::move(snap);
+  reader->slice_bytes_ = m->slice_bytes;
+  reader->has_state_ = m->has_state;
+  reader->state_len_ = m->state_len;
+  reader->state_crc_ = m->state_crc;
+  return reader;
+}
+
+Status CheckpointStore::LoadChunk(int64_t step, uint32_t chunk, const ChunkTensorsOut& out) const {
+  ZPS_ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(step));
+  return reader->ReadChunk(chunk, out);
+}
+
+Result<std::vector<CheckpointInfo>> CheckpointStore::ListCheckpoints(bool verify) const {
+  ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan("m", "n"));
+  std::vector<CheckpointInfo> out;
+  for (const auto& [key, value] : manifests) {
+    if (key.size() != 9) return DataLoss("malformed manifest key in " + dir());
+    const auto step = static_cast<int64_t>(GetBe64(key.data() + 1));
+    auto reader = OpenCheckpoint(step);
+    if (!reader.ok() && reader.status().code() == Code::kNotFound) continue;  // deleted meanwhile
+    if (!reader.ok() && reader.status().code() != Code::kDataLoss) return reader.status();
+    if (!reader.ok()) {
+      CheckpointInfo bad;
+      bad.step = step;
+      bad.verification = Verification::kCorrupt;
+      bad.problem = reader.status().message();
+      out.push_back(std::move(bad));
+      continue;
+    }
+    CheckpointInfo info = (*reader)->info();
+    if (verify) {
+      Status v = (*reader)->Verify();
+      if (v.code() == Code::kDataLoss) {
+        info.verification = Verification::kCorrupt;
+        info.problem = v.message();
+      } else if (!v.ok()) {
+        return v;
+      } else {
+        info.verification = Verification::kVerified;
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<CheckpointInfo> CheckpointStore::LatestComplete(bool verify) const {
+  ZPS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(false));
+  for (auto it = list.rbegin(); it != list.rend(); ++it) {
+    if (it->verification == Verification::kCorrupt) {
+      ZPS_LOG(WARNING) << "checkpoint " << it->step << " in " << dir()
+                       << " is corrupt, falling back: " << it->problem;
+      continue;
+    }
+    if (verify) {
+      ZPS_ASSIGN_OR_RETURN(auto reader, OpenCheckpoint(it->step));
+      Status v = reader->Verify();
+      if (v.code() == Code::kDataLoss) {
+        ZPS_LOG(WARNING) << "checkpoint " << it->step << " in " << dir()
+                         << " is corrupt, falling back: " << v.message();
+        continue;
+      }
+      ZPS_RETURN_IF_ERROR(v);
+      it->verification = Verification::kVerified;
+    }
+    return *it;
+  }
+  return NotFound("no usable checkpoint in " + dir());
+}
+
+Status CheckpointStore::DropCheckpointsAfter(int64_t step) {
+  ZPS_RETURN_IF_ERROR(CheckWritable());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writer_open_) return FailedPrecondition("a checkpoint is being written");
+  }
+  ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan(StepKey('m', step + 1), "n"));
+  std::vector<int64_t> steps;
+  for (const auto& kv : manifests) steps.push_back(static_cast<int64_t>(GetBe64(kv.first.data() + 1)));
+  return DeleteSteps(steps);
+}
+
+uint64_t CheckpointStore::DiskBytes() const { return db_->LiveBytes(); }
+
+// ---------------------------------------------------------------- writer
+
+CheckpointWriter::CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout,
+                                   uint32_t shard)
+    : store_(store), step_(step), layout_(std::move(layout)), shard_(shard) {
+  local_ = layout_.ChunksOfShard(shard_);
+  added_.assign(local_.size(), false);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (state_ != State::kCommitted) Abort();
+  std::lock_guard<std::mutex> lock(store_->mu_);
+  store_->writer_open_ = false;
+}
+
+void CheckpointWriter::Abort() {
+  rocksdb::WriteBatch batch;
+  Status s = FromRocks(batch.DeleteRange(StepKey('d', step_), StepKey('d', step_ + 1)), "batch");
+  if (s.ok()) s = FromRocks(batch.Delete(StepKey('p', step_)), "batch");
+  if (s.ok()) s = store_->db_->Write(batch, true, false, "abort checkpoint");
+  if (!s.ok()) {
+    // The intent stays; the next Open removes the data.
+    ZPS_LOG(WARNING) << "abort of checkpoint " << step_ << ": " << s.ToString();
+  }
+}
+
+Status CheckpointWriter::PutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data) {
+  const uint64_t slice = store_->options_.slice_bytes;
+  const uint64_t n = (data.size() + slice - 1) / slice;
+  for (uint64_t i = 0; i < n; ++i) {
+    auto part = data.subspan(i * slice, std::min<uint64_t>(slice, data.size() - i * slice));
+    rocksdb::WriteBatch batch;
+    ZPS_RETURN_IF_ERROR(AddFramed(batch, DataKey(step_, chunk, kind, static_cast<uint32_t>(i)), part));
+    // No WAL: Commit() flushes before the manifest makes anything visible.
+    ZPS_RETURN_IF_ERROR(store_->db_->Write(batch, false, true, "checkpoint data"));
+  }
+  bytes_ += data.size();
+  return Status::Ok();
+}
+
+Status CheckpointWriter::AddChunk(uint32_t chunk, int64_t version, const ChunkTensors& t) {
+  if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
+  auto it = std::lower_bound(local_.begin(), local_.end(), chunk);
+  if (it == local_.end() || *it != chunk) {
+    return OutOfRange("chunk " + std::to_string(chunk) + " is not on shard " +
+                      std::to_string(shard_));
+  }
+  const size_t idx = static_cast<size_t>(it - local_.begin());
+  const uint64_t elems = layout_.chunk_size(chunk);
+  if (t.master.size() != elems || t.m.size() != elems || t.v.size() != elems) {
+    return InvalidArgument("chunk " + std::to_string(chunk) + ": tensors must have " +
+                           std::to_string(elems) + " elements");
+  }
+  if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
+  const std::span<const float>* parts[3] = {&t.master, &t.m, &t.v};
+  for (uint8_t k = 0; k < 3; ++k) {
+    Status s = PutSlices(chunk, k, std::as_bytes(*parts[k]));
+    if (!s.ok()) {
+      state_ = State::kFailed;
+      return s;
+    }
+  }
+  added_[idx] = true;
+  chunks_.push_back({chunk, version, elems});
+  return Status::Ok();
+}
+
+Status CheckpointWriter::SetState(std::span<const std::byte> state) {
+  if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
+  if (has_state_) return InvalidArgument("checkpoint state set twice");
+  if (state.size() > store_->options_.slice_bytes) {
+    return InvalidArgument("checkpoint state larger than slice_bytes");
+  }
+  Status s = PutSlices(kStateChunk, kState, state);
+  if (!s.ok()) {
+    state_ = State::kFailed;
+    return s;
+  }
+  has_state_ = true;
+  state_len_ = state.size();
+  state_crc_ = Crc32c(state);
+  return Status::Ok();
+}
+
+Status CheckpointWriter::Commit() {
+  if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
+  for (size_t i = 0; i < local_.size(); ++i) {
+    if (!added_[i]) {
+      return FailedPrecondition("checkpoint " + std::to_string(step_) + ": chunk " +
+                                std::to_string(local_[i]) + " was not added");
+    }
+  }
+  state_ = State::kFailed;  // until the commit batch is written
+  // 1. The data reaches synced SST and blob files.
+  ZPS_RETURN_IF_ERROR(store_->db_->Flush());
+  // 2. One synced batch makes it visible.
+  CheckpointInfo info;
+  info.step = step_;
+  info.created_unix_ms = NowUnixMs();
+  info.layout_hash = layout_.Hash();
+  info.shard = shard_;
+  info.bytes = bytes_;
+  info.chunks = chunks_;
+  std::sort(info.chunks.begin(), info.chunks.end(),
+            [](const ChunkEntry& a, const ChunkEntry& b) { return a.chunk < b.chunk; });
+  auto manifest = EncodeManifest(info, store_->options_.slice_bytes, has_state_, state_len_,
+                                 state_crc_);
+  rocksdb::WriteBatch batch;
+  ZPS_RETURN_IF_ERROR(AddFramed(batch, StepKey('m', step_), manifest));
+  ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(StepKey('p', step_)), "batch"));
+  ZPS_RETURN_IF_ERROR(store_->db_->Write(batch, true, false, "commit checkpoint"));
+  state_ = State::kCommitted;
+  // 3. Older checkpoints go.
+  Status gc = store_->CollectGarbage();
+  if (!gc.ok()) {
+    ZPS_LOG(WARNING) << "checkpoint " << step_ << " committed; garbage collection failed: "
+                     << gc.ToString();
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- reader
+
+CheckpointReader::CheckpointReader(CheckpointStore* store, CheckpointInfo info)
+    : store_(store), info_(std::move(info)) {}
+CheckpointReader::~CheckpointReader() = default;
+
+std::vector<uint32_t> CheckpointReader::chunks() const {
+  std::vector<uint32_t> out;
+  out.reserve(info_.chunks.size());
+  for (const auto& c : info_.chunks) out.push_back(c.chunk);
+  return out;
+}
+
+Status CheckpointReader::ReadSlices(uint32_t chunk, uint8_t kind, std::span<std::byte> out) const {
+  const uint64_t n = (out.size() + slice_bytes_ - 1) / slice_bytes_;
+  for (uint64_t i = 0; i < n; ++i) {
+    auto part = out.subspan(i * slice_bytes_, std::min<uint64_t>(slice_bytes_, out.size() - i * slice_bytes_));
+    Status s = store_->db_->GetFramedInto(DataKey(info_.step, chunk, kind, static_cast<uint32_t>(i)),
+                                          part, snapshot_->get());
+    if (!s.ok()) {
+      static constexpr const char* kNames[] = {"master", "m", "v", "state"};
+      return s.WithContext("checkpoint " + std::to_string(info_.step) + " in " + store_->dir() +
+                           ", chunk " + std::to_string(chunk) + " " + kNames[kind] + " slice " +
+                           std::to_string(i));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckpointReader::ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) const {
+  auto it = std::find_if(info_.chunks.begin(), info_.chunks.end(),
+                         [&](const ChunkEntry& e) { return e.chunk == chunk; });
+  if (it == info_.chunks.end()) {
+    return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
+                    std::to_string(info_.step));
+  }
+  const std::span<float>* parts[3] = {&out.master, &out.m, &out.v};
+  for (uint8_t k = 0; k < 3; ++k) {
+    if (parts[k]->empty()) continue;
+    if (parts[k]->size() != it->elems) {
+      return InvalidArgument("chunk " + std::to_string(chunk) + " has " +
+                             std::to_string(it->elems) + " elements");
+    }
+    ZPS_RETURN_IF_ERROR(ReadSlices(chunk, k, std::as_writable_bytes(*parts[k])));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::byte>> CheckpointReader::ReadState() const {
+  std::vector<std::byte> out(has_state_ ? state_len_ : 0);
+  if (!has_state_) return out;
+  ZPS_RETURN_IF_ERROR(ReadSlices(kStateChunk, kState, out));
+  if (Crc32c(out) != state_crc_) return DataLoss("checkpoint state does not match its manifest");
+  return out;
+}
+
+Status CheckpointReader::Verify() const {
+  std::vector<float> buf;
+  for (const auto& c : info_.chunks) {
+    buf.resize(c.elems);
+    for (uint8_t k = 0; k < 3; ++k) {
+      ZPS_RETURN_IF_ERROR(ReadSlices(c.chunk, k, std::as_writable_bytes(std::span<float>(buf))));
+    }
+  }
+  return ReadState().status();
+}
+
+}  // namespace zps::server

@@ -1,0 +1,226 @@
+#include "checkpoint_db.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+#include "zps/common/crc32c.h"
+#include "zps/common/logging.h"
+
+namespace zps::server::detail {
+
+Status FromRocks(const rocksdb::Status& s, std::string_view what) {
+  if (s.ok()) return Status::Ok();
+  std::string msg = std::string(what) + ": " + s.ToString();
+  Status out;
+  if (s.IsNoSpace()) {
+    out = ResourceExhausted(msg + " (disk full)");
+  } else if (s.IsCorruption()) {
+    out = DataLoss(msg);
+  } else if (s.IsNotFound()) {
+    return NotFound(msg);  // an answer, not a failure: not logged
+  } else if (s.IsIOError()) {
+    out = IoError(msg);
+  } else if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) {
+    out = Unavailable(msg);
+  } else if (s.IsInvalidArgument() || s.IsNotSupported()) {
+    out = InvalidArgument(msg);
+  } else {
+    out = Internal(msg);
+  }
+  ZPS_LOG(ERROR) << "rocksdb: " << out.ToString();
+  return out;
+}
+
+void PutBe64(std::string& out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutBe32(std::string& out, uint32_t v) {
+  for (int i = 3; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t GetBe64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+uint32_t GetBe32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::array<char, 4> FrameCrc(std::string_view key, std::span<const std::byte> payload) {
+  uint32_t crc = Crc32c(key.data(), key.size());
+  crc = Crc32cExtend(crc, payload);
+  std::array<char, 4> out;
+  std::memcpy(out.data(), &crc, 4);
+  return out;
+}
+
+Result<std::span<const std::byte>> Unframe(std::string_view key, std::string_view value) {
+  if (value.size() < 4) {
+    return DataLoss("value of key " + std::to_string(key.size()) + "-byte key is truncated (" +
+                    std::to_string(value.size()) + " bytes)");
+  }
+  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(value.data()) + 4,
+                                     value.size() - 4);
+  auto want = FrameCrc(key, payload);
+  if (std::memcmp(want.data(), value.data(), 4) != 0) {
+    return DataLoss("CRC32C mismatch in a stored value (" + std::to_string(payload.size()) +
+                    " bytes)");
+  }
+  return payload;
+}
+
+void Db::Closer::operator()(rocksdb::DB* db) const {
+  rocksdb::Status s = db->Close();
+  if (!s.ok()) FromRocks(s, "close").IgnoreError();
+  delete db;  // NOLINT: rocksdb::DB::Open hands out a raw owning pointer
+}
+
+Db::~Db() = default;
+
+Result<std::unique_ptr<Db>> Db::Open(const std::string& dir, const CheckpointOptions& o) {
+  ZPS_RETURN_IF_ERROR(o.Validate());
+  rocksdb::Options opt;
+  opt.create_if_missing = o.create_if_missing && !o.read_only;
+  if (o.env != nullptr) opt.env = o.env;
+  // Tensors are incompressible floats, and the catalog is small.
+  opt.compression = rocksdb::kNoCompression;
+  opt.bottommost_compression = rocksdb::kNoCompression;
+  // Integrated BlobDB: tensor slices go to blob files written once, sequentially, at flush.
+  opt.enable_blob_files = true;
+  opt.min_blob_size = 4096;
+  opt.blob_file_size = 256ull << 20;
+  opt.blob_compression_type = rocksdb::kNoCompression;
+  opt.write_buffer_size = o.write_buffer_bytes;
+  opt.max_write_buffer_number = o.max_write_buffers;
+  opt.min_write_buffer_number_to_merge = 1;
+  opt.max_background_jobs = o.background_jobs;
+  opt.use_direct_io_for_flush_and_compaction = o.direct_writes;
+  opt.use_direct_reads = o.direct_reads;
+  // Write back in the background as files grow, so the final fsync has little left to do.
+  opt.bytes_per_sync = 8ull << 20;
+  opt.rate_limiter = nullptr;
+  opt.keep_log_file_num = 4;
+  opt.max_manifest_file_size = 64ull << 20;
+
+  auto out = std::unique_ptr<Db>(new Db());
+  out->dir_ = dir;
+  out->read_only_ = o.read_only;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = o.read_only ? rocksdb::DB::OpenForReadOnly(opt, dir, &raw)
+                                  : rocksdb::DB::Open(opt, dir, &raw);
+  if (!s.ok()) {
+    if (s.IsInvalidArgument() && s.ToString().find("does not exist") != std::string::npos) {
+      return NotFound("checkpoint store " + dir + ": " + s.ToString());
+    }
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      return Unavailable("checkpoint store " + dir + " is open elsewhere: " + s.ToString());
+    }
+    return FromRocks(s, "open " + dir);
+  }
+  out->db_.reset(raw);
+  return out;
+}
+
+Status Db::Write(rocksdb::WriteBatch& batch, bool sync, bool no_wal, std::string_view what) {
+  if (read_only_) return FailedPrecondition("checkpoint store " + dir_ + " is open read-only");
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  wo.disableWAL = no_wal;
+  return FromRocks(db_->Write(wo, &batch), std::string(what) + " in " + dir_);
+}
+
+namespace {
+rocksdb::ReadOptions ReadOpts(const rocksdb::Snapshot* snap) {
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  ro.fill_cache = false;  // tensors are read once
+  ro.verify_checksums = true;
+  return ro;
+}
+}  // namespace
+
+Result<std::vector<std::byte>> Db::GetFramed(std::string_view key, const rocksdb::Snapshot* snap) {
+  rocksdb::PinnableSlice value;
+  rocksdb::Status s = db_->Get(ReadOpts(snap), db_->DefaultColumnFamily(),
+                               rocksdb::Slice(key.data(), key.size()), &value);
+  if (s.IsNotFound()) return NotFound("no value for the key");
+  ZPS_RETURN_IF_ERROR(FromRocks(s, "read from " + dir_));
+  ZPS_ASSIGN_OR_RETURN(auto payload, Unframe(key, value.ToStringView()));
+  return std::vector<std::byte>(payload.begin(), payload.end());
+}
+
+Status Db::GetFramedInto(std::string_view key, std::span<std::byte> out,
+                         const rocksdb::Snapshot* snap) {
+  rocksdb::PinnableSlice value;
+  rocksdb::Status s = db_->Get(ReadOpts(snap), db_->DefaultColumnFamily(),
+                               rocksdb::Slice(key.data(), key.size()), &value);
+  if (s.IsNotFound()) return DataLoss("a value of the checkpoint is missing");
+  ZPS_RETURN_IF_ERROR(FromRocks(s, "read from " + dir_));
+  ZPS_ASSIGN_OR_RETURN(auto payload, Unframe(key, value.ToStringView()));
+  if (payload.size() != out.size()) {
+    return DataLoss("a stored value has " + std::to_string(payload.size()) + " bytes, expected " +
+                    std::to_string(out.size()));
+  }
+  std::memcpy(out.data(), payload.data(), out.size());
+  return Status::Ok();
+}
+
+Status Db::PutFramedSync(std::string_view key, std::span<const std::byte> payload) {
+  auto crc = FrameCrc(key, payload);
+  rocksdb::Slice kparts[1] = {rocksdb::Slice(key.data(), key.size())};
+  rocksdb::Slice vparts[2] = {
+      rocksdb::Slice(crc.data(), 4),
+      rocksdb::Slice(reinterpret_cast<const char*>(payload.data()), payload.size())};
+  rocksdb::WriteBatch batch;
+  ZPS_RETURN_IF_ERROR(FromRocks(
+      batch.Put(rocksdb::SliceParts(kparts, 1), rocksdb::SliceParts(vparts, 2)), "batch"));
+  return Write(batch, /*sync=*/true, /*no_wal=*/false, "catalog write");
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Db::Scan(std::string_view begin,
+                                                                  std::string_view end) {
+  rocksdb::ReadOptions ro = ReadOpts(nullptr);
+  rocksdb::Slice upper(end.data(), end.size());
+  ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (it->Seek(rocksdb::Slice(begin.data(), begin.size())); it->Valid(); it->Next()) {
+    out.emplace_back(it->key().ToString(), it->value().ToString());
+  }
+  ZPS_RETURN_IF_ERROR(FromRocks(it->status(), "scan " + dir_));
+  return out;
+}
+
+Status Db::Flush() {
+  if (read_only_) return FailedPrecondition("checkpoint store " + dir_ + " is open read-only");
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  return FromRocks(db_->Flush(fo), "flush " + dir_);
+}
+
+Status Db::Compact(std::string_view begin, std::string_view end) {
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  rocksdb::Slice b(begin.data(), begin.size()), e(end.data(), end.size());
+  return FromRocks(db_->CompactRange(co, &b, &e), "compact " + dir_);
+}
+
+uint64_t Db::LiveBytes() {
+  uint64_t sst = 0, blob = 0;
+  db_->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &sst);
+  db_->GetIntProperty(rocksdb::DB::Properties::kLiveBlobFileSize, &blob);
+  return sst + blob;
+}
+
+Snapshot::Snapshot(Db* db) : db_(db), snap_(db->raw()->GetSnapshot()) {}
+Snapshot::~Snapshot() {
+  if (snap_ != nullptr) db_->raw()->ReleaseSnapshot(snap_);
+}
+
+}  // namespace zps::server::detail
