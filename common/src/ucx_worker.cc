@@ -42,6 +42,8 @@ struct Worker::EpState {
   bool failed = false;
   Status error;
   bool closing = false;
+  bool flush_pending = false;  // a ucp_ep_flush_nbx request holds a pointer to this state
+  bool close_issued = false;   // ucp_ep_close_nbx was called (at most once per endpoint)
   bool erase_when_closed = false;
   std::vector<DoneCallback> close_waiters;
   std::unordered_map<std::string, RkeyPtr> rkeys;  // packed bytes → unpacked rkey
@@ -444,9 +446,10 @@ void Worker::MarkFailed(uint64_t id, Status reason) {
   Endpoint handle;
   handle.id_ = id;
   if (state.on_error) state.on_error(handle, state.error);
-  // A failed endpoint must be closed in force mode (which completes what is pending). If a
-  // flush-close is under way, its flush completes with an error and the close step forces.
-  if (!state.closing && state.ep != nullptr) RequestClose(state, true, false);
+  // A failed endpoint must be closed in force mode (which completes what is pending). That
+  // includes one whose graceful close still waits for its flush: a dead peer without UCX
+  // error handling would never complete the flush.
+  if (state.ep != nullptr && !state.close_issued) RequestClose(state, true, false);
 }
 
 void Worker::Fail(const Endpoint& ep, Status reason) {
@@ -504,6 +507,8 @@ void Worker::ProcessCloses() {
       IssueClose(state, state.failed);
     } else if (UCS_PTR_IS_ERR(req)) {
       IssueClose(state, true);
+    } else {
+      state.flush_pending = true;
     }
   }
 }
@@ -544,11 +549,18 @@ void Worker::CloseNow(uint64_t id, DoneCallback done) {
 void Worker::FlushCallback(void* request, ucs_status_t status, void* user_data) {
   ucp_request_free(request);
   auto* state = static_cast<EpState*>(user_data);
-  state->worker->close_steps_.push_back(
-      CloseStep{state->id, status != UCS_OK || state->failed, true});
+  state->flush_pending = false;
+  Worker* self = state->worker;
+  if (state->ep == nullptr) {  // force-closed meanwhile; OnClosed left the erase to us
+    if (state->erase_when_closed) self->eps_.erase(state->id);
+    return;
+  }
+  self->close_steps_.push_back(CloseStep{state->id, status != UCS_OK || state->failed, true});
 }
 
 void Worker::IssueClose(EpState& state, bool force) {
+  if (state.close_issued) return;
+  state.close_issued = true;
   state.rkeys.clear();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -590,7 +602,8 @@ void Worker::OnClosed(EpState& state) {
   auto waiters = std::move(state.close_waiters);
   state.close_waiters.clear();
   uint64_t id = state.id;
-  if (state.erase_when_closed) eps_.erase(id);  // `state` is gone after this line
+  // `state` is gone after this line, unless a flush request still points at it.
+  if (state.erase_when_closed && !state.flush_pending) eps_.erase(id);
   for (auto& w : waiters) w(Status::Ok());
 }
 

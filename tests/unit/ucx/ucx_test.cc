@@ -307,6 +307,33 @@ TEST_P(UcxPairTest, FailCompletesPendingOperations) {
   std::this_thread::sleep_for(100ms);  // let B process the orphaned requests before teardown
 }
 
+TEST_P(UcxPairTest, FailDuringGracefulCloseCompletesIt) {
+  // A graceful Close waits for its flush, which a stalled peer never answers; declaring the
+  // endpoint failed must finish the close and the pending sends.
+  std::atomic<bool> release{false};
+  ASSERT_TRUE(b_->Post([&] {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+  }));
+  auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 9));
+  Completions sends;
+  SendOptions o;
+  o.force_rendezvous = true;
+  for (int i = 0; i < 2; ++i) {
+    a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, sends.Callback(), o);
+  }
+  std::this_thread::sleep_for(50ms);
+  Completions closed;
+  a_->Close(ep_, closed.Callback());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(closed.WaitFor(1, 1ms));  // still flushing
+  a_->Fail(ep_, Unavailable("control plane to peer lost"));
+  ASSERT_TRUE(closed.WaitFor(1, 2s));
+  ASSERT_TRUE(sends.WaitFor(2, 2s));
+  for (auto& s : sends.statuses()) EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  release.store(true);
+  std::this_thread::sleep_for(100ms);
+}
+
 TEST_P(UcxPairTest, RemoteWorkerDestroyedFailsPendingSends) {
   if (GetParam() != "tcp") {
     GTEST_SKIP() << "UCX 1.13 shared memory has no peer-failure handling: see UcxProcessTest "
