@@ -236,6 +236,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
   const int serving_fd = serving_file_ ? serving_file_->fd() : -1;
 
   auto pump = [&]() -> Status {
+    if (engine_ == nullptr) return Status::Ok();  // nothing spills
     while (!q.empty() && engine_->in_flight() < engine_->depth()) {
       ZPS_RETURN_IF_ERROR(engine_->Push(q.front()));
       q.pop_front();
@@ -384,7 +385,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       return true;
     });
   }
-  while (engine_err.ok() && (engine_->in_flight() > 0 || !q.empty())) {
+  while (engine_err.ok() && engine_ != nullptr && (engine_->in_flight() > 0 || !q.empty())) {
     if (Status st = pump(); !st.ok()) engine_err = st;
     if (engine_err.ok() && engine_->in_flight() > 0) {
       if (Status st = reap_one(); !st.ok()) engine_err = st;
