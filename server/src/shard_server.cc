@@ -1,5 +1,6 @@
 #include "zps/server/shard_server.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
@@ -12,6 +13,8 @@
 
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
+#include "zps/common/metrics.h"
+#include "zps/common/process_metrics.h"
 #include "zps/common/rpc.h"
 #include "zps/common/thread_pool.h"
 #include "zps/common/ucx.h"
@@ -76,13 +79,75 @@ Status ShardServerOptions::Finalize() {
   return Status::Ok();
 }
 
+// The shard's metrics (docs/metrics.md), resolved at Create. Hot paths touch only these handles.
+struct ShardMetrics {
+  metrics::ProcessMetrics pm;
+  metrics::Histogram optimizer_pass;           // zps_optimizer_pass_seconds
+  metrics::Counter optimizer_bytes;            // zps_optimizer_bytes_total
+  metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 until the NVMe tier lands
+  std::array<metrics::Gauge, 4> memory;        // zps_memory_bytes{tier}
+  metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
+  metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
+  metrics::Gauge connected_workers;
+
+  enum Tier { kMaster = 0, kOptimizerState = 1, kServing = 2, kNvme = 3 };
+
+  static Result<ShardMetrics> Create(metrics::Registry& r) {
+    using metrics::ExponentialBuckets;
+    ShardMetrics m;
+    ZPS_ASSIGN_OR_RETURN(m.pm, metrics::ProcessMetrics::Create(r, "shard"));
+    ZPS_ASSIGN_OR_RETURN(auto* op, r.AddHistogram("zps_optimizer_pass_seconds",
+                                                  "Time of one optimizer pass (update and "
+                                                  "publish) over this shard's chunks.",
+                                                  {}, ExponentialBuckets(1e-4, 2.0, 20)));
+    ZPS_ASSIGN_OR_RETURN(m.optimizer_pass, op->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* ob, r.AddCounter("zps_optimizer_bytes_total",
+                                                "Bytes of fp32 master and Adam state the "
+                                                "optimizer read and wrote."));
+    ZPS_ASSIGN_OR_RETURN(m.optimizer_bytes, ob->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* nr, r.AddCounter("zps_nvme_read_bytes_total",
+                                                "Bytes read from the NVMe spill tier."));
+    ZPS_ASSIGN_OR_RETURN(m.nvme_read, nr->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* nw, r.AddCounter("zps_nvme_write_bytes_total",
+                                                "Bytes written to the NVMe spill tier."));
+    ZPS_ASSIGN_OR_RETURN(m.nvme_write, nw->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* ne, r.AddCounter("zps_nvme_io_errors_total",
+                                                "NVMe reads and writes that failed."));
+    ZPS_ASSIGN_OR_RETURN(m.nvme_errors, ne->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* mem, r.AddGauge("zps_memory_bytes", "Bytes held per tier.",
+                                               {"tier"}));
+    const char* tiers[] = {"master", "optimizer_state", "serving", "nvme"};
+    for (int i = 0; i < 4; ++i) {
+      ZPS_ASSIGN_OR_RETURN(m.memory[i], mem->Add({tiers[i]}));
+    }
+    ZPS_ASSIGN_OR_RETURN(auto* cd, r.AddHistogram("zps_checkpoint_duration_seconds",
+                                                  "Time to write this shard's part of a "
+                                                  "checkpoint.",
+                                                  {}, ExponentialBuckets(0.1, 2.0, 16)));
+    ZPS_ASSIGN_OR_RETURN(m.checkpoint_duration, cd->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* cl, r.AddGauge("zps_checkpoint_last_success_timestamp_seconds",
+                                              "Unix time of the last checkpoint this shard "
+                                              "completed; 0 before the first."));
+    ZPS_ASSIGN_OR_RETURN(m.checkpoint_last_success, cl->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* cw, r.AddGauge("zps_connected_workers",
+                                              "Workers with an authenticated control-plane "
+                                              "session to this shard."));
+    ZPS_ASSIGN_OR_RETURN(m.connected_workers, cw->Add({}));
+    return m;
+  }
+};
+
 struct ShardServer::Impl {
   struct Session {
     uint32_t rank = 0;
     ucx::Endpoint ep;
   };
+  using Clock = std::chrono::steady_clock;
 
   ShardServerOptions opts;
+  metrics::Registry registry;  // outlives every other member that holds a handle (declared first)
+  ShardMetrics sm;
+  std::unique_ptr<metrics::Exporter> exporter;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ucx::Context> ucx_context;
   std::unique_ptr<ucx::Worker> ucx;
@@ -113,6 +178,50 @@ struct ShardServer::Impl {
     }
     cv.notify_all();
   }
+  // Request accounting: Begin at receipt, End at reply (in-flight gauge and duration histogram).
+  Clock::time_point BeginRequest(metrics::Op op) {
+    sm.pm.inflight[op].Inc();
+    return Clock::now();
+  }
+  void EndRequest(metrics::Op op, Clock::time_point t0) {
+    sm.pm.inflight[op].Dec();
+    sm.pm.request_duration[op].ObserveSince(t0);
+  }
+  // A synchronous control handler, timed from receipt to return (it answers before returning).
+  rpc::Handler Timed(rpc::Handler h) {
+    return [this, h = std::move(h)](const rpc::Peer& p, std::span<const std::byte> payload,
+                                    rpc::Responder r) {
+      auto t0 = BeginRequest(metrics::kControl);
+      h(p, payload, r);
+      EndRequest(metrics::kControl, t0);
+    };
+  }
+  // A long-poll control handler: counted in flight until the last copy of the returned token
+  // (captured by the reply callback) is gone. Not timed: its wait is the step's, not the shard's.
+  std::shared_ptr<void> LongPoll() {
+    sm.pm.inflight[metrics::kControl].Inc();
+    return std::shared_ptr<void>(static_cast<void*>(this),
+                                 [this](void*) { sm.pm.inflight[metrics::kControl].Dec(); });
+  }
+  static std::string_view PushErrorKind(Code c) {
+    switch (c) {
+      case Code::kFailedPrecondition: return "stale_step";
+      case Code::kAlreadyExists: return "duplicate_push";
+      default: return "invalid_argument";
+    }
+  }
+  Status Liveness() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (finished && !fatal.ok()) return Internal("the shard failed: " + fatal.ToString());
+    return Status::Ok();
+  }
+  Status Readiness() {
+    // Later also: the checkpoint restored.
+    if (state_ptr.load() == nullptr) return Unavailable("waiting for the job layout");
+    return Status::Ok();
+  }
+  void SetMemoryGauges(const JobSpec& job);
+
   bool FindSession(uint64_t token, Session* out) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(token);
@@ -155,63 +264,85 @@ void ShardServer::Impl::SetupDataPlane() {
   Status s = ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) {
     auto h = msg::FetchHeader::Decode(m.header());
     if (!h.ok()) {
+      sm.pm.ProtocolError("invalid_argument");
       ZPS_LOG(WARNING) << "dropping malformed fetch: " << h.status().ToString();
       return;
     }
+    const auto t0 = BeginRequest(metrics::kFetch);
     Session session;
     if (!FindSession(h->session, &session)) {
+      sm.pm.ProtocolError("unauthenticated");
       if (m.reply_endpoint().valid()) {
         ReplyFetch(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"), -1, {});
       }
+      EndRequest(metrics::kFetch, t0);
       return;
     }
     ShardState* st = state_ptr.load();
     if (st == nullptr) {
       ReplyFetch(session.ep, h->request, Unavailable("the shard has no job yet"), -1, {});
+      EndRequest(metrics::kFetch, t0);
       return;
     }
     st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-              [this, ep = session.ep, req = h->request](const Status& fs, int64_t v,
-                                                        std::span<const std::byte> data) {
+              [this, ep = session.ep, req = h->request, t0](const Status& fs, int64_t v,
+                                                            std::span<const std::byte> data) {
                 ReplyFetch(ep, req, fs, v, data);
+                if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
+                EndRequest(metrics::kFetch, t0);
               });
   });
   if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
   s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) {
     auto h = msg::PushHeader::Decode(m.header());
     if (!h.ok()) {
+      sm.pm.ProtocolError("invalid_argument");
       ZPS_LOG(WARNING) << "dropping malformed push: " << h.status().ToString();
       return;
     }
+    const auto t0 = BeginRequest(metrics::kPush);
     Session session;
     if (!FindSession(h->session, &session)) {
+      sm.pm.ProtocolError("unauthenticated");
       if (m.reply_endpoint().valid()) {
         ReplyPush(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"));
       }
+      EndRequest(metrics::kPush, t0);
       return;
     }
     ShardState* st = state_ptr.load();
     if (st == nullptr) {
       ReplyPush(session.ep, h->request, Unavailable("the shard has no job yet"));
+      EndRequest(metrics::kPush, t0);
       return;
     }
     if (h->length > (1ull << 40) || m.data_length() != h->length * DTypeSize(h->dtype)) {
+      sm.pm.ProtocolError("invalid_argument");
       ReplyPush(session.ep, h->request,
                 InvalidArgument("push carries " + std::to_string(m.data_length()) +
                                 " bytes for " + std::to_string(h->length) + " elements of " +
                                 std::string(DTypeName(h->dtype))));
+      EndRequest(metrics::kPush, t0);
       return;
     }
     auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
     if (!ticket.ok()) {
+      sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
       ReplyPush(session.ep, h->request, ticket.status());
+      EndRequest(metrics::kPush, t0);
       return;
     }
     auto held = std::make_shared<PushTicket>(std::move(*ticket));
     std::span<std::byte> dest = held->destination();
-    Status rs = m.Receive(dest, [this, st, held, ep = session.ep, req = h->request](Status transfer) {
+    const size_t bytes = m.data_length();
+    Status rs = m.Receive(dest, [this, st, held, ep = session.ep, req = h->request, t0,
+                                 bytes](Status transfer) {
       Status fin = st->FinishPush(std::move(*held), transfer);
-      if (transfer.ok()) ReplyPush(ep, req, fin);
+      if (transfer.ok()) {
+        ReplyPush(ep, req, fin);
+        if (fin.ok()) sm.pm.push_bytes.Inc(bytes);
+      }
+      EndRequest(metrics::kPush, t0);
     });
     (void)rs;  // errors reach the callback too
   });
@@ -222,22 +353,24 @@ void ShardServer::Impl::SetupDataPlane() {
 
 void ShardServer::Impl::SetupCoordinatorRpcs() {
   Coordinator* c = coordinator.get();
-  rpc->Register(msg::kRegisterShard, [c](const rpc::Peer&, std::span<const std::byte> p,
-                                         rpc::Responder r) {
+  rpc->Register(msg::kRegisterShard, Timed([c](const rpc::Peer&, std::span<const std::byte> p,
+                                               rpc::Responder r) {
     auto m = msg::RegisterShard::Decode(p);
     if (!m.ok()) return r.Error(m.status());
     Status s = c->RegisterShard(m->ordinal, m->endpoint);
     if (!s.ok()) return r.Error(s);
     r.Reply({});
-  });
-  rpc->Register(msg::kAwaitJob, [c](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
-    c->AwaitJob([r](const Result<JobSpec>& j) mutable {
+  }));
+  rpc->Register(msg::kAwaitJob, [this, c](const rpc::Peer&, std::span<const std::byte>,
+                                          rpc::Responder r) {
+    c->AwaitJob([r, poll = LongPoll()](const Result<JobSpec>& j) mutable {
       if (!j.ok()) return r.Error(j.status());
       r.Reply(j->Serialize());
     });
   });
-  rpc->Register(msg::kJoin, [c](const rpc::Peer& peer, std::span<const std::byte> p,
-                                rpc::Responder r) {
+  rpc->Register(msg::kJoin, [this, c](const rpc::Peer& peer, std::span<const std::byte> p,
+                                      rpc::Responder r) {
+    auto poll = LongPoll();
     auto m = msg::Join::Decode(p);
     if (!m.ok()) return r.Error(m.status());
     std::optional<JobSpec> spec;
@@ -250,7 +383,7 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
     if (!info.ok()) return r.Error(info.status());
     ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote << ", resume at step "
                   << info->resume_step;
-    c->AwaitJob([r, info = *info](const Result<JobSpec>& j) mutable {
+    c->AwaitJob([r, info = *info, poll](const Result<JobSpec>& j) mutable {
       if (!j.ok()) return r.Error(j.status());
       msg::JoinReply reply;
       reply.job_hash = info.job_hash;
@@ -265,22 +398,25 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
       r.Reply(reply.Encode());
     });
   });
-  rpc->Register(msg::kReport, [c](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
+  rpc->Register(msg::kReport, [this, c](const rpc::Peer&, std::span<const std::byte> p,
+                                        rpc::Responder r) {
+    auto poll = LongPoll();
     auto m = msg::Report::Decode(p);
     if (!m.ok()) return r.Error(m.status());
     std::vector<std::pair<uint32_t, ChunkReport>> reports;
     reports.reserve(m->chunks.size());
     for (const auto& ch : m->chunks) reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
-    c->Report(m->step, m->ordinal, reports, [r](const Result<CommitInfo>& ci) mutable {
+    c->Report(m->step, m->ordinal, reports, [r, poll](const Result<CommitInfo>& ci) mutable {
       if (!ci.ok()) return r.Error(ci.status());
       r.Reply(ci->Encode());
     });
   });
-  rpc->Register(msg::kAwaitCommit, [c](const rpc::Peer&, std::span<const std::byte> p,
-                                       rpc::Responder r) {
+  rpc->Register(msg::kAwaitCommit, [this, c](const rpc::Peer&, std::span<const std::byte> p,
+                                             rpc::Responder r) {
+    auto poll = LongPoll();
     auto m = msg::AwaitCommit::Decode(p);
     if (!m.ok()) return r.Error(m.status());
-    c->AwaitCommit(m->step, [r](const Result<CommitInfo>& ci) mutable {
+    c->AwaitCommit(m->step, [r, poll](const Result<CommitInfo>& ci) mutable {
       if (!ci.ok()) return r.Error(ci.status());
       r.Reply(ci->Encode());
     });
@@ -301,6 +437,18 @@ std::string ShardServer::Impl::StatusJson() {
     j["worker_sessions"] = sessions.size();
   }
   return j.dump();
+}
+
+void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
+  const bool needs_v = job.optimizer.kind != OptimizerKind::kSgd;
+  const bool needs_m = needs_v || job.optimizer.momentum > 0.0f;
+  uint64_t elems = 0;
+  for (uint32_t c : state->chunk_ids()) elems += job.layout.chunk_size(c);
+  sm.memory[ShardMetrics::kMaster].Set(static_cast<double>(elems * sizeof(float)));
+  sm.memory[ShardMetrics::kOptimizerState].Set(
+      static_cast<double>(elems * sizeof(float) * ((needs_m ? 1 : 0) + (needs_v ? 1 : 0))));
+  sm.memory[ShardMetrics::kServing].Set(static_cast<double>(elems * sizeof(uint16_t)));
+  sm.memory[ShardMetrics::kNvme].Set(0);  // no NVMe tier yet
 }
 
 // ---- step driver ------------------------------------------------------------------------------
@@ -362,9 +510,19 @@ Status ShardServer::Impl::RunDriver() {
   }
   ZPS_ASSIGN_OR_RETURN(state, ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal),
                                                  job.shard, job.optimizer, pool.get()));
-  state_ptr.store(state.get());
+  SetMemoryGauges(job);
+  state_ptr.store(state.get());  // now ready (/readyz)
   ZPS_LOG(INFO) << "shard " << opts.ordinal << " holds " << state->chunk_ids().size() << " of "
                 << job.layout.num_chunks() << " chunks";
+
+  // Bytes the optimizer reads and writes per applied step: master, plus m and v when kept.
+  const int state_arrays = job.optimizer.kind != OptimizerKind::kSgd
+                               ? 2
+                               : (job.optimizer.momentum > 0.0f ? 1 : 0);
+  uint64_t owned_elems = 0;
+  for (uint32_t c : state->chunk_ids()) owned_elems += job.layout.chunk_size(c);
+  const uint64_t optimizer_bytes_per_step = owned_elems * 4 * 2 * (1 + state_arrays);
+  auto last_commit = Clock::now();
 
   for (int64_t step = 0;; ++step) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.step_timeout_s);
@@ -385,7 +543,14 @@ Status ShardServer::Impl::RunDriver() {
     ZPS_ASSIGN_OR_RETURN(auto reply, CallCoordinator(msg::kReport, rep.Encode(),
                                                      std::chrono::seconds(opts.step_timeout_s)));
     ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(reply));
+    const auto t_apply = Clock::now();
     ZPS_RETURN_IF_ERROR(state->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step}));
+    const auto t_done = Clock::now();
+    sm.optimizer_pass.Observe(std::chrono::duration<double>(t_done - t_apply).count());
+    if (!ci.skip) sm.optimizer_bytes.Inc(optimizer_bytes_per_step);
+    sm.pm.step_duration.Observe(std::chrono::duration<double>(t_done - last_commit).count());
+    sm.pm.current_step.Set(static_cast<double>(step + 1));
+    last_commit = t_done;
     ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
   }
 }
@@ -410,7 +575,9 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ZPS_ASSIGN_OR_RETURN(impl->pool, ThreadPool::Create({.name = "optimizer",
                                                        .threads = options.optimizer_threads,
                                                        .pin = options.pin_threads}));
+  ZPS_ASSIGN_OR_RETURN(impl->sm, ShardMetrics::Create(impl->registry));
   ZPS_ASSIGN_OR_RETURN(impl->ucx_context, ucx::Context::Create({.transports = options.ucx_tls}));
+  ZPS_RETURN_IF_ERROR(impl->sm.pm.SetUcxTransports(*impl->ucx_context));
   ZPS_ASSIGN_OR_RETURN(impl->ucx, ucx::Worker::Create(*impl->ucx_context, {.thread_name = "shard-ucx"}));
   rpc::ServerOptions ro;
   ro.bind_address = options.bind_address;
@@ -428,13 +595,14 @@ Status ShardServer::Start() {
   Impl* d = impl_.get();
   d->SetupDataPlane();
   if (d->coordinator) d->SetupCoordinatorRpcs();
-  d->rpc->Register(msg::kStatus, [d](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
+  d->rpc->Register(msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>,
+                                              rpc::Responder r) {
     std::string s = d->StatusJson();
     r.Reply(std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
                                    reinterpret_cast<const std::byte*>(s.data()) + s.size()));
-  });
-  d->rpc->Register(msg::kChunkCrcs, [d](const rpc::Peer&, std::span<const std::byte> p,
-                                        rpc::Responder r) {
+  }));
+  d->rpc->Register(msg::kChunkCrcs, d->Timed([d](const rpc::Peer&, std::span<const std::byte> p,
+                                                 rpc::Responder r) {
     auto m = msg::ChunkCrcsRequest::Decode(p);
     if (!m.ok()) return r.Error(m.status());
     ShardState* st = d->state_ptr.load();
@@ -450,11 +618,15 @@ Status ShardServer::Start() {
       out.crcs.emplace_back(c, *crc);
     }
     r.Reply(out.Encode());
-  });
+  }));
+  d->rpc->OnProtocolError([d](std::string_view kind) { d->sm.pm.ProtocolError(kind); });
   d->rpc->OnHello([d](const rpc::Peer& peer, std::span<const std::byte> extra)
                       -> Result<std::vector<std::byte>> {
     if (peer.role != msg::kRoleWorker) return std::vector<std::byte>{};
     if (extra.empty()) return InvalidArgument("a worker's hello must carry its UCX address");
+    // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
+    // they retry until it has, so no data-plane message ever meets a shard without a job.
+    if (d->state_ptr.load() == nullptr) return Unavailable("this shard has not loaded the job yet");
     ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
                          d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
                            ZPS_LOG(WARNING) << "data-plane peer (rank " << rank
@@ -463,6 +635,7 @@ Status ShardServer::Start() {
     {
       std::lock_guard<std::mutex> lock(d->mu);
       d->sessions[peer.session_token] = {peer.rank, ep};
+      d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
     }
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
     return d->ucx->Address();
@@ -475,10 +648,19 @@ Status ShardServer::Start() {
       if (it == d->sessions.end()) return;
       ep = it->second.ep;
       d->sessions.erase(it);
+      d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
     }
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
     d->ucx->Close(ep);
   });
+  if (d->opts.metrics_port != 0) {
+    metrics::ExporterOptions eo;
+    eo.bind_address = d->opts.bind_address;
+    eo.port = static_cast<uint16_t>(d->opts.metrics_port);
+    ZPS_ASSIGN_OR_RETURN(d->exporter,
+                         metrics::Exporter::Start(eo, &d->registry, [d] { return d->Liveness(); },
+                                                  [d] { return d->Readiness(); }));
+  }
   ZPS_RETURN_IF_ERROR(d->ucx->Start());
   ZPS_RETURN_IF_ERROR(d->rpc->Start());
   ZPS_LOG(INFO) << "shard " << d->opts.ordinal << "/" << d->opts.shards << " listening on "
@@ -515,8 +697,13 @@ void ShardServer::StopOnce() {
   if (d->driver.joinable()) d->driver.join();
   d->rpc->Stop();
   d->ucx->Stop();
+  if (d->exporter) d->exporter->Stop();
 }
 
 uint16_t ShardServer::port() const { return impl_->rpc->port(); }
+
+uint16_t ShardServer::metrics_port() const {
+  return impl_->exporter ? impl_->exporter->port() : 0;
+}
 
 }  // namespace zps::server

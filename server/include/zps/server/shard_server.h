@@ -59,6 +59,9 @@ class ShardServer {
   void Stop();
   /// The bound control port.
   uint16_t port() const;
+  /// The bound metrics port (/metrics, /healthz, /readyz); 0 when metrics_port is 0 (off).
+  /// Valid after Start.
+  uint16_t metrics_port() const;
 
   struct Impl;
 
