@@ -33,10 +33,22 @@ Result<int64_t> ParseCount(std::string_view t) {
   double mult = 1;
   if (!t.empty()) {
     switch (t.back()) {
-      case 'K': case 'k': mult = 1e3; break;
-      case 'M': case 'm': mult = 1e6; break;
-      case 'B': case 'b': case 'G': case 'g': mult = 1e9; break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = 1e3;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1e6;
+        break;
+      case 'B':
+      case 'b':
+      case 'G':
+      case 'g':
+        mult = 1e9;
+        break;
+      default:
+        break;
     }
     if (mult != 1) t.remove_suffix(1);
   }
@@ -46,18 +58,18 @@ Result<int64_t> ParseCount(std::string_view t) {
 }
 
 struct Options {
-  std::string dir = "/var/tmp";          // Default: /var/tmp.
-  int64_t params = 256'000'000;          // Default: 256M parameters (3 GB of master + m + v).
-  int64_t chunk_params = 4 << 20;        // Default: 4Mi (the layout's default chunk).
-  uint64_t memory_budget = 512ull << 20; // Default: 512 MiB.
-  uint64_t serving_budget = 128ull << 20;// Default: 128 MiB.
-  int queue_depth = 16;                  // Default: 16.
-  uint64_t io_bytes = 1 << 20;           // Default: 1 MiB.
-  int read_ahead = 2;                    // Default: 2.
-  int write_behind = 2;                  // Default: 2.
-  int threads = 0;                       // Default: 0 = all CPUs (optimizer pool).
-  int passes = 1;                        // Default: 1 optimizer pass.
-  bool register_buffers = false;         // Default: false.
+  std::string dir = "/var/tmp";            // Default: /var/tmp.
+  int64_t params = 256'000'000;            // Default: 256M parameters (3 GB of master + m + v).
+  int64_t chunk_params = 4 << 20;          // Default: 4Mi (the layout's default chunk).
+  uint64_t memory_budget = 512ull << 20;   // Default: 512 MiB.
+  uint64_t serving_budget = 128ull << 20;  // Default: 128 MiB.
+  int queue_depth = 16;                    // Default: 16.
+  uint64_t io_bytes = 1 << 20;             // Default: 1 MiB.
+  int read_ahead = 2;                      // Default: 2.
+  int write_behind = 2;                    // Default: 2.
+  int threads = 0;                         // Default: 0 = all CPUs (optimizer pool).
+  int passes = 1;                          // Default: 1 optimizer pass.
+  bool register_buffers = false;           // Default: false.
 };
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
@@ -113,14 +125,14 @@ int Run(int argc, char** argv) {
   ChunkStore& store = **store_or;
   const double create_s = Seconds(t_create);
   const auto st0 = store.stats();
-  std::printf("spill: %lld params in %zu chunks; budget %.2f GiB state + %.2f GiB serving; "
-              "in RAM %u/%u states, %u/%u serving; spilled %.2f GB state + %.2f GB serving "
-              "(%s); buffers %.0f MiB; create %.2f s\n",
-              static_cast<long long>(o.params), chunks.size(), o.memory_budget / 1073741824.0,
-              o.serving_budget / 1073741824.0, st0.state_resident, st0.chunks,
-              st0.serving_resident, st0.chunks, st0.state_file_bytes / 1e9,
-              st0.serving_file_bytes / 1e9, st0.direct ? "O_DIRECT" : "buffered",
-              st0.buffer_bytes / 1048576.0, create_s);
+  std::printf(
+      "spill: %lld params in %zu chunks; budget %.2f GiB state + %.2f GiB serving; "
+      "in RAM %u/%u states, %u/%u serving; spilled %.2f GB state + %.2f GB serving "
+      "(%s); buffers %.0f MiB; create %.2f s\n",
+      static_cast<long long>(o.params), chunks.size(), o.memory_budget / 1073741824.0,
+      o.serving_budget / 1073741824.0, st0.state_resident, st0.chunks, st0.serving_resident,
+      st0.chunks, st0.state_file_bytes / 1e9, st0.serving_file_bytes / 1e9,
+      st0.direct ? "O_DIRECT" : "buffered", st0.buffer_bytes / 1048576.0, create_s);
 
   std::vector<uint32_t> ids(chunks.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i);
@@ -143,16 +155,17 @@ int Run(int argc, char** argv) {
   double r = 0, w = 0, s = 0;
   PassOptions write_pass;
   write_pass.read_state = false;
-  if (!timed("write", write_pass,
-             [](uint32_t c, const ChunkSpans& sp) {
-               for (size_t i = 0; i < sp.state.master.size(); ++i) {
-                 sp.state.master[i] = 0.001f * static_cast<float>((i + c) % 1000);
-               }
-               std::memset(sp.state.m.data(), 0, sp.state.m.size_bytes());
-               std::memset(sp.state.v.data(), 0, sp.state.v.size_bytes());
-               return Status::Ok();
-             },
-             &r, &w, &s)) {
+  if (!timed(
+          "write", write_pass,
+          [](uint32_t c, const ChunkSpans& sp) {
+            for (size_t i = 0; i < sp.state.master.size(); ++i) {
+              sp.state.master[i] = 0.001f * static_cast<float>((i + c) % 1000);
+            }
+            std::memset(sp.state.m.data(), 0, sp.state.m.size_bytes());
+            std::memset(sp.state.v.data(), 0, sp.state.v.size_bytes());
+            return Status::Ok();
+          },
+          &r, &w, &s)) {
     return 1;
   }
   const double write_mbps = w;
@@ -160,12 +173,13 @@ int Run(int argc, char** argv) {
   PassOptions read_pass;
   read_pass.write_state = false;
   double sink = 0;
-  if (!timed("read", read_pass,
-             [&](uint32_t, const ChunkSpans& sp) {
-               sink += sp.state.master[sp.state.master.size() / 2];
-               return Status::Ok();
-             },
-             &r, &w, &s)) {
+  if (!timed(
+          "read", read_pass,
+          [&](uint32_t, const ChunkSpans& sp) {
+            sink += sp.state.master[sp.state.master.size() / 2];
+            return Status::Ok();
+          },
+          &r, &w, &s)) {
     return 1;
   }
   const double read_mbps = r;
@@ -187,23 +201,24 @@ int Run(int argc, char** argv) {
   opt_pass.serving = true;
   double opt_mparams = 0;
   for (int p = 1; p <= o.passes; ++p) {
-    if (!timed("optimizer", opt_pass,
-               [&](uint32_t, const ChunkSpans& sp) {
-                 server::UpdateParams up;
-                 up.step = p;
-                 up.out16 = sp.serving;
-                 up.out_dtype = DType::kBF16;
-                 return (*opt)->Update(sp.state,
-                                       server::GradView{grad.data(), DType::kF32, sp.state.master.size()},
-                                       up);
-               },
-               &r, &w, &s)) {
+    if (!timed(
+            "optimizer", opt_pass,
+            [&](uint32_t, const ChunkSpans& sp) {
+              server::UpdateParams up;
+              up.step = p;
+              up.out16 = sp.serving;
+              up.out_dtype = DType::kBF16;
+              return (*opt)->Update(
+                  sp.state, server::GradView{grad.data(), DType::kF32, sp.state.master.size()}, up);
+            },
+            &r, &w, &s)) {
       return 1;
     }
     opt_mparams = static_cast<double>(o.params) / 1e6 / s;
-    std::printf("optimizer pass %d: %8.1f Mparam/s  (%.2f s; disk %.1f MB/s read + %.1f MB/s "
-                "written; %d threads)\n",
-                p, opt_mparams, s, r, w, (*pool)->size());
+    std::printf(
+        "optimizer pass %d: %8.1f Mparam/s  (%.2f s; disk %.1f MB/s read + %.1f MB/s "
+        "written; %d threads)\n",
+        p, opt_mparams, s, r, w, (*pool)->size());
   }
   // One line for scripts.
   std::printf("RESULT spill_write_MBps=%.1f spill_read_MBps=%.1f optimizer_Mparams=%.1f%s\n",

@@ -100,8 +100,8 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
       if (bufs > budget) {
         return ResourceExhausted(
             std::string("chunk store: ") + (serving ? "serving_memory_budget " : "memory_budget ") +
-            std::to_string(budget) + " bytes cannot hold the pipeline's " +
-            std::to_string(slots) + " buffers of " + std::to_string(max_record) +
+            std::to_string(budget) + " bytes cannot hold the pipeline's " + std::to_string(slots) +
+            " buffers of " + std::to_string(max_record) +
             " bytes; raise the budget, or lower read_ahead/write_behind or the chunk size");
       }
       avail -= bufs;
@@ -143,13 +143,13 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   fo.direct = o.direct_io;
   fo.allow_buffered_fallback = o.allow_buffered_fallback;
   if (state_file > 0) {
-    ZPS_ASSIGN_OR_RETURN(state_file_, SpillFile::Create(o.spill_dir, o.file_prefix + "-state.zps",
-                                                        state_file, fo));
+    ZPS_ASSIGN_OR_RETURN(
+        state_file_, SpillFile::Create(o.spill_dir, o.file_prefix + "-state.zps", state_file, fo));
   }
   if (serving_file > 0) {
-    ZPS_ASSIGN_OR_RETURN(serving_file_,
-                         SpillFile::Create(o.spill_dir, o.file_prefix + "-serving.zps",
-                                           serving_file, fo));
+    ZPS_ASSIGN_OR_RETURN(
+        serving_file_,
+        SpillFile::Create(o.spill_dir, o.file_prefix + "-serving.zps", serving_file, fo));
   }
   UringOptions uo;
   uo.depth = o.queue_depth;
@@ -173,8 +173,8 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   stats_.buffer_bytes = state_bufs_->total_bytes() + serving_bufs_->total_bytes();
   stats_.state_file_bytes = state_file;
   stats_.serving_file_bytes = serving_file;
-  stats_.direct = (!state_file_ || state_file_->direct()) &&
-                  (!serving_file_ || serving_file_->direct());
+  stats_.direct =
+      (!state_file_ || state_file_->direct()) && (!serving_file_ || serving_file_->direct());
   ZPS_LOG(INFO) << "chunk store: " << stats_.state_resident << "/" << stats_.chunks
                 << " chunk states and " << stats_.serving_resident
                 << " serving copies in RAM; spill files " << state_file << " + " << serving_file
@@ -254,10 +254,10 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
     if (done.res != static_cast<int32_t>(len) && s.err.ok()) {
       const std::string what =
           std::string(writing ? "write" : "read") + " of chunk " + std::to_string(s.chunk) +
-          (serving ? " serving copy (" + serving_file_->path() + ", record at " +
-                         std::to_string(k.serving_off)
-                   : " state (" + state_file_->path() + ", record at " +
-                         std::to_string(k.state_off)) +
+          (serving
+               ? " serving copy (" + serving_file_->path() + ", record at " +
+                     std::to_string(k.serving_off)
+               : " state (" + state_file_->path() + ", record at " + std::to_string(k.state_off)) +
           ")";
       s.err = done.res < 0 ? IoStatus(what, -done.res)
                            : IoError(what + ": short transfer of " + std::to_string(done.res) +
@@ -291,8 +291,8 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       s = Slot{Slot::St::kReading, spilled[next++], 0, Status::Ok(), false, s.state, s.serving};
       const Chunk& k = chunks_[s.chunk];
       if (pass.read_state && !k.state_resident) {
-        Split(IoRequest::Op::kRead, state_fd, k.state_off, s.state, k.state_bytes, piece,
-              free_slot, false, q);
+        Split(IoRequest::Op::kRead, state_fd, k.state_off, s.state, k.state_bytes, piece, free_slot,
+              false, q);
         s.pending = Pieces(k.state_bytes, piece);
       }
       if (s.pending == 0) s.st = Slot::St::kReady;
@@ -316,8 +316,8 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
         }
         if (slot != nullptr || !first_err.ok()) break;
         if (engine_->in_flight() == 0) {
-          engine_err = Internal("chunk store: pipeline stalled waiting for chunk " +
-                                std::to_string(c));
+          engine_err =
+              Internal("chunk store: pipeline stalled waiting for chunk " + std::to_string(c));
           break;
         }
         if (Status st = reap_one(); !st.ok()) {
@@ -348,8 +348,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       if (moments >= 2) spans.state.v = {f + 2 * stride, n};
     }
     if (pass.serving) {
-      std::byte* sv =
-          k.serving_resident ? serving_ram_->buffer(0) + k.serving_off : slot->serving;
+      std::byte* sv = k.serving_resident ? serving_ram_->buffer(0) + k.serving_off : slot->serving;
       spans.serving = {reinterpret_cast<uint16_t*>(sv), n};
     }
     Status st = fn(c, spans);
@@ -368,8 +367,8 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       slot->pending += Pieces(k.state_bytes, piece);
     }
     if (pass.serving && !k.serving_resident) {
-      Split(IoRequest::Op::kWrite, serving_fd, k.serving_off, slot->serving, k.serving_bytes,
-            piece, si, true, q);
+      Split(IoRequest::Op::kWrite, serving_fd, k.serving_off, slot->serving, k.serving_bytes, piece,
+            si, true, q);
       slot->pending += Pieces(k.serving_bytes, piece);
     }
     slot->st = slot->pending > 0 ? Slot::St::kWriting : Slot::St::kFree;
@@ -418,11 +417,11 @@ Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t of
     const auto len = static_cast<uint32_t>(done.tag >> 32);
     if (done.res >= 0) (write ? stats_.bytes_written : stats_.bytes_read) += done.res;
     if (done.res != static_cast<int32_t>(len) && err.ok()) {
-      const std::string w = what + " (" + file.path() + ", record at " + std::to_string(offset) +
-                            ")";
+      const std::string w =
+          what + " (" + file.path() + ", record at " + std::to_string(offset) + ")";
       err = done.res < 0 ? IoStatus(w, -done.res)
-                         : IoError(w + ": short transfer of " + std::to_string(done.res) +
-                                   " of " + std::to_string(len) + " bytes");
+                         : IoError(w + ": short transfer of " + std::to_string(done.res) + " of " +
+                                   std::to_string(len) + " bytes");
       q.clear();
     }
   }

@@ -126,8 +126,7 @@ class UringEngine final : public IoEngine {
  public:
   static Result<std::unique_ptr<IoEngine>> Create(const UringOptions& o) {
     if (o.depth == 0 || o.depth > 4096) {
-      return InvalidArgument("io_uring depth must be in [1, 4096], got " +
-                             std::to_string(o.depth));
+      return InvalidArgument("io_uring depth must be in [1, 4096], got " + std::to_string(o.depth));
     }
     std::unique_ptr<UringEngine> e(new UringEngine());
     io_uring_params params{};

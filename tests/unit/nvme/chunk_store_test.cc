@@ -1,5 +1,8 @@
 // ChunkStore tests: placement, bit-identity of a spilled store with a RAM-only one under the same
 // optimizer updates, single-chunk access, and fault handling (fault-injecting engine, disk full).
+#include "zps/server/chunk_store.h"
+
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,9 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "zps/server/chunk_store.h"
 #include "zps/server/optimizer.h"
 
 namespace zps::server {
@@ -165,7 +165,8 @@ TEST(ChunkStore, SpilledMatchesRamBitForBit) {
     if (variant == 1) std::reverse(order.begin(), order.end());
     Train(**spill, *opt, order, 4);
     for (uint32_t c : ids) {
-      EXPECT_TRUE(Same(Read(**ram, c), Read(**spill, c))) << "variant " << variant << " chunk " << c;
+      EXPECT_TRUE(Same(Read(**ram, c), Read(**spill, c)))
+          << "variant " << variant << " chunk " << c;
     }
     EXPECT_GT((*spill)->stats().bytes_read, 0u);
   }
@@ -192,10 +193,13 @@ TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {
   EXPECT_EQ(store.ReadServing(99, sv).code(), Code::kInvalidArgument);
   const uint32_t rep[] = {1, 2, 1};
   bool called = false;
-  EXPECT_EQ(store.ForEachChunk(rep, {}, [&](uint32_t, const ChunkSpans&) {
-                  called = true;
-                  return Status::Ok();
-                }).code(),
+  EXPECT_EQ(store
+                .ForEachChunk(rep, {},
+                              [&](uint32_t, const ChunkSpans&) {
+                                called = true;
+                                return Status::Ok();
+                              })
+                .code(),
             Code::kInvalidArgument);
   EXPECT_FALSE(called);
 }
@@ -299,9 +303,8 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
     }
     ASSERT_GE(lost, 0);
     const uint32_t one[] = {static_cast<uint32_t>(lost)};
-    EXPECT_EQ(store.ForEachChunk(one, {}, [](uint32_t, const ChunkSpans&) {
-                    return Status::Ok();
-                  }).code(),
+    EXPECT_EQ(store.ForEachChunk(one, {}, [](uint32_t, const ChunkSpans&) { return Status::Ok(); })
+                  .code(),
               Code::kDataLoss);
     std::vector<float> a(kChunks[lost], 3.0f), b(kChunks[lost]), d(kChunks[lost]);
     ASSERT_TRUE(store.WriteChunk(lost, a, b, d).ok());
@@ -371,10 +374,13 @@ TEST(ChunkStore, DiskFullIsResourceExhausted) {
     ASSERT_TRUE(ok.ok()) << ok.status().ToString();
     std::vector<uint32_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
     PassOptions pass;
-    EXPECT_TRUE((*ok)->ForEachChunk(ids, pass, [](uint32_t, const ChunkSpans& sp) {
-                       sp.state.master[0] += 1.0f;
-                       return Status::Ok();
-                     }).ok());
+    EXPECT_TRUE((*ok)
+                    ->ForEachChunk(ids, pass,
+                                   [](uint32_t, const ChunkSpans& sp) {
+                                     sp.state.master[0] += 1.0f;
+                                     return Status::Ok();
+                                   })
+                    .ok());
   }
   ::umount2(dir.c_str(), MNT_DETACH);
   ::rmdir(dir.c_str());

@@ -1,5 +1,8 @@
 // Tests of the NVMe building blocks: error mapping, spill files, buffer pool, io_uring engine.
+#include "zps/server/nvme.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,10 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-
-#include <gtest/gtest.h>
-
-#include "zps/server/nvme.h"
 
 namespace zps::server {
 namespace {

@@ -4,7 +4,8 @@
 // Per chunk c of n elements the store keeps:
 //   - the state record: fp32 master, then `moments` fp32 arrays (m, then v), each starting at a
 //     4 KiB boundary of the record. Budget: `memory_budget`.
-//   - the serving record: the 16-bit serving copy (fp16/bf16 bits). Budget: `serving_memory_budget`.
+//   - the serving record: the 16-bit serving copy (fp16/bf16 bits). Budget:
+//   `serving_memory_budget`.
 // Placement is fixed at Create(): the pipeline's buffers are taken from each budget first, then
 // chunks are made resident in id order while they fit; the rest live in two preallocated spill
 // files (`<prefix>-state.zps`, `<prefix>-serving.zps`) in id order, so a pass in id order is a
@@ -27,7 +28,8 @@
 //   ZPS_RETURN_IF_ERROR(store->ForEachChunk(ids, pass,
 //       [&](uint32_t c, const ChunkSpans& s) -> Status {
 //         UpdateParams p;  p.step = step;  p.out16 = s.serving;  p.out_dtype = DType::kBF16;
-//         return optimizer->Update(s.state, GradView{grads[c], DType::kF32, s.state.master.size()}, p);
+//         return optimizer->Update(s.state, GradView{grads[c], DType::kF32, s.state.master.size()},
+//         p);
 //       }));
 //
 // Errors and integrity: an I/O error stops the pass: in-flight requests are drained, and the
@@ -58,19 +60,19 @@
 namespace zps::server {
 
 struct ChunkStoreOptions {
-  uint64_t memory_budget = 2ull << 30;           // Default: 2 GiB (master + moments + buffers).
+  uint64_t memory_budget = 2ull << 30;            // Default: 2 GiB (master + moments + buffers).
   uint64_t serving_memory_budget = 512ull << 20;  // Default: 512 MiB (serving copies + buffers).
   std::string spill_dir = "/var/lib/zps/spill";   // Default: /var/lib/zps/spill. Must exist.
   std::string file_prefix = "zps-spill";          // Default: "zps-spill".
-  uint32_t moments = 2;          // Default: 2 (Adam m, v). 1 = SGD momentum, 0 = plain SGD.
-  bool direct_io = true;         // Default: true (O_DIRECT).
+  uint32_t moments = 2;                  // Default: 2 (Adam m, v). 1 = SGD momentum, 0 = plain SGD.
+  bool direct_io = true;                 // Default: true (O_DIRECT).
   bool allow_buffered_fallback = false;  // Default: false. See SpillFileOptions.
-  uint32_t queue_depth = 16;     // Default: 16 requests in flight.
-  uint32_t io_bytes = 1u << 20;  // Default: 1 MiB per request; a multiple of 4096.
-  uint32_t read_ahead = 2;       // Default: 2 chunks read ahead of the current one; >= 1.
-  uint32_t write_behind = 2;     // Default: 2 chunks written behind at most; >= 1.
-  bool register_buffers = false; // Default: false. Register the pipeline buffers with io_uring.
-  bool sqpoll = false;           // Default: false. io_uring SQPOLL thread.
+  uint32_t queue_depth = 16;             // Default: 16 requests in flight.
+  uint32_t io_bytes = 1u << 20;          // Default: 1 MiB per request; a multiple of 4096.
+  uint32_t read_ahead = 2;               // Default: 2 chunks read ahead of the current one; >= 1.
+  uint32_t write_behind = 2;             // Default: 2 chunks written behind at most; >= 1.
+  bool register_buffers = false;  // Default: false. Register the pipeline buffers with io_uring.
+  bool sqpoll = false;            // Default: false. io_uring SQPOLL thread.
   /// Test hook: wraps the io_uring engine (e.g. in a fault injector). Default: none.
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
 };
@@ -85,22 +87,22 @@ struct PassOptions {
 
 /// What fn sees for one chunk. Spans are valid only during the call.
 struct ChunkSpans {
-  ChunkState state;              // master (n), m and v (n each, or empty per `moments`)
-  std::span<uint16_t> serving;   // n elements when PassOptions::serving, else empty
+  ChunkState state;             // master (n), m and v (n each, or empty per `moments`)
+  std::span<uint16_t> serving;  // n elements when PassOptions::serving, else empty
 };
 
 struct ChunkStoreStats {
   uint32_t chunks = 0;
-  uint32_t state_resident = 0;      // chunks whose state is in RAM
-  uint32_t serving_resident = 0;    // chunks whose serving copy is in RAM
-  uint64_t state_ram_bytes = 0;     // resident state records
-  uint64_t serving_ram_bytes = 0;   // resident serving records
-  uint64_t buffer_bytes = 0;        // pipeline buffers (both budgets)
+  uint32_t state_resident = 0;     // chunks whose state is in RAM
+  uint32_t serving_resident = 0;   // chunks whose serving copy is in RAM
+  uint64_t state_ram_bytes = 0;    // resident state records
+  uint64_t serving_ram_bytes = 0;  // resident serving records
+  uint64_t buffer_bytes = 0;       // pipeline buffers (both budgets)
   uint64_t state_file_bytes = 0;
   uint64_t serving_file_bytes = 0;
-  uint64_t bytes_read = 0;          // since Create
+  uint64_t bytes_read = 0;  // since Create
   uint64_t bytes_written = 0;
-  bool direct = true;               // false when the buffered fallback was taken
+  bool direct = true;  // false when the buffered fallback was taken
 };
 
 class ChunkStore {
@@ -148,14 +150,14 @@ class ChunkStore {
  private:
   struct Chunk {
     uint64_t elems = 0;
-    uint64_t state_bytes = 0;    // record size (4 KiB multiple)
+    uint64_t state_bytes = 0;  // record size (4 KiB multiple)
     uint64_t serving_bytes = 0;
-    uint64_t array_stride = 0;   // bytes from master to m, m to v
+    uint64_t array_stride = 0;  // bytes from master to m, m to v
     bool state_resident = false;
     bool serving_resident = false;
-    uint64_t state_off = 0;      // in state_ram_ or state_file_
-    uint64_t serving_off = 0;    // in serving_ram_ or serving_file_
-    std::string state_lost;      // non-empty: why the spilled record is lost
+    uint64_t state_off = 0;    // in state_ram_ or state_file_
+    uint64_t serving_off = 0;  // in serving_ram_ or serving_file_
+    std::string state_lost;    // non-empty: why the spilled record is lost
     std::string serving_lost;
   };
   struct Slot;
@@ -169,10 +171,10 @@ class ChunkStore {
   ChunkStoreOptions options_;
   mutable std::mutex mu_;  // serialises every public call (see the header comment)
   std::vector<Chunk> chunks_;
-  uint64_t state_stride_max_ = 0;    // largest state record
-  uint64_t serving_stride_max_ = 0;  // largest serving record
-  std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;   // resident records
-  std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_; // pipeline slots
+  uint64_t state_stride_max_ = 0;                                 // largest state record
+  uint64_t serving_stride_max_ = 0;                               // largest serving record
+  std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;    // resident records
+  std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_;  // pipeline slots
   std::unique_ptr<SpillFile> state_file_, serving_file_;
   std::unique_ptr<IoEngine> engine_;
   ChunkStoreStats stats_;

@@ -153,8 +153,8 @@ class IoEngine {
 };
 
 struct UringOptions {
-  uint32_t depth = 16;            // Default: 16 requests in flight (fio --iodepth=16).
-  bool sqpoll = false;            // Default: false. Kernel submission-polling thread.
+  uint32_t depth = 16;  // Default: 16 requests in flight (fio --iodepth=16).
+  bool sqpoll = false;  // Default: false. Kernel submission-polling thread.
   /// Optional: buffers to register (each < 1 GiB); requests that lie inside one of them use
   /// READ_FIXED/WRITE_FIXED. Empty: none. Registration pins the memory (RLIMIT_MEMLOCK).
   std::vector<std::span<std::byte>> fixed_buffers;
