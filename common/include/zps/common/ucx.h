@@ -20,9 +20,16 @@
 //
 // Completion guarantee. Every DoneCallback passed to a Worker method is called exactly once:
 // OK on success; Unavailable when the peer failed or the endpoint was closed; Cancelled when the
-// worker stopped first; InvalidArgument/FailedPrecondition for a bad call. Peer failure is
-// detected through UCP_ERR_HANDLING_MODE_PEER (socket errors on tcp, keepalive on shared memory:
-// set ContextOptions::keepalive_interval), so no operation hangs on a dead peer.
+// worker stopped first; InvalidArgument/FailedPrecondition for a bad call. It runs on the
+// progress thread, except for a call rejected before it is queued (worker not running, invalid
+// endpoint or options, reply endpoint off the progress thread): then on the caller's thread
+// before the call returns. Peer failure is detected through UCP_ERR_HANDLING_MODE_PEER on tcp (a broken
+// socket, or keepalive: ContextOptions::keepalive_interval), and on shared memory, which UCX 1.13
+// cannot watch, through the peer pid given to Connect() and Worker::Fail() (see Connect). So no
+// operation hangs on a dead peer.
+//
+// Which mechanism to fetch with: AM rendezvous over tcp, RMA Get from a Context::Allocate()d
+// region over shared memory (docs/data-plane.md has the measurements).
 //
 // Security note (DESIGN.md, Planes): there is no UCX listener. Endpoints are created only from
 // worker addresses that the caller got over the authenticated control plane; the session token
