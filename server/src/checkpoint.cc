@@ -317,6 +317,25 @@ Result<std::vector<std::byte>> CheckpointStore::GetCatalog(std::string_view name
   return v;
 }
 
+Result<std::vector<std::string>> CheckpointStore::ListCatalog(std::string_view prefix) const {
+  std::string begin = CatalogKey(prefix), end = begin;
+  // The smallest key above every key with this prefix: drop trailing 0xff bytes, increment.
+  while (!end.empty() && static_cast<uint8_t>(end.back()) == 0xff) end.pop_back();
+  end.back() = static_cast<char>(static_cast<uint8_t>(end.back()) + 1);
+  ZPS_ASSIGN_OR_RETURN(auto kvs, db_->Scan(begin, end));
+  std::vector<std::string> out;
+  out.reserve(kvs.size());
+  for (auto& kv : kvs) out.push_back(kv.first.substr(1));
+  return out;
+}
+
+Status CheckpointStore::DeleteCatalog(std::span<const std::string> names) {
+  ZPS_RETURN_IF_ERROR(CheckWritable());
+  rocksdb::WriteBatch batch;
+  for (const auto& n : names) ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(CatalogKey(n)), "batch"));
+  return db_->Write(batch, true, false, "catalog delete");
+}
+
 Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64_t step) {
   ZPS_RETURN_IF_ERROR(CheckWritable());
   if (step < 0) return InvalidArgument("checkpoint step must be >= 0");

@@ -223,6 +223,10 @@ class CheckpointStore {
   /// FailedPrecondition (read-only), ResourceExhausted, IoError; Get: NotFound, DataLoss.
   Status PutCatalog(std::string_view name, std::span<const std::byte> value);
   Result<std::vector<std::byte>> GetCatalog(std::string_view name) const;
+  /// Names of catalog entries starting with `prefix`, ascending. Errors: IoError.
+  Result<std::vector<std::string>> ListCatalog(std::string_view prefix) const;
+  /// Deletes entries in one synced batch (absent names are fine). Errors: as PutCatalog.
+  Status DeleteCatalog(std::span<const std::string> names);
 
   // ---- checkpoints ----
   /// Starts checkpoint `step` (≥ 0). Errors: FailedPrecondition (no identity, read-only, another

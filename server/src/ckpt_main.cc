@@ -1,0 +1,158 @@
+// zps-ckpt — inspect and export shard checkpoints offline.
+//
+//   zps-ckpt inspect --data-dir D[,D2...] [--verify]
+//   zps-ckpt export  --data-dir D0,D1,... --out model.safetensors [--step S] [--dtype fp32|bf16]
+//   zps-ckpt save    --endpoint host:port          (on-demand checkpoint: not wired yet)
+//
+// Stores are opened read-only, so both work beside a running shard (they see the state as of
+// opening). Exit status: 0 success, 1 an error (printed as CODE: message), 2 bad usage.
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "zps/common/config.h"
+#include "zps/common/dtype.h"
+#include "zps/server/checkpoint.h"
+#include "zps/server/checkpoint_export.h"
+
+namespace {
+
+struct Options {
+  std::string data_dir;      // Default: none — comma-separated checkpoint stores
+  bool verify = false;       // Default: false — inspect reads every value
+  int64_t step = -1;         // Default: -1 — the newest step committed on every shard
+  std::string out;           // Default: none — export output file
+  std::string dtype = "fp32";  // Default: fp32
+  std::string endpoint;      // Default: none — save: the shard's control endpoint
+};
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+zps::Status Inspect(const Options& o) {
+  auto dirs = SplitComma(o.data_dir);
+  if (dirs.empty()) return zps::InvalidArgument("inspect needs --data-dir");
+  zps::server::CheckpointOptions copts;
+  copts.read_only = true;
+  copts.create_if_missing = false;
+  for (const auto& dir : dirs) {
+    ZPS_ASSIGN_OR_RETURN(auto store, zps::server::CheckpointStore::Open(dir, copts));
+    auto layout = store->GetLayout();
+    auto shard = store->GetShard();
+    if (layout.ok() && shard.ok()) {
+      std::printf("%s: shard %u of %u, layout %016llx (%u params, %u chunks, %llu elements)\n",
+                  dir.c_str(), *shard, layout->options().num_shards,
+                  static_cast<unsigned long long>(layout->Hash()), layout->num_params(),
+                  layout->num_chunks(), static_cast<unsigned long long>(layout->total_elems()));
+    } else {
+      std::printf("%s: no identity recorded (%s)\n", dir.c_str(),
+                  layout.status().ToString().c_str());
+    }
+    ZPS_ASSIGN_OR_RETURN(auto list, store->ListCheckpoints(o.verify));
+    std::printf("  %-12s %-21s %7s %14s  %s\n", "step", "created", "chunks", "bytes", "status");
+    for (const auto& c : list) {
+      std::printf("  %-12lld %-21s %7zu %14llu  %s%s%s\n", static_cast<long long>(c.step),
+                  c.verification == zps::server::Verification::kCorrupt
+                      ? "-"
+                      : FormatTime(c.created_unix_ms).c_str(),
+                  c.chunks.size(), static_cast<unsigned long long>(c.bytes),
+                  std::string(zps::server::VerificationName(c.verification)).c_str(),
+                  c.problem.empty() ? "" : ": ", c.problem.c_str());
+    }
+    if (list.empty()) std::printf("  (no checkpoints)\n");
+    std::printf("  disk: %llu bytes of SST and blob files\n",
+                static_cast<unsigned long long>(store->DiskBytes()));
+  }
+  return zps::Status::Ok();
+}
+
+zps::Status Export(const Options& o) {
+  zps::server::ExportOptions e;
+  e.data_dirs = SplitComma(o.data_dir);
+  if (e.data_dirs.empty()) return zps::InvalidArgument("export needs --data-dir (one per shard)");
+  if (o.out.empty()) return zps::InvalidArgument("export needs --out");
+  e.step = o.step;
+  e.out = o.out;
+  ZPS_ASSIGN_OR_RETURN(e.dtype, zps::ParseDType(o.dtype));
+  ZPS_ASSIGN_OR_RETURN(auto stats, zps::server::ExportSafetensors(e));
+  std::printf("exported step %lld: %llu parameters, %llu bytes (%s) to %s; peak buffer %llu bytes\n",
+              static_cast<long long>(stats.step), static_cast<unsigned long long>(stats.params),
+              static_cast<unsigned long long>(stats.file_bytes), o.dtype.c_str(), o.out.c_str(),
+              static_cast<unsigned long long>(stats.peak_buffer_bytes));
+  return zps::Status::Ok();
+}
+
+zps::Status Save(const Options& o) {
+  if (o.endpoint.empty()) return zps::InvalidArgument("save needs --endpoint host:port");
+  ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
+  (void)hp;
+  return zps::Unimplemented(
+      "save: the on-demand checkpoint RPC is not wired into the shard server yet");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  zps::Flags flags("zps-ckpt",
+                   "Inspect and export zps shard checkpoints.\n"
+                   "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
+                   "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
+                   "[--dtype fp32|bf16]\n"
+                   "  zps-ckpt save --endpoint host:port");
+  flags.AllowPositional(1, "inspect|export|save");
+  flags.Add("data-dir", "checkpoint store directories, comma-separated (export: one per shard)",
+            &o.data_dir);
+  flags.Add("verify", "inspect: read every value and check its CRC32C", &o.verify);
+  flags.Add("step", "export: the checkpoint step; -1 = newest on every shard", &o.step, -1,
+            INT64_MAX);
+  flags.Add("out", "export: the output .safetensors file", &o.out);
+  flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
+  flags.Add("endpoint", "save: the shard's control endpoint host:port", &o.endpoint);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "zps-ckpt: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  if (*parsed == zps::ParseOutcome::kHelpShown) return 0;
+  if (flags.positional().size() != 1) {
+    std::fprintf(stderr, "zps-ckpt: expected one command: inspect, export or save (see --help)\n");
+    return 2;
+  }
+  const std::string& cmd = flags.positional()[0];
+  zps::Status s;
+  if (cmd == "inspect") {
+    s = Inspect(o);
+  } else if (cmd == "export") {
+    s = Export(o);
+  } else if (cmd == "save") {
+    s = Save(o);
+  } else {
+    std::fprintf(stderr, "zps-ckpt: unknown command '%s' (see --help)\n", cmd.c_str());
+    return 2;
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "zps-ckpt %s: %s\n", cmd.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
