@@ -131,6 +131,14 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     std::ofstream(token_file) << token << "\n";
     ::chmod(token_file.c_str(), 0600);
   }
+  if (cluster.metrics_port != 0 && cluster.metrics_port + cluster.shards + cluster.workers > 65536) {
+    return InvalidArgument("--metrics-port " + std::to_string(cluster.metrics_port) +
+                           " leaves no room for " +
+                           std::to_string(cluster.shards + cluster.workers) + " ports");
+  }
+  auto metrics_port = [&](int index) {
+    return cluster.metrics_port == 0 ? 0 : cluster.metrics_port + index;
+  };
   std::vector<uint16_t> ports;
   for (int i = 0; i < cluster.shards; ++i) {
     ZPS_ASSIGN_OR_RETURN(uint16_t p, FreePort());
@@ -139,6 +147,12 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   const std::string endpoint = "127.0.0.1:" + std::to_string(ports[0]);
   std::printf("zps local cluster: %d shards + %d workers on loopback (logs in %s)\n",
               cluster.shards, cluster.workers, dir.c_str());
+  if (cluster.metrics_port != 0) {
+    std::printf("zps local cluster: /metrics on 127.0.0.1, shards at ports %d-%d, workers at "
+                "%d-%d\n",
+                metrics_port(0), metrics_port(cluster.shards - 1), metrics_port(cluster.shards),
+                metrics_port(cluster.shards + cluster.workers - 1));
+  }
   std::fflush(stdout);
 
   struct sigaction sa{};
@@ -155,7 +169,7 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
                                      "--port=" + std::to_string(ports[i]),
                                      "--bind=127.0.0.1",
                                      "--token-file=" + token_file,
-                                     "--metrics-port=0"};
+                                     "--metrics-port=" + std::to_string(metrics_port(i))};
     if (i > 0) args.push_back("--coordinator=" + endpoint);
     if (!cluster.ucx_tls.empty()) args.push_back("--ucx-tls=" + cluster.ucx_tls);
     auto c = Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");
@@ -172,6 +186,8 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     args.push_back("--rank=" + std::to_string(r));
     args.push_back("--endpoint=" + endpoint);
     args.push_back("--token-file=" + token_file);
+    args.push_back("--metrics-port=" + std::to_string(metrics_port(cluster.shards + r)));
+    args.push_back("--metrics-bind=127.0.0.1");
     auto c = Spawn("worker-" + std::to_string(r), args,
                    r == 0 ? "" : dir + "/worker-" + std::to_string(r) + ".log");
     if (!c.ok()) {

@@ -12,6 +12,8 @@ struct LocalCluster {
   int shards = 2;       // zps-server processes (ordinal 0 is the coordinator)
   int workers = 2;      // zps-train --mode worker processes
   std::string ucx_tls;  // passed to every process ("" = UCX's choice)
+  int metrics_port = 0;  // 0 = no metrics; else shard i serves on base+i, worker r on
+                         // base+shards+r (all on 127.0.0.1)
 };
 
 /// Starts the shards, then the workers with this process's own arguments plus their rank and

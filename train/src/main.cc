@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,8 @@
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
+#include "zps/common/metrics.h"
+#include "zps/common/process_metrics.h"
 #include "zps/server/job.h"
 #include "zps/train/data.h"
 #include "zps/train/model.h"
@@ -65,6 +68,9 @@ struct TrainOptions {
   bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
+  int metrics_port = 0;            // Default: 0 = off. Worker: its /metrics port. Local: the base
+                                   // port (shard i: base+i, worker r: base+shards+r).
+  std::string metrics_bind = "0.0.0.0";  // Default: all interfaces. Where /metrics listens.
   ModelConfig model;
   DataOptions data;
   std::string corpus;
@@ -101,6 +107,11 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
   f.Add("log-level", "debug, info, warning or error", &o.log_level);
   f.Add("op-timeout", "seconds any single wait may take", &o.op_timeout_s, 1, 86400);
+  f.Add("metrics-port",
+        "HTTP port for /metrics, /healthz, /readyz (0 = off); in local mode the first of "
+        "shards+world-size consecutive ports (shards first, then workers)",
+        &o.metrics_port, 0, 65535);
+  f.Add("metrics-bind", "address the metrics endpoint listens on (worker mode)", &o.metrics_bind);
   AddModelFlags(f, &o.model);
   AddDataFlags(f, &o.data, &o.corpus);
 }
@@ -200,13 +211,28 @@ Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& lo
 Status RunWorker(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
   const auto spec = job.Serialize();
+  // Metrics first, so /healthz answers while the worker joins; /readyz once it has joined.
+  metrics::Registry registry;
+  ZPS_ASSIGN_OR_RETURN(metrics::ProcessMetrics pm, metrics::ProcessMetrics::Create(registry, "worker"));
+  std::atomic<bool> joined{false};
+  std::unique_ptr<metrics::Exporter> exporter;
+  if (o.metrics_port != 0) {
+    metrics::ExporterOptions eo;
+    eo.bind_address = o.metrics_bind;
+    eo.port = static_cast<uint16_t>(o.metrics_port);
+    ZPS_ASSIGN_OR_RETURN(exporter, metrics::Exporter::Start(eo, &registry, nullptr, [&joined] {
+                           return joined ? Status::Ok() : Unavailable("joining the job");
+                         }));
+  }
   worker::WorkerOptions wo;
+  wo.metrics = &pm;
   wo.endpoint = o.endpoint;
   wo.token = o.token;
   wo.rank = static_cast<uint32_t>(o.rank);
   wo.ucx_tls = o.ucx_tls;
   wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
   ZPS_ASSIGN_OR_RETURN(auto client, worker::Client::Connect(wo, spec, job.Hash()));
+  joined = true;
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -244,6 +270,7 @@ Status RunWorker(const TrainOptions& o) {
   double step_time_sum = 0;
   for (int64_t step = start; step < o.steps; ++step) {
     auto ts = Clock::now();
+    pm.current_step.Set(static_cast<double>(step));
     ZPS_RETURN_IF_ERROR(loader->Batch(step, batch));
     access.BeginStep(step, step == o.inject_overflow_step && lead);
     ZPS_ASSIGN_OR_RETURN(StepOutput out,
@@ -254,6 +281,7 @@ Status RunWorker(const TrainOptions& o) {
     loss_scale = commit.next_loss_scale;
     losses.push_back(out.loss);
     step_time_sum += std::chrono::duration<double>(Clock::now() - ts).count();
+    pm.step_duration.ObserveSince(ts);
     if (lead && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start || commit.skip)) {
       auto now = Clock::now();
       double window = std::chrono::duration<double>(now - t_window).count();
@@ -324,6 +352,7 @@ Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   cluster.shards = o.shards;
   cluster.workers = o.world_size;
   cluster.ucx_tls = o.ucx_tls;
+  cluster.metrics_port = o.metrics_port;
   return RunLocalCluster(cluster, argc, argv);
 }
 

@@ -57,14 +57,21 @@ bool FetchOp::done() const {
 // ---- Client ---------------------------------------------------------------------------------
 
 struct Client::Impl {
+  using Clock = std::chrono::steady_clock;
   struct FetchPiece {
     std::shared_ptr<FetchOp::State> op;
     size_t byte_offset = 0;
     size_t bytes = 0;
     uint32_t shard = 0;
+    Clock::time_point start;
+  };
+  struct PendingPush {
+    uint32_t shard = 0;
+    Clock::time_point start;
   };
 
   WorkerOptions opts;
+  metrics::ProcessMetrics pm;  // detached handles when opts.metrics is null
   Device* device = nullptr;
   std::unique_ptr<ucx::Context> ucx_context;
   std::unique_ptr<ucx::Worker> ucx;
@@ -80,9 +87,13 @@ struct Client::Impl {
   std::mutex mu;
   std::condition_variable push_cv;
   std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
-  std::unordered_map<uint64_t, uint32_t> pushes;     // guarded by mu: request -> shard
+  std::unordered_map<uint64_t, PendingPush> pushes;  // guarded by mu
   Status push_error;                                 // guarded by mu
 
+  void EndRequest(metrics::Op op, Clock::time_point start) const {
+    pm.inflight[op].Dec();
+    pm.request_duration[op].ObserveSince(start);
+  }
   std::optional<FetchPiece> TakeFetch(uint64_t request) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = fetches.find(request);
@@ -92,11 +103,16 @@ struct Client::Impl {
     return p;
   }
   void FinishPush(uint64_t request, const Status& s) {
+    Clock::time_point start;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (pushes.erase(request) == 0) return;
+      auto it = pushes.find(request);
+      if (it == pushes.end()) return;
+      start = it->second.start;
+      pushes.erase(it);
       if (!s.ok() && push_error.ok()) push_error = s;
     }
+    EndRequest(metrics::kPush, start);
     push_cv.notify_all();
   }
   void FailShard(uint32_t shard, const Status& s) {
@@ -112,11 +128,14 @@ struct Client::Impl {
           ++it;
         }
       }
-      for (auto& [req, sh] : pushes) {
-        if (sh == shard) failed_pushes.push_back(req);
+      for (auto& [req, pending] : pushes) {
+        if (pending.shard == shard) failed_pushes.push_back(req);
       }
     }
-    for (auto& p : failed) p.op->Complete(s, -1);
+    for (auto& p : failed) {
+      EndRequest(metrics::kFetch, p.start);
+      p.op->Complete(s, -1);
+    }
     for (uint64_t r : failed_pushes) FinishPush(r, s);
   }
 
@@ -130,19 +149,24 @@ struct Client::Impl {
 Status Client::Impl::SetupUcx() {
   ZPS_ASSIGN_OR_RETURN(ucx_context, ucx::Context::Create({.transports = opts.ucx_tls}));
   ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx"}));
+  ZPS_RETURN_IF_ERROR(pm.SetUcxTransports(*ucx_context));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply, [this](ucx::AmMessage& m) {
     auto h = msg::FetchReplyHeader::Decode(m.header());
     if (!h.ok()) {
+      pm.ProtocolError("invalid_argument");
       ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
       return;
     }
     auto piece = TakeFetch(h->request);
     if (!piece) return;  // timed out or failed already
     if (h->code != 0) {
+      EndRequest(metrics::kFetch, piece->start);
       piece->op->Complete(msg::StatusFromWire(h->code, h->message), -1);
       return;
     }
     if (m.data_length() != piece->bytes) {
+      pm.ProtocolError("invalid_argument");
+      EndRequest(metrics::kFetch, piece->start);
       piece->op->Complete(DataLoss("fetch reply carries " + std::to_string(m.data_length()) +
                                    " bytes, expected " + std::to_string(piece->bytes)),
                           -1);
@@ -152,8 +176,12 @@ Status Client::Impl::SetupUcx() {
     std::span<std::byte> dest(op->buffer->memory.data() + piece->byte_offset, piece->bytes);
     int64_t version = h->version;
     size_t bytes = piece->bytes;
-    Status s = m.Receive(dest, [this, op, version, bytes](Status st) {
-      if (st.ok()) fetched += bytes;
+    Status s = m.Receive(dest, [this, op, version, bytes, start = piece->start](Status st) {
+      if (st.ok()) {
+        fetched += bytes;
+        pm.fetch_bytes.Inc(bytes);
+      }
+      EndRequest(metrics::kFetch, start);
       op->Complete(st, version);
     });
     (void)s;  // also reported through the callback
@@ -161,6 +189,7 @@ Status Client::Impl::SetupUcx() {
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
     auto h = msg::PushReplyHeader::Decode(m.header());
     if (!h.ok()) {
+      pm.ProtocolError("invalid_argument");
       ZPS_LOG(WARNING) << "malformed push reply: " << h.status().ToString();
       return;
     }
@@ -248,6 +277,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
   if (options.token.empty()) return InvalidArgument("no auth token");
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
+  if (options.metrics != nullptr) impl->pm = *options.metrics;
   impl->device = options.device ? options.device : CpuDevice::Default();
   ZPS_RETURN_IF_ERROR(impl->SetupUcx());
   ZPS_RETURN_IF_ERROR(impl->JoinJob(job_spec, job_hash));
@@ -286,15 +316,20 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
   for (const Piece& p : *pieces) {
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
+    impl_->pm.inflight[metrics::kFetch].Inc();
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      impl_->fetches[req] = {st, p.param_offset * esize, p.length * esize, shard};
+      impl_->fetches[req] = {st, p.param_offset * esize, p.length * esize, shard,
+                             Impl::Clock::now()};
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
     impl_->ucx->SendAm(impl_->eps[shard], msg::kAmFetch, h.Encode(), {}, nullptr,
                        [impl = impl_.get(), req](Status s) {
                          if (s.ok()) return;
-                         if (auto piece = impl->TakeFetch(req)) piece->op->Complete(s, -1);
+                         if (auto piece = impl->TakeFetch(req)) {
+                           impl->EndRequest(metrics::kFetch, piece->start);
+                           piece->op->Complete(s, -1);
+                         }
                        });
   }
   return FetchOp(st);
@@ -315,13 +350,15 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype,
   for (const Piece& p : pieces) {
     const uint32_t shard = layout->shard_of_chunk(p.chunk);
     const uint64_t req = next_request++;
+    pm.inflight[metrics::kPush].Inc();
     {
       std::lock_guard<std::mutex> lock(mu);
-      pushes[req] = shard;
+      pushes[req] = {shard, Clock::now()};
     }
     msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, opts.rank, dtype};
     std::span<const std::byte> bytes(data->data() + p.param_offset * esize, p.length * esize);
     pushed += bytes.size();
+    pm.push_bytes.Inc(bytes.size());
     ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, data, [this, req](Status s) {
       if (!s.ok()) FinishPush(req, s);
     });
@@ -384,15 +421,25 @@ Status Client::FlushPushes() {
 
 Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
   msg::AwaitCommit req{step};
-  ZPS_ASSIGN_OR_RETURN(auto reply, impl_->coord->Call(msg::kAwaitCommit, req.Encode(),
-                                                      impl_->opts.op_timeout));
-  return msg::CommitInfo::Decode(reply);
+  impl_->pm.inflight[metrics::kControl].Inc();
+  const auto start = Impl::Clock::now();
+  auto reply = impl_->coord->Call(msg::kAwaitCommit, req.Encode(), impl_->opts.op_timeout);
+  impl_->EndRequest(metrics::kControl, start);
+  if (!reply.ok()) {
+    if (reply.status().code() == Code::kDeadlineExceeded) impl_->pm.ProtocolError("timeout");
+    return reply.status();
+  }
+  return msg::CommitInfo::Decode(*reply);
 }
 
 Result<std::vector<std::byte>> Client::CallShard(uint32_t ordinal, uint16_t type,
                                                  std::span<const std::byte> payload) {
   if (ordinal >= impl_->shard_rpc.size()) return OutOfRange("no shard " + std::to_string(ordinal));
-  return impl_->shard_rpc[ordinal]->Call(type, payload, impl_->opts.op_timeout);
+  impl_->pm.inflight[metrics::kControl].Inc();
+  const auto start = Impl::Clock::now();
+  auto r = impl_->shard_rpc[ordinal]->Call(type, payload, impl_->opts.op_timeout);
+  impl_->EndRequest(metrics::kControl, start);
+  return r;
 }
 
 }  // namespace zps::worker

@@ -26,6 +26,7 @@
 #include "zps/common/dtype.h"
 #include "zps/common/layout.h"
 #include "zps/common/messages.h"
+#include "zps/common/process_metrics.h"
 #include "zps/common/status.h"
 #include "zps/worker/device.h"
 
@@ -39,6 +40,10 @@ struct WorkerOptions {
   std::chrono::milliseconds connect_timeout{60000};  // Default: 60 s to reach and join the job.
   std::chrono::milliseconds op_timeout{300000};      // Default: 5 min for any single wait.
   Device* device = nullptr;      // Default: null = host memory (CpuDevice).
+  /// Default: null = no metrics. The handles are copied at Connect; their registry must outlive
+  /// the Client. Fed: fetch/push bytes, request durations and in-flight by op (fetch and push per
+  /// shard piece, control = AwaitCommit and CallShard), protocol errors, UCX transports.
+  const metrics::ProcessMetrics* metrics = nullptr;
 };
 
 /// A fetched parameter: numel elements of the serving dtype, at `version` or newer.
