@@ -249,7 +249,21 @@ Status Client::Impl::ConnectShards() {
     rpc::ClientOptions co{hp.first, hp.second, opts.token,
                           msg::kRoleWorker, opts.rank, "worker-" + std::to_string(opts.rank),
                           ucx->Address(), 5000};
-    ZPS_ASSIGN_OR_RETURN(shard_rpc[i], rpc::Client::Connect(co));
+    // A shard refuses workers (Unavailable) until it has loaded the job: retry with backoff.
+    const auto deadline = std::chrono::steady_clock::now() + opts.connect_timeout;
+    auto backoff = 20ms;
+    for (;;) {
+      auto c = rpc::Client::Connect(co);
+      if (c.ok()) {
+        shard_rpc[i] = std::move(*c);
+        break;
+      }
+      if (c.status().code() != Code::kUnavailable || std::chrono::steady_clock::now() > deadline) {
+        return c.status().WithContext("shard " + std::to_string(i) + " at " + job.shard_endpoints[i]);
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
     session[i] = shard_rpc[i]->session_token();
     auto addr = shard_rpc[i]->hello_reply_extra();
     ZPS_ASSIGN_OR_RETURN(eps[i], ucx->Connect(addr, [this, i](const ucx::Endpoint&, const Status& s) {

@@ -1,0 +1,219 @@
+// zps-bench transport: fetch and push throughput through the REAL shard server and worker
+// library (control plane, session tokens, validation, coverage tracking, all of it), on one
+// transport, for a range of request sizes. scripts/bench-transport.sh runs it beside
+// ucx_perftest on the same transport in the same run.
+//
+//   zps-bench transport --tls tcp --json
+//   zps-bench transport --tls shm --sizes 4MiB,16MiB,64MiB --window 4
+//
+// Method. For each size S an in-process zps-server (one shard, the coordinator) and a worker
+// Client are started on 127.0.0.1 with a job whose parameters are each exactly one chunk:
+//   fetch: parameters of S/2 elements (S bytes of bf16); `window` fetches in flight, each a
+//          whole parameter = one request of S bytes, until bytes-per-rep have arrived.
+//   push:  parameters of S/4 elements (S bytes of fp32 gradient); one step pushes every
+//          parameter (window-limited), timed until every push is acknowledged; the commit and
+//          the optimizer update that follow are not timed.
+// Each case runs `reps` times after a warm-up; the JSON line gives the median and the best.
+// GB/s = 1e9 bytes per second.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "zps/common/config.h"
+#include "zps/common/logging.h"
+#include "zps/server/job.h"
+#include "zps/server/shard_server.h"
+#include "zps/worker/client.h"
+
+namespace zps::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string tls = "tcp";                 // Default: tcp. "shm" = posix,cma,self.
+  std::string sizes = "4MiB,16MiB,64MiB";  // Default: 4, 16, 64 MiB per request.
+  std::string ops = "fetch,push";          // Default: both.
+  uint64_t bytes_per_rep = 512ull << 20;   // Default: 512 MiB moved per repetition.
+  int reps = 3;                            // Default: 3 (after one warm-up).
+  int window = 2;                          // Default: 2 requests in flight.
+  bool json = false;                       // Default: false (a table).
+};
+
+constexpr char kToken[] = "zps-bench-transport";
+
+struct Rig {
+  std::unique_ptr<server::ShardServer> server;
+  std::unique_ptr<worker::Client> client;
+};
+
+Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
+  server::ShardServerOptions so;
+  so.port = 0;
+  so.bind_address = "127.0.0.1";
+  so.token = kToken;
+  so.ucx_tls = o.tls;
+  so.metrics_port = 0;
+  so.optimizer_threads = 1;
+  Rig rig;
+  ZPS_ASSIGN_OR_RETURN(rig.server, server::ShardServer::Create(so));
+  ZPS_RETURN_IF_ERROR(rig.server->Start());
+  std::vector<ParamSpec> specs;
+  for (int i = 0; i < params; ++i) {
+    specs.push_back({"p" + std::to_string(i), {static_cast<int64_t>(param_elems)}});
+  }
+  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(specs, {.chunk_elems = param_elems,
+                                                            .align_elems = 64,
+                                                            .num_shards = 1}));
+  server::JobSpec job{std::move(layout), {}, {}, {}};
+  job.optimizer.kind = server::OptimizerKind::kSgd;  // the cheapest update between push rounds
+  worker::WorkerOptions wo;
+  wo.endpoint = "127.0.0.1:" + std::to_string(rig.server->port());
+  wo.token = kToken;
+  wo.ucx_tls = o.tls;
+  ZPS_ASSIGN_OR_RETURN(rig.client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
+  std::vector<float> init(param_elems, 0.5f);
+  for (int i = 0; i < params; ++i) ZPS_RETURN_IF_ERROR(rig.client->PushInitial(i, init));
+  ZPS_RETURN_IF_ERROR(rig.client->FlushPushes());
+  return rig;
+}
+
+// Fetches whole parameters round-robin with `window` in flight until `bytes` arrived.
+Result<double> FetchRep(worker::Client& c, int params, uint64_t bytes, int window) {
+  std::deque<worker::FetchOp> inflight;
+  uint64_t issued = 0, done = 0;
+  const uint64_t per = c.layout().param_numel(0) * 2;
+  int next = 0;
+  auto t0 = Clock::now();
+  while (done < bytes) {
+    while (static_cast<int>(inflight.size()) < window && issued < bytes) {
+      inflight.push_back(c.FetchAsync(next, 0));
+      next = (next + 1) % params;
+      issued += per;
+    }
+    ZPS_RETURN_IF_ERROR(inflight.front().Wait(c.op_timeout()).status());
+    inflight.pop_front();
+    done += per;
+  }
+  return done / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+}
+
+// One step of pushes of every parameter; returns GB/s of the pushes (until acknowledged).
+Result<double> PushRep(worker::Client& c, int params, int64_t step, int window) {
+  const uint64_t n = c.layout().param_numel(0);
+  std::vector<float> grad(n, 1e-3f);
+  // Wait until the shard published this step (the previous update is done), untimed.
+  ZPS_RETURN_IF_ERROR(c.Fetch(0, step).status());
+  auto t0 = Clock::now();
+  for (int p = 0; p < params; ++p) {
+    ZPS_RETURN_IF_ERROR(c.PushGrad(p, step, grad));
+    if ((p + 1) % window == 0) ZPS_RETURN_IF_ERROR(c.FlushPushes());
+  }
+  ZPS_RETURN_IF_ERROR(c.FlushPushes());
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ZPS_RETURN_IF_ERROR(c.AwaitCommit(step).status());
+  return params * n * 4.0 / secs / 1e9;
+}
+
+void Print(const Options& o, const char* op, uint64_t size, std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  double median = v[v.size() / 2], best = v.back();
+  if (o.json) {
+    std::printf("{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
+                "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d}\n",
+                op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(),
+                o.window);
+  } else {
+    std::printf("%-6s %-4s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
+                static_cast<unsigned long long>(size), median, best);
+  }
+  std::fflush(stdout);
+}
+
+Status RunCase(const Options& o, const std::string& op, uint64_t size) {
+  if (op == "fetch") {
+    const uint64_t elems = size / 2;
+    const int params = std::max(o.window, 2);
+    ZPS_ASSIGN_OR_RETURN(Rig rig, StartRig(o, elems, params));
+    ZPS_RETURN_IF_ERROR(FetchRep(*rig.client, params, size * params, o.window).status());
+    std::vector<double> v;
+    for (int r = 0; r < o.reps; ++r) {
+      ZPS_ASSIGN_OR_RETURN(double g, FetchRep(*rig.client, params, o.bytes_per_rep, o.window));
+      v.push_back(g);
+    }
+    Print(o, "fetch", size, v);
+    return Status::Ok();
+  }
+  if (op == "push") {
+    const uint64_t elems = size / 4;
+    const int params = static_cast<int>(std::clamp<uint64_t>(o.bytes_per_rep / size, 2, 256));
+    ZPS_ASSIGN_OR_RETURN(Rig rig, StartRig(o, elems, params));
+    ZPS_RETURN_IF_ERROR(PushRep(*rig.client, params, 0, o.window).status());
+    std::vector<double> v;
+    for (int r = 0; r < o.reps; ++r) {
+      ZPS_ASSIGN_OR_RETURN(double g, PushRep(*rig.client, params, r + 1, o.window));
+      v.push_back(g);
+    }
+    Print(o, "push", size, v);
+    return Status::Ok();
+  }
+  return InvalidArgument("unknown op '" + op + "' (fetch, push)");
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+int Run(int argc, char** argv) {
+  Options o;
+  Flags f("zps-bench transport",
+          "Fetch and push throughput through a real zps-server and worker Client on loopback.");
+  f.Add("tls", "UCX transports: tcp, shm (posix,cma,self), or a UCX_TLS list", &o.tls);
+  f.Add("sizes", "request sizes, comma-separated (e.g. 4MiB,16MiB,64MiB)", &o.sizes);
+  f.Add("ops", "fetch, push or both (comma-separated)", &o.ops);
+  f.AddBytes("bytes-per-rep", "bytes moved per repetition", &o.bytes_per_rep);
+  f.Add("reps", "repetitions after a warm-up", &o.reps, 1, 1000);
+  f.Add("window", "requests in flight", &o.window, 1, 64);
+  f.Add("json", "one JSON object per line", &o.json);
+  auto parsed = f.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "zps-bench transport: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  if (*parsed == ParseOutcome::kHelpShown) return 0;
+  log::SetLevel(log::Level::kWarning);
+  for (const std::string& s : Split(o.sizes)) {
+    auto size = ParseBytes(s);
+    if (!size.ok() || *size < 1024 || *size % 64 != 0) {
+      std::fprintf(stderr, "zps-bench transport: bad size '%s'\n", s.c_str());
+      return 2;
+    }
+    for (const std::string& op : Split(o.ops)) {
+      Status st = RunCase(o, op, *size);
+      if (!st.ok()) {
+        std::fprintf(stderr, "zps-bench transport %s %s: %s\n", op.c_str(), s.c_str(),
+                     st.ToString().c_str());
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+ZPS_BENCH_SUBCOMMAND("transport", "fetch/push through a real shard server and worker (UCX)", Run);
+
+}  // namespace zps::bench
