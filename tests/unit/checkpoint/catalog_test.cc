@@ -1,0 +1,73 @@
+#include "zps/server/checkpoint_catalog.h"
+
+#include <gtest/gtest.h>
+
+#include "ckpt_test_util.h"
+
+namespace zps::server::testing {
+namespace {
+
+TEST(CoordinatorCatalog, GlobalCheckpointCompletesOnlyWhenEveryShardCommitted) {
+  TempDir dir;
+  CheckpointOptions o;
+  o.keep = 2;
+  auto cat = CoordinatorCatalog::Open(dir.sub("coord"), o);
+  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  auto& c = **cat;
+  EXPECT_EQ(c.LatestGlobalComplete().status().code(), Code::kNotFound);
+  EXPECT_EQ(*c.RecordShardCheckpoint(10, 0, 3), false);
+  EXPECT_EQ(*c.RecordShardCheckpoint(10, 2, 3), false);
+  EXPECT_EQ(*c.RecordShardCheckpoint(10, 2, 3), false);  // repeated: harmless
+  EXPECT_EQ(c.LatestGlobalComplete().status().code(), Code::kNotFound);
+  EXPECT_EQ(*c.RecordShardCheckpoint(10, 1, 3), true);
+  EXPECT_EQ(*c.RecordShardCheckpoint(10, 1, 3), false);  // completes exactly once
+  EXPECT_EQ(*c.LatestGlobalComplete(), 10);
+  EXPECT_EQ(c.RecordShardCheckpoint(20, 3, 3).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(c.RecordShardCheckpoint(10, 0, 4).status().code(), Code::kInvalidArgument);
+  // 20 partial: the latest complete stays 10.
+  EXPECT_EQ(*c.RecordShardCheckpoint(20, 0, 3), false);
+  EXPECT_EQ(*c.LatestGlobalComplete(), 10);
+  auto all = c.ListGlobal();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_TRUE((*all)[0].complete);
+  EXPECT_EQ((*all)[1].committed, std::vector<uint32_t>({0}));
+
+  const std::string placement = "shard0=a:1,shard1=b:2";
+  ASSERT_TRUE(c.PutPlacement(std::as_bytes(std::span(placement.data(), placement.size()))).ok());
+  ASSERT_TRUE(c.PutStep(21).ok());
+  cat->reset();
+  // Everything survives a restart.
+  auto again = CoordinatorCatalog::Open(dir.sub("coord"), o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*(*again)->GetStep(), 21);
+  EXPECT_EQ((*again)->GetPlacement()->size(), placement.size());
+  EXPECT_EQ((*again)->GetRegistry().status().code(), Code::kNotFound);
+  EXPECT_EQ(*(*again)->LatestGlobalComplete(), 10);
+  // Rollback forgets 20; completing 30, 40 and 50 keeps the newest two.
+  ASSERT_TRUE((*again)->DropGlobalAfter(10).ok());
+  EXPECT_EQ((*again)->ListGlobal()->size(), 1u);
+  for (int64_t step : {30, 40, 50}) {
+    for (uint32_t s = 0; s < 3; ++s) ASSERT_TRUE((*again)->RecordShardCheckpoint(step, s, 3).ok());
+  }
+  all = (*again)->ListGlobal();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].step, 40);
+  EXPECT_EQ((*all)[1].step, 50);
+}
+
+TEST(CoordinatorCatalog, JobSpecRoundTrip) {
+  TempDir dir;
+  auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
+  ASSERT_TRUE(cat.ok());
+  JobSpec spec;
+  spec.layout = SmallLayout(2);
+  spec.shard.world_size = 2;
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  ASSERT_TRUE((*cat)->PutJobSpec(spec).ok());
+  auto got = (*cat)->GetJobSpec();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->Hash(), spec.Hash());
+}
+
+}  // namespace
+}  // namespace zps::server::testing

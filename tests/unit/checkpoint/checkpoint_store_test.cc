@@ -1,0 +1,390 @@
+#include "zps/server/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "ckpt_test_util.h"
+#include "fault_fs.h"
+
+namespace zps::server::testing {
+namespace {
+
+CheckpointOptions SmallOptions() {
+  CheckpointOptions o;
+  o.slice_bytes = 4096;  // a 1536-element chunk is two slices, the second partial
+  o.write_buffer_bytes = 4ull << 20;
+  return o;
+}
+
+std::unique_ptr<CheckpointStore> OpenStore(const std::string& dir, const CheckpointOptions& o) {
+  auto s = CheckpointStore::Open(dir, o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::string DataKey(int64_t step, uint32_t chunk, uint8_t kind, uint32_t slice) {
+  std::string k = "d";
+  for (int i = 7; i >= 0; --i) k.push_back(static_cast<char>((uint64_t(step) >> (8 * i)) & 0xff));
+  for (int i = 3; i >= 0; --i) k.push_back(static_cast<char>((chunk >> (8 * i)) & 0xff));
+  k.push_back(static_cast<char>(kind));
+  for (int i = 3; i >= 0; --i) k.push_back(static_cast<char>((slice >> (8 * i)) & 0xff));
+  return k;
+}
+
+// Rewrites one stored value with a byte flipped, through a raw DB write (the store is closed).
+void FlipByte(const std::string& dir, const std::string& key, size_t at) {
+  rocksdb::Options o;
+  o.enable_blob_files = true;
+  o.min_blob_size = 4096;
+  rocksdb::DB* raw = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string v;
+  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
+  ASSERT_LT(at, v.size());
+  v[at] = static_cast<char>(v[at] ^ 0x10);
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  ASSERT_TRUE(db->Put(wo, key, v).ok());
+  ASSERT_TRUE(db->Close().ok());
+}
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = OpenStore(dir_.sub("db"), SmallOptions());
+    ASSERT_NE(store_, nullptr);
+    ASSERT_TRUE(store_->SetIdentity(layout_, 0).ok());
+  }
+  TempDir dir_;
+  Layout layout_ = SmallLayout(1, 1536);
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
+  ASSERT_EQ(layout_.num_chunks(), 2u);
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 10).ok());
+  ExpectCheckpoint(*store_, layout_, 0, 10);
+  auto list = store_->ListCheckpoints(true);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].step, 10);
+  EXPECT_EQ((*list)[0].verification, Verification::kVerified);
+  EXPECT_EQ((*list)[0].chunks.size(), 2u);
+  EXPECT_EQ((*list)[0].chunks[1].version, 11);
+  EXPECT_EQ((*list)[0].layout_hash, layout_.Hash());
+  EXPECT_EQ((*list)[0].bytes, layout_.total_elems() * 12 + 8);  // tensors + "state@10"
+
+  std::vector<std::pair<uint32_t, int64_t>> versions = {{0, 5}, {1, 6}};
+  ASSERT_TRUE(store_->PutChunkVersions(versions).ok());
+  const std::string blob = "placement";
+  ASSERT_TRUE(store_->PutCatalog("custom", std::as_bytes(std::span(blob.data(), blob.size()))).ok());
+  store_.reset();
+  store_ = OpenStore(dir_.sub("db"), SmallOptions());
+  auto got = store_->GetChunkVersions();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, versions);
+  auto l = store_->GetLayout();
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->Hash(), layout_.Hash());
+  EXPECT_EQ(store_->GetCatalog("custom")->size(), blob.size());
+  EXPECT_EQ(store_->GetCatalog("nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(store_->SetIdentity(layout_, 0).code(), Code::kOk);
+  EXPECT_EQ(store_->SetIdentity(SmallLayout(1, 1024), 0).code(), Code::kFailedPrecondition);
+  ExpectCheckpoint(*store_, layout_, 0, 10);
+  // Partial reads: the master alone.
+  std::vector<float> master(layout_.chunk_size(1));
+  ASSERT_TRUE(store_->LoadChunk(10, 1, {master, {}, {}}).ok());
+  EXPECT_EQ(master, MakeChunk(layout_, 1, 10).master);
+  EXPECT_EQ(store_->LoadChunk(11, 1, {master, {}, {}}).code(), Code::kNotFound);
+  EXPECT_EQ(store_->LoadChunk(10, 7, {master, {}, {}}).code(), Code::kNotFound);
+}
+
+TEST_F(CheckpointStoreTest, WriterRules) {
+  auto w = store_->BeginCheckpoint(1);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(store_->BeginCheckpoint(2).status().code(), Code::kFailedPrecondition);
+  auto d = MakeChunk(layout_, 0, 1);
+  EXPECT_EQ((*w)->AddChunk(5, 0, {d.master, d.m, d.v}).code(), Code::kOutOfRange);
+  EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, {}}).code(), Code::kInvalidArgument);
+  ASSERT_TRUE((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).ok());
+  EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*w)->Commit().code(), Code::kFailedPrecondition);  // chunk 1 missing
+  w->reset();  // aborts
+  EXPECT_TRUE(store_->ListCheckpoints(false)->empty());
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  EXPECT_EQ(store_->BeginCheckpoint(1).status().code(), Code::kAlreadyExists);
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  // Rollback to 1, then step 2 can be written again (with other contents).
+  ASSERT_TRUE(store_->DropCheckpointsAfter(1).ok());
+  EXPECT_EQ(store_->ListCheckpoints(false)->size(), 1u);
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  ExpectCheckpoint(*store_, layout_, 0, 2);
+}
+
+TEST(CheckpointStore, NeedsIdentityAndValidOptions) {
+  TempDir dir;
+  auto store = OpenStore(dir.sub("db"), {});
+  EXPECT_EQ(store->BeginCheckpoint(0).status().code(), Code::kFailedPrecondition);
+  CheckpointOptions bad;
+  bad.slice_bytes = 100;
+  EXPECT_EQ(CheckpointStore::Open(dir.sub("db2"), bad).status().code(), Code::kInvalidArgument);
+  CheckpointOptions missing;
+  missing.create_if_missing = false;
+  EXPECT_EQ(CheckpointStore::Open(dir.sub("nope"), missing).status().code(), Code::kNotFound);
+  // A second opener of a live store gets a clear error; a read-only one works beside it.
+  EXPECT_EQ(CheckpointStore::Open(dir.sub("db"), {}).status().code(), Code::kUnavailable);
+  CheckpointOptions ro;
+  ro.read_only = true;
+  auto reader = CheckpointStore::Open(dir.sub("db"), ro);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->PutCatalog("x", {}).code(), Code::kFailedPrecondition);
+}
+
+TEST(CheckpointStore, KeepsLastNAndReclaimsSpace) {
+  TempDir dir;
+  auto layout = *Layout::Build({{"w", {1 << 18}}}, {.chunk_elems = 1 << 16, .num_shards = 1});
+  CheckpointOptions o;
+  o.keep = 2;
+  o.write_buffer_bytes = 8ull << 20;
+  auto store = OpenStore(dir.sub("db"), o);
+  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  const uint64_t one = layout.total_elems() * 12;  // 3 MiB
+  for (int64_t step = 0; step < 6; ++step) {
+    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, step).ok());
+    EXPECT_LE(store->DiskBytes(), 3 * one + (1 << 20)) << "after step " << step;
+  }
+  auto list = store->ListCheckpoints(false);
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step, 4);
+  EXPECT_EQ((*list)[1].step, 5);
+  ExpectCheckpoint(*store, layout, 0, 4);
+  ExpectCheckpoint(*store, layout, 0, 5);
+}
+
+Layout KillLayout() {
+  return *Layout::Build({{"w", {3 << 16}}, {"b", {100}}},
+                        {.chunk_elems = 1 << 16, .num_shards = 1});
+}
+
+// The writer of KilledWriterNeverBreaksTheLastCheckpoint, in a fresh process (exec'd: a forked
+// copy of a process that already ran RocksDB has no background threads). Skipped otherwise.
+TEST(CheckpointWriterChild, WriteForever) {
+  const char* db = std::getenv("ZPS_CKPT_CHILD_DB");
+  if (db == nullptr) GTEST_SKIP() << "only run as the child of a kill test";
+  auto layout = KillLayout();
+  auto s = CheckpointStore::Open(db, {});
+  if (!s.ok()) _exit(3);
+  auto latest = (*s)->LatestComplete(false);
+  for (int64_t step = latest.ok() ? latest->step + 1 : 0;; ++step) {
+    if (!WriteCheckpoint(**s, layout, 0, step).ok()) _exit(4);
+  }
+}
+
+// A writer killed (SIGKILL) at any point leaves the last committed checkpoint loadable, and its
+// own leftovers are removed at the next open.
+TEST(CheckpointStore, KilledWriterNeverBreaksTheLastCheckpoint) {
+  TempDir dir;
+  auto layout = KillLayout();
+  const std::string db = dir.sub("db");
+  {
+    auto store = OpenStore(db, {});
+    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 0).ok());
+  }
+  std::mt19937 rng(42);
+  int64_t last = 0;
+  for (int round = 0; round < 6; ++round) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("ZPS_CKPT_CHILD_DB", db.c_str(), 1);
+      ::execl("/proc/self/exe", "test_checkpoint", "--gtest_filter=CheckpointWriterChild.*",
+              static_cast<char*>(nullptr));
+      _exit(5);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 700));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exited early with " << WEXITSTATUS(wstatus);
+    auto store = OpenStore(db, {});
+    auto latest = store->LatestComplete(true);
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    EXPECT_GE(latest->step, last);
+    last = latest->step;
+    ExpectCheckpoint(*store, layout, 0, latest->step);
+    auto list = store->ListCheckpoints(true);
+    for (const auto& c : *list) EXPECT_EQ(c.verification, Verification::kVerified);
+  }
+  EXPECT_GT(last, 0) << "the child never committed a checkpoint";
+}
+
+TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  store_.reset();
+  FlipByte(dir_.sub("db"), DataKey(2, 1, /*v=*/2, 0), 100);
+  store_ = OpenStore(dir_.sub("db"), SmallOptions());
+  std::vector<float> v(layout_.chunk_size(1));
+  Status s = store_->LoadChunk(2, 1, {{}, {}, v});
+  EXPECT_EQ(s.code(), Code::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("chunk 1 v slice 0"), std::string::npos) << s.message();
+  // The other tensors of the chunk are intact.
+  std::vector<float> master(layout_.chunk_size(1));
+  EXPECT_TRUE(store_->LoadChunk(2, 1, {master, {}, {}}).ok());
+  auto list = store_->ListCheckpoints(true);
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ((*list)[0].verification, Verification::kVerified);
+  EXPECT_EQ((*list)[1].verification, Verification::kCorrupt);
+  auto latest = store_->LatestComplete(true);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 1);
+  ExpectCheckpoint(*store_, layout_, 0, 1);
+}
+
+TEST_F(CheckpointStoreTest, CorruptManifestFallsBack) {
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  store_.reset();
+  std::string key = "m";
+  for (int i = 7; i >= 0; --i) key.push_back(static_cast<char>((uint64_t{2} >> (8 * i)) & 0xff));
+  FlipByte(dir_.sub("db"), key, 20);
+  store_ = OpenStore(dir_.sub("db"), SmallOptions());
+  EXPECT_EQ(store_->OpenCheckpoint(2).status().code(), Code::kDataLoss);
+  auto latest = store_->LatestComplete(false);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 1);
+  auto list = store_->ListCheckpoints(false);
+  EXPECT_EQ((*list)[1].verification, Verification::kCorrupt);
+}
+
+// ---- injected I/O faults
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CheckpointOptions o = SmallOptions();
+    o.env = fenv_.env.get();
+    store_ = OpenStore(dir_.sub("db"), o);
+    ASSERT_TRUE(store_->SetIdentity(layout_, 0).ok());
+    ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  }
+  // Reopens without faults and checks that step 1 is the latest and intact.
+  void ExpectOnlyStepOneAfterReopen() {
+    store_.reset();
+    fenv_.faults.fail_append = fenv_.faults.no_space = fenv_.faults.fail_sync = false;
+    store_ = OpenStore(dir_.sub("db"), SmallOptions());
+    ASSERT_NE(store_, nullptr);
+    auto latest = store_->LatestComplete(true);
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    EXPECT_EQ(latest->step, 1);
+    ExpectCheckpoint(*store_, layout_, 0, 1);
+    EXPECT_EQ(store_->ListCheckpoints(false)->size(), 1u);
+  }
+  // Begins checkpoint 2, arms `fault`, adds every chunk and commits; returns the first error.
+  Status WriteWithFault(std::atomic<bool>& fault) {
+    ZPS_ASSIGN_OR_RETURN(auto w, store_->BeginCheckpoint(2));
+    fault = true;
+    for (uint32_t c : layout_.ChunksOfShard(0)) {
+      auto d = MakeChunk(layout_, c, 2);
+      ZPS_RETURN_IF_ERROR(w->AddChunk(c, 3, {d.master, d.m, d.v}));
+    }
+    return w->Commit();
+  }
+  TempDir dir_;
+  FaultEnv fenv_;
+  Layout layout_ = SmallLayout(1, 1536);
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+TEST_F(FaultTest, WriteErrorDuringFlushFailsTheCommit) {
+  Status s = WriteWithFault(fenv_.faults.fail_append);
+  EXPECT_EQ(s.code(), Code::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("injected write failure"), std::string::npos) << s.message();
+  ExpectOnlyStepOneAfterReopen();
+}
+
+TEST_F(FaultTest, SyncErrorFailsTheCommit) {
+  Status s = WriteWithFault(fenv_.faults.fail_sync);
+  EXPECT_EQ(s.code(), Code::kIoError) << s.ToString();
+  ExpectOnlyStepOneAfterReopen();
+}
+
+TEST_F(FaultTest, NoSpaceIsResourceExhausted) {
+  Status s = WriteWithFault(fenv_.faults.no_space);
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+  ExpectOnlyStepOneAfterReopen();
+}
+
+TEST_F(FaultTest, ReadErrorIsIoErrorNotCorruption) {
+  // Reopen so blob files are opened through the faulting wrapper afresh.
+  store_.reset();
+  CheckpointOptions o = SmallOptions();
+  o.env = fenv_.env.get();
+  store_ = OpenStore(dir_.sub("db"), o);
+  fenv_.faults.fail_blob_read = true;
+  std::vector<float> master(layout_.chunk_size(0));
+  Status s = store_->LoadChunk(1, 0, {master, {}, {}});
+  EXPECT_EQ(s.code(), Code::kIoError) << s.ToString();
+  EXPECT_EQ(store_->ListCheckpoints(true).status().code(), Code::kIoError);
+  EXPECT_EQ(store_->LatestComplete(true).status().code(), Code::kIoError);
+  fenv_.faults.fail_blob_read = false;
+  ExpectCheckpoint(*store_, layout_, 0, 1);
+}
+
+// Disk full on a real, small filesystem: an 8 MiB tmpfs mounted for the test (needs
+// CAP_SYS_ADMIN; skipped otherwise — NoSpaceIsResourceExhausted covers the error path).
+TEST(CheckpointDiskFull, SmallTmpfs) {
+  TempDir dir;
+  const std::string mnt = dir.sub("mnt");
+  std::filesystem::create_directory(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  // 3 MiB of tensors per checkpoint; keep 5, so the fourth or so cannot fit.
+  auto layout = *Layout::Build({{"w", {1 << 18}}}, {.chunk_elems = 1 << 16, .num_shards = 1});
+  CheckpointOptions o;
+  o.keep = 5;
+  o.write_buffer_bytes = 8ull << 20;
+  auto store = OpenStore(mnt + "/db", o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  Status s;
+  int64_t step = 0;
+  for (; step < 10; ++step) {
+    s = WriteCheckpoint(*store, layout, 0, step);
+    if (!s.ok()) break;
+  }
+  ASSERT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("disk full"), std::string::npos) << s.message();
+  ASSERT_GT(step, 0);
+  store.reset();
+  // Everything committed before the failure is intact (read-only: a full disk may refuse the
+  // files a writable open creates).
+  CheckpointOptions ro = o;
+  ro.read_only = true;
+  auto reader = OpenStore(mnt + "/db", ro);
+  ASSERT_NE(reader, nullptr);
+  auto latest = reader->LatestComplete(true);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->step, step - 1);
+  ExpectCheckpoint(*reader, layout, 0, step - 1);
+}
+
+}  // namespace
+}  // namespace zps::server::testing
