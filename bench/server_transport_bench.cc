@@ -11,8 +11,10 @@
 //   fetch: parameters of S/2 elements (S bytes of bf16); `window` fetches in flight, each a
 //          whole parameter = one request of S bytes, until bytes-per-rep have arrived.
 //   push:  parameters of S/4 elements (S bytes of fp32 gradient); one step pushes every
-//          parameter (window-limited), timed until every push is acknowledged; the commit and
-//          the optimizer update that follow are not timed.
+//          parameter (`window` unacknowledged at most, as a training loop bounds the copies
+//          its pushes hold), timed until every push is acknowledged; the commit and
+//          the optimizer update that follow are not timed. "push" uses PushGrad (which
+//          copies the gradient before it returns), "push_shared" PushGradShared (no copy).
 // Each case runs `reps` times after a warm-up; the JSON line gives the median and the best.
 // GB/s = 1e9 bytes per second.
 #include <algorithm>
@@ -37,11 +39,15 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string tls = "tcp";                 // Default: tcp. "shm" = posix,cma,self.
   std::string sizes = "4MiB,16MiB,64MiB";  // Default: 4, 16, 64 MiB per request.
-  std::string ops = "fetch,push";          // Default: both.
+  std::string ops = "fetch,push,push_shared";  // Default: all three.
   uint64_t bytes_per_rep = 512ull << 20;   // Default: 512 MiB moved per repetition.
   int reps = 3;                            // Default: 3 (after one warm-up).
   int window = 2;                          // Default: 2 requests in flight.
   bool json = false;                       // Default: false (a table).
+  std::string fetch_mode = "auto";         // Default: auto (rma on shared memory, else am).
+  int spin_us = -1;                        // Default: -1 = the shard's and worker's defaults.
+  int shard_spin_us = -1;                  // Default: -1 = spin_us.
+  int worker_spin_us = -1;                 // Default: -1 = spin_us.
 };
 
 constexpr char kToken[] = "zps-bench-transport";
@@ -59,6 +65,8 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   so.ucx_tls = o.tls;
   so.metrics_port = 0;
   so.optimizer_threads = 1;
+  if (o.spin_us >= 0) so.ucx_spin_us = o.spin_us;
+  if (o.shard_spin_us >= 0) so.ucx_spin_us = o.shard_spin_us;
   Rig rig;
   ZPS_ASSIGN_OR_RETURN(rig.server, server::ShardServer::Create(so));
   ZPS_RETURN_IF_ERROR(rig.server->Start());
@@ -75,6 +83,9 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   wo.endpoint = "127.0.0.1:" + std::to_string(rig.server->port());
   wo.token = kToken;
   wo.ucx_tls = o.tls;
+  wo.fetch_mode = o.fetch_mode;
+  if (o.spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.spin_us);
+  if (o.worker_spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.worker_spin_us);
   ZPS_ASSIGN_OR_RETURN(rig.client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
   std::vector<float> init(param_elems, 0.5f);
   for (int i = 0; i < params; ++i) ZPS_RETURN_IF_ERROR(rig.client->PushInitial(i, init));
@@ -103,15 +114,19 @@ Result<double> FetchRep(worker::Client& c, int params, uint64_t bytes, int windo
 }
 
 // One step of pushes of every parameter; returns GB/s of the pushes (until acknowledged).
-Result<double> PushRep(worker::Client& c, int params, int64_t step, int window) {
+// `shared`: PushGradShared (no copy: the bytes go from the caller's buffer), else PushGrad
+// (which copies into a staging buffer before it returns).
+Result<double> PushRep(worker::Client& c, int params, int64_t step, int window, bool shared) {
   const uint64_t n = c.layout().param_numel(0);
-  std::vector<float> grad(n, 1e-3f);
+  auto grad = std::make_shared<std::vector<float>>(n, 1e-3f);
+  const auto grad_bytes = std::as_bytes(std::span<const float>(*grad));
   // Wait until the shard published this step (the previous update is done), untimed.
   ZPS_RETURN_IF_ERROR(c.Fetch(0, step).status());
   auto t0 = Clock::now();
   for (int p = 0; p < params; ++p) {
-    ZPS_RETURN_IF_ERROR(c.PushGrad(p, step, grad));
-    if ((p + 1) % window == 0) ZPS_RETURN_IF_ERROR(c.FlushPushes());
+    ZPS_RETURN_IF_ERROR(c.AwaitPushesBelow(window));  // a sliding window of pushes in flight
+    ZPS_RETURN_IF_ERROR(shared ? c.PushGradShared(p, step, grad_bytes, grad)
+                               : c.PushGrad(p, step, *grad));
   }
   ZPS_RETURN_IF_ERROR(c.FlushPushes());
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -124,9 +139,10 @@ void Print(const Options& o, const char* op, uint64_t size, std::vector<double> 
   double median = v[v.size() / 2], best = v.back();
   if (o.json) {
     std::printf("{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
-                "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d}\n",
+                "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d,"
+                "\"fetch_mode\":\"%s\"}\n",
                 op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(),
-                o.window);
+                o.window, o.fetch_mode.c_str());
   } else {
     std::printf("%-6s %-4s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
                 static_cast<unsigned long long>(size), median, best);
@@ -148,20 +164,21 @@ Status RunCase(const Options& o, const std::string& op, uint64_t size) {
     Print(o, "fetch", size, v);
     return Status::Ok();
   }
-  if (op == "push") {
+  if (op == "push" || op == "push_shared") {
+    const bool shared = op == "push_shared";
     const uint64_t elems = size / 4;
     const int params = static_cast<int>(std::clamp<uint64_t>(o.bytes_per_rep / size, 2, 256));
     ZPS_ASSIGN_OR_RETURN(Rig rig, StartRig(o, elems, params));
-    ZPS_RETURN_IF_ERROR(PushRep(*rig.client, params, 0, o.window).status());
+    ZPS_RETURN_IF_ERROR(PushRep(*rig.client, params, 0, o.window, shared).status());
     std::vector<double> v;
     for (int r = 0; r < o.reps; ++r) {
-      ZPS_ASSIGN_OR_RETURN(double g, PushRep(*rig.client, params, r + 1, o.window));
+      ZPS_ASSIGN_OR_RETURN(double g, PushRep(*rig.client, params, r + 1, o.window, shared));
       v.push_back(g);
     }
-    Print(o, "push", size, v);
+    Print(o, op.c_str(), size, v);
     return Status::Ok();
   }
-  return InvalidArgument("unknown op '" + op + "' (fetch, push)");
+  return InvalidArgument("unknown op '" + op + "' (fetch, push, push_shared)");
 }
 
 std::vector<std::string> Split(const std::string& s) {
@@ -182,11 +199,17 @@ int Run(int argc, char** argv) {
           "Fetch and push throughput through a real zps-server and worker Client on loopback.");
   f.Add("tls", "UCX transports: tcp, shm (posix,cma,self), or a UCX_TLS list", &o.tls);
   f.Add("sizes", "request sizes, comma-separated (e.g. 4MiB,16MiB,64MiB)", &o.sizes);
-  f.Add("ops", "fetch, push or both (comma-separated)", &o.ops);
+  f.Add("ops", "fetch, push (PushGrad: copies first), push_shared (PushGradShared: no copy)",
+        &o.ops);
   f.AddBytes("bytes-per-rep", "bytes moved per repetition", &o.bytes_per_rep);
   f.Add("reps", "repetitions after a warm-up", &o.reps, 1, 1000);
   f.Add("window", "requests in flight", &o.window, 1, 64);
   f.Add("json", "one JSON object per line", &o.json);
+  f.Add("fetch-mode", "auto (rma on shared memory, else am), am or rma", &o.fetch_mode);
+  f.Add("spin-us", "UCX progress-thread polling in shard and worker, µs (-1: their defaults)",
+        &o.spin_us, -1, 1000000);
+  f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);
+  f.Add("worker-spin-us", "as spin-us, for the worker only", &o.worker_spin_us, -1, 1000000);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-bench transport: %s\n", parsed.status().ToString().c_str());

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# bench-transport.sh — the UCX data-plane layer (zps-bench transport-raw) beside ucx_perftest,
-# on the same transport, in the same run, on loopback. Prints JSON lines for both and, per
-# (op, size), the ratio to the best ucx_perftest figure (ucp_am_bw, tag_bw, ucp_get) at that size.
+# bench-transport.sh — the UCX data-plane layer (zps-bench transport-raw) and the real server
+# path (zps-bench transport: shard server + worker Client) beside ucx_perftest, on the same
+# transport, in the same run, on loopback. Prints JSON lines for all three and, per
+# (bench, op, size), the ratio to the best ucx_perftest figure (ucp_am_bw, tag_bw, ucp_get) at
+# that size.
 #
 #   scripts/bench-transport.sh                       # tcp and shm, 4/16/64 MiB
 #   scripts/bench-transport.sh --tls shm --sizes 4MiB --reps 3
 #   BUILD_DIR=build-ucx scripts/bench-transport.sh --port 13500
 #
 # Options: --tls tcp|shm|both (default both), --sizes LIST (default 4MiB,16MiB,64MiB),
+# --benches LIST (transport-raw, transport or both, default both),
 # --reps N (interleaved rounds of ucx_perftest then zps-bench; medians; default 3), --port P (default 13370; the
 # perftest server listens on 127.0.0.1:P), --window N (zps-bench operations in flight, default 2).
 # Extra UCX_* variables in the environment apply to both programs.
@@ -21,6 +24,7 @@ SIZES="4MiB,16MiB,64MiB"
 REPS=3
 PORT=13370
 WINDOW=2
+BENCHES=transport-raw,transport
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tls) TLS=$2; shift 2 ;;
@@ -28,7 +32,8 @@ while [[ $# -gt 0 ]]; do
     --reps) REPS=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     --window) WINDOW=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --benches) BENCHES=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "bench-transport.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -77,8 +82,14 @@ for ((round = 0; round < REPS; round++)); do
         printf '{"bench":"ucx_perftest","round":%d,"test":"%s","tls":"%s","size_bytes":%s,"gb_per_s":%.3f}\n' \
           "$round" "$test" "$tls" "$size" "$(awk -v m="$v" 'BEGIN {print m * 1048576 / 1e9}')" | tee -a "$RESULTS"
       done
-      "$BENCH" transport-raw --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
-          --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
+      if [[ ",$BENCHES," == *,transport-raw,* ]]; then
+        "$BENCH" transport-raw --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
+            --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
+      fi
+      if [[ ",$BENCHES," == *,transport,* ]]; then
+        "$BENCH" transport --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
+            --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
+      fi
     done
   done
 done
@@ -94,13 +105,15 @@ for r in rows:
             best[k] = (r["gb_per_s"], r["test"])
 cases = {}
 for r in rows:
-    if r["bench"] != "transport-raw":
+    if r["bench"] not in ("transport-raw", "transport"):
         continue
     b, t = best.get((r["round"], r["tls"], r["size_bytes"]), (0, "-"))
     if b:
-        cases.setdefault((r["tls"], r["op"], r["size_bytes"]), []).append((r["gb_per_s"], b, t))
+        op = r["op"] if r["bench"] == "transport-raw" else "srv_" + r["op"]
+        cases.setdefault((r["tls"], op, r["size_bytes"]), []).append((r["gb_per_s"], b, t))
 print("\nmedians over %d round(s); ratio = zps / best ucx_perftest of the same round" %
       (1 + max([r["round"] for r in rows] or [0])))
+print("(srv_* = zps-bench transport, through the shard server and worker Client)")
 print("%-4s %-9s %10s %9s %20s %7s" % ("tls", "op", "size", "GB/s", "best perftest GB/s", "ratio"))
 for (tls, op, size), v in cases.items():
     ours = statistics.median(x[0] for x in v)

@@ -195,6 +195,30 @@ Result<FetchReplyHeader> FetchReplyHeader::Decode(std::span<const std::byte> b) 
   return m;
 }
 
+std::vector<std::byte> FetchRmaReplyHeader::Encode() const {
+  ByteWriter w;
+  w.U64(request);
+  w.U32(code);
+  w.I64(version);
+  w.Str(message.substr(0, kMaxErrorMessage));
+  w.U64(remote_address);
+  w.Blob(rkey);
+  return w.Take();
+}
+Result<FetchRmaReplyHeader> FetchRmaReplyHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  FetchRmaReplyHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
+  ZPS_ASSIGN_OR_RETURN(m.code, r.U32("code"));
+  ZPS_ASSIGN_OR_RETURN(m.version, r.I64("version"));
+  ZPS_ASSIGN_OR_RETURN(m.message, r.Str("message", kMaxErrorMessage));
+  ZPS_ASSIGN_OR_RETURN(m.remote_address, r.U64("remote_address"));
+  ZPS_ASSIGN_OR_RETURN(auto key, r.Blob("rkey", kMaxRkeyBytes));
+  m.rkey.assign(key.begin(), key.end());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("FetchRmaReplyHeader"));
+  return m;
+}
+
 std::vector<std::byte> PushHeader::Encode() const {
   ByteWriter w;
   w.U64(session);

@@ -193,7 +193,14 @@ void Worker::Loop() {
       last_activity = now;
       continue;
     }
-    if (!QueueEmpty() || now - last_activity < options_.spin) continue;
+    if (!QueueEmpty()) continue;
+    if (now - last_activity < options_.spin) {
+      // Polling, but give the core to any other runnable thread first: on a machine with
+      // fewer cores than busy threads (the shard's and worker's progress threads, the thread
+      // copying the data) a plain spin steals the time the copy needs.
+      std::this_thread::yield();
+      continue;
+    }
     SleepOnEvents();
     last_activity = Clock::now();
   }

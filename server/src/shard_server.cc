@@ -37,6 +37,9 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("token-file", "file holding the shared auth secret", &token_file);
   f.Add("ucx-tls", "UCX transports, e.g. tcp or posix,cma,self (empty: UCX_TLS or UCX default)",
         &ucx_tls);
+  f.Add("ucx-spin-us",
+        "microseconds the UCX progress thread polls after activity before it sleeps",
+        &ucx_spin_us, 0, 1000000);
   f.Add("threads", "optimizer threads (0 = one per CPU)", &optimizer_threads, 0, 1024);
   f.Add("pin-threads", "pin optimizer threads to CPUs", &pin_threads);
   f.Add("step-timeout", "seconds to wait for one step's gradients", &step_timeout_s, 1,
@@ -150,6 +153,10 @@ struct ShardServer::Impl {
   std::unique_ptr<metrics::Exporter> exporter;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ucx::Context> ucx_context;
+  // Every serving copy of this shard (ShardState's ServingAllocator), from Context::Allocate so
+  // that workers can Get it (shared memory) and AM replies need no registration (tcp). Set once
+  // by the driver before state_ptr; destroyed after the worker stopped and before the context.
+  std::unique_ptr<ucx::MemoryRegion> serving_region;
   std::unique_ptr<ucx::Worker> ucx;
   std::unique_ptr<rpc::Server> rpc;
   std::unique_ptr<Coordinator> coordinator;
@@ -237,7 +244,8 @@ struct ShardServer::Impl {
   Result<std::vector<std::byte>> CallCoordinator(uint16_t type, std::span<const std::byte> payload,
                                                  std::chrono::milliseconds timeout);
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
-                  std::span<const std::byte> data);
+                  std::span<const std::byte> data, bool rma);
+  void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
   std::string StatusJson();
 };
@@ -249,13 +257,37 @@ namespace {
 thread_local bool in_fetch_handler = false;
 }  // namespace
 
+// Payloads from this size up go by rendezvous (the receiver pulls them zero-copy where the
+// transport can) whatever UCX_RNDV_THRESH says; below it eager is cheaper.
+constexpr size_t kRendezvousMin = 64 * 1024;
+
 void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s,
-                                   int64_t version, std::span<const std::byte> data) {
+                                   int64_t version, std::span<const std::byte> data, bool rma) {
+  auto log_failure = [](Status st) {
+    if (!st.ok()) ZPS_LOG(DEBUG) << "fetch reply not delivered: " << st.ToString();
+  };
+  const ucx::MemoryRegion* region = serving_region.get();
+  const bool in_region = region != nullptr && region->Contains(data.data(), data.size());
+  if (rma && (!s.ok() || in_region)) {
+    // No data: the worker Gets the range from the serving region (docs/data-plane.md).
+    msg::FetchRmaReplyHeader h{request, static_cast<uint32_t>(s.code()), version, s.message(),
+                               0, {}};
+    if (s.ok()) {
+      h.remote_address = reinterpret_cast<uintptr_t>(data.data());
+      h.rkey.assign(region->rkey().begin(), region->rkey().end());
+    }
+    ucx->SendAm(ep, msg::kAmFetchRmaReply, h.Encode(), {}, nullptr, log_failure);
+    return;
+  }
   msg::FetchReplyHeader h{request, static_cast<uint32_t>(s.code()), version, s.message()};
-  ucx->SendAm(ep, msg::kAmFetchReply, h.Encode(), s.ok() ? data : std::span<const std::byte>{},
-              nullptr, [](Status st) {
-                if (!st.ok()) ZPS_LOG(DEBUG) << "fetch reply not delivered: " << st.ToString();
-              });
+  ucx::SendOptions so;
+  if (s.ok()) {
+    so.force_rendezvous = data.size() >= kRendezvousMin;
+    so.region = in_region ? region : nullptr;
+  } else {
+    data = {};
+  }
+  ucx->SendAm(ep, msg::kAmFetchReply, h.Encode(), data, nullptr, log_failure, so);
 }
 
 void ShardServer::Impl::ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s) {
@@ -265,43 +297,48 @@ void ShardServer::Impl::ReplyPush(const ucx::Endpoint& ep, uint64_t request, con
   });
 }
 
+void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
+  auto h = msg::FetchHeader::Decode(m.header());
+  if (!h.ok()) {
+    sm.pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "dropping malformed fetch: " << h.status().ToString();
+    return;
+  }
+  const auto t0 = BeginRequest(metrics::kFetch);
+  Session session;
+  if (!FindSession(h->session, &session)) {
+    sm.pm.ProtocolError("unauthenticated");
+    if (m.reply_endpoint().valid()) {
+      ReplyFetch(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"), -1, {},
+                 rma);
+    }
+    EndRequest(metrics::kFetch, t0);
+    return;
+  }
+  ShardState* st = state_ptr.load();
+  if (st == nullptr) {
+    ReplyFetch(session.ep, h->request, Unavailable("the shard has no job yet"), -1, {}, rma);
+    EndRequest(metrics::kFetch, t0);
+    return;
+  }
+  // A fetch for a version not yet published is answered later, from the publish: time it
+  // from then (serving latency, not the step's wait). It stays in flight all along.
+  in_fetch_handler = true;
+  st->Fetch({h->chunk, h->offset, h->length, h->min_version},
+            [this, ep = session.ep, req = h->request, t0, rma](
+                const Status& fs, int64_t v, std::span<const std::byte> data) {
+              const auto start = in_fetch_handler ? t0 : Clock::now();
+              ReplyFetch(ep, req, fs, v, data, rma);
+              if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
+              EndRequest(metrics::kFetch, start);
+            });
+  in_fetch_handler = false;
+}
+
 void ShardServer::Impl::SetupDataPlane() {
-  Status s = ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) {
-    auto h = msg::FetchHeader::Decode(m.header());
-    if (!h.ok()) {
-      sm.pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "dropping malformed fetch: " << h.status().ToString();
-      return;
-    }
-    const auto t0 = BeginRequest(metrics::kFetch);
-    Session session;
-    if (!FindSession(h->session, &session)) {
-      sm.pm.ProtocolError("unauthenticated");
-      if (m.reply_endpoint().valid()) {
-        ReplyFetch(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"), -1, {});
-      }
-      EndRequest(metrics::kFetch, t0);
-      return;
-    }
-    ShardState* st = state_ptr.load();
-    if (st == nullptr) {
-      ReplyFetch(session.ep, h->request, Unavailable("the shard has no job yet"), -1, {});
-      EndRequest(metrics::kFetch, t0);
-      return;
-    }
-    // A fetch for a version not yet published is answered later, from the publish: time it
-    // from then (serving latency, not the step's wait). It stays in flight all along.
-    in_fetch_handler = true;
-    st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-              [this, ep = session.ep, req = h->request, t0](const Status& fs, int64_t v,
-                                                            std::span<const std::byte> data) {
-                const auto start = in_fetch_handler ? t0 : Clock::now();
-                ReplyFetch(ep, req, fs, v, data);
-                if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
-                EndRequest(metrics::kFetch, start);
-              });
-    in_fetch_handler = false;
-  });
+  Status s = ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) { HandleFetch(m, false); });
+  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+  s = ucx->SetAmHandler(msg::kAmFetchRma, [this](ucx::AmMessage& m) { HandleFetch(m, true); });
   if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
   s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) {
     auto h = msg::PushHeader::Decode(m.header());
@@ -518,8 +555,21 @@ Status ShardServer::Impl::RunDriver() {
                               std::to_string(job.layout.options().num_shards) +
                               " shards but --shards is " + std::to_string(opts.shards));
   }
-  ZPS_ASSIGN_OR_RETURN(state, ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal),
-                                                 job.shard, job.optimizer, pool.get()));
+  // Serving copies in UCX-allocated memory (one region): workers on shared memory Get them
+  // directly. Where UCX cannot allocate, fall back to heap memory (fetches then go by AM).
+  auto serving_alloc = [this](size_t bytes) -> Result<std::span<std::byte>> {
+    ZPS_ASSIGN_OR_RETURN(serving_region, ucx_context->Allocate(bytes));
+    return serving_region->memory();
+  };
+  auto created = ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal), job.shard,
+                                    job.optimizer, pool.get(), serving_alloc);
+  if (!created.ok() && serving_region == nullptr) {
+    ZPS_LOG(WARNING) << "serving copies in heap memory (RMA fetch off): "
+                     << created.status().ToString();
+    created = ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal), job.shard,
+                                 job.optimizer, pool.get());
+  }
+  ZPS_ASSIGN_OR_RETURN(state, std::move(created));
   SetMemoryGauges(job);
   state_ptr.store(state.get());  // now ready (/readyz)
   ZPS_LOG(INFO) << "shard " << opts.ordinal << " holds " << state->chunk_ids().size() << " of "
@@ -588,7 +638,10 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ZPS_ASSIGN_OR_RETURN(impl->sm, ShardMetrics::Create(impl->registry));
   ZPS_ASSIGN_OR_RETURN(impl->ucx_context, ucx::Context::Create({.transports = options.ucx_tls}));
   ZPS_RETURN_IF_ERROR(impl->sm.pm.SetUcxTransports(*impl->ucx_context));
-  ZPS_ASSIGN_OR_RETURN(impl->ucx, ucx::Worker::Create(*impl->ucx_context, {.thread_name = "shard-ucx"}));
+  ZPS_ASSIGN_OR_RETURN(impl->ucx,
+                       ucx::Worker::Create(*impl->ucx_context,
+                                           {.thread_name = "shard-ucx",
+                                            .spin = std::chrono::microseconds(options.ucx_spin_us)}));
   rpc::ServerOptions ro;
   ro.bind_address = options.bind_address;
   ro.port = static_cast<uint16_t>(options.port);
@@ -661,6 +714,11 @@ Status ShardServer::Start() {
       d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
     }
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
+    // Without UCX peer-failure handling (shared memory) the control-plane connection is how we
+    // learn that the worker is gone: fail the endpoint, so nothing waits on it, then close it.
+    if (!ep.peer_error_handling()) d->ucx->Fail(ep, Unavailable("worker rank " +
+                                                                std::to_string(peer.rank) +
+                                                                " disconnected"));
     d->ucx->Close(ep);
   });
   if (d->opts.metrics_port != 0) {

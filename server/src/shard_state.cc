@@ -28,7 +28,8 @@ ShardState::~ShardState() { Shutdown(Cancelled("shard state destroyed")); }
 Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uint32_t ordinal,
                                                        const ShardJob& job,
                                                        const OptimizerConfig& optimizer,
-                                                       ThreadPool* pool) {
+                                                       ThreadPool* pool,
+                                                       const ServingAllocator& serving_alloc) {
   if (ordinal >= layout.options().num_shards) {
     return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
                            std::to_string(layout.options().num_shards));
@@ -58,13 +59,36 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     if (needs_v) {
       ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
     }
-    ZPS_ASSIGN_OR_RETURN(c.serving, AlignedBuffer<uint16_t>::Allocate(c.size));
     for (uint32_t k = 0; k < slots; ++k) {
       ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
       c.grads.push_back(std::move(g));
     }
     c.covered.resize(slots);
     c.landed.assign(slots, 0);
+  }
+  // Every serving copy lives in one block (one UCX region, one rkey, when the server allocates
+  // it), each copy at a 64-byte aligned offset.
+  auto serving_stride = [](uint64_t elems) { return (elems * sizeof(uint16_t) + 63) / 64 * 64; };
+  size_t serving_bytes = 0;
+  for (const Chunk& c : s->chunks_) serving_bytes += serving_stride(c.size);
+  std::span<std::byte> serving;
+  if (serving_bytes > 0 && serving_alloc) {
+    ZPS_ASSIGN_OR_RETURN(serving, serving_alloc(serving_bytes));
+    if (serving.size() < serving_bytes ||
+        reinterpret_cast<uintptr_t>(serving.data()) % 64 != 0) {
+      return InvalidArgument("serving allocator returned " + std::to_string(serving.size()) +
+                             " bytes (or unaligned memory) for " +
+                             std::to_string(serving_bytes));
+    }
+    std::memset(serving.data(), 0, serving_bytes);
+  } else if (serving_bytes > 0) {
+    ZPS_ASSIGN_OR_RETURN(s->serving_own_, AlignedBuffer<std::byte>::Allocate(serving_bytes));
+    serving = s->serving_own_.span();
+  }
+  size_t serving_off = 0;
+  for (Chunk& c : s->chunks_) {
+    c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size};
+    serving_off += serving_stride(c.size);
   }
   // Parameter runs inside each local chunk.
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
@@ -186,8 +210,8 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     if (t.req_.step == kInitStep) {
       if (c->landed[0] == c->expected) {
         std::span<const float> master = c->master.span();
-        if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving.span());
-        else ConvertF32ToBF16(master, c->serving.span());
+        if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving);
+        else ConvertF32ToBF16(master, c->serving);
         ResetCoverage(*c);
         Publish(*c, 0, ready);
         cv_.notify_all();
@@ -264,7 +288,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
       up.step = order.optimizer_step;
       up.grad_scale = order.grad_scale;
       up.out_dtype = job_.serving_dtype;
-      up.out16 = c.serving.span();
+      up.out16 = c.serving;
       ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up));
     }
   }
@@ -359,7 +383,7 @@ uint32_t ShardState::StateCrc() const {
     crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
     crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
     crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
-    crc = Crc32cExtend(crc, std::as_bytes(c.serving.span()));
+    crc = Crc32cExtend(crc, std::as_bytes(c.serving));
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&c.version, 1)));
   }
   return crc;
@@ -372,7 +396,7 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
   uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));
   if (c->m.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->m.span()));
   if (c->v.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->v.span()));
-  return Crc32cExtend(crc, std::as_bytes(c->serving.span()));
+  return Crc32cExtend(crc, std::as_bytes(c->serving));
 }
 
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {

@@ -12,6 +12,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
 #include "zps/common/ucx.h"
+#include "staging_pool.h"
 
 namespace zps::worker {
 
@@ -83,6 +84,11 @@ struct Client::Impl {
   std::optional<Layout> layout;
   std::atomic<uint64_t> next_request{1};
   std::atomic<uint64_t> fetched{0}, pushed{0};
+  StagingPool staging;     // the copies pushes hold while UCX sends them
+  // Host parameter buffers when no Device was given: reused, so that a fetch does not page
+  // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
+  StagingPool host_params;
+  bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
 
   std::mutex mu;
   std::condition_variable push_cv;
@@ -139,53 +145,111 @@ struct Client::Impl {
     for (uint64_t r : failed_pushes) FinishPush(r, s);
   }
 
+  // Shared memory gives no UCX peer-failure reports: a shard whose control-plane connection
+  // broke is declared failed here (Worker::Fail), which fails what waits on it.
+  std::thread watch;
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;  // guarded by watch_mu
+  void WatchShards();
+  ~Impl() { StopWatch(); }
+  void StopWatch() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      watch_stop = true;
+    }
+    watch_cv.notify_all();
+    if (watch.joinable()) watch.join();
+  }
+
   Status SetupUcx();
+  void OnFetchReply(ucx::AmMessage& m);
+  void OnFetchRmaReply(ucx::AmMessage& m);
+  void FinishFetch(const FetchPiece& piece, const Status& s, int64_t version);
   Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
   Status ConnectShards();
-  Status SendPush(uint32_t param, int64_t step, DType dtype,
-                  std::shared_ptr<std::vector<std::byte>> data);
+  Status SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
+                  std::shared_ptr<const void> owner);
 };
+
+// Payloads from this size up go by rendezvous, whatever UCX_RNDV_THRESH says.
+constexpr size_t kRendezvousMin = 64 * 1024;
+
+void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t version) {
+  if (s.ok()) {
+    fetched += piece.bytes;
+    pm.fetch_bytes.Inc(piece.bytes);
+  }
+  EndRequest(metrics::kFetch, piece.start);
+  piece.op->Complete(s, version);
+}
+
+void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
+  auto h = msg::FetchReplyHeader::Decode(m.header());
+  if (!h.ok()) {
+    pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
+    return;
+  }
+  auto piece = TakeFetch(h->request);
+  if (!piece) return;  // timed out or failed already
+  if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
+  if (m.data_length() != piece->bytes) {
+    pm.ProtocolError("invalid_argument");
+    return FinishFetch(*piece,
+                       DataLoss("fetch reply carries " + std::to_string(m.data_length()) +
+                                " bytes, expected " + std::to_string(piece->bytes)),
+                       -1);
+  }
+  std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
+  Status s = m.Receive(dest, [this, piece = std::move(*piece), version = h->version](Status st) {
+    FinishFetch(piece, st, version);
+  });
+  (void)s;  // also reported through the callback
+}
+
+void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
+  auto h = msg::FetchRmaReplyHeader::Decode(m.header());
+  if (!h.ok()) {
+    pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
+    return;
+  }
+  auto piece = TakeFetch(h->request);
+  if (!piece) return;  // timed out or failed already
+  if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
+  if (h->rkey.empty()) {
+    pm.ProtocolError("invalid_argument");
+    return FinishFetch(*piece, DataLoss("fetch reply without an rkey"), -1);
+  }
+  // The range stays unchanged at this version until this worker pushes for the chunk, which it
+  // does only after the fetch completed: read it straight into the parameter buffer.
+  std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
+  const uint32_t shard = piece->shard;
+  ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
+           [this, piece = std::move(*piece), version = h->version](Status st) {
+             FinishFetch(piece, st, version);
+           });
+}
 
 Status Client::Impl::SetupUcx() {
   ZPS_ASSIGN_OR_RETURN(ucx_context, ucx::Context::Create({.transports = opts.ucx_tls}));
-  ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx"}));
+  ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx",
+                                                               .spin = opts.ucx_spin}));
   ZPS_RETURN_IF_ERROR(pm.SetUcxTransports(*ucx_context));
-  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply, [this](ucx::AmMessage& m) {
-    auto h = msg::FetchReplyHeader::Decode(m.header());
-    if (!h.ok()) {
-      pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
-      return;
-    }
-    auto piece = TakeFetch(h->request);
-    if (!piece) return;  // timed out or failed already
-    if (h->code != 0) {
-      EndRequest(metrics::kFetch, piece->start);
-      piece->op->Complete(msg::StatusFromWire(h->code, h->message), -1);
-      return;
-    }
-    if (m.data_length() != piece->bytes) {
-      pm.ProtocolError("invalid_argument");
-      EndRequest(metrics::kFetch, piece->start);
-      piece->op->Complete(DataLoss("fetch reply carries " + std::to_string(m.data_length()) +
-                                   " bytes, expected " + std::to_string(piece->bytes)),
-                          -1);
-      return;
-    }
-    auto op = piece->op;
-    std::span<std::byte> dest(op->buffer->memory.data() + piece->byte_offset, piece->bytes);
-    int64_t version = h->version;
-    size_t bytes = piece->bytes;
-    Status s = m.Receive(dest, [this, op, version, bytes, start = piece->start](Status st) {
-      if (st.ok()) {
-        fetched += bytes;
-        pm.fetch_bytes.Inc(bytes);
-      }
-      EndRequest(metrics::kFetch, start);
-      op->Complete(st, version);
-    });
-    (void)s;  // also reported through the callback
-  }));
+  if (opts.fetch_mode == "rma") {
+    fetch_rma = true;
+  } else if (opts.fetch_mode == "auto") {
+    // Shared memory only: RMA get from UCX-allocated memory is a plain copy (1.0x of ucp_get);
+    // over tcp UCX emulates RMA, and AM rendezvous is faster (docs/data-plane.md).
+    fetch_rma = !ucx_context->peer_failure_capable();
+  } else if (opts.fetch_mode != "am") {
+    return InvalidArgument("fetch_mode must be auto, am or rma; got '" + opts.fetch_mode + "'");
+  }
+  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply,
+                                        [this](ucx::AmMessage& m) { OnFetchReply(m); }));
+  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchRmaReply,
+                                        [this](ucx::AmMessage& m) { OnFetchRmaReply(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
     auto h = msg::PushReplyHeader::Decode(m.header());
     if (!h.ok()) {
@@ -274,9 +338,24 @@ Status Client::Impl::ConnectShards() {
   return Status::Ok();
 }
 
+void Client::Impl::WatchShards() {
+  log::SetThreadName("worker-watch");
+  std::vector<bool> failed(eps.size(), false);
+  std::unique_lock<std::mutex> lock(watch_mu);
+  while (!watch_cv.wait_for(lock, 200ms, [&] { return watch_stop; })) {
+    for (size_t i = 0; i < eps.size(); ++i) {
+      if (failed[i] || eps[i].peer_error_handling() || shard_rpc[i]->connected()) continue;
+      failed[i] = true;
+      ucx->Fail(eps[i], Unavailable("shard " + std::to_string(i) +
+                                    ": control-plane connection lost"));
+    }
+  }
+}
+
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  impl_->StopWatch();
   if (impl_->ucx) impl_->ucx->Stop();
   for (auto& c : impl_->shard_rpc) {
     if (c) c->Close();
@@ -292,10 +371,13 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   if (options.metrics != nullptr) impl->pm = *options.metrics;
-  impl->device = options.device ? options.device : CpuDevice::Default();
+  impl->device = options.device;  // null: host memory from the Client's reusable pool
   ZPS_RETURN_IF_ERROR(impl->SetupUcx());
   ZPS_RETURN_IF_ERROR(impl->JoinJob(job_spec, job_hash));
   ZPS_RETURN_IF_ERROR(impl->ConnectShards());
+  bool any_without_ucx_errors = false;
+  for (const auto& ep : impl->eps) any_without_ucx_errors |= !ep.peer_error_handling();
+  if (any_without_ucx_errors) impl->watch = std::thread([d = impl.get()] { d->WatchShards(); });
   ZPS_LOG(INFO) << "rank " << options.rank << " joined: " << impl->layout->num_params()
                 << " parameters on " << impl->job.shard_endpoints.size() << " shards, resume at step "
                 << impl->job.resume_step;
@@ -320,12 +402,21 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
     return FetchOp(st);
   }
   const size_t esize = DTypeSize(impl_->job.serving_dtype);
-  auto mem = impl_->device->Allocate(impl_->layout->param_numel(param) * esize);
-  if (!mem.ok()) {
-    st->error = mem.status();
-    return FetchOp(st);
+  const size_t bytes = impl_->layout->param_numel(param) * esize;
+  if (impl_->device == nullptr) {
+    auto mem = impl_->host_params.Acquire(bytes);
+    std::byte* raw = mem.get();
+    st->buffer->memory = DeviceBuffer(raw, bytes, [mem = std::move(mem)](std::byte*) mutable {
+      mem.reset();
+    });
+  } else {
+    auto mem = impl_->device->Allocate(bytes);
+    if (!mem.ok()) {
+      st->error = mem.status();
+      return FetchOp(st);
+    }
+    st->buffer->memory = std::move(*mem);
   }
-  st->buffer->memory = std::move(*mem);
   st->remaining = pieces->size();
   for (const Piece& p : *pieces) {
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
@@ -337,7 +428,8 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
                              Impl::Clock::now()};
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
-    impl_->ucx->SendAm(impl_->eps[shard], msg::kAmFetch, h.Encode(), {}, nullptr,
+    impl_->ucx->SendAm(impl_->eps[shard], impl_->fetch_rma ? msg::kAmFetchRma : msg::kAmFetch,
+                       h.Encode(), {}, nullptr,
                        [impl = impl_.get(), req](Status s) {
                          if (s.ok()) return;
                          if (auto piece = impl->TakeFetch(req)) {
@@ -353,8 +445,8 @@ Result<std::shared_ptr<const ParamBuffer>> Client::Fetch(uint32_t param, int64_t
   return FetchAsync(param, min_version).Wait(impl_->opts.op_timeout);
 }
 
-Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype,
-                              std::shared_ptr<std::vector<std::byte>> data) {
+Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
+                              std::shared_ptr<const void> owner) {
   ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param));
   const size_t esize = DTypeSize(dtype);
   {
@@ -370,12 +462,14 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype,
       pushes[req] = {shard, Clock::now()};
     }
     msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, opts.rank, dtype};
-    std::span<const std::byte> bytes(data->data() + p.param_offset * esize, p.length * esize);
+    std::span<const std::byte> bytes(data + p.param_offset * esize, p.length * esize);
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
-    ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, data, [this, req](Status s) {
+    ucx::SendOptions so;
+    so.force_rendezvous = bytes.size() >= kRendezvousMin;
+    ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, owner, [this, req](Status s) {
       if (!s.ok()) FinishPush(req, s);
-    });
+    }, so);
   }
   return Status::Ok();
 }
@@ -389,15 +483,17 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
                            std::to_string(l.param_numel(param)));
   }
   const DType dt = impl_->job.grad_dtype;
-  auto data = std::make_shared<std::vector<std::byte>>(grad.size() * DTypeSize(dt));
+  // Not zero-initialised: every byte is written below.
+  auto data = impl_->staging.Acquire(grad.size() * DTypeSize(dt));
   if (dt == DType::kF32) {
-    std::memcpy(data->data(), grad.data(), data->size());
+    std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
   } else {
-    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data->data()), grad.size());
+    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
     if (dt == DType::kF16) ConvertF32ToF16(grad, out);
     else ConvertF32ToBF16(grad, out);
   }
-  return impl_->SendPush(param, step, dt, std::move(data));
+  const std::byte* bytes = data.get();
+  return impl_->SendPush(param, step, dt, bytes, std::move(data));
 }
 
 Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad) {
@@ -407,17 +503,31 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("raw gradient has the wrong byte length");
   }
-  auto data = std::make_shared<std::vector<std::byte>>(grad.begin(), grad.end());
-  return impl_->SendPush(param, step, dt, std::move(data));
+  auto data = impl_->staging.Acquire(grad.size());
+  std::memcpy(data.get(), grad.data(), grad.size());
+  const std::byte* bytes = data.get();
+  return impl_->SendPush(param, step, dt, bytes, std::move(data));
+}
+
+Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                              std::shared_ptr<const void> owner) {
+  const Layout& l = *impl_->layout;
+  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  const DType dt = impl_->job.grad_dtype;
+  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
+    return InvalidArgument("shared gradient has the wrong byte length");
+  }
+  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner));
 }
 
 Status Client::PushInitial(uint32_t param, std::span<const float> values) {
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   if (values.size() != l.param_numel(param)) return InvalidArgument("initial values: wrong length");
-  auto data = std::make_shared<std::vector<std::byte>>(values.size() * 4);
-  std::memcpy(data->data(), values.data(), data->size());
-  return impl_->SendPush(param, -1, DType::kF32, std::move(data));
+  auto data = impl_->staging.Acquire(values.size() * 4);
+  std::memcpy(data.get(), values.data(), values.size() * 4);
+  const std::byte* bytes = data.get();
+  return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data));
 }
 
 Status Client::FlushPushes() {
@@ -431,6 +541,18 @@ Status Client::FlushPushes() {
   Status s = impl_->push_error;
   impl_->push_error = Status::Ok();
   return s;
+}
+
+Status Client::AwaitPushesBelow(size_t max_pending) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (!impl_->push_cv.wait_for(lock, impl_->opts.op_timeout, [&] {
+        return impl_->pushes.size() < std::max<size_t>(max_pending, 1) || !impl_->push_error.ok();
+      })) {
+    return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
+                            " pushes unacknowledged after " +
+                            std::to_string(impl_->opts.op_timeout.count()) + " ms");
+  }
+  return impl_->push_error;
 }
 
 Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {

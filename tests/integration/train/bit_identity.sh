@@ -3,6 +3,8 @@
 # processes on loopback) must end with exactly the same state as the in-process reference run of
 # the same model, data and optimizer. Compares the CRC32C of every chunk's master, m, v and
 # serving copy. Usage: bit_identity.sh BIN_DIR [extra zps-train flags...]
+# The distributed run uses UCX over tcp, or BIT_IDENTITY_TLS (e.g. shm: posix,cma,self, which
+# fetches by RMA get from the shards' serving regions).
 set -euo pipefail
 bin=$1
 shift
@@ -13,8 +15,9 @@ trap 'rm -rf "$work"' EXIT
 
 echo "== reference: ${common[*]}"
 "$bin/zps-train" --mode reference "${common[@]}" | tee "$work/ref.out"
-echo "== distributed (2 shards x 2 workers):"
-"$bin/zps-train" --mode local --ucx-tls tcp "${common[@]}" | tee "$work/dist.out"
+tls=${BIT_IDENTITY_TLS:-tcp}
+echo "== distributed (2 shards x 2 workers, UCX $tls):"
+"$bin/zps-train" --mode local --ucx-tls "$tls" "${common[@]}" | tee "$work/dist.out"
 
 grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
 grep '^chunk_crc' "$work/dist.out" > "$work/dist.crc"

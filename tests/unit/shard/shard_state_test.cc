@@ -60,6 +60,48 @@ TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
   EXPECT_EQ(got[0], FloatToBf16(11.0f));
 }
 
+// The serving copies live in the memory the ServingAllocator gave (the server passes a UCX
+// region so that workers can Get them), and a failing allocator fails Create.
+TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
+  std::vector<std::byte> block;
+  size_t asked = 0;
+  auto alloc = [&](size_t bytes) -> Result<std::span<std::byte>> {
+    asked = bytes;
+    block.resize(bytes + 64);
+    auto* p = block.data();
+    p += (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    return std::span<std::byte>(p, bytes);
+  };
+  ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
+  auto s = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, alloc);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(asked, 256u + 128u);  // chunk 0: 128 bf16; chunk 2 (the last): 64 bf16
+  std::vector<float> v(128, 2.0f);
+  for (auto [chunk, n] : {std::pair<uint32_t, uint64_t>{0, 128}, {2, 50}}) {
+    auto t = (*s)->BeginPush({kInitStep, chunk, 0, n, 0, DType::kF32});
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->destination().data(), v.data(), t->destination().size());
+    ASSERT_TRUE((*s)->FinishPush(std::move(*t), Status::Ok()).ok());
+  }
+  const std::byte* where = nullptr;
+  (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d) {
+    ASSERT_TRUE(st.ok());
+    where = d.data();
+  });
+  ASSERT_NE(where, nullptr);
+  EXPECT_GE(where, block.data());
+  EXPECT_LT(where, block.data() + block.size());
+  uint16_t first;
+  std::memcpy(&first, where, 2);
+  EXPECT_EQ(first, FloatToBf16(2.0f));
+
+  auto failing = [](size_t) -> Result<std::span<std::byte>> {
+    return ResourceExhausted("no region");
+  };
+  auto f = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, failing);
+  EXPECT_EQ(f.status().code(), Code::kResourceExhausted);
+}
+
 TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   Make(ReductionMode::kServerSum, 2);
   Init();

@@ -108,7 +108,20 @@ struct AwaitCommit {
 };
 
 // ---- data plane (UCX active messages) ----
-enum AmId : uint16_t { kAmFetch = 1, kAmFetchReply = 2, kAmPush = 3, kAmPushReply = 4 };
+// kAmFetchRma asks, with a FetchHeader, to be answered with kAmFetchRmaReply (where the serving
+// copy is: the worker then reads it with RMA get) instead of the data. A shard whose serving
+// copy is not in a UCX region answers it with an ordinary kAmFetchReply carrying the data.
+enum AmId : uint16_t {
+  kAmFetch = 1,
+  kAmFetchReply = 2,
+  kAmPush = 3,
+  kAmPushReply = 4,
+  kAmFetchRma = 5,
+  kAmFetchRmaReply = 6,
+};
+
+/// Upper bound on a packed rkey in a kAmFetchRmaReply (UCX 1.13 posix/cma rkeys are < 200 B).
+inline constexpr size_t kMaxRkeyBytes = 4096;
 
 inline constexpr size_t kMaxErrorMessage = 1024;
 
@@ -131,6 +144,20 @@ struct FetchReplyHeader {
   std::string message;
   std::vector<std::byte> Encode() const;
   static Result<FetchReplyHeader> Decode(std::span<const std::byte> b);
+};
+
+/// Reply to a kAmFetchRma, with no data: when code == 0 the requested range (length x serving
+/// dtype bytes) is at `remote_address` in the shard's region whose packed rkey is `rkey`, and
+/// stays unchanged at `version` until the worker's next push for that chunk (step protocol).
+struct FetchRmaReplyHeader {
+  uint64_t request = 0;
+  uint32_t code = 0;  // zps::Code
+  int64_t version = -1;
+  std::string message;
+  uint64_t remote_address = 0;
+  std::vector<std::byte> rkey;  // <= kMaxRkeyBytes; empty unless code == 0
+  std::vector<std::byte> Encode() const;
+  static Result<FetchRmaReplyHeader> Decode(std::span<const std::byte> b);
 };
 
 /// A push; the data (length x dtype bytes) follows.

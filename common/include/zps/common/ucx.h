@@ -12,8 +12,8 @@
 // ever calls into UCX for that worker (UCS_THREAD_MODE_SINGLE). Every public Worker method may be
 // called from any thread: the operation is queued and the progress thread issues it. Called on
 // the progress thread itself (from a handler or a completion callback) it runs inline. When idle
-// the progress thread spins for WorkerOptions::spin, then sleeps in epoll on the worker's event fd
-// (ucp_worker_arm) and an eventfd that the submission queue signals.
+// the progress thread polls (yielding the core) for WorkerOptions::spin, then sleeps in epoll on
+// the worker's event fd (ucp_worker_arm) and an eventfd that the submission queue signals.
 //
 // Callbacks (AmHandler, DoneCallback, ErrorCallback) all run on the progress thread. They must
 // not block; they may call any Worker method (which then runs inline).
@@ -246,7 +246,9 @@ struct WorkerOptions {
   std::string thread_name = "ucx-progress";
   /// How long the progress thread keeps polling after the last activity before it sleeps on
   /// the event fd. Higher = lower latency, more CPU; a request/response fetch over tcp gains
-  /// ~1.5x from 0 to 1 ms (docs/data-plane.md). Default: 200 µs.
+  /// ~1.5x from 0 to 1 ms (docs/data-plane.md). Each idle poll yields the core first
+  /// (sched_yield), so that on a machine with fewer cores than busy threads the poll does not
+  /// steal the time of the thread that copies the data. Default: 200 µs.
   std::chrono::microseconds spin{200};
   /// How long shutdown waits for endpoints to flush before destroying the worker anyway.
   /// Default: 2 s.

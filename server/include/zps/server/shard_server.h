@@ -30,6 +30,8 @@ struct ShardServerOptions {
   std::string token;                    // Default: "" (use token-file). Shared secret.
   std::string token_file;               // Default: "". File holding the shared secret.
   std::string ucx_tls;                  // Default: "" = UCX_TLS or UCX's choice; e.g. tcp, shm.
+  int ucx_spin_us = 200;                // Default: 200 µs. UCX progress-thread polling before it
+                                        // sleeps (docs/data-plane.md: fetch latency vs CPU).
   int optimizer_threads = 0;            // Default: 0 = one per CPU.
   bool pin_threads = false;             // Default: false.
   int64_t step_timeout_s = 3600;        // Default: 1 h. Longest wait for a step's gradients.

@@ -100,13 +100,24 @@ struct FetchRequest {
 using FetchCallback =
     std::function<void(const Status&, int64_t version, std::span<const std::byte> data)>;
 
+/// Supplies the memory for ALL serving copies of a shard, in one call at Create: `bytes` bytes,
+/// 64-byte aligned, which the caller owns and keeps alive (and unchanged by anyone else) for
+/// the ShardState's whole lifetime. The shard server passes memory from ucx::Context::Allocate,
+/// so that workers can read serving copies with RMA get (docs/data-plane.md); ShardState itself
+/// knows nothing of UCX. Errors are returned from Create as they are.
+using ServingAllocator = std::function<Result<std::span<std::byte>>(size_t bytes)>;
+
 class ShardState {
  public:
-  /// Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs out.
+  /// `serving_alloc` (may be empty: then the serving copies live in ordinary aligned heap
+  /// memory) provides the memory of every serving copy; see ServingAllocator.
+  /// Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs out;
+  /// whatever `serving_alloc` returns.
   static Result<std::unique_ptr<ShardState>> Create(const Layout& layout, uint32_t ordinal,
                                                     const ShardJob& job,
                                                     const OptimizerConfig& optimizer,
-                                                    ThreadPool* pool);
+                                                    ThreadPool* pool,
+                                                    const ServingAllocator& serving_alloc = {});
   ~ShardState();
 
   const Layout& layout() const { return layout_; }
@@ -157,7 +168,7 @@ class ShardState {
     uint32_t id = 0;
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
-    AlignedBuffer<uint16_t> serving;
+    std::span<uint16_t> serving;  // in serving_memory_ (or serving_own_), zeroed at Create
     std::vector<AlignedBuffer<float>> grads;             // per slot
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
@@ -182,6 +193,7 @@ class ShardState {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<uint32_t> chunk_ids_;
   std::vector<Chunk> chunks_;  // same order as chunk_ids_
+  AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -37,9 +37,17 @@ struct WorkerOptions {
   std::string token;             // Default: none. The shared auth secret.
   uint32_t rank = 0;             // Default: 0.
   std::string ucx_tls;           // Default: "" = UCX_TLS or UCX's choice.
+  /// How a fetch's data travels. "auto": RMA get from the shard's serving region when the
+  /// transports are shared memory only, else an active message with rendezvous; "am"; "rma".
+  /// docs/data-plane.md has the measurements. Default: "auto".
+  std::string fetch_mode = "auto";
+  /// UCX progress-thread polling after activity before it sleeps (latency vs CPU; the poll
+  /// yields the core to other runnable threads). Default: 200 µs.
+  std::chrono::microseconds ucx_spin{200};
   std::chrono::milliseconds connect_timeout{60000};  // Default: 60 s to reach and join the job.
   std::chrono::milliseconds op_timeout{300000};      // Default: 5 min for any single wait.
-  Device* device = nullptr;      // Default: null = host memory (CpuDevice).
+  Device* device = nullptr;      // Default: null = host memory, 64-byte aligned, reused from
+                                 // a pool in the Client (released buffers up to 256 MiB).
   /// Default: null = no metrics. The handles are copied at Connect; their registry must outlive
   /// the Client. Fed: fetch/push bytes, request durations and in-flight by op (fetch and push per
   /// shard piece, control = AwaitCommit and CallShard), protocol errors, UCX transports.
@@ -102,10 +110,20 @@ class Client {
   Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad);
   /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
+  /// As PushGradRaw without the copy: `grad` (numel x the job's grad dtype bytes) is sent from
+  /// where it is. The Client holds `owner` until every piece is acknowledged or failed; the
+  /// caller must not change the bytes before FlushPushes (or AwaitPushesBelow) says they are
+  /// done. Errors: as PushGradRaw.
+  Status PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                        std::shared_ptr<const void> owner);
   /// Rank 0 of a new job: the initial fp32 values of `param`.
   Status PushInitial(uint32_t param, std::span<const float> values);
   /// Waits until every push so far is acknowledged; returns (and clears) the first error.
   Status FlushPushes();
+  /// Waits until fewer than `max_pending` push pieces are unacknowledged (a sliding window
+  /// over pushes, which bounds the memory their copies hold). Returns the first push error so
+  /// far without clearing it. Errors: DeadlineExceeded after op_timeout; a push's failure.
+  Status AwaitPushesBelow(size_t max_pending);
 
   /// The coordinator's decision for `step` (long-poll, bounded by op_timeout).
   Result<msg::CommitInfo> AwaitCommit(int64_t step);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -12,17 +13,19 @@
 
 namespace zps::worker {
 
-/// An owned allocation of a Device. Move-only; frees itself.
+/// An owned allocation of a Device. Move-only; frees itself with `free_fn` (which may hold
+/// state, e.g. a pool to return the memory to).
 class DeviceBuffer {
  public:
+  using FreeFn = std::function<void(std::byte*)>;
   DeviceBuffer() = default;
-  DeviceBuffer(std::byte* data, size_t size, void (*free_fn)(std::byte*))
-      : data_(data, free_fn), size_(size) {}
+  DeviceBuffer(std::byte* data, size_t size, FreeFn free_fn)
+      : data_(data, std::move(free_fn)), size_(size) {}
   std::byte* data() const { return data_.get(); }
   size_t size() const { return size_; }
 
  private:
-  std::unique_ptr<std::byte, void (*)(std::byte*)> data_{nullptr, [](std::byte*) {}};
+  std::unique_ptr<std::byte, FreeFn> data_{nullptr, [](std::byte*) {}};
   size_t size_ = 0;
 };
 
