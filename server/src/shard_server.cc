@@ -718,7 +718,7 @@ void ShardServer::StopOnce() {
     d->stopping = true;
   }
   d->cv.notify_all();
-  if (d->coordinator) d->coordinator->Shutdown(Cancelled("coordinator shutting down"));
+  if (d->coordinator) d->coordinator->Shutdown(Unavailable("the coordinator is shutting down; retry"));
   if (ShardState* st = d->state_ptr.load()) st->Shutdown(Cancelled("shard shutting down"));
   d->drv->Interrupt();
   if (d->driver.joinable()) d->driver.join();

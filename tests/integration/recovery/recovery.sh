@@ -14,7 +14,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
+  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 echo "recovery-test-token" > "$work/token"
@@ -69,7 +69,27 @@ scenario() {  # name victim point:step|timing:step
     w+=($!)
     pids+=($!)
   done
-  if [[ $spec == timing:* ]]; then
+  if [[ $spec == sigterm:* ]]; then
+    # On-demand checkpoint (zps-ckpt save), then a clean stop of both shards (SIGTERM: each
+    # writes a shutdown checkpoint), then both restart from their --data-dir.
+    local at=${spec#sigterm:}
+    local end=$(( $(date +%s) + 60 ))
+    until grep -qE "^step +$at " "$dir/worker0.out"; do
+      (( $(date +%s) > end )) && { echo "FAIL $name: step $at never reached"; failures=$((failures+1)); return; }
+      sleep 0.01
+    done
+    if ! "$bin/zps-ckpt" save --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
+         --timeout 30 > "$dir/save.out" 2>&1; then
+      echo "FAIL $name: zps-ckpt save: $(cat "$dir/save.out")"; failures=$((failures+1)); return
+    fi
+    echo "  $name: zps-ckpt save: $(cat "$dir/save.out")"
+    kill -TERM "${shard_pid[0]}" "${shard_pid[1]}"
+    wait_exit "${shard_pid[0]}" 20 && wait_exit "${shard_pid[1]}" 20 || {
+      echo "FAIL $name: shards did not stop on SIGTERM"; failures=$((failures+1)); return; }
+    grep -h "shutdown checkpoint" "$dir"/shard*.log | sed "s/^/  $name: /" || true
+    start_shard "$dir" 0 ""
+    victim=1
+  elif [[ $spec == timing:* ]]; then
     local at=${spec#timing:}
     local end=$(( $(date +%s) + 60 ))
     until grep -qE "^step +$at " "$dir/worker0.out"; do
@@ -112,7 +132,7 @@ scenario() {  # name victim point:step|timing:step
   fi
 }
 
-all=(push update checkpoint coordinator after-checkpoint timing start-over)
+all=(push update checkpoint coordinator after-checkpoint timing start-over sigterm)
 sel=("$@")
 [[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
 for s in "${sel[@]}"; do
@@ -124,6 +144,7 @@ for s in "${sel[@]}"; do
     after-checkpoint) scenario after-checkpoint 0 after-checkpoint:15 ;;  # committed, unreported
     timing) scenario timing 1 timing:22 ;;                   # plain kill -9 while training
     start-over) scenario start-over 1 push:3 ;;              # before any checkpoint: from step 0
+    sigterm) scenario sigterm 1 sigterm:12 ;;                # save on demand, clean stop, restart
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
