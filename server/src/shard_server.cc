@@ -29,7 +29,8 @@ using namespace std::chrono_literals;
 void ShardServerOptions::Register(Flags& f) {
   f.Add("ordinal", "this shard's ordinal (0 also runs the coordinator)", &ordinal, 0, 4095);
   f.Add("shards", "number of shards in the job", &shards, 1, 4096);
-  f.Add("coordinator", "host:port of the coordinator (empty on shard 0: itself)", &coordinator);
+  f.Add("coordinator", "host:port of the coordinator, i.e. of shard 0 (shard 0 hosts it and ignores this)",
+        &coordinator);
   f.Add("bind", "address the control plane listens on", &bind_address);
   f.Add("advertise-host", "host name or address peers use to reach this shard", &advertise_host);
   f.Add("port", "control-plane TCP port (0 = ephemeral)", &port, 0, 65535);
@@ -473,8 +474,8 @@ Result<std::vector<std::byte>> ShardServer::Impl::CallCoordinator(
 
 Status ShardServer::Impl::RunDriver() {
   log::SetThreadName("shard-driver");
-  std::string coord = opts.coordinator.empty() ? "127.0.0.1:" + std::to_string(rpc->port())
-                                               : opts.coordinator;
+  // The coordinator shard reaches its own coordinator over loopback, like any other client.
+  std::string coord = coordinator ? "127.0.0.1:" + std::to_string(rpc->port()) : opts.coordinator;
   ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
   // Connect with backoff: the coordinator may start after us.
   auto backoff = 100ms;
@@ -595,7 +596,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ro.token = options.token;
   ro.io_threads = 2;
   ZPS_ASSIGN_OR_RETURN(impl->rpc, rpc::Server::Create(ro));
-  if (options.ordinal == 0 && options.coordinator.empty()) {
+  if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
     impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards));
   }
   return std::unique_ptr<ShardServer>(new ShardServer(std::move(impl)));
