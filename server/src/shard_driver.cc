@@ -164,8 +164,9 @@ Result<std::vector<std::byte>> ShardDriver::Call(uint16_t type, std::span<const 
 
 Status ShardDriver::Connect() {
   const auto& o = *host_.opts;
+  // The coordinator shard (0) reaches its own coordinator over loopback, like any other client.
   const std::string coord =
-      o.coordinator.empty() ? "127.0.0.1:" + std::to_string(host_.rpc_port) : o.coordinator;
+      o.ordinal == 0 ? "127.0.0.1:" + std::to_string(host_.rpc_port) : o.coordinator;
   ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
   auto backoff = 100ms;
   const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);

@@ -32,7 +32,8 @@ using namespace std::chrono_literals;
 void ShardServerOptions::Register(Flags& f) {
   f.Add("ordinal", "this shard's ordinal (0 also runs the coordinator)", &ordinal, 0, 4095);
   f.Add("shards", "number of shards in the job", &shards, 1, 4096);
-  f.Add("coordinator", "host:port of the coordinator (empty on shard 0: itself)", &coordinator);
+  f.Add("coordinator", "host:port of the coordinator, i.e. of shard 0 (shard 0 hosts it and ignores this)",
+        &coordinator);
   f.Add("bind", "address the control plane listens on", &bind_address);
   f.Add("advertise-host", "host name or address peers use to reach this shard", &advertise_host);
   f.Add("port", "control-plane TCP port (0 = ephemeral)", &port, 0, 65535);
@@ -578,7 +579,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   if (!options.data_dir.empty()) {
     ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(options.data_dir));
   }
-  if (options.ordinal == 0 && options.coordinator.empty()) {
+  if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
     CoordinatorOptions co;
     co.checkpoint_every = options.checkpoint_every;
     if (!options.data_dir.empty()) {
