@@ -277,8 +277,10 @@ Result<int64_t> ShardDriver::SyncToJob() {
         host_.set_serving(true, Status::Ok());
         return std::max<int64_t>(state_->version(), 0);
       }
-      if (!synced_ && state_->version() < 0 && reply->target_step == 0) {
-        epoch_ = reply->epoch;  // a new job: nothing to restore
+      // A new job: nothing to restore (a shard without chunks is at "version" 0 from the start).
+      const bool fresh = state_->version() < 0 || state_->chunk_ids().empty();
+      if (!synced_ && fresh && reply->target_step == 0) {
+        epoch_ = reply->epoch;
         synced_ = true;
         resume_ = {0, job_->commit.dynamic_loss_scale ? job_->commit.initial_loss_scale : 1.0, 0, 0};
         host_.set_serving(true, Status::Ok());
