@@ -1,5 +1,7 @@
 #include "zps/common/messages.h"
 
+#include <cmath>
+
 #include "zps/common/bytes.h"
 
 namespace zps::msg {
@@ -123,6 +125,8 @@ std::vector<std::byte> CommitInfo::Encode() const {
   w.F64(loss_scale);
   w.F64(next_loss_scale);
   w.I64(optimizer_step);
+  w.I64(good_steps);
+  w.U8(checkpoint ? 1 : 0);
   return w.Take();
 }
 Result<CommitInfo> CommitInfo::Decode(std::span<const std::byte> b) {
@@ -136,6 +140,10 @@ Result<CommitInfo> CommitInfo::Decode(std::span<const std::byte> b) {
   ZPS_ASSIGN_OR_RETURN(m.loss_scale, r.F64("loss_scale"));
   ZPS_ASSIGN_OR_RETURN(m.next_loss_scale, r.F64("next_loss_scale"));
   ZPS_ASSIGN_OR_RETURN(m.optimizer_step, r.I64("optimizer_step"));
+  ZPS_ASSIGN_OR_RETURN(m.good_steps, r.I64("good_steps"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t ckpt, r.U8("checkpoint"));
+  if (ckpt > 1) return InvalidArgument("CommitInfo.checkpoint must be 0 or 1");
+  m.checkpoint = ckpt != 0;
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("CommitInfo"));
   return m;
 }
@@ -308,6 +316,106 @@ Status StatusFromWire(uint32_t code, std::string message) {
     return Internal("peer sent unknown error code " + std::to_string(code) + ": " + message);
   }
   return Status(static_cast<Code>(code), std::move(message));
+}
+
+// ---- durability ----
+
+std::vector<std::byte> CheckpointReport::Encode() const {
+  ByteWriter w;
+  w.U32(ordinal);
+  w.U32(static_cast<uint32_t>(steps.size()));
+  for (int64_t s : steps) w.I64(s);
+  w.U8(has_result ? 1 : 0);
+  w.I64(result_step);
+  w.U32(result_code);
+  w.Str(result_message.substr(0, kMaxErrorMessage));
+  return w.Take();
+}
+Result<CheckpointReport> CheckpointReport::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  CheckpointReport m;
+  ZPS_ASSIGN_OR_RETURN(m.ordinal, r.U32("ordinal"));
+  ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("steps"));
+  if (n > kMaxCheckpointSteps) return InvalidArgument("CheckpointReport: too many steps");
+  int64_t prev = -1;
+  for (uint32_t i = 0; i < n; ++i) {
+    ZPS_ASSIGN_OR_RETURN(int64_t s, r.I64("step"));
+    if (s <= prev) return InvalidArgument("CheckpointReport: steps must ascend and be >= 0");
+    m.steps.push_back(prev = s);
+  }
+  ZPS_ASSIGN_OR_RETURN(uint8_t has, r.U8("has_result"));
+  if (has > 1) return InvalidArgument("CheckpointReport.has_result must be 0 or 1");
+  m.has_result = has != 0;
+  ZPS_ASSIGN_OR_RETURN(m.result_step, r.I64("result_step"));
+  ZPS_ASSIGN_OR_RETURN(m.result_code, r.U32("result_code"));
+  ZPS_ASSIGN_OR_RETURN(m.result_message, r.Str("result_message", kMaxErrorMessage));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("CheckpointReport"));
+  return m;
+}
+
+std::vector<std::byte> ShardSync::Encode() const {
+  ByteWriter w;
+  w.U32(ordinal);
+  w.U64(epoch);
+  w.U8(ready ? 1 : 0);
+  w.I64(state.step);
+  w.F64(state.loss_scale);
+  w.I64(state.good_steps);
+  w.I64(state.optimizer_step);
+  return w.Take();
+}
+Result<ShardSync> ShardSync::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ShardSync m;
+  ZPS_ASSIGN_OR_RETURN(m.ordinal, r.U32("ordinal"));
+  ZPS_ASSIGN_OR_RETURN(m.epoch, r.U64("epoch"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t ready, r.U8("ready"));
+  if (ready > 1) return InvalidArgument("ShardSync.ready must be 0 or 1");
+  m.ready = ready != 0;
+  ZPS_ASSIGN_OR_RETURN(m.state.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(m.state.loss_scale, r.F64("loss_scale"));
+  ZPS_ASSIGN_OR_RETURN(m.state.good_steps, r.I64("good_steps"));
+  ZPS_ASSIGN_OR_RETURN(m.state.optimizer_step, r.I64("optimizer_step"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ShardSync"));
+  if (m.state.step < 0 || m.state.good_steps < 0 || m.state.optimizer_step < 0 ||
+      !(m.state.loss_scale > 0.0) || !std::isfinite(m.state.loss_scale)) {
+    return InvalidArgument("ShardSync: bad resume state");
+  }
+  return m;
+}
+
+std::vector<std::byte> ShardSyncReply::Encode() const {
+  ByteWriter w;
+  w.U64(epoch);
+  w.U8(static_cast<uint8_t>(phase));
+  w.I64(target_step);
+  return w.Take();
+}
+Result<ShardSyncReply> ShardSyncReply::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ShardSyncReply m;
+  ZPS_ASSIGN_OR_RETURN(m.epoch, r.U64("epoch"));
+  ZPS_ASSIGN_OR_RETURN(uint8_t phase, r.U8("phase"));
+  if (phase > 2) return InvalidArgument("ShardSyncReply: unknown phase");
+  m.phase = static_cast<JobPhase>(phase);
+  ZPS_ASSIGN_OR_RETURN(m.target_step, r.I64("target_step"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ShardSyncReply"));
+  return m;
+}
+
+std::vector<std::byte> CheckpointDone::Encode() const {
+  ByteWriter w;
+  w.I64(step);
+  w.U32(shards);
+  return w.Take();
+}
+Result<CheckpointDone> CheckpointDone::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  CheckpointDone m;
+  ZPS_ASSIGN_OR_RETURN(m.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(m.shards, r.U32("shards"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("CheckpointDone"));
+  return m;
 }
 
 }  // namespace zps::msg

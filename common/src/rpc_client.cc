@@ -185,7 +185,12 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
     } else {
       s = s.WithContext("hello to " + im->where);
     }
-    ZPS_LOG(WARNING) << "rpc client: " << s.ToString();
+    // A refusal the caller is expected to retry (a shard still loading the job) is not news.
+    if (s.code() == Code::kUnavailable) {
+      ZPS_LOG(DEBUG) << "rpc client: " << s.ToString();
+    } else {
+      ZPS_LOG(WARNING) << "rpc client: " << s.ToString();
+    }
     return s;
   }
   auto h = internal::DecodeHelloReply(*reply);

@@ -149,6 +149,9 @@ Status CheckpointOptions::Validate() const {
   if (write_buffer_bytes < (1ull << 20)) return InvalidArgument("write_buffer_bytes < 1 MiB");
   if (max_write_buffers < 2) return InvalidArgument("max_write_buffers must be >= 2");
   if (background_jobs < 2) return InvalidArgument("background_jobs must be >= 2");
+  if (write_io_bytes < 4096 || write_io_bytes > (256ull << 20)) {
+    return InvalidArgument("write_io_bytes must be in [4 KiB, 256 MiB]");
+  }
   return Status::Ok();
 }
 

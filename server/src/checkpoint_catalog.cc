@@ -89,6 +89,19 @@ Result<int64_t> CoordinatorCatalog::GetStep() const {
   return *v;
 }
 
+Status CoordinatorCatalog::PutEpoch(uint64_t epoch) {
+  ByteWriter w;
+  w.U64(epoch);
+  return store_->PutCatalog("epoch", w.buffer());
+}
+Result<uint64_t> CoordinatorCatalog::GetEpoch() const {
+  ZPS_ASSIGN_OR_RETURN(auto bytes, store_->GetCatalog("epoch"));
+  ByteReader r(bytes);
+  auto v = r.U64("epoch");
+  if (!v.ok() || r.remaining() != 0) return DataLoss("stored epoch is malformed");
+  return *v;
+}
+
 Result<GlobalCheckpoint> CoordinatorCatalog::ReadGlobal(int64_t step) const {
   ZPS_ASSIGN_OR_RETURN(auto bytes, store_->GetCatalog(GlobalName(step)));
   ZPS_ASSIGN_OR_RETURN(auto g, DecodeGlobal(bytes));

@@ -2,7 +2,9 @@
 //
 //   zps-ckpt inspect --data-dir D[,D2...] [--verify]
 //   zps-ckpt export  --data-dir D0,D1,... --out model.safetensors [--step S] [--dtype fp32|bf16]
-//   zps-ckpt save    --endpoint host:port          (on-demand checkpoint: not wired yet)
+//   zps-ckpt save    --endpoint host:port --token-file F [--timeout S]
+//                    (on-demand: the coordinator checkpoints every shard at the next step
+//                    boundary; prints the step once it is complete on every shard)
 //
 // Stores are opened read-only, so both work beside a running shard (they see the state as of
 // opening). Exit status: 0 success, 1 an error (printed as CODE: message), 2 bad usage.
@@ -13,6 +15,9 @@
 
 #include "zps/common/config.h"
 #include "zps/common/dtype.h"
+#include "zps/common/messages.h"
+#include "zps/common/rpc.h"
+#include "zps/server/shard_server.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_export.h"
 
@@ -24,7 +29,9 @@ struct Options {
   int64_t step = -1;         // Default: -1 — the newest step committed on every shard
   std::string out;           // Default: none — export output file
   std::string dtype = "fp32";  // Default: fp32
-  std::string endpoint;      // Default: none — save: the shard's control endpoint
+  std::string endpoint;      // Default: none — save: the coordinator's control endpoint
+  std::string token_file;    // Default: none — save: the shared auth secret's file
+  int64_t timeout_s = 600;   // Default: 600 s — save: longest wait for the checkpoint
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -103,10 +110,18 @@ zps::Status Export(const Options& o) {
 
 zps::Status Save(const Options& o) {
   if (o.endpoint.empty()) return zps::InvalidArgument("save needs --endpoint host:port");
+  if (o.token_file.empty()) return zps::InvalidArgument("save needs --token-file");
   ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
-  (void)hp;
-  return zps::Unimplemented(
-      "save: the on-demand checkpoint RPC is not wired into the shard server yet");
+  ZPS_ASSIGN_OR_RETURN(std::string token, zps::server::ReadTokenFile(o.token_file));
+  zps::rpc::ClientOptions co{hp.first, hp.second, token, zps::msg::kRoleTool, 0, "zps-ckpt", {},
+                             5000};
+  ZPS_ASSIGN_OR_RETURN(auto client, zps::rpc::Client::Connect(co));
+  ZPS_ASSIGN_OR_RETURN(auto reply, client->Call(zps::msg::kCheckpointNow, {},
+                                                std::chrono::seconds(o.timeout_s)));
+  ZPS_ASSIGN_OR_RETURN(auto done, zps::msg::CheckpointDone::Decode(reply));
+  std::printf("checkpoint of step %lld complete on all %u shards\n",
+              static_cast<long long>(done.step), done.shards);
+  return zps::Status::Ok();
 }
 
 }  // namespace
@@ -118,7 +133,7 @@ int main(int argc, char** argv) {
                    "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
                    "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
                    "[--dtype fp32|bf16]\n"
-                   "  zps-ckpt save --endpoint host:port");
+                   "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
   flags.AllowPositional(1, "inspect|export|save");
   flags.Add("data-dir", "checkpoint store directories, comma-separated (export: one per shard)",
             &o.data_dir);
@@ -127,7 +142,9 @@ int main(int argc, char** argv) {
             INT64_MAX);
   flags.Add("out", "export: the output .safetensors file", &o.out);
   flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
-  flags.Add("endpoint", "save: the shard's control endpoint host:port", &o.endpoint);
+  flags.Add("endpoint", "save: the coordinator's control endpoint host:port", &o.endpoint);
+  flags.Add("token-file", "save: file holding the shared auth secret", &o.token_file);
+  flags.Add("timeout", "save: seconds to wait for the checkpoint", &o.timeout_s, 1, 86400);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-ckpt: %s\n", parsed.status().ToString().c_str());

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -18,9 +19,11 @@
 #include "zps/common/rpc.h"
 #include "zps/common/thread_pool.h"
 #include "zps/common/ucx.h"
+#include "zps/server/checkpoint_catalog.h"
 #include "zps/server/coordinator.h"
 #include "zps/server/job.h"
 #include "zps/server/shard_state.h"
+#include "shard_driver.h"
 
 namespace zps::server {
 
@@ -29,7 +32,8 @@ using namespace std::chrono_literals;
 void ShardServerOptions::Register(Flags& f) {
   f.Add("ordinal", "this shard's ordinal (0 also runs the coordinator)", &ordinal, 0, 4095);
   f.Add("shards", "number of shards in the job", &shards, 1, 4096);
-  f.Add("coordinator", "host:port of the coordinator (empty on shard 0: itself)", &coordinator);
+  f.Add("coordinator", "host:port of the coordinator, i.e. of shard 0 (shard 0 hosts it and ignores this)",
+        &coordinator);
   f.Add("bind", "address the control plane listens on", &bind_address);
   f.Add("advertise-host", "host name or address peers use to reach this shard", &advertise_host);
   f.Add("port", "control-plane TCP port (0 = ephemeral)", &port, 0, 65535);
@@ -155,20 +159,24 @@ struct ShardServer::Impl {
   std::unique_ptr<ucx::Context> ucx_context;
   // Every serving copy of this shard (ShardState's ServingAllocator), from Context::Allocate so
   // that workers can Get it (shared memory) and AM replies need no registration (tcp). Set once
-  // by the driver before state_ptr; destroyed after the worker stopped and before the context.
+  // by the driver (DriverHost::serving_alloc) before state_ptr; destroyed after the worker
+  // stopped and before the context.
   std::unique_ptr<ucx::MemoryRegion> serving_region;
   std::unique_ptr<ucx::Worker> ucx;
   std::unique_ptr<rpc::Server> rpc;
+  std::unique_ptr<CoordinatorCatalog> catalog;  // coordinator with --data-dir; before coordinator
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<ShardState> state;          // set once by the driver, before state_ptr
   std::atomic<ShardState*> state_ptr{nullptr};
-  std::unique_ptr<rpc::Client> coord_client;  // driver thread only (Close from Stop)
+  std::unique_ptr<ShardDriver> drv;           // the step driver's logic (shard_driver.cc)
+  std::atomic<bool> accepting{false};         // workers may connect (set by the driver)
   std::thread driver;
   std::once_flag stop_once;
 
   std::mutex mu;
   std::condition_variable cv;
   std::unordered_map<uint64_t, Session> sessions;  // guarded by mu; key = session token
+  std::unordered_set<uint64_t> fenced;             // guarded by mu; sessions from before a rollback
   bool stopping = false;                           // guarded by mu
   bool finished = false;                           // guarded by mu
   Status fatal;                                    // guarded by mu
@@ -229,6 +237,17 @@ struct ShardServer::Impl {
   }
   void SetMemoryGauges(const JobSpec& job);
 
+  // The answer to a data-plane message whose session is not (or no longer) valid.
+  Status SessionError(uint64_t token) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (fenced.count(token) != 0) {
+      return Unavailable("this session ended: the shard rolled back or lost the coordinator; re-join");
+    }
+    return Unauthenticated("unknown session token");
+  }
+  // Driver callback (shard_driver.h): let workers in, or fence them out.
+  void SetServing(bool accept, const Status& reason);
+
   bool FindSession(uint64_t token, Session* out) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(token);
@@ -239,10 +258,8 @@ struct ShardServer::Impl {
 
   void SetupCoordinatorRpcs();
   void SetupDataPlane();
+  void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
   void DriverLoop();
-  Status RunDriver();
-  Result<std::vector<std::byte>> CallCoordinator(uint16_t type, std::span<const std::byte> payload,
-                                                 std::chrono::milliseconds timeout);
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
                   std::span<const std::byte> data, bool rma);
   void HandleFetch(ucx::AmMessage& m, bool rma);
@@ -309,8 +326,7 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   if (!FindSession(h->session, &session)) {
     sm.pm.ProtocolError("unauthenticated");
     if (m.reply_endpoint().valid()) {
-      ReplyFetch(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"), -1, {},
-                 rma);
+      ReplyFetch(m.reply_endpoint(), h->request, SessionError(h->session), -1, {}, rma);
     }
     EndRequest(metrics::kFetch, t0);
     return;
@@ -352,7 +368,7 @@ void ShardServer::Impl::SetupDataPlane() {
     if (!FindSession(h->session, &session)) {
       sm.pm.ProtocolError("unauthenticated");
       if (m.reply_endpoint().valid()) {
-        ReplyPush(m.reply_endpoint(), h->request, Unauthenticated("unknown session token"));
+        ReplyPush(m.reply_endpoint(), h->request, SessionError(h->session));
       }
       EndRequest(metrics::kPush, t0);
       return;
@@ -372,6 +388,7 @@ void ShardServer::Impl::SetupDataPlane() {
       EndRequest(metrics::kPush, t0);
       return;
     }
+    MaybeCrashAt("push", h->step);
     auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
     if (!ticket.ok()) {
       sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
@@ -400,11 +417,15 @@ void ShardServer::Impl::SetupDataPlane() {
 
 void ShardServer::Impl::SetupCoordinatorRpcs() {
   Coordinator* c = coordinator.get();
-  rpc->Register(msg::kRegisterShard, Timed([c](const rpc::Peer&, std::span<const std::byte> p,
+  rpc->Register(msg::kRegisterShard, Timed([c](const rpc::Peer& peer, std::span<const std::byte> p,
                                                rpc::Responder r) {
     auto m = msg::RegisterShard::Decode(p);
     if (!m.ok()) return r.Error(m.status());
-    Status s = c->RegisterShard(m->ordinal, m->endpoint);
+    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+      return r.Error(InvalidArgument("RegisterShard must come from shard " +
+                                     std::to_string(m->ordinal) + "'s own connection"));
+    }
+    Status s = c->RegisterShard(m->ordinal, m->endpoint, peer.session_id);
     if (!s.ok()) return r.Error(s);
     r.Reply({});
   }));
@@ -455,6 +476,7 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
     for (const auto& ch : m->chunks) reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
     c->Report(m->step, m->ordinal, reports, [r, poll](const Result<CommitInfo>& ci) mutable {
       if (!ci.ok()) return r.Error(ci.status());
+      MaybeCrashAt("decide", ci->step);  // decided, not yet told
       r.Reply(ci->Encode());
     });
   });
@@ -470,6 +492,42 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
   });
 }
 
+// ---- coordinator: checkpoints and recovery (docs/protocol.md) ---------------------------------
+
+void ShardServer::Impl::SetupDurabilityRpcs() {
+  Coordinator* c = coordinator.get();
+  rpc->Register(msg::kCheckpointReport, Timed([c](const rpc::Peer& peer,
+                                                  std::span<const std::byte> p, rpc::Responder r) {
+    auto m = msg::CheckpointReport::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+      return r.Error(InvalidArgument("a checkpoint report must come from the shard itself"));
+    }
+    Status s = c->ReportCheckpoints(*m);
+    if (!s.ok()) return r.Error(s);
+    r.Reply({});
+  }));
+  rpc->Register(msg::kShardSync, Timed([c](const rpc::Peer& peer, std::span<const std::byte> p,
+                                           rpc::Responder r) {
+    auto m = msg::ShardSync::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+      return r.Error(InvalidArgument("a shard sync must come from the shard itself"));
+    }
+    auto reply = c->ShardSync(*m);
+    if (!reply.ok()) return r.Error(reply.status());
+    r.Reply(reply->Encode());
+  }));
+  rpc->Register(msg::kCheckpointNow, [this, c](const rpc::Peer& peer, std::span<const std::byte>,
+                                               rpc::Responder r) {
+    ZPS_LOG(INFO) << "checkpoint requested by " << peer.name << " from " << peer.remote;
+    c->RequestCheckpoint([r, poll = LongPoll()](const Result<msg::CheckpointDone>& d) mutable {
+      if (!d.ok()) return r.Error(d.status());
+      r.Reply(d->Encode());
+    });
+  });
+}
+
 std::string ShardServer::Impl::StatusJson() {
   nlohmann::json j;
   j["ordinal"] = opts.ordinal;
@@ -478,7 +536,11 @@ std::string ShardServer::Impl::StatusJson() {
   j["job_loaded"] = st != nullptr;
   j["version"] = st ? st->version() : -1;
   j["chunks"] = st ? st->chunk_ids().size() : 0;
-  if (coordinator) j["coordinator_step"] = coordinator->step();
+  if (coordinator) {
+    j["coordinator_step"] = coordinator->step();
+    j["coordinator_epoch"] = coordinator->epoch();
+    j["coordinator_phase"] = static_cast<int>(coordinator->phase());
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
     j["worker_sessions"] = sessions.size();
@@ -498,125 +560,30 @@ void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
   sm.memory[ShardMetrics::kNvme].Set(0);  // no NVMe tier yet
 }
 
-// ---- step driver ------------------------------------------------------------------------------
+// ---- step driver: shard_driver.cc -------------------------------------------------------------
 
-Result<std::vector<std::byte>> ShardServer::Impl::CallCoordinator(
-    uint16_t type, std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
-  if (!coord_client || !coord_client->connected()) {
-    return Unavailable("lost the connection to the coordinator");
+void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
+  if (accept) {
+    accepting.store(true);
+    return;
   }
-  return coord_client->Call(type, payload, timeout);
-}
-
-Status ShardServer::Impl::RunDriver() {
-  log::SetThreadName("shard-driver");
-  std::string coord = opts.coordinator.empty() ? "127.0.0.1:" + std::to_string(rpc->port())
-                                               : opts.coordinator;
-  ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
-  // Connect with backoff: the coordinator may start after us.
-  auto backoff = 100ms;
-  for (;;) {
-    if (Stopping()) return Cancelled("stopping");
-    rpc::ClientOptions co{hp.first, hp.second, opts.token, msg::kRoleShard,
-                          static_cast<uint32_t>(opts.ordinal), "shard-" + std::to_string(opts.ordinal),
-                          {}, 5000};
-    auto client = rpc::Client::Connect(co);
-    if (client.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      coord_client = std::move(*client);
-      break;
+  accepting.store(false);
+  std::vector<ucx::Endpoint> eps;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [token, session] : sessions) {
+      fenced.insert(token);
+      eps.push_back(session.ep);
     }
-    if (client.status().code() == Code::kUnauthenticated ||
-        client.status().code() == Code::kFailedPrecondition) {
-      return client.status().WithContext("coordinator " + coord);
-    }
-    ZPS_LOG(INFO) << "waiting for the coordinator at " << coord << ": "
-                  << client.status().ToString();
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+    sessions.clear();
+    sm.connected_workers.Set(0);
   }
-  msg::RegisterShard reg{static_cast<uint32_t>(opts.ordinal),
-                         opts.advertise_host + ":" + std::to_string(rpc->port())};
-  ZPS_RETURN_IF_ERROR(CallCoordinator(msg::kRegisterShard, reg.Encode(), 10s).status());
-
-  std::vector<std::byte> job_bytes;
-  for (;;) {
-    if (Stopping()) return Cancelled("stopping");
-    auto r = CallCoordinator(msg::kAwaitJob, {}, 60s);
-    if (r.ok()) {
-      job_bytes = std::move(*r);
-      break;
-    }
-    if (r.status().code() != Code::kDeadlineExceeded) return r.status().WithContext("await job");
-  }
-  ZPS_ASSIGN_OR_RETURN(JobSpec job, JobSpec::Deserialize(job_bytes));
-  if (job.layout.options().num_shards != static_cast<uint32_t>(opts.shards)) {
-    return FailedPrecondition("the job is laid out for " +
-                              std::to_string(job.layout.options().num_shards) +
-                              " shards but --shards is " + std::to_string(opts.shards));
-  }
-  // Serving copies in UCX-allocated memory (one region): workers on shared memory Get them
-  // directly. Where UCX cannot allocate, fall back to heap memory (fetches then go by AM).
-  auto serving_alloc = [this](size_t bytes) -> Result<std::span<std::byte>> {
-    ZPS_ASSIGN_OR_RETURN(serving_region, ucx_context->Allocate(bytes));
-    return serving_region->memory();
-  };
-  auto created = ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal), job.shard,
-                                    job.optimizer, pool.get(), serving_alloc);
-  if (!created.ok() && serving_region == nullptr) {
-    ZPS_LOG(WARNING) << "serving copies in heap memory (RMA fetch off): "
-                     << created.status().ToString();
-    created = ShardState::Create(job.layout, static_cast<uint32_t>(opts.ordinal), job.shard,
-                                 job.optimizer, pool.get());
-  }
-  ZPS_ASSIGN_OR_RETURN(state, std::move(created));
-  SetMemoryGauges(job);
-  state_ptr.store(state.get());  // now ready (/readyz)
-  ZPS_LOG(INFO) << "shard " << opts.ordinal << " holds " << state->chunk_ids().size() << " of "
-                << job.layout.num_chunks() << " chunks";
-
-  // Bytes the optimizer reads and writes per applied step: master, plus m and v when kept.
-  const int state_arrays = job.optimizer.kind != OptimizerKind::kSgd
-                               ? 2
-                               : (job.optimizer.momentum > 0.0f ? 1 : 0);
-  uint64_t owned_elems = 0;
-  for (uint32_t c : state->chunk_ids()) owned_elems += job.layout.chunk_size(c);
-  const uint64_t optimizer_bytes_per_step = owned_elems * 4 * 2 * (1 + state_arrays);
-  auto last_commit = Clock::now();
-
-  for (int64_t step = 0;; ++step) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.step_timeout_s);
-    for (;;) {
-      Status w = state->WaitForGradients(step, 500ms);
-      if (w.ok()) break;
-      if (w.code() != Code::kDeadlineExceeded) return w;
-      if (Stopping()) return Cancelled("stopping");
-      if (!coord_client->connected()) return Unavailable("lost the connection to the coordinator");
-      if (std::chrono::steady_clock::now() > deadline) {
-        return DeadlineExceeded("step " + std::to_string(step) + ": gradients incomplete after " +
-                                std::to_string(opts.step_timeout_s) + " s");
-      }
-    }
-    ZPS_ASSIGN_OR_RETURN(auto reports, state->ReduceStep(step));
-    msg::Report rep{step, static_cast<uint32_t>(opts.ordinal), {}};
-    for (const auto& [chunk, r] : reports) rep.chunks.push_back({chunk, r.sum_squares, r.non_finite});
-    ZPS_ASSIGN_OR_RETURN(auto reply, CallCoordinator(msg::kReport, rep.Encode(),
-                                                     std::chrono::seconds(opts.step_timeout_s)));
-    ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(reply));
-    const auto t_apply = Clock::now();
-    ZPS_RETURN_IF_ERROR(state->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step}));
-    const auto t_done = Clock::now();
-    sm.optimizer_pass.Observe(std::chrono::duration<double>(t_done - t_apply).count());
-    if (!ci.skip) sm.optimizer_bytes.Inc(optimizer_bytes_per_step);
-    sm.pm.step_duration.Observe(std::chrono::duration<double>(t_done - last_commit).count());
-    sm.pm.current_step.Set(static_cast<double>(step + 1));
-    last_commit = t_done;
-    ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
-  }
+  for (auto& ep : eps) ucx->Close(ep);
+  if (ShardState* st = state_ptr.load()) st->FailWaiters(reason);
 }
 
 void ShardServer::Impl::DriverLoop() {
-  Status s = RunDriver();
+  Status s = drv->Run();
   if (!s.ok() && s.code() != Code::kCancelled) {
     ZPS_LOG(ERROR) << "shard " << opts.ordinal << " stops: " << s.ToString();
   }
@@ -648,16 +615,56 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ro.token = options.token;
   ro.io_threads = 2;
   ZPS_ASSIGN_OR_RETURN(impl->rpc, rpc::Server::Create(ro));
-  if (options.ordinal == 0 && options.coordinator.empty()) {
-    impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards));
+  std::unique_ptr<ShardCheckpoints> checkpoints;
+  if (!options.data_dir.empty()) {
+    ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(options.data_dir));
   }
+  if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
+    CoordinatorOptions co;
+    co.checkpoint_every = options.checkpoint_every;
+    if (!options.data_dir.empty()) {
+      ZPS_ASSIGN_OR_RETURN(impl->catalog,
+                           CoordinatorCatalog::Open(options.data_dir + "/coordinator", {}));
+      co.catalog = impl->catalog.get();
+    }
+    impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards), co);
+    ZPS_RETURN_IF_ERROR(impl->coordinator->LoadCatalog());
+  }
+  Impl* d = impl.get();
+  DriverHost host;
+  host.opts = &d->opts;
+  host.rpc_port = d->rpc->port();
+  host.pool = d->pool.get();
+  host.stopping = [d] { return d->Stopping(); };
+  host.publish_state = [d](std::unique_ptr<ShardState> st, const JobSpec& job) {
+    d->state = std::move(st);
+    d->SetMemoryGauges(job);
+    d->state_ptr.store(d->state.get());  // now ready (/readyz)
+    return d->state.get();
+  };
+  host.set_serving = [d](bool accept, const Status& reason) { d->SetServing(accept, reason); };
+  host.serving_alloc = [d](size_t bytes) -> Result<std::span<std::byte>> {
+    if (d->serving_region) return FailedPrecondition("the serving region is allocated already");
+    ZPS_ASSIGN_OR_RETURN(d->serving_region, d->ucx_context->Allocate(bytes));
+    return d->serving_region->memory();
+  };
+  host.optimizer_pass = &d->sm.optimizer_pass;
+  host.optimizer_bytes = &d->sm.optimizer_bytes;
+  host.step_duration = &d->sm.pm.step_duration;
+  host.current_step = &d->sm.pm.current_step;
+  host.checkpoint_duration = &d->sm.checkpoint_duration;
+  host.checkpoint_last_success = &d->sm.checkpoint_last_success;
+  d->drv = std::make_unique<ShardDriver>(std::move(host), std::move(checkpoints));
   return std::unique_ptr<ShardServer>(new ShardServer(std::move(impl)));
 }
 
 Status ShardServer::Start() {
   Impl* d = impl_.get();
   d->SetupDataPlane();
-  if (d->coordinator) d->SetupCoordinatorRpcs();
+  if (d->coordinator) {
+    d->SetupCoordinatorRpcs();
+    d->SetupDurabilityRpcs();
+  }
   d->rpc->Register(msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>,
                                               rpc::Responder r) {
     std::string s = d->StatusJson();
@@ -690,6 +697,7 @@ Status ShardServer::Start() {
     // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
     // they retry until it has, so no data-plane message ever meets a shard without a job.
     if (d->state_ptr.load() == nullptr) return Unavailable("this shard has not loaded the job yet");
+    if (!d->accepting.load()) return Unavailable("this shard is restoring the job's state");
     ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
                          d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
                            ZPS_LOG(WARNING) << "data-plane peer (rank " << rank
@@ -704,9 +712,14 @@ Status ShardServer::Start() {
     return d->ucx->Address();
   });
   d->rpc->OnDisconnect([d](const rpc::Peer& peer) {
+    if (peer.role == msg::kRoleShard && d->coordinator) {
+      d->coordinator->ShardLost(peer.rank, peer.session_id);
+      return;
+    }
     ucx::Endpoint ep;
     {
       std::lock_guard<std::mutex> lock(d->mu);
+      d->fenced.erase(peer.session_token);
       auto it = d->sessions.find(peer.session_token);
       if (it == d->sessions.end()) return;
       ep = it->second.ep;
@@ -756,13 +769,11 @@ void ShardServer::StopOnce() {
     d->stopping = true;
   }
   d->cv.notify_all();
-  if (d->coordinator) d->coordinator->Shutdown(Cancelled("coordinator shutting down"));
+  if (d->coordinator) d->coordinator->Shutdown(Unavailable("the coordinator is shutting down; retry"));
   if (ShardState* st = d->state_ptr.load()) st->Shutdown(Cancelled("shard shutting down"));
-  {
-    std::lock_guard<std::mutex> lock(d->mu);
-    if (d->coord_client) d->coord_client->Close();
-  }
+  d->drv->Interrupt();
   if (d->driver.joinable()) d->driver.join();
+  (void)d->drv->ShutdownCheckpoint();  // clean shutdown: keep the last step (errors are logged)
   d->rpc->Stop();
   d->ucx->Stop();
   if (d->exporter) d->exporter->Stop();

@@ -176,6 +176,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   PushTicket t;
   t.req_ = req;
   t.slot_ = slot;
+  t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
   if (init) {
     t.dest_ = reinterpret_cast<std::byte*>(c->master.data() + b);
@@ -194,6 +195,7 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     std::unique_lock<std::mutex> lock(mu_);
     Chunk* c = FindChunk(t.req_.chunk);
     if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
+    if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
     if (!transfer.ok()) {
       c->covered[t.slot_].erase(t.req_.offset);
       return Status::Ok();

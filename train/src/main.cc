@@ -68,6 +68,7 @@ struct TrainOptions {
   bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
+  int max_recoveries = 20;         // Default: 20. Rejoins after a lost shard/coordinator.
   int metrics_port = 0;            // Default: 0 = off. Worker: its /metrics port. Local: the base
                                    // port (shard i: base+i, worker r: base+shards+r).
   std::string metrics_bind = "0.0.0.0";  // Default: all interfaces. Where /metrics listens.
@@ -107,6 +108,8 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
   f.Add("log-level", "debug, info, warning or error", &o.log_level);
   f.Add("op-timeout", "seconds any single wait may take", &o.op_timeout_s, 1, 86400);
+  f.Add("max-recoveries", "times a worker re-joins after losing a shard or the coordinator",
+        &o.max_recoveries, 0, 1000000);
   f.Add("metrics-port",
         "HTTP port for /metrics, /healthz, /readyz (0 = off); in local mode the first of "
         "shards+world-size consecutive ports (shards first, then workers)",
@@ -208,6 +211,27 @@ Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& lo
   return loss;
 }
 
+// A step failed because a shard or the coordinator went away or rolled the job back: re-join
+// and resume from the step the coordinator says.
+bool Recoverable(const Status& s) {
+  switch (s.code()) {
+    case Code::kUnavailable:
+    case Code::kDeadlineExceeded:
+    case Code::kFailedPrecondition:
+    case Code::kUnauthenticated:
+    case Code::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 Status RunWorker(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
   const auto spec = job.Serialize();
@@ -231,8 +255,6 @@ Status RunWorker(const TrainOptions& o) {
   wo.rank = static_cast<uint32_t>(o.rank);
   wo.ucx_tls = o.ucx_tls;
   wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
-  ZPS_ASSIGN_OR_RETURN(auto client, worker::Client::Connect(wo, spec, job.Hash()));
-  joined = true;
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -242,20 +264,31 @@ Status RunWorker(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
   const bool lead = o.rank == 0;
 
-  int64_t start = client->resume_step();
-  if (start == 0 && lead) {
-    // A new job: rank 0 uploads the seeded initial values.
-    for (uint32_t p = 0; p < model->num_params(); ++p) {
-      std::vector<float> values(client->layout().param_numel(p));
-      ZPS_RETURN_IF_ERROR(InitParam(model->decls()[p], o.model.seed, values));
-      ZPS_RETURN_IF_ERROR(client->PushInitial(p, values));
+  std::unique_ptr<worker::Client> client;
+  std::unique_ptr<WorkerAccess> access_ptr;
+  // (Re)joins the job; a job starting over (resume step 0) gets rank 0's initial values.
+  auto join = [&]() -> Status {
+    access_ptr.reset();
+    client.reset();
+    ZPS_ASSIGN_OR_RETURN(client, worker::Client::Connect(wo, spec, job.Hash()));
+    if (client->resume_step() == 0 && lead) {
+      for (uint32_t p = 0; p < model->num_params(); ++p) {
+        std::vector<float> values(client->layout().param_numel(p));
+        ZPS_RETURN_IF_ERROR(InitParam(model->decls()[p], o.model.seed, values));
+        ZPS_RETURN_IF_ERROR(client->PushInitial(p, values));
+      }
+      ZPS_RETURN_IF_ERROR(client->FlushPushes());
     }
-    ZPS_RETURN_IF_ERROR(client->FlushPushes());
-  }
-  WorkerAccess access(client.get(), {o.prefetch_bytes, o.max_live_bytes});
+    access_ptr = std::make_unique<WorkerAccess>(
+        client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
+    return Status::Ok();
+  };
+  ZPS_RETURN_IF_ERROR(join());
+  joined = true;
+  const int64_t start = client->resume_step();
   double eval_start = std::nan("");
   if (lead && start == 0) {
-    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, access, *loader, 0));
+    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *access_ptr, *loader, 0));
     std::printf("rank 0: %llu parameters, %u chunks on %d shards; held-out loss at start %.4f\n",
                 static_cast<unsigned long long>(CountParams(o.model)), client->layout().num_chunks(),
                 o.shards, eval_start);
@@ -268,16 +301,51 @@ Status RunWorker(const TrainOptions& o) {
   auto t_window = t_start;
   uint64_t fetched0 = client->fetched_bytes(), pushed0 = client->pushed_bytes();
   double step_time_sum = 0;
+  int recoveries = 0;
+  bool recovering = false;
+  auto failure_seen = Clock::now();
   for (int64_t step = start; step < o.steps; ++step) {
     auto ts = Clock::now();
     pm.current_step.Set(static_cast<double>(step));
     ZPS_RETURN_IF_ERROR(loader->Batch(step, batch));
-    access.BeginStep(step, step == o.inject_overflow_step && lead);
-    ZPS_ASSIGN_OR_RETURN(StepOutput out,
-                         model->TrainStep(batch, d.batch, static_cast<float>(loss_scale), access));
-    access.EndStep();
-    ZPS_RETURN_IF_ERROR(client->FlushPushes().WithContext("step " + std::to_string(step)));
-    ZPS_ASSIGN_OR_RETURN(msg::CommitInfo commit, client->AwaitCommit(step));
+    StepOutput out;
+    msg::CommitInfo commit;
+    Status st = [&]() -> Status {
+      WorkerAccess& access = *access_ptr;
+      access.BeginStep(step, step == o.inject_overflow_step && lead);
+      auto r = model->TrainStep(batch, d.batch, static_cast<float>(loss_scale), access);
+      access.EndStep();
+      if (!r.ok()) return r.status();
+      out = *r;
+      ZPS_RETURN_IF_ERROR(client->FlushPushes());
+      ZPS_ASSIGN_OR_RETURN(commit, client->AwaitCommit(step));
+      return Status::Ok();
+    }().WithContext("step " + std::to_string(step));
+    if (!st.ok()) {
+      if (!Recoverable(st) || recoveries >= o.max_recoveries) return st;
+      ++recoveries;
+      if (!recovering) failure_seen = Clock::now();
+      recovering = true;
+      std::fprintf(stderr, "zps-train (rank %d): %s; re-joining the job (recovery %d of at most %d)\n",
+                   o.rank, st.ToString().c_str(), recoveries, o.max_recoveries);
+      ZPS_RETURN_IF_ERROR(join().WithContext("re-joining after a failure"));
+      const int64_t resume = client->resume_step();
+      std::fprintf(stderr, "zps-train (rank %d): re-joined; resuming at step %lld\n", o.rank,
+                   static_cast<long long>(resume));
+      losses.resize(static_cast<size_t>(std::max<int64_t>(0, resume - start)));
+      loss_scale = client->job().loss_scale;
+      step = resume - 1;  // the loop's ++ makes it `resume`
+      continue;
+    }
+    if (recovering && lead) {
+      std::printf("recovery: resumed at step %lld; first resumed step done %.3fs after the failure "
+                  "was seen (unix_ms %lld)\n",
+                  static_cast<long long>(step),
+                  std::chrono::duration<double>(Clock::now() - failure_seen).count(),
+                  static_cast<long long>(UnixMillis()));
+      std::fflush(stdout);
+    }
+    recovering = false;
     loss_scale = commit.next_loss_scale;
     losses.push_back(out.loss);
     step_time_sum += std::chrono::duration<double>(Clock::now() - ts).count();
@@ -301,7 +369,7 @@ Status RunWorker(const TrainOptions& o) {
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (lead) {
-    const auto& ps = access.prefetch_stats();
+    const auto& ps = access_ptr->prefetch_stats();
     size_t k = std::min<size_t>(10, losses.size());
     double first = 0, last = 0;
     for (size_t i = 0; i < k; ++i) {
@@ -318,7 +386,7 @@ Status RunWorker(const TrainOptions& o) {
                 static_cast<unsigned long long>(ps.prefetches),
                 static_cast<unsigned long long>(ps.trace_rebuilds),
                 std::chrono::duration<double>(ps.wait).count());
-    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, access, *loader, o.steps));
+    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *access_ptr, *loader, o.steps));
     if (!std::isnan(eval_start)) {
       std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
                   100.0 * (eval_start - eval_end) / eval_start);

@@ -25,6 +25,10 @@ enum RpcType : uint16_t {
   kAwaitCommit = 14,    ///< worker -> coordinator: AwaitCommit; reply CommitInfo (long-poll)
   kStatus = 15,         ///< anyone -> any server: empty; reply: a JSON status document
   kChunkCrcs = 16,      ///< anyone -> shard: ChunkCrcsRequest; reply ChunkCrcs
+  // Durability (docs/protocol.md, "Checkpoints and recovery").
+  kCheckpointReport = 20,  ///< shard -> coordinator: CheckpointReport; reply empty
+  kShardSync = 21,         ///< shard -> coordinator: ShardSync; reply ShardSyncReply
+  kCheckpointNow = 22,     ///< tool -> coordinator: empty; reply CheckpointDone (long-poll)
 };
 
 /// Asks a shard for the CRC32C of every local chunk's state once it reached `min_version`
@@ -97,6 +101,8 @@ struct CommitInfo {
   double loss_scale = 1.0;       // used by this step's gradients
   double next_loss_scale = 1.0;  // to use for the next step
   int64_t optimizer_step = 0;    // applied updates after this step
+  int64_t good_steps = 0;        // loss scaler: consecutive good steps after this step
+  bool checkpoint = false;       // shards checkpoint the state at version step + 1
   std::vector<std::byte> Encode() const;
   static Result<CommitInfo> Decode(std::span<const std::byte> b);
 };
@@ -184,5 +190,60 @@ struct PushReplyHeader {
 
 /// Turns a reply's (code, message) into a Status; unknown codes become Internal.
 Status StatusFromWire(uint32_t code, std::string message);
+
+// ---- durability: checkpoints and recovery (control plane) ----
+
+/// Most checkpoint steps one report may list.
+inline constexpr size_t kMaxCheckpointSteps = 4096;
+
+/// A shard's complete, verified local checkpoints (all of them, ascending), sent at registration
+/// and after each checkpoint attempt; `result_*` describe that attempt (has_result false at
+/// registration).
+struct CheckpointReport {
+  uint32_t ordinal = 0;
+  std::vector<int64_t> steps;
+  bool has_result = false;
+  int64_t result_step = 0;
+  uint32_t result_code = 0;  // Code of the attempt (0 = committed)
+  std::string result_message;
+  std::vector<std::byte> Encode() const;
+  static Result<CheckpointReport> Decode(std::span<const std::byte> b);
+};
+
+/// The loss-scaler and optimizer counters at a step boundary (kept in every checkpoint).
+struct ResumeState {
+  int64_t step = 0;            // the version the state is at
+  double loss_scale = 1.0;     // the scale for step `step`
+  int64_t good_steps = 0;
+  int64_t optimizer_step = 0;  // applied updates before step `step`
+};
+
+/// A shard asks where the job stands; with `ready`, it says it restored `state` for `epoch`.
+struct ShardSync {
+  uint32_t ordinal = 0;
+  uint64_t epoch = 0;
+  bool ready = false;
+  ResumeState state;
+  std::vector<std::byte> Encode() const;
+  static Result<ShardSync> Decode(std::span<const std::byte> b);
+};
+
+enum class JobPhase : uint8_t { kNoJob = 0, kRecovering = 1, kRunning = 2 };
+
+struct ShardSyncReply {
+  uint64_t epoch = 0;
+  JobPhase phase = JobPhase::kNoJob;
+  int64_t target_step = -1;  // while recovering: the step to restore (-1: not known yet)
+  std::vector<std::byte> Encode() const;
+  static Result<ShardSyncReply> Decode(std::span<const std::byte> b);
+};
+
+/// The answer to kCheckpointNow: a global checkpoint complete on every shard.
+struct CheckpointDone {
+  int64_t step = 0;
+  uint32_t shards = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<CheckpointDone> Decode(std::span<const std::byte> b);
+};
 
 }  // namespace zps::msg

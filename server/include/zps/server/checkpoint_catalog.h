@@ -51,6 +51,10 @@ class CoordinatorCatalog {
   Result<std::vector<std::byte>> GetPlacement() const;
   Status PutStep(int64_t step);
   Result<int64_t> GetStep() const;
+  /// The recovery epoch (Coordinator): bumped, synced, on every rollback, so a restarted
+  /// coordinator never reuses one.
+  Status PutEpoch(uint64_t epoch);
+  Result<uint64_t> GetEpoch() const;
 
   /// Records that `shard` committed checkpoint `step`. Returns true when this report completed
   /// the global checkpoint (exactly once per step); a repeated report is harmless (false).

@@ -7,6 +7,15 @@
 //     mismatch. A Join returns the step to resume from.
 //   - Each shard Reports its per-chunk statistics for a step; once every chunk of the layout has
 //     reported, StepCommit decides and every waiter (shards and workers) gets the decision.
+//   - Checkpoints: the decision of step s carries `checkpoint` when s + 1 is a multiple of
+//     checkpoint_every or a checkpoint was requested (RequestCheckpoint); shards then write
+//     version s + 1 and report it (ReportCheckpoints). A global checkpoint is complete once every
+//     shard committed it (CoordinatorCatalog, when there is one).
+//   - Recovery (docs/checkpoints.md): when a shard is lost or (re-)registers while a job exists,
+//     the job enters kRecovering with a new epoch: every waiter fails with Unavailable, Joins and
+//     Reports are refused (Unavailable). Once every shard is connected and has listed its local
+//     checkpoints, the target is the newest step every shard holds (0 = start over); shards
+//     restore it and say so (ShardSync ready); then the job runs again from that step.
 //
 // Callbacks run on the thread that completes them (a report, or the caller itself when the
 // answer is ready), after the internal lock is released.
@@ -31,6 +40,13 @@ namespace zps::server {
 
 using CommitInfo = msg::CommitInfo;
 
+class CoordinatorCatalog;
+
+struct CoordinatorOptions {
+  int64_t checkpoint_every = 0;            // Default: 0 = only on request.
+  CoordinatorCatalog* catalog = nullptr;   // Default: none (no durable job state). Not owned.
+};
+
 struct JoinInfo {
   uint64_t job_hash = 0;
   int64_t resume_step = 0;
@@ -42,15 +58,35 @@ class Coordinator {
  public:
   using JobCallback = std::function<void(const Result<JobSpec>&)>;
   using CommitCallback = std::function<void(const Result<CommitInfo>&)>;
+  using CheckpointCallback = std::function<void(const Result<msg::CheckpointDone>&)>;
 
-  explicit Coordinator(uint32_t num_shards);
+  explicit Coordinator(uint32_t num_shards, const CoordinatorOptions& options = {});
   ~Coordinator();
 
   uint32_t num_shards() const { return num_shards_; }
 
-  /// A shard announces itself. Errors: OutOfRange for a bad ordinal; InvalidArgument for an
-  /// empty endpoint. Re-registering (a restarted shard) replaces the endpoint.
-  Status RegisterShard(uint32_t ordinal, std::string endpoint);
+  /// Restores the job spec and epoch from the catalog (if any): a restarted coordinator then
+  /// recovers the job. Errors: from the catalog (DataLoss, IoError).
+  Status LoadCatalog();
+
+  /// A shard announces itself (`session`: its control connection, for ShardLost). Errors:
+  /// OutOfRange for a bad ordinal; InvalidArgument for an empty endpoint. Re-registering (a
+  /// restarted shard) replaces the endpoint and, while a job exists, starts a recovery.
+  Status RegisterShard(uint32_t ordinal, std::string endpoint, uint64_t session = 0);
+  /// The control connection `session` of shard `ordinal` closed: recovery if it was current.
+  void ShardLost(uint32_t ordinal, uint64_t session);
+  /// A shard's local checkpoint list and, optionally, the outcome of one checkpoint.
+  /// Errors: OutOfRange (ordinal), from the catalog.
+  Status ReportCheckpoints(const msg::CheckpointReport& report);
+  /// Where the job stands for a shard (and, with `ready`, that it restored the target).
+  /// Errors: OutOfRange (ordinal).
+  Result<msg::ShardSyncReply> ShardSync(const msg::ShardSync& sync);
+  /// Orders a checkpoint at the next step boundary; cb gets the step once it is complete on
+  /// every shard, or the first shard's failure, Unavailable/Aborted on recovery, Cancelled on
+  /// shutdown. Errors (to cb): FailedPrecondition (no job), Unavailable (recovering).
+  void RequestCheckpoint(CheckpointCallback cb);
+  msg::JobPhase phase() const;
+  uint64_t epoch() const;
   bool AllShardsRegistered() const;
 
   /// Answers with the job once rank 0 has registered one.
@@ -78,9 +114,30 @@ class Coordinator {
   static constexpr size_t kHistory = 64;
 
  private:
+  struct ShardEntry {
+    std::string endpoint;
+    uint64_t session = 0;
+    bool connected = false;
+    bool listed = false;            // sent its checkpoint list since registering
+    std::vector<int64_t> checkpoints;
+    bool ready = false;             // restored the target of the current epoch
+    msg::ResumeState state;
+  };
+  void StartRecovery(const std::string& reason, std::vector<CommitCallback>& failed,
+                     std::vector<CheckpointCallback>& failed_ckpt);  // needs mu_
+  void PersistEpoch();                                               // needs mu_
+  bool AdvanceRecovery();  // needs mu_; true when the job runs again
+
   const uint32_t num_shards_;
+  const CoordinatorOptions opts_;
   mutable std::mutex mu_;
   std::vector<std::string> endpoints_;          // guarded by mu_
+  std::vector<ShardEntry> shards_;              // guarded by mu_
+  msg::JobPhase phase_ = msg::JobPhase::kNoJob;  // guarded by mu_
+  uint64_t epoch_ = 0;                          // guarded by mu_
+  int64_t target_ = -1;                         // guarded by mu_; recovery target, -1 unknown
+  bool checkpoint_requested_ = false;           // guarded by mu_
+  std::vector<std::pair<int64_t, CheckpointCallback>> checkpoint_waiters_;  // guarded by mu_
   std::optional<JobSpec> job_;                  // guarded by mu_
   std::optional<StepCommit> commit_;            // guarded by mu_
   int64_t step_ = 0;                            // guarded by mu_

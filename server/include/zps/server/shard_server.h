@@ -22,8 +22,8 @@ namespace zps::server {
 struct ShardServerOptions {
   int ordinal = 0;                      // Default: 0 (the coordinator shard).
   int shards = 1;                       // Default: 1. Shards in the job.
-  std::string coordinator;              // Default: "" = this process when ordinal is 0.
-                                        // host:port of the coordinator's control plane.
+  std::string coordinator;              // Default: "". host:port of the coordinator (shard 0's
+                                        // control plane); required on shards other than 0.
   std::string bind_address = "0.0.0.0";  // Default: all interfaces.
   std::string advertise_host = "127.0.0.1";  // Default: loopback. How peers reach this shard.
   int port = 7070;                      // Default: 7070. Control-plane TCP port (0 = ephemeral).

@@ -78,6 +78,7 @@ class PushTicket {
   std::byte* dest_ = nullptr;
   size_t bytes_ = 0;
   std::unique_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
+  uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
 };
 
 struct CommitOrder {
@@ -159,6 +160,29 @@ class ShardState {
   /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange.
   Result<std::vector<float>> MasterOf(uint32_t chunk) const;
 
+  // ---- durability (shard_state_restore.cc) ----
+  // Called by the one thread that also calls ReduceStep/ApplyCommit (the step driver), between
+  // steps: the update is the only writer of master, m and v once they are initialised.
+  using ChunkVisitor = std::function<Status(uint32_t chunk, int64_t version,
+                                            std::span<const float> master,
+                                            std::span<const float> m, std::span<const float> v)>;
+  /// Visits every local chunk's master, m and v (an empty span for a state the optimizer does
+  /// not keep), ascending. Errors: FailedPrecondition (chunks at different versions, or
+  /// uninitialised), whatever `fn` returns (the visit stops).
+  Status VisitChunkState(const ChunkVisitor& fn) const;
+  using ChunkLoader =
+      std::function<Status(uint32_t chunk, std::span<float> master, std::span<float> m,
+                           std::span<float> v)>;
+  /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
+  /// gradients of the step in progress (a push begun before is refused by FinishPush), then
+  /// either (version >= 1) `load` fills each chunk's master, m and v, and the serving copies are
+  /// recomputed from the masters, or (version -1) everything is zeroed: the chunks wait for
+  /// their initial values again. Errors: InvalidArgument (version 0 or < -1), from `load` (the
+  /// state is then unspecified: call again).
+  Status ResetTo(int64_t version, const ChunkLoader& load, const Status& reason);
+  /// Fails every waiting fetch with `reason` (not a shutdown: later fetches are served).
+  void FailWaiters(const Status& reason);
+
  private:
   struct Waiter {
     FetchRequest req;
@@ -197,6 +221,7 @@ class ShardState {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  uint64_t epoch_ = 0;          // guarded by mu_; ResetTo count (fences older push tickets)
   bool shutdown_ = false;       // guarded by mu_
   Status shutdown_reason_;      // guarded by mu_
 };

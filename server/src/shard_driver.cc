@@ -1,0 +1,463 @@
+#include "shard_driver.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "zps/common/bytes.h"
+#include "zps/common/config.h"
+#include "zps/common/logging.h"
+
+namespace zps::server {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+void MaybeCrashAt(std::string_view point, int64_t step) {
+  static const std::string spec = [] {
+    const char* e = std::getenv("ZPS_TEST_CRASH_AT");
+    return std::string(e ? e : "");
+  }();
+  if (spec.empty()) return;
+  if (spec != std::string(point) + ":" + std::to_string(step)) return;
+  ZPS_LOG(WARNING) << "ZPS_TEST_CRASH_AT=" << spec << ": killing this process";
+  ::raise(SIGKILL);
+}
+
+// ---- ShardCheckpoints -------------------------------------------------------------------------
+
+namespace {
+constexpr uint32_t kStateMagic = 0x5a505331;  // "ZPS1": the resume-state blob's version
+
+std::vector<std::byte> EncodeResume(const msg::ResumeState& rs) {
+  ByteWriter w;
+  w.U32(kStateMagic);
+  w.I64(rs.step);
+  w.F64(rs.loss_scale);
+  w.I64(rs.good_steps);
+  w.I64(rs.optimizer_step);
+  return w.Take();
+}
+
+Result<msg::ResumeState> DecodeResume(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ZPS_ASSIGN_OR_RETURN(uint32_t magic, r.U32("magic"));
+  if (magic != kStateMagic) return DataLoss("checkpoint state blob: unknown format");
+  msg::ResumeState rs;
+  ZPS_ASSIGN_OR_RETURN(rs.step, r.I64("step"));
+  ZPS_ASSIGN_OR_RETURN(rs.loss_scale, r.F64("loss_scale"));
+  ZPS_ASSIGN_OR_RETURN(rs.good_steps, r.I64("good_steps"));
+  ZPS_ASSIGN_OR_RETURN(rs.optimizer_step, r.I64("optimizer_step"));
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("checkpoint state blob"));
+  return rs;
+}
+}  // namespace
+
+Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::string& data_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) return IoError("cannot create --data-dir '" + data_dir + "': " + ec.message());
+  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(data_dir + "/checkpoints", {}));
+  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(std::move(store)));
+}
+
+Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
+  ZPS_RETURN_IF_ERROR(store_->SetIdentity(job.layout, ordinal)
+                          .WithContext("--data-dir holds checkpoints of another job or shard "
+                                       "(move it away to start a new job)"));
+  return store_->PutJobSpec(job);
+}
+
+Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) const {
+  ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(verify));
+  std::vector<int64_t> steps;
+  for (const auto& c : list) {
+    if (c.verification == Verification::kCorrupt) {
+      ZPS_LOG(WARNING) << "checkpoint of step " << c.step << " is corrupt and will not be used: "
+                       << c.problem;
+      continue;
+    }
+    steps.push_back(c.step);
+  }
+  return steps;
+}
+
+Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& rs) {
+  auto writer = store_->BeginCheckpoint(rs.step);
+  if (!writer.ok()) {
+    if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
+    return writer.status();
+  }
+  std::vector<float> zeros;
+  bool first = true;
+  Status visited = state.VisitChunkState(
+      [&](uint32_t chunk, int64_t version, std::span<const float> master,
+          std::span<const float> m, std::span<const float> v) -> Status {
+        if (version != rs.step) {
+          return FailedPrecondition("state at version " + std::to_string(version) +
+                                    ", checkpoint of step " + std::to_string(rs.step));
+        }
+        if (m.size() != master.size() || v.size() != master.size()) zeros.assign(master.size(), 0.0f);
+        ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
+                       v.size() == master.size() ? v : std::span<const float>(zeros)};
+        ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
+        if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
+        first = false;
+        return Status::Ok();
+      });
+  ZPS_RETURN_IF_ERROR(visited);
+  ZPS_RETURN_IF_ERROR((*writer)->SetState(EncodeResume(rs)));
+  return (*writer)->Commit();
+}
+
+Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t step,
+                                                   const Status& reason) {
+  ZPS_ASSIGN_OR_RETURN(auto reader, store_->OpenCheckpoint(step));
+  ZPS_ASSIGN_OR_RETURN(auto blob, reader->ReadState());
+  ZPS_ASSIGN_OR_RETURN(msg::ResumeState rs, DecodeResume(blob));
+  if (rs.step != step) {
+    return DataLoss("checkpoint " + std::to_string(step) + " holds the state of step " +
+                    std::to_string(rs.step));
+  }
+  ZPS_RETURN_IF_ERROR(state.ResetTo(
+      step,
+      [&](uint32_t chunk, std::span<float> master, std::span<float> m, std::span<float> v) {
+        return reader->ReadChunk(chunk, {master, m, v})
+            .WithContext("checkpoint " + std::to_string(step) + " chunk " + std::to_string(chunk));
+      },
+      reason));
+  return rs;
+}
+
+Status ShardCheckpoints::DropAfter(int64_t step) { return store_->DropCheckpointsAfter(step); }
+
+// ---- ShardDriver ------------------------------------------------------------------------------
+
+ShardDriver::ShardDriver(DriverHost host, std::unique_ptr<ShardCheckpoints> checkpoints)
+    : host_(std::move(host)), ckpt_(std::move(checkpoints)) {}
+
+void ShardDriver::Interrupt() {
+  std::lock_guard<std::mutex> lock(mu_);
+  interrupted_ = true;
+  if (coord_) coord_->Close();
+}
+
+bool ShardDriver::Connected() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return coord_ && coord_->connected();
+}
+
+Result<std::vector<std::byte>> ShardDriver::Call(uint16_t type, std::span<const std::byte> payload,
+                                                 std::chrono::milliseconds timeout) {
+  rpc::Client* c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (coord_ && coord_->connected()) c = coord_.get();  // replaced only by this thread
+  }
+  if (c == nullptr) return Unavailable("lost the connection to the coordinator");
+  return c->Call(type, payload, timeout);
+}
+
+Status ShardDriver::Connect() {
+  const auto& o = *host_.opts;
+  // The coordinator shard (0) reaches its own coordinator over loopback, like any other client.
+  const std::string coord =
+      o.ordinal == 0 ? "127.0.0.1:" + std::to_string(host_.rpc_port) : o.coordinator;
+  ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
+  auto backoff = 100ms;
+  const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);
+  for (;;) {
+    if (host_.stopping()) return Cancelled("stopping");
+    rpc::ClientOptions co{hp.first, hp.second, o.token, msg::kRoleShard,
+                          static_cast<uint32_t>(o.ordinal), "shard-" + std::to_string(o.ordinal),
+                          {}, 5000};
+    auto client = rpc::Client::Connect(co);
+    if (client.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (interrupted_) return Cancelled("stopping");
+      coord_ = std::move(*client);
+      break;
+    }
+    if (client.status().code() == Code::kUnauthenticated ||
+        client.status().code() == Code::kFailedPrecondition) {
+      return client.status().WithContext("coordinator " + coord);
+    }
+    if (Clock::now() > deadline) {
+      return client.status().WithContext("coordinator " + coord + " unreachable for " +
+                                         std::to_string(o.step_timeout_s) + " s");
+    }
+    ZPS_LOG(INFO) << "waiting for the coordinator at " << coord << ": "
+                  << client.status().ToString();
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  msg::RegisterShard reg{static_cast<uint32_t>(o.ordinal),
+                         o.advertise_host + ":" + std::to_string(host_.rpc_port)};
+  ZPS_RETURN_IF_ERROR(Call(msg::kRegisterShard, reg.Encode(), 10s).status());
+  return ReportCheckpoints(std::nullopt);
+}
+
+Status ShardDriver::ReportCheckpoints(const std::optional<std::pair<int64_t, Status>>& result) {
+  msg::CheckpointReport rep;
+  rep.ordinal = static_cast<uint32_t>(host_.opts->ordinal);
+  if (ckpt_) {
+    // The first listing after a (re)start reads every value back: a corrupt newest checkpoint
+    // is left out, so the job rolls back to the previous one.
+    ZPS_ASSIGN_OR_RETURN(rep.steps, ckpt_->Steps(/*verify=*/!verified_));
+    verified_ = true;
+  }
+  if (result) {
+    rep.has_result = true;
+    rep.result_step = result->first;
+    rep.result_code = static_cast<uint32_t>(result->second.code());
+    rep.result_message = result->second.message();
+  }
+  return Call(msg::kCheckpointReport, rep.Encode(), 10s).status();
+}
+
+Status ShardDriver::AwaitJob() {
+  std::vector<std::byte> bytes;
+  for (;;) {
+    if (host_.stopping()) return Cancelled("stopping");
+    auto r = Call(msg::kAwaitJob, {}, 60s);
+    if (r.ok()) {
+      bytes = std::move(*r);
+      break;
+    }
+    if (r.status().code() != Code::kDeadlineExceeded) return r.status().WithContext("await job");
+  }
+  ZPS_ASSIGN_OR_RETURN(JobSpec job, JobSpec::Deserialize(bytes));
+  const auto& o = *host_.opts;
+  if (job_) {
+    if (job.Hash() != job_->Hash()) {
+      return FailedPrecondition("the coordinator now has a different job than this shard holds");
+    }
+    return Status::Ok();
+  }
+  if (job.layout.options().num_shards != static_cast<uint32_t>(o.shards)) {
+    return FailedPrecondition("the job is laid out for " +
+                              std::to_string(job.layout.options().num_shards) +
+                              " shards but --shards is " + std::to_string(o.shards));
+  }
+  if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->Bind(job, static_cast<uint32_t>(o.ordinal)));
+  // Serving copies in UCX-allocated memory (one region), so that workers on shared memory Get
+  // them directly; where that fails, heap memory (fetches then go by AM).
+  auto created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
+                                    job.optimizer, host_.pool, host_.serving_alloc);
+  if (!created.ok() && host_.serving_alloc) {
+    ZPS_LOG(WARNING) << "serving copies in heap memory (RMA fetch off): "
+                     << created.status().ToString();
+    created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
+                                 job.optimizer, host_.pool);
+  }
+  ZPS_ASSIGN_OR_RETURN(auto st, std::move(created));
+  job_ = job;
+  state_ = host_.publish_state(std::move(st), job);
+  ZPS_LOG(INFO) << "shard " << o.ordinal << " holds " << state_->chunk_ids().size() << " of "
+                << job.layout.num_chunks() << " chunks";
+  return Status::Ok();
+}
+
+Result<msg::ShardSyncReply> ShardDriver::Sync(bool ready) {
+  msg::ShardSync s{static_cast<uint32_t>(host_.opts->ordinal), epoch_, ready, resume_};
+  ZPS_ASSIGN_OR_RETURN(auto bytes, Call(msg::kShardSync, s.Encode(), 10s));
+  return msg::ShardSyncReply::Decode(bytes);
+}
+
+Result<int64_t> ShardDriver::SyncToJob() {
+  const auto deadline = Clock::now() + std::chrono::seconds(host_.opts->step_timeout_s);
+  for (;;) {
+    if (host_.stopping()) return Cancelled("stopping");
+    if (Clock::now() > deadline) {
+      return DeadlineExceeded("the job did not become runnable within " +
+                              std::to_string(host_.opts->step_timeout_s) + " s");
+    }
+    auto reply = Sync(false);
+    if (!reply.ok()) {
+      resync_ = true;
+      return reply.status();
+    }
+    if (reply->phase == msg::JobPhase::kRunning) {
+      if (synced_ && reply->epoch == epoch_) {
+        host_.set_serving(true, Status::Ok());
+        return std::max<int64_t>(state_->version(), 0);
+      }
+      // A new job: nothing to restore (a shard without chunks is at "version" 0 from the start).
+      const bool fresh = state_->version() < 0 || state_->chunk_ids().empty();
+      if (!synced_ && fresh && reply->target_step == 0) {
+        epoch_ = reply->epoch;
+        synced_ = true;
+        resume_ = {0, job_->commit.dynamic_loss_scale ? job_->commit.initial_loss_scale : 1.0, 0, 0};
+        host_.set_serving(true, Status::Ok());
+        return 0;
+      }
+    } else if (reply->phase == msg::JobPhase::kRecovering) {
+      const Status why = Unavailable("shard " + std::to_string(host_.opts->ordinal) +
+                                     " is rolling back to a checkpoint; re-join");
+      host_.set_serving(false, why);
+      if (reply->target_step >= 0) {
+        if (!synced_ || epoch_ != reply->epoch || resume_.step != reply->target_step) {
+          synced_ = false;
+          const int64_t target = reply->target_step;
+          const auto t0 = Clock::now();
+          if (target == 0) {
+            ZPS_RETURN_IF_ERROR(state_->ResetTo(-1, {}, why));
+            resume_ = {0, job_->commit.dynamic_loss_scale ? job_->commit.initial_loss_scale : 1.0,
+                       0, 0};
+          } else if (!ckpt_) {
+            return FailedPrecondition("asked to restore step " + std::to_string(target) +
+                                      " without a --data-dir");
+          } else {
+            ZPS_ASSIGN_OR_RETURN(resume_, ckpt_->Restore(*state_, target, why));
+          }
+          if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->DropAfter(target));
+          last_checkpoint_ = target;
+          epoch_ = reply->epoch;
+          synced_ = true;
+          ZPS_LOG(WARNING) << "shard " << host_.opts->ordinal << " restored step " << target
+                           << " (epoch " << epoch_ << ") in "
+                           << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
+        }
+        auto r2 = Sync(true);
+        if (!r2.ok()) {
+          resync_ = true;
+          return r2.status();
+        }
+        if (r2->phase == msg::JobPhase::kRunning && r2->epoch == epoch_) {
+          host_.set_serving(true, Status::Ok());
+          return resume_.step;
+        }
+      }
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+Status ShardDriver::Run() {
+  log::SetThreadName("shard-driver");
+  for (;;) {
+    if (host_.stopping()) return Cancelled("stopping");
+    resync_ = false;
+    if (!Connected()) {
+      if (state_ != nullptr) {
+        host_.set_serving(false, Unavailable("shard " + std::to_string(host_.opts->ordinal) +
+                                             " lost the coordinator; re-join"));
+      }
+      ZPS_RETURN_IF_ERROR(Connect());
+      Status j = AwaitJob();
+      if (!j.ok()) {
+        if (j.code() == Code::kUnavailable && !host_.stopping()) continue;
+        return j;
+      }
+    }
+    auto start = SyncToJob();
+    if (!start.ok()) {
+      if (resync_ && start.status().code() == Code::kUnavailable) continue;
+      return start.status();
+    }
+    Status s = RunSteps(*start);
+    if (resync_ && !host_.stopping()) {
+      ZPS_LOG(WARNING) << "shard " << host_.opts->ordinal << " syncs with the job again: "
+                       << s.ToString();
+      continue;
+    }
+    return s;
+  }
+}
+
+Status ShardDriver::RunSteps(int64_t start) {
+  const auto& o = *host_.opts;
+  const auto& job = *job_;
+  const int state_arrays = job.optimizer.kind != OptimizerKind::kSgd
+                               ? 2
+                               : (job.optimizer.momentum > 0.0f ? 1 : 0);
+  uint64_t owned_elems = 0;
+  for (uint32_t c : state_->chunk_ids()) owned_elems += job.layout.chunk_size(c);
+  const uint64_t optimizer_bytes_per_step = owned_elems * 4 * 2 * (1 + state_arrays);
+  auto last_commit = Clock::now();
+  auto resync = [&](const Status& why) {
+    resync_ = true;
+    return why;
+  };
+  for (int64_t step = start;; ++step) {
+    const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);
+    for (;;) {
+      Status w = state_->WaitForGradients(step, 500ms);
+      if (w.ok()) break;
+      if (w.code() != Code::kDeadlineExceeded) return w;
+      if (host_.stopping()) return Cancelled("stopping");
+      auto r = Sync(false);
+      if (!r.ok()) return resync(r.status());
+      if (r->epoch != epoch_ || r->phase != msg::JobPhase::kRunning) {
+        return resync(Unavailable("the job is recovering (epoch " + std::to_string(r->epoch) + ")"));
+      }
+      if (Clock::now() > deadline) {
+        return DeadlineExceeded("step " + std::to_string(step) + ": gradients incomplete after " +
+                                std::to_string(o.step_timeout_s) + " s");
+      }
+    }
+    ZPS_ASSIGN_OR_RETURN(auto reports, state_->ReduceStep(step));
+    msg::Report rep{step, static_cast<uint32_t>(o.ordinal), {}};
+    for (const auto& [chunk, r] : reports) rep.chunks.push_back({chunk, r.sum_squares, r.non_finite});
+    auto reply = Call(msg::kReport, rep.Encode(), std::chrono::seconds(o.step_timeout_s));
+    if (!reply.ok()) {
+      if (host_.stopping()) return Cancelled("stopping");
+      return resync(reply.status().WithContext("report of step " + std::to_string(step)));
+    }
+    ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(*reply));
+    MaybeCrashAt("update", step);  // decided, not applied here
+    const auto t_apply = Clock::now();
+    ZPS_RETURN_IF_ERROR(state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step}));
+    const auto t_done = Clock::now();
+    resume_ = {step + 1, ci.next_loss_scale, ci.good_steps, ci.optimizer_step};
+    host_.optimizer_pass->Observe(std::chrono::duration<double>(t_done - t_apply).count());
+    if (!ci.skip) host_.optimizer_bytes->Inc(optimizer_bytes_per_step);
+    host_.step_duration->Observe(std::chrono::duration<double>(t_done - last_commit).count());
+    host_.current_step->Set(static_cast<double>(step + 1));
+    last_commit = t_done;
+    ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
+    if (ci.checkpoint) CheckpointAndReport(step + 1);
+  }
+}
+
+void ShardDriver::CheckpointAndReport(int64_t step) {
+  const auto t0 = Clock::now();
+  Status s = ckpt_ ? ckpt_->Write(*state_, resume_)
+                   : FailedPrecondition("shard " + std::to_string(host_.opts->ordinal) +
+                                        " has no --data-dir: it cannot checkpoint");
+  if (s.ok()) {
+    last_checkpoint_ = step;
+    host_.checkpoint_duration->Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    host_.checkpoint_last_success->SetToCurrentTime();
+    ZPS_LOG(INFO) << "checkpoint of step " << step << " committed in "
+                  << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
+  } else {
+    ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString();
+  }
+  MaybeCrashAt("after-checkpoint", step);  // committed here, not yet reported
+  Status r = ReportCheckpoints(std::make_pair(step, s));
+  if (!r.ok()) ZPS_LOG(WARNING) << "checkpoint report not delivered: " << r.ToString();
+}
+
+Status ShardDriver::ShutdownCheckpoint() {
+  if (!ckpt_ || state_ == nullptr || !synced_) return Status::Ok();
+  const int64_t v = state_->version();
+  if (v < 1 || v == last_checkpoint_ || resume_.step != v) return Status::Ok();
+  const auto t0 = Clock::now();
+  Status s = ckpt_->Write(*state_, resume_);
+  if (!s.ok()) {
+    ZPS_LOG(ERROR) << "shutdown checkpoint of step " << v << " failed: " << s.ToString();
+    return s;
+  }
+  last_checkpoint_ = v;
+  host_.checkpoint_duration->Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+  host_.checkpoint_last_success->SetToCurrentTime();
+  ZPS_LOG(INFO) << "shutdown checkpoint of step " << v << " committed";
+  return Status::Ok();
+}
+
+}  // namespace zps::server

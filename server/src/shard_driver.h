@@ -1,0 +1,123 @@
+// Internal to zps-server: the shard's step driver and its durable side.
+//
+// ShardCheckpoints wraps the shard's CheckpointStore (<data-dir>/checkpoints): writing the state
+// at its current version with the loss-scaler/optimizer counters, restoring a step, listing.
+// ShardDriver runs on the "shard-driver" thread: connect to the coordinator (backoff), register,
+// list the local checkpoints, get the job, sync with the coordinator (restoring the step it rolls
+// back to), then run steps: wait for gradients -> reduce -> report -> apply -> publish ->
+// checkpoint when the decision says so. On losing the coordinator or a recovery order it fences
+// the data plane (waiting fetches and old sessions get Unavailable) and syncs again.
+//
+// Thread-safety: ShardDriver::Run on one thread; Interrupt from any; ShutdownCheckpoint after
+// Run returned. ShardCheckpoints: one thread (the driver) at a time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zps/common/messages.h"
+#include "zps/common/metrics.h"
+#include "zps/common/rpc.h"
+#include "zps/common/status.h"
+#include "zps/common/thread_pool.h"
+#include "zps/server/checkpoint.h"
+#include "zps/server/job.h"
+#include "zps/server/shard_server.h"
+#include "zps/server/shard_state.h"
+
+namespace zps::server {
+
+/// Test hook: ZPS_TEST_CRASH_AT=<point>:<step> makes the process SIGKILL itself when it reaches
+/// `point` at `step` (points: push, update, decide, checkpoint, after-checkpoint). Honest crash
+/// points for the recovery test; nothing happens when the variable is unset.
+void MaybeCrashAt(std::string_view point, int64_t step);
+
+class ShardCheckpoints {
+ public:
+  /// Opens <data_dir>/checkpoints. Errors: as CheckpointStore::Open.
+  static Result<std::unique_ptr<ShardCheckpoints>> Open(const std::string& data_dir);
+  /// Records the job (a different layout or shard already recorded: FailedPrecondition).
+  Status Bind(const JobSpec& job, uint32_t ordinal);
+  /// Steps of the complete local checkpoints, ascending; with `verify` every value is read and
+  /// corrupt ones are left out (with a warning). Errors: IoError.
+  Result<std::vector<int64_t>> Steps(bool verify) const;
+  /// Writes the state at its current version (`rs.step`). An existing checkpoint of that step is
+  /// kept (OK). Errors: FailedPrecondition, ResourceExhausted (disk full), IoError.
+  Status Write(const ShardState& state, const msg::ResumeState& rs);
+  /// Loads checkpoint `step` into `state` (ShardState::ResetTo). Errors: NotFound, DataLoss,
+  /// IoError, InvalidArgument (a checkpoint of another layout).
+  Result<msg::ResumeState> Restore(ShardState& state, int64_t step, const Status& reason);
+  /// Forgets checkpoints after `step` (a rollback), so they can be taken again.
+  Status DropAfter(int64_t step);
+
+ private:
+  explicit ShardCheckpoints(std::unique_ptr<CheckpointStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+/// What the driver needs from the ShardServer (callbacks run on the driver thread).
+struct DriverHost {
+  const ShardServerOptions* opts = nullptr;
+  uint16_t rpc_port = 0;
+  ThreadPool* pool = nullptr;
+  std::function<bool()> stopping;
+  /// Memory for the serving copies (ShardState's ServingAllocator); may be empty. If it fails,
+  /// the driver falls back to heap memory.
+  ServingAllocator serving_alloc;
+  /// Takes the shard state once the job is known (publishes it to the handlers).
+  std::function<ShardState*(std::unique_ptr<ShardState>, const JobSpec&)> publish_state;
+  /// accept = true: workers may connect. false: refuse workers, fence their sessions and fail
+  /// waiting fetches with `reason`.
+  std::function<void(bool accept, const Status& reason)> set_serving;
+  const metrics::Histogram* optimizer_pass = nullptr;
+  const metrics::Counter* optimizer_bytes = nullptr;
+  const metrics::Histogram* step_duration = nullptr;
+  const metrics::Gauge* current_step = nullptr;
+  const metrics::Histogram* checkpoint_duration = nullptr;
+  const metrics::Gauge* checkpoint_last_success = nullptr;
+};
+
+class ShardDriver {
+ public:
+  ShardDriver(DriverHost host, std::unique_ptr<ShardCheckpoints> checkpoints);
+  /// Runs until Stop (Cancelled) or a fatal error.
+  Status Run();
+  /// Closes the coordinator connection (waits in Run then fail at once). Any thread.
+  void Interrupt();
+  /// After Run returned on a clean stop: checkpoints the state if it is at a step boundary not
+  /// yet checkpointed (clean shutdown). Errors: as ShardCheckpoints::Write.
+  Status ShutdownCheckpoint();
+
+ private:
+  Status Connect();
+  Status AwaitJob();
+  Result<int64_t> SyncToJob();
+  Status RunSteps(int64_t start);
+  void CheckpointAndReport(int64_t step);
+  Status ReportCheckpoints(const std::optional<std::pair<int64_t, Status>>& result);
+  Result<msg::ShardSyncReply> Sync(bool ready);
+  Result<std::vector<std::byte>> Call(uint16_t type, std::span<const std::byte> payload,
+                                      std::chrono::milliseconds timeout);
+  bool Connected();
+
+  DriverHost host_;
+  std::unique_ptr<ShardCheckpoints> ckpt_;
+  std::mutex mu_;
+  std::unique_ptr<rpc::Client> coord_;  // guarded by mu_ (replaced by the driver only)
+  bool interrupted_ = false;            // guarded by mu_
+  // Driver thread only:
+  std::optional<JobSpec> job_;
+  ShardState* state_ = nullptr;
+  bool synced_ = false;      // state_ matches the job at epoch_
+  uint64_t epoch_ = 0;
+  bool verified_ = false;    // the startup listing (with verification) was done
+  bool resync_ = false;      // RunSteps stopped for a recovery
+  msg::ResumeState resume_;  // counters at state_'s version
+  int64_t last_checkpoint_ = -1;
+};
+
+}  // namespace zps::server
