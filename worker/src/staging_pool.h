@@ -13,18 +13,17 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <new>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 
 namespace zps::worker {
 
 class StagingPool {
  public:
   /// Default: 256 MiB of released buffers kept for reuse.
-  explicit StagingPool(size_t cache_bytes = size_t{256} << 20)
-      : state_(std::make_shared<State>()) {
+  explicit StagingPool(size_t cache_bytes = size_t{256} << 20) : state_(std::make_shared<State>()) {
     state_->cache_bytes = cache_bytes;
   }
 
@@ -62,8 +61,8 @@ class StagingPool {
   using Buffer = std::unique_ptr<std::byte, AlignedDelete>;
   struct State {
     std::mutex mu;
-    size_t cache_bytes = 0;                                   // const after construction
-    size_t cached = 0;                                        // guarded by mu
+    size_t cache_bytes = 0;              // const after construction
+    size_t cached = 0;                   // guarded by mu
     std::multimap<size_t, Buffer> free;  // guarded by mu: size -> buffer
     void Release(Buffer p, size_t size) {
       std::lock_guard<std::mutex> lock(mu);
