@@ -185,7 +185,12 @@ void Worker::Loop() {
     RunQueued();
     if (state_.load() != State::kRunning) break;
     unsigned events = 0;
-    while (ucp_worker_progress(worker_.get()) != 0) ++events;
+    // Progress until idle, but let newly queued submissions go out between progress calls: a
+    // long transfer (a multi-MiB get is many fragments) must not hold back the next request.
+    while (ucp_worker_progress(worker_.get()) != 0) {
+      ++events;
+      if (queued_.load(std::memory_order_relaxed)) break;
+    }
     if (any_peer_pid_.load(std::memory_order_relaxed)) CheckPeers();
     if (!close_steps_.empty()) ProcessCloses();
     auto now = Clock::now();
@@ -212,6 +217,7 @@ void Worker::RunQueued() {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     tasks.swap(queue_);
+    queued_.store(false, std::memory_order_relaxed);
   }
   for (auto& task : tasks) task();
 }
@@ -270,6 +276,7 @@ bool Worker::Post(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (state_.load() != State::kRunning) return false;
     queue_.push_back(std::move(task));
+    queued_.store(true, std::memory_order_relaxed);
     if (sleeping_ && !wake_pending_) wake = wake_pending_ = true;
   }
   if (wake) Wake();

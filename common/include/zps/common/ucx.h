@@ -407,6 +407,7 @@ class Worker {
   std::vector<std::function<void()>> queue_;  // guarded by queue_mu_
   bool sleeping_ = false;                      // guarded by queue_mu_
   bool wake_pending_ = false;                  // guarded by queue_mu_
+  std::atomic<bool> queued_{false};  // queue_ is non-empty (a hint read without queue_mu_)
 
   // Progress thread only (handlers: written before Start, read-only after).
   struct HandlerSlot {
