@@ -261,6 +261,12 @@ Status ShardDriver::AwaitJob() {
   state_ = host_.publish_state(std::move(st), job);
   ZPS_LOG(INFO) << "shard " << o.ordinal << " holds " << state_->chunk_ids().size() << " of "
                 << job.layout.num_chunks() << " chunks";
+  if (const ShardStorageStats ss = state_->storage_stats(); ss.spilled) {
+    ZPS_LOG(INFO) << "shard " << o.ordinal << " memory budget " << o.memory_budget << ": "
+                  << ss.store.state_resident << "/" << ss.store.chunks
+                  << " chunk states in RAM, " << ss.store.chunks - ss.store.state_resident
+                  << " spilled (" << ss.store.state_file_bytes << " bytes in the spill file)";
+  }
   return Status::Ok();
 }
 
