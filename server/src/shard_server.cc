@@ -51,7 +51,7 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("data-dir", "directory for durable state (checkpoints, spill)", &data_dir);
   f.AddBytes("memory-budget",
              "RAM budget for fp32 master + optimizer state; the rest spills to <data-dir>/spill "
-             "(0 = unlimited, all in RAM; needs --data-dir)",
+             "(0 = unlimited, all in RAM; needs --data-dir or --spill-dir)",
              &memory_budget);
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
