@@ -82,7 +82,7 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
     }
     k.array_stride = AlignUp(k.elems * sizeof(float));
     k.state_bytes = (1 + o.moments) * k.array_stride;
-    k.serving_bytes = AlignUp(k.elems * sizeof(uint16_t));
+    k.serving_bytes = o.serving_records ? AlignUp(k.elems * sizeof(uint16_t)) : 0;
     total_state += k.state_bytes;
     total_serving += k.serving_bytes;
     state_stride_max_ = std::max(state_stride_max_, k.state_bytes);
@@ -138,7 +138,9 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   }
   // Slots carry both buffers so a chunk needs one slot whatever spills.
   ZPS_ASSIGN_OR_RETURN(state_bufs_, AlignedBufferPool::Create(slots, state_stride_max_));
-  ZPS_ASSIGN_OR_RETURN(serving_bufs_, AlignedBufferPool::Create(slots, serving_stride_max_));
+  if (serving_stride_max_ > 0) {
+    ZPS_ASSIGN_OR_RETURN(serving_bufs_, AlignedBufferPool::Create(slots, serving_stride_max_));
+  }
   SpillFileOptions fo;
   fo.direct = o.direct_io;
   fo.allow_buffered_fallback = o.allow_buffered_fallback;
@@ -157,7 +159,9 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   if (o.register_buffers) {
     for (size_t i = 0; i < slots; ++i) {
       uo.fixed_buffers.push_back({state_bufs_->buffer(i), state_bufs_->buffer_bytes()});
-      uo.fixed_buffers.push_back({serving_bufs_->buffer(i), serving_bufs_->buffer_bytes()});
+      if (serving_bufs_) {
+        uo.fixed_buffers.push_back({serving_bufs_->buffer(i), serving_bufs_->buffer_bytes()});
+      }
     }
   }
   ZPS_ASSIGN_OR_RETURN(engine_, CreateUringEngine(uo));
@@ -170,7 +174,8 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   }
   stats_.state_ram_bytes = state_ram;
   stats_.serving_ram_bytes = serving_ram;
-  stats_.buffer_bytes = state_bufs_->total_bytes() + serving_bufs_->total_bytes();
+  stats_.buffer_bytes =
+      state_bufs_->total_bytes() + (serving_bufs_ ? serving_bufs_->total_bytes() : 0);
   stats_.state_file_bytes = state_file;
   stats_.serving_file_bytes = serving_file;
   stats_.direct =
@@ -185,6 +190,10 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
 ChunkStoreStats ChunkStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+Status ChunkStore::NoServingRecords() {
+  return FailedPrecondition("chunk store: created with serving_records = false (no serving copies)");
 }
 
 Status ChunkStore::CheckId(uint32_t c) const {
@@ -205,6 +214,7 @@ Status ChunkStore::RecordLostError(uint32_t c, bool serving) const {
 Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions& pass,
                                 const ChunkFn& fn) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (pass.serving && !options_.serving_records) return NoServingRecords();
   std::vector<bool> seen(chunks_.size(), false);
   for (uint32_t c : ids) {
     ZPS_RETURN_IF_ERROR(CheckId(c));
@@ -227,7 +237,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
   std::vector<Slot> slots(spilled.empty() ? 0 : state_bufs_->count());
   for (size_t i = 0; i < slots.size(); ++i) {
     slots[i].state = state_bufs_->buffer(i);
-    slots[i].serving = serving_bufs_->buffer(i);
+    slots[i].serving = serving_bufs_ ? serving_bufs_->buffer(i) : nullptr;
   }
   std::deque<IoRequest> q;
   Status first_err;
@@ -484,6 +494,7 @@ Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master, std::sp
 
 Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
   if (out.size() != k.elems) {
@@ -504,6 +515,7 @@ Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
 
 Status ChunkStore::WriteServing(uint32_t c, std::span<const uint16_t> in) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];
   if (in.size() != k.elems) {

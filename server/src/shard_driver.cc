@@ -244,21 +244,38 @@ Status ShardDriver::AwaitJob() {
                               " shards but --shards is " + std::to_string(o.shards));
   }
   if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->Bind(job, static_cast<uint32_t>(o.ordinal)));
+  std::optional<ChunkStoreOptions> spill;
+  if (o.memory_budget > 0) {  // master, m and v in a ChunkStore under <data-dir>/spill
+    ChunkStoreOptions so;
+    so.memory_budget = o.memory_budget;
+    so.spill_dir = o.spill_dir.empty() ? o.data_dir + "/spill" : o.spill_dir;
+    so.file_prefix = "shard-" + std::to_string(o.ordinal);
+    std::error_code ec;
+    std::filesystem::create_directories(so.spill_dir, ec);
+    if (ec) return IoError("cannot create the spill directory '" + so.spill_dir + "': " + ec.message());
+    spill = so;
+  }
   // Serving copies in UCX-allocated memory (one region), so that workers on shared memory Get
   // them directly; where that fails, heap memory (fetches then go by AM).
   auto created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
-                                    job.optimizer, host_.pool, host_.serving_alloc);
+                                    job.optimizer, host_.pool, spill, host_.serving_alloc);
   if (!created.ok() && host_.serving_alloc) {
     ZPS_LOG(WARNING) << "serving copies in heap memory (RMA fetch off): "
                      << created.status().ToString();
     created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
-                                 job.optimizer, host_.pool);
+                                 job.optimizer, host_.pool, spill);
   }
   ZPS_ASSIGN_OR_RETURN(auto st, std::move(created));
   job_ = job;
   state_ = host_.publish_state(std::move(st), job);
   ZPS_LOG(INFO) << "shard " << o.ordinal << " holds " << state_->chunk_ids().size() << " of "
                 << job.layout.num_chunks() << " chunks";
+  if (const ShardStorageStats ss = state_->storage_stats(); ss.spilled) {
+    ZPS_LOG(INFO) << "shard " << o.ordinal << " memory budget " << o.memory_budget << ": "
+                  << ss.store.state_resident << "/" << ss.store.chunks
+                  << " chunk states in RAM, " << ss.store.chunks - ss.store.state_resident
+                  << " spilled (" << ss.store.state_file_bytes << " bytes in the spill file)";
+  }
   return Status::Ok();
 }
 
@@ -411,7 +428,10 @@ Status ShardDriver::RunSteps(int64_t start) {
     ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(*reply));
     MaybeCrashAt("update", step);  // decided, not applied here
     const auto t_apply = Clock::now();
-    ZPS_RETURN_IF_ERROR(state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step}));
+    const Status applied =
+        state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step});
+    if (host_.storage_metrics) host_.storage_metrics();
+    ZPS_RETURN_IF_ERROR(applied);
     const auto t_done = Clock::now();
     resume_ = {step + 1, ci.next_loss_scale, ci.good_steps, ci.optimizer_step};
     host_.optimizer_pass->Observe(std::chrono::duration<double>(t_done - t_apply).count());
@@ -438,6 +458,7 @@ void ShardDriver::CheckpointAndReport(int64_t step) {
   } else {
     ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString();
   }
+  if (host_.storage_metrics) host_.storage_metrics();
   MaybeCrashAt("after-checkpoint", step);  // committed here, not yet reported
   Status r = ReportCheckpoints(std::make_pair(step, s));
   if (!r.ok()) ZPS_LOG(WARNING) << "checkpoint report not delivered: " << r.ToString();

@@ -73,6 +73,9 @@ struct DriverHost {
   /// accept = true: workers may connect. false: refuse workers, fence their sessions and fail
   /// waiting fetches with `reason`.
   std::function<void(bool accept, const Status& reason)> set_serving;
+  /// Refreshes the spill tier's metrics from ShardState::storage_stats (after each update and
+  /// checkpoint; may be empty).
+  std::function<void()> storage_metrics;
   const metrics::Histogram* optimizer_pass = nullptr;
   const metrics::Counter* optimizer_bytes = nullptr;
   const metrics::Histogram* step_duration = nullptr;

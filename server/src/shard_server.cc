@@ -52,7 +52,11 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("metrics-port", "HTTP port for /metrics, /healthz, /readyz (0 = off)", &metrics_port, 0,
         65535);
   f.Add("data-dir", "directory for durable state (checkpoints, spill)", &data_dir);
-  f.AddBytes("memory-budget", "RAM budget for chunk state (0 = unlimited)", &memory_budget);
+  f.AddBytes("memory-budget",
+             "RAM budget for fp32 master + optimizer state; the rest spills to <data-dir>/spill "
+             "(0 = unlimited, all in RAM; needs --data-dir or --spill-dir)",
+             &memory_budget);
+  f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
 }
@@ -79,6 +83,10 @@ Status ShardServerOptions::Finalize() {
     return InvalidArgument("--ordinal " + std::to_string(ordinal) + " must be < --shards " +
                            std::to_string(shards));
   }
+  if (memory_budget > 0 && data_dir.empty() && spill_dir.empty()) {
+    return InvalidArgument(
+        "--memory-budget needs --data-dir (spill files go to <data-dir>/spill) or --spill-dir");
+  }
   if (ordinal != 0 && coordinator.empty()) {
     return InvalidArgument("shard " + std::to_string(ordinal) + " needs --coordinator host:port");
   }
@@ -91,7 +99,7 @@ struct ShardMetrics {
   metrics::ProcessMetrics pm;
   metrics::Histogram optimizer_pass;           // zps_optimizer_pass_seconds
   metrics::Counter optimizer_bytes;            // zps_optimizer_bytes_total
-  metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 until the NVMe tier lands
+  metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 without --memory-budget
   std::array<metrics::Gauge, 4> memory;        // zps_memory_bytes{tier}
   metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
   metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
@@ -236,6 +244,9 @@ struct ShardServer::Impl {
     return Status::Ok();
   }
   void SetMemoryGauges(const JobSpec& job);
+  void UpdateStorageMetrics();  // driver thread: spill I/O counters and memory gauges
+  ShardStorageStats last_storage;  // driver thread only: the figures last exported
+  uint32_t storage_moments = 0;    // driver thread only: fp32 moment arrays per parameter
 
   // The answer to a data-plane message whose session is not (or no longer) valid.
   Status SessionError(uint64_t token) {
@@ -557,7 +568,28 @@ void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
   sm.memory[ShardMetrics::kOptimizerState].Set(
       static_cast<double>(elems * sizeof(float) * ((needs_m ? 1 : 0) + (needs_v ? 1 : 0))));
   sm.memory[ShardMetrics::kServing].Set(static_cast<double>(elems * sizeof(uint16_t)));
-  sm.memory[ShardMetrics::kNvme].Set(0);  // no NVMe tier yet
+  sm.memory[ShardMetrics::kNvme].Set(0);
+  storage_moments = (needs_m ? 1 : 0) + (needs_v ? 1 : 0);
+  UpdateStorageMetrics();  // with a memory budget: the store's RAM and spill figures instead
+}
+
+void ShardServer::Impl::UpdateStorageMetrics() {
+  if (state == nullptr) return;
+  const ShardStorageStats now = state->storage_stats();
+  if (!now.spilled) return;
+  const ChunkStoreStats& st = now.store;
+  // RAM: resident records split master : moments by array count; the pipeline buffers are
+  // counted with the optimizer state. NVMe: the spill file's bytes.
+  const double master =
+      static_cast<double>(st.state_ram_bytes) / static_cast<double>(1 + storage_moments);
+  sm.memory[ShardMetrics::kMaster].Set(master);
+  sm.memory[ShardMetrics::kOptimizerState].Set(static_cast<double>(st.state_ram_bytes) - master +
+                                               static_cast<double>(st.buffer_bytes));
+  sm.memory[ShardMetrics::kNvme].Set(static_cast<double>(st.state_file_bytes));
+  sm.nvme_read.Inc(st.bytes_read - last_storage.store.bytes_read);
+  sm.nvme_write.Inc(st.bytes_written - last_storage.store.bytes_written);
+  sm.nvme_errors.Inc(now.io_errors - last_storage.io_errors);
+  last_storage = now;
 }
 
 // ---- step driver: shard_driver.cc -------------------------------------------------------------
@@ -648,6 +680,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
     ZPS_ASSIGN_OR_RETURN(d->serving_region, d->ucx_context->Allocate(bytes));
     return d->serving_region->memory();
   };
+  host.storage_metrics = [d] { d->UpdateStorageMetrics(); };
   host.optimizer_pass = &d->sm.optimizer_pass;
   host.optimizer_bytes = &d->sm.optimizer_bytes;
   host.step_duration = &d->sm.pm.step_duration;

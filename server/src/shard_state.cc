@@ -29,6 +29,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
                                                        const ShardJob& job,
                                                        const OptimizerConfig& optimizer,
                                                        ThreadPool* pool,
+                                                       const std::optional<ChunkStoreOptions>& spill,
                                                        const ServingAllocator& serving_alloc) {
   if (ordinal >= layout.options().num_shards) {
     return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
@@ -48,16 +49,19 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   const bool needs_m = needs_v || optimizer.momentum > 0.0f;
   s->chunks_.resize(s->chunk_ids_.size());
   const uint64_t chunk_elems = layout.options().chunk_elems;
+  const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
     Chunk& c = s->chunks_[i];
     c.id = s->chunk_ids_[i];
     c.size = layout.chunk_size(c.id);
-    ZPS_ASSIGN_OR_RETURN(c.master, AlignedBuffer<float>::Allocate(c.size));
-    if (needs_m) {
-      ZPS_ASSIGN_OR_RETURN(c.m, AlignedBuffer<float>::Allocate(c.size));
-    }
-    if (needs_v) {
-      ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
+    if (!spilling) {
+      ZPS_ASSIGN_OR_RETURN(c.master, AlignedBuffer<float>::Allocate(c.size));
+      if (needs_m) {
+        ZPS_ASSIGN_OR_RETURN(c.m, AlignedBuffer<float>::Allocate(c.size));
+      }
+      if (needs_v) {
+        ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
+      }
     }
     for (uint32_t k = 0; k < slots; ++k) {
       ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
@@ -101,6 +105,18 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     }
   }
   (void)chunk_elems;
+  if (spilling) {
+    ChunkStoreOptions so = *spill;
+    so.moments = needs_v ? 2 : (needs_m ? 1 : 0);
+    s->moments_ = so.moments;
+    so.serving_records = false;  // serving copies stay in the shard's RAM buffers
+    std::vector<uint64_t> elems;
+    for (const Chunk& c : s->chunks_) {
+      s->store_ids_.push_back(static_cast<uint32_t>(elems.size()));
+      elems.push_back(c.size);
+    }
+    ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
+  }
   return s;
 }
 
@@ -179,7 +195,9 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
   if (init) {
-    t.dest_ = reinterpret_cast<std::byte*>(c->master.data() + b);
+    // With a store, initial values land in gradient slot 0 (free until the first step).
+    float* base = store_ ? c->grads[0].data() : c->master.data();
+    t.dest_ = reinterpret_cast<std::byte*>(base + b);
   } else if (req.dtype == DType::kF32) {
     t.dest_ = reinterpret_cast<std::byte*>(c->grads[slot].data() + b);
   } else {
@@ -211,7 +229,13 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
       if (c->landed[0] == c->expected) {
-        std::span<const float> master = c->master.span();
+        if (store_) {
+          if (Status st = StoreInitChunk(*c); !st.ok()) {
+            ResetCoverage(*c);  // the initial values must be pushed again
+            return st.WithContext("storing the initial values of chunk " + std::to_string(c->id));
+          }
+        }
+        std::span<const float> master = store_ ? c->grads[0].span() : c->master.span();
         if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving);
         else ConvertF32ToBF16(master, c->serving);
         ResetCoverage(*c);
@@ -283,7 +307,9 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
                                 " before its gradients are complete");
     }
   }
-  if (!order.skip) {
+  if (!order.skip && store_) {
+    ZPS_RETURN_IF_ERROR(StoreUpdate(order));
+  } else if (!order.skip) {
     for (Chunk& c : chunks_) {
       ChunkState st{c.master.span(), c.m.span(), c.v.span()};
       UpdateParams up;
@@ -381,10 +407,21 @@ void ShardState::Shutdown(const Status& reason) {
 uint32_t ShardState::StateCrc() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t crc = 0;
+  std::vector<float> master, m, v;
   for (const auto& c : chunks_) {
-    crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
-    crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
-    crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
+    if (store_) {
+      // A failed read is counted and logged; the CRC then covers zeros (it cannot match).
+      if (Status st = StoreChunkCopy(c, master, m, v); !st.ok()) {
+        ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
+      }
+      crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(master)));
+      crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
+      crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
+    } else {
+      crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
+      crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
+      crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
+    }
     crc = Crc32cExtend(crc, std::as_bytes(c.serving));
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&c.version, 1)));
   }
@@ -395,6 +432,14 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
+  if (store_) {
+    std::vector<float> master, m, v;
+    ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
+    uint32_t crc = Crc32c(master.data(), master.size() * sizeof(float));
+    crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
+    crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
+    return Crc32cExtend(crc, std::as_bytes(c->serving));
+  }
   uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));
   if (c->m.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->m.span()));
   if (c->v.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->v.span()));
@@ -405,6 +450,11 @@ Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
+  if (store_) {
+    std::vector<float> master, m, v;
+    ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
+    return master;
+  }
   return std::vector<float>(c->master.data(), c->master.data() + c->size);
 }
 

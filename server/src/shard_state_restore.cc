@@ -23,6 +23,14 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
   }
   if (version < 0) return FailedPrecondition("the shard's chunks are not initialised yet");
   // Only the caller's thread (the driver) changes master, m and v once initialised.
+  if (store_) {  // a read-only pipelined pass over the store
+    PassOptions pass;
+    pass.write_state = false;
+    return CountIo(store_->ForEachChunk(
+        store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+          return fn(chunks_[i].id, version, s.state.master, s.state.m, s.state.v);
+        }));
+  }
   for (const Chunk& c : chunks_) {
     ZPS_RETURN_IF_ERROR(fn(c.id, version, c.master.span(), c.m.span(), c.v.span()));
   }
@@ -58,7 +66,29 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     }
   }
   for (auto& w : failed) w.cb(reason, -1, {});
+  if (store_) {
+    // An initialising pass: nothing is read; every record is overwritten (and a record lost by
+    // a failed write becomes valid again).
+    PassOptions pass;
+    pass.read_state = false;
+    ZPS_RETURN_IF_ERROR(CountIo(store_->ForEachChunk(
+        store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+          Chunk& c = chunks_[i];
+          if (version < 0) {
+            std::fill(s.state.master.begin(), s.state.master.end(), 0.0f);
+            std::fill(s.state.m.begin(), s.state.m.end(), 0.0f);
+            std::fill(s.state.v.begin(), s.state.v.end(), 0.0f);
+            std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
+            return Status::Ok();
+          }
+          if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
+          if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(s.state.master, c.serving);
+          else ConvertF32ToBF16(s.state.master, c.serving);
+          return Status::Ok();
+        })));
+  }
   for (Chunk& c : chunks_) {
+    if (store_) break;
     if (version < 0) {
       std::fill(c.master.span().begin(), c.master.span().end(), 0.0f);
       std::fill(c.m.span().begin(), c.m.span().end(), 0.0f);
@@ -76,6 +106,57 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   }
   cv_.notify_all();
   return Status::Ok();
+}
+
+
+// ---- the store-backed path (a shard with a memory budget) --------------------------------------
+
+Status ShardState::CountIo(Status s) const {
+  if (s.code() == Code::kIoError || s.code() == Code::kResourceExhausted ||
+      s.code() == Code::kDataLoss) {
+    io_errors_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return s;
+}
+
+Status ShardState::StoreInitChunk(Chunk& c) {
+  const std::vector<float> zeros(c.size, 0.0f);
+  const std::span<const float> z(zeros);
+  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0].span(),
+                                    moments_ >= 1 ? z : std::span<const float>(),
+                                    moments_ >= 2 ? z : std::span<const float>()));
+}
+
+Status ShardState::StoreUpdate(const CommitOrder& order) {
+  // The same per-chunk update as the RAM path, fed by the read-ahead / write-behind pipeline.
+  // The gradient (slot 0) and the serving copy are RAM buffers of the chunk.
+  return CountIo(store_->ForEachChunk(
+      store_ids_, PassOptions{}, [&](uint32_t i, const ChunkSpans& s) -> Status {
+        Chunk& c = chunks_[i];
+        UpdateParams up;
+        up.step = order.optimizer_step;
+        up.grad_scale = order.grad_scale;
+        up.out_dtype = job_.serving_dtype;
+        up.out16 = c.serving;
+        ChunkState st{s.state.master, s.state.m, s.state.v};
+        return optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up);
+      }));
+}
+
+Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master,
+                                  std::vector<float>& m, std::vector<float>& v) const {
+  master.assign(c.size, 0.0f);
+  m.assign(moments_ >= 1 ? c.size : 0, 0.0f);
+  v.assign(moments_ >= 2 ? c.size : 0, 0.0f);
+  return CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), master, m, v));
+}
+
+ShardStorageStats ShardState::storage_stats() const {
+  ShardStorageStats out;
+  out.spilled = store_ != nullptr;
+  if (store_) out.store = store_->stats();
+  out.io_errors = io_errors_.load(std::memory_order_relaxed);
+  return out;
 }
 
 }  // namespace zps::server

@@ -172,6 +172,10 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
                                      "--metrics-port=" + std::to_string(metrics_port(i))};
     if (i > 0) args.push_back("--coordinator=" + endpoint);
     if (!cluster.ucx_tls.empty()) args.push_back("--ucx-tls=" + cluster.ucx_tls);
+    if (cluster.shard_memory_budget > 0) {
+      args.push_back("--memory-budget=" + std::to_string(cluster.shard_memory_budget));
+      args.push_back("--data-dir=" + dir + "/shard-" + std::to_string(i) + "-data");
+    }
     auto c = Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");
     if (!c.ok()) {
       result = c.status();

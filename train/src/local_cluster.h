@@ -14,6 +14,9 @@ struct LocalCluster {
   std::string ucx_tls;  // passed to every process ("" = UCX's choice)
   int metrics_port = 0;  // 0 = no metrics; else shard i serves on base+i, worker r on
                          // base+shards+r (all on 127.0.0.1)
+  uint64_t shard_memory_budget = 0;  // > 0: every shard gets --memory-budget and its own
+                                     // --data-dir (<temp dir>/shard-i-data: spill files and
+                                     // checkpoints); 0 = neither (all in RAM)
 };
 
 /// Starts the shards, then the workers with this process's own arguments plus their rank and

@@ -72,6 +72,9 @@ struct TrainOptions {
   int metrics_port = 0;            // Default: 0 = off. Worker: its /metrics port. Local: the base
                                    // port (shard i: base+i, worker r: base+shards+r).
   std::string metrics_bind = "0.0.0.0";  // Default: all interfaces. Where /metrics listens.
+  uint64_t shard_memory_budget = 0;  // Default: 0 = all in RAM. Local mode: each shard's
+                                     // --memory-budget (spill under the cluster's temp dir).
+                                     // Other modes ignore it.
   ModelConfig model;
   DataOptions data;
   std::string corpus;
@@ -115,6 +118,10 @@ void Register(Flags& f, TrainOptions& o) {
         "shards+world-size consecutive ports (shards first, then workers)",
         &o.metrics_port, 0, 65535);
   f.Add("metrics-bind", "address the metrics endpoint listens on (worker mode)", &o.metrics_bind);
+  f.AddBytes("shard-memory-budget",
+             "local mode: each shard's --memory-budget (master + optimizer state in RAM; the rest "
+             "spills to a --data-dir under the cluster's temp dir); 0 = all in RAM",
+             &o.shard_memory_budget);
   AddModelFlags(f, &o.model);
   AddDataFlags(f, &o.data, &o.corpus);
 }
@@ -421,6 +428,7 @@ Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   cluster.workers = o.world_size;
   cluster.ucx_tls = o.ucx_tls;
   cluster.metrics_port = o.metrics_port;
+  cluster.shard_memory_budget = o.shard_memory_budget;
   return RunLocalCluster(cluster, argc, argv);
 }
 

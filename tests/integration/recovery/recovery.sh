@@ -5,11 +5,16 @@
 # restarted with the same --data-dir; the job must finish with every chunk's CRC (master, m, v,
 # serving copy) equal to an uninterrupted run's. Prints the recovery time of each scenario (kill
 # -> first resumed step done on rank 0). Usage: recovery.sh BIN_DIR [scenario...]
+# ZPS_RECOVERY_SHARD_ARGS: extra zps-server flags (e.g. "--memory-budget 168KiB": the same
+# scenarios with master, m and v mostly spilled to <data-dir>/spill; every shard log must then
+# show spilled chunks). ZPS_RECOVERY_MODEL_ARGS: extra model flags (e.g. "--chunk-elems 2048").
 set -euo pipefail
 bin=$1
 shift
 model=(--steps 30 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
+# shellcheck disable=SC2206  # word splitting of the extra flags is intended
+[[ -n ${ZPS_RECOVERY_MODEL_ARGS:-} ]] && model+=(${ZPS_RECOVERY_MODEL_ARGS})
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -33,6 +38,8 @@ start_shard() {  # dir ordinal crash-spec
               --token-file "$work/token" --data-dir "$dir/shard$i" --checkpoint-every 5
               --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
+  # shellcheck disable=SC2206  # word splitting of the extra flags is intended
+  [[ -n ${ZPS_RECOVERY_SHARD_ARGS:-} ]] && args+=(${ZPS_RECOVERY_SHARD_ARGS})
   if [[ -n $crash ]]; then
     ZPS_TEST_CRASH_AT=$crash "$bin/zps-server" "${args[@]}" >> "$dir/shard$i.log" 2>&1 &
   else
@@ -120,6 +127,13 @@ scenario() {  # name victim point:step|timing:step
   resumed=$(grep -m1 '^recovery:' "$dir/worker0.out" || true)
   local rec_ms="?"
   if [[ $resumed =~ unix_ms\ ([0-9]+) ]]; then rec_ms=$(( BASH_REMATCH[1] - t_kill )); fi
+  if [[ ${ZPS_RECOVERY_SHARD_ARGS:-} == *memory-budget* ]]; then  # the state must really spill
+    for i in 0 1; do
+      grep -Eq 'chunk states in RAM, [1-9][0-9]* spilled' "$dir/shard$i.log" || {
+        echo "(shard $i did not spill: $(grep -m1 'memory budget' "$dir/shard$i.log" || echo 'no store'))"
+        ok=0; }
+    done
+  fi
   if [[ $ok -eq 1 ]] && [[ -n $resumed ]] && diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
     echo "PASS $name: shard $victim killed at $spec; ${resumed#recovery: }; recovery time (kill -> first resumed step) ${rec_ms} ms; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else

@@ -9,12 +9,18 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <random>
 #include <thread>
 
 #include "ckpt_test_util.h"
 #include "fault_fs.h"
+
+namespace rocksdb::crc32c {
+uint32_t Extend(uint32_t crc, const char* buf, size_t size);  // util/crc32c.h, not installed
+}  // namespace rocksdb::crc32c
 
 namespace zps::server::testing {
 namespace {
@@ -251,6 +257,53 @@ TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->step, 1);
   ExpectCheckpoint(*store_, layout_, 0, 1);
+}
+
+// Data reads skip RocksDB's own blob-record CRC (the value's CRC32C covers key and payload):
+// a byte flipped inside a blob file on disk must still be DATA_LOSS.
+TEST_F(CheckpointStoreTest, CorruptBlobFileOnDiskIsDataLoss) {
+  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  store_.reset();
+  std::string blob;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.sub("db"))) {
+    if (e.path().extension() == ".blob" &&
+        (blob.empty() || e.file_size() > std::filesystem::file_size(blob))) {
+      blob = e.path();
+    }
+  }
+  ASSERT_FALSE(blob.empty());
+  {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(blob) / 2);
+    char c = 0;
+    f.seekg(at);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  store_ = OpenStore(dir_.sub("db"), SmallOptions());
+  auto list = store_->ListCheckpoints(true);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].verification, Verification::kCorrupt);
+  EXPECT_NE((*list)[0].problem.find("CRC32C mismatch"), std::string::npos) << (*list)[0].problem;
+}
+
+// The statically linked RocksDB's CRC32C is redirected to the hardware one (checkpoint_db.cc,
+// --wrap); both must give the same values, or RocksDB files would not read back.
+extern "C" uint32_t __real__ZN7rocksdb6crc32c6ExtendEjPKcm(uint32_t, const char*, size_t);
+TEST(CheckpointStore, RocksCrc32cRedirectMatchesRocksDb) {
+  std::mt19937 rng(3);
+  for (size_t n : {0u, 1u, 17u, 4096u, 12288u, 100001u, 1u << 20}) {
+    std::string s(n, '\0');
+    for (auto& c : s) c = static_cast<char>(rng());
+    const uint32_t seed = rng();
+    EXPECT_EQ(rocksdb::crc32c::Extend(seed, s.data(), n),
+              __real__ZN7rocksdb6crc32c6ExtendEjPKcm(seed, s.data(), n))
+        << n;
+  }
 }
 
 TEST_F(CheckpointStoreTest, CorruptManifestFallsBack) {

@@ -73,7 +73,7 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
     return std::span<std::byte>(p, bytes);
   };
   ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
-  auto s = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, alloc);
+  auto s = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, alloc);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(asked, 256u + 128u);  // chunk 0: 128 bf16; chunk 2 (the last): 64 bf16
   std::vector<float> v(128, 2.0f);
@@ -98,7 +98,7 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
   auto failing = [](size_t) -> Result<std::span<std::byte>> {
     return ResourceExhausted("no region");
   };
-  auto f = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, failing);
+  auto f = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, failing);
   EXPECT_EQ(f.status().code(), Code::kResourceExhausted);
 }
 

@@ -45,7 +45,8 @@
 
 namespace rocksdb {
 class Env;
-}
+class WriteBatch;
+}  // namespace rocksdb
 
 namespace zps::server {
 
@@ -156,6 +157,7 @@ class CheckpointWriter {
   uint32_t state_crc_ = 0;
   uint64_t state_len_ = 0;
   uint64_t bytes_ = 0;
+  std::unique_ptr<rocksdb::WriteBatch> batch_;  // reused for every slice
 };
 
 /// A committed checkpoint, pinned by a RocksDB snapshot: garbage collection cannot remove it

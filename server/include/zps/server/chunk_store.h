@@ -73,6 +73,10 @@ struct ChunkStoreOptions {
   uint32_t write_behind = 2;             // Default: 2 chunks written behind at most; >= 1.
   bool register_buffers = false;  // Default: false. Register the pipeline buffers with io_uring.
   bool sqpoll = false;            // Default: false. io_uring SQPOLL thread.
+  /// Default: true. false: the store keeps no serving records at all (the owner keeps its serving
+  /// copies elsewhere, as ShardState does); serving_memory_budget is then unused, and
+  /// ReadServing / WriteServing / a pass with PassOptions::serving are FailedPrecondition.
+  bool serving_records = true;
   /// Test hook: wraps the io_uring engine (e.g. in a fault injector). Default: none.
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
 };
@@ -164,6 +168,7 @@ class ChunkStore {
   explicit ChunkStore(const ChunkStoreOptions& options);
   Status Init(std::vector<uint64_t> chunk_elems);
   Status CheckId(uint32_t c) const;
+  static Status NoServingRecords();
   Status Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset, std::byte* buf,
                   uint64_t bytes, const std::string& what);
   Status RecordLostError(uint32_t c, bool serving) const;

@@ -38,7 +38,9 @@ struct ShardServerOptions {
   std::string log_level = "info";       // Default: info.
   int metrics_port = 9464;              // Default: 9464. /metrics, /healthz, /readyz (0 = off).
   std::string data_dir;                 // Default: "" (no durable state yet).
-  uint64_t memory_budget = 0;           // Default: 0 = unlimited (RAM tier only).
+  uint64_t memory_budget = 0;           // Default: 0 = unlimited (RAM tier only). > 0: fp32
+                                        // master + optimizer state beyond it spill to NVMe.
+  std::string spill_dir;                // Default: "" = <data-dir>/spill. Where spill files go.
   int64_t checkpoint_every = 0;         // Default: 0 = never.
 
   /// Registers every field with `flags` (name = the option's flag).

@@ -15,10 +15,20 @@
 // the fp32 master directly), then 0. Step s pushes are accepted while the chunk is at version s;
 // ApplyCommit(s) updates (or skips) and publishes s + 1, answering fetches waiting for it.
 //
-// Lock order: mu_ only (no other lock is taken while holding it; callbacks run after release).
+// Storage: by default master, m and v are per-chunk RAM buffers. Created with a spill
+// configuration (a memory budget > 0), they live in a ChunkStore instead: RAM up to the budget,
+// the rest in O_DIRECT spill files; ApplyCommit then runs the optimizer through
+// ChunkStore::ForEachChunk (read-ahead / write-behind), checkpoints visit and restore the state
+// through the store, and initial-value pushes land in gradient slot 0 and are written to the
+// store when the chunk is complete. Serving copies and gradient slots stay in RAM either way (the
+// store's serving budget and serving spill are not used by the shard yet).
+//
+// Lock order: mu_, then the store's internal mutex (never the reverse: no store callback takes
+// mu_); callbacks run after release.
 // Thread-safety: all public methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -34,6 +45,7 @@
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_pool.h"
+#include "zps/server/chunk_store.h"
 #include "zps/server/optimizer.h"
 #include "zps/server/step_commit.h"
 
@@ -108,17 +120,29 @@ using FetchCallback =
 /// knows nothing of UCX. Errors are returned from Create as they are.
 using ServingAllocator = std::function<Result<std::span<std::byte>>(size_t bytes)>;
 
+/// The spill tier's figures (ShardState::storage_stats).
+struct ShardStorageStats {
+  bool spilled = false;    // false: master, m and v are in RAM buffers (no store)
+  ChunkStoreStats store;   // valid when `spilled`
+  uint64_t io_errors = 0;  // store operations that failed with IoError, ResourceExhausted or
+                           // DataLoss
+};
+
 class ShardState {
  public:
-  /// `serving_alloc` (may be empty: then the serving copies live in ordinary aligned heap
-  /// memory) provides the memory of every serving copy; see ServingAllocator.
-  /// Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs out;
-  /// whatever `serving_alloc` returns.
-  static Result<std::unique_ptr<ShardState>> Create(const Layout& layout, uint32_t ordinal,
-                                                    const ShardJob& job,
-                                                    const OptimizerConfig& optimizer,
-                                                    ThreadPool* pool,
-                                                    const ServingAllocator& serving_alloc = {});
+  /// `spill`: when set, master, m and v live in a ChunkStore made with these options (its
+  /// `moments` and `serving_records` are set here; its spill_dir must exist). Not set (default):
+  /// RAM buffers, the code path of a shard without a memory budget. A shard without chunks has no
+  /// store. Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs
+  /// out (or the budget cannot hold the store's buffers, or the disk the spill files); from
+  /// ChunkStore::Create. `serving_alloc` (may be empty: then the serving copies live in
+  /// ordinary aligned heap memory) provides the memory of every serving copy (see
+  /// ServingAllocator); whatever it returns is returned.
+  static Result<std::unique_ptr<ShardState>> Create(
+      const Layout& layout, uint32_t ordinal, const ShardJob& job,
+      const OptimizerConfig& optimizer, ThreadPool* pool,
+      const std::optional<ChunkStoreOptions>& spill = std::nullopt,
+      const ServingAllocator& serving_alloc = {});
   ~ShardState();
 
   const Layout& layout() const { return layout_; }
@@ -157,8 +181,12 @@ class ShardState {
   /// CRC32C over a local chunk's master, m, v and serving copy, in that order (as
   /// train::ReferenceTrainer::ChunkCrc). Errors: OutOfRange.
   Result<uint32_t> ChunkCrc(uint32_t chunk) const;
-  /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange.
+  /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange; from the
+  /// store.
   Result<std::vector<float>> MasterOf(uint32_t chunk) const;
+  /// The spill tier's figures. Waits for a store pass in progress: call it from the driver
+  /// thread between steps (as the shard's metrics do).
+  ShardStorageStats storage_stats() const;
 
   // ---- durability (shard_state_restore.cc) ----
   // Called by the one thread that also calls ReduceStep/ApplyCommit (the step driver), between
@@ -192,7 +220,7 @@ class ShardState {
     uint32_t id = 0;
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
-    std::span<uint16_t> serving;  // in serving_memory_ (or serving_own_), zeroed at Create
+    std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_), zeroed at Create
     std::vector<AlignedBuffer<float>> grads;             // per slot
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
@@ -209,6 +237,13 @@ class ShardState {
   bool StepReady(int64_t step) const;     // needs mu_
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
+  // Store-backed helpers (shard_state_restore.cc).
+  Status CountIo(Status s) const;  // counts a store I/O failure, returns s
+  Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
+  Status StoreUpdate(const CommitOrder& order);
+  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
+                        std::vector<float>& v) const;
+  size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
 
   const Layout layout_;
   const uint32_t ordinal_;
@@ -218,6 +253,12 @@ class ShardState {
   std::vector<uint32_t> chunk_ids_;
   std::vector<Chunk> chunks_;  // same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given
+  // Set at Create when spilling; store chunk i is chunks_[i]. Internally synchronised (lock
+  // order above). When set, Chunk::master/m/v are empty.
+  std::unique_ptr<ChunkStore> store_;
+  std::vector<uint32_t> store_ids_;              // 0 .. chunks_.size() - 1 (a full pass)
+  uint32_t moments_ = 0;                         // the store's moments (0, 1 = m, 2 = m and v)
+  mutable std::atomic<uint64_t> io_errors_{0};   // failed store operations
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
