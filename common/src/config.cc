@@ -102,6 +102,17 @@ Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view endpoint
   return std::make_pair(host, static_cast<uint16_t>(*port));
 }
 
+Result<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("token file '" + path + "' cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  if (t.empty()) return InvalidArgument("token file '" + path + "' is empty");
+  return t;
+}
+
 std::string EnvName(std::string_view option) {
   std::string env = "ZPS_";
   for (char c : option) {

@@ -112,7 +112,7 @@ zps::Status Save(const Options& o) {
   if (o.endpoint.empty()) return zps::InvalidArgument("save needs --endpoint host:port");
   if (o.token_file.empty()) return zps::InvalidArgument("save needs --token-file");
   ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
-  ZPS_ASSIGN_OR_RETURN(std::string token, zps::server::ReadTokenFile(o.token_file));
+  ZPS_ASSIGN_OR_RETURN(std::string token, zps::ReadTokenFile(o.token_file));
   zps::rpc::ClientOptions co{hp.first, hp.second, token, zps::msg::kRoleTool, 0, "zps-ckpt", {},
                              5000};
   ZPS_ASSIGN_OR_RETURN(auto client, zps::rpc::Client::Connect(co));

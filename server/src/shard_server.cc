@@ -61,17 +61,6 @@ void ShardServerOptions::Register(Flags& f) {
         INT64_MAX);
 }
 
-Result<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("token file '" + path + "' cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  if (t.empty()) return InvalidArgument("token file '" + path + "' is empty");
-  return t;
-}
-
 Status ShardServerOptions::Finalize() {
   if (!token_file.empty()) {
     ZPS_ASSIGN_OR_RETURN(token, ReadTokenFile(token_file));

@@ -48,7 +48,6 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   const bool needs_v = optimizer.kind != OptimizerKind::kSgd;
   const bool needs_m = needs_v || optimizer.momentum > 0.0f;
   s->chunks_.resize(s->chunk_ids_.size());
-  const uint64_t chunk_elems = layout.options().chunk_elems;
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
     Chunk& c = s->chunks_[i];
@@ -104,7 +103,6 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
       c->expected += piece.length;
     }
   }
-  (void)chunk_elems;
   if (spilling) {
     ChunkStoreOptions so = *spill;
     so.moments = needs_v ? 2 : (needs_m ? 1 : 0);

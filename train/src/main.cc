@@ -459,13 +459,7 @@ int main(int argc, char** argv) {
   log::SetLevel(*level);
   Status s = o.model.Validate();
   if (s.ok() && !o.token_file.empty()) {
-    auto t = [&]() -> Result<std::string> {
-      std::ifstream in(o.token_file);
-      if (!in) return NotFound("token file '" + o.token_file + "' cannot be read");
-      std::string tok((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.back()))) tok.pop_back();
-      return tok;
-    }();
+    auto t = ReadTokenFile(o.token_file);
     if (t.ok()) o.token = *t;
     else s = t.status();
   }

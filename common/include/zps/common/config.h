@@ -40,6 +40,10 @@ Result<bool> ParseBool(std::string_view text);
 /// Splits "host:port" (or "[v6]:port"). Errors: InvalidArgument.
 Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view endpoint);
 
+/// Reads a shared-secret file (trailing whitespace trimmed). Errors: NotFound when it cannot be
+/// read, InvalidArgument when it is empty.
+Result<std::string> ReadTokenFile(const std::string& path);
+
 enum class ParseOutcome { kRun, kHelpShown };
 
 class Flags {

@@ -75,7 +75,5 @@ class ShardServer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Reads a token file (trailing whitespace trimmed). Errors: NotFound, InvalidArgument if empty.
-Result<std::string> ReadTokenFile(const std::string& path);
 
 }  // namespace zps::server
