@@ -6,8 +6,10 @@
 //   zps-bench transport --tls tcp --json
 //   zps-bench transport --tls shm --sizes 4MiB,16MiB,64MiB --window 4
 //
-// Method. For each size S an in-process zps-server (one shard, the coordinator) and a worker
-// Client are started on 127.0.0.1 with a job whose parameters are each exactly one chunk:
+// Method. For each size S a zps-server shard (one shard, the coordinator) and a worker Client
+// are started on 127.0.0.1 with a job whose parameters are each exactly one chunk. The shard
+// runs in a second process (this program re-executed with --serve), as in a deployment and as
+// ucx_perftest runs its two sides; --in-process keeps it in this process instead.
 //   fetch: parameters of S/2 elements (S bytes of bf16); `window` fetches in flight, each a
 //          whole parameter = one request of S bytes, until bytes-per-rep have arrived.
 //   push:  parameters of S/4 elements (S bytes of fp32 gradient); one step pushes every
@@ -17,6 +19,11 @@
 //          copies the gradient before it returns), "push_shared" PushGradShared (no copy).
 // Each case runs `reps` times after a warm-up; the JSON line gives the median and the best.
 // GB/s = 1e9 bytes per second.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,19 +52,17 @@ struct Options {
   int window = 2;                          // Default: 2 requests in flight.
   bool json = false;                       // Default: false (a table).
   std::string fetch_mode = "auto";         // Default: auto (rma on shared memory, else am).
+  std::string push_mode = "auto";          // Default: auto (rma on shared memory, else am).
   int spin_us = -1;                        // Default: -1 = the shard's and worker's defaults.
   int shard_spin_us = -1;                  // Default: -1 = spin_us.
   int worker_spin_us = -1;                 // Default: -1 = spin_us.
+  bool in_process = false;                 // Default: false (the shard in a second process).
+  bool serve = false;                      // Internal: run as that second process.
 };
 
 constexpr char kToken[] = "zps-bench-transport";
 
-struct Rig {
-  std::unique_ptr<server::ShardServer> server;
-  std::unique_ptr<worker::Client> client;
-};
-
-Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
+server::ShardServerOptions ShardOptions(const Options& o) {
   server::ShardServerOptions so;
   so.port = 0;
   so.bind_address = "127.0.0.1";
@@ -67,9 +72,103 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   so.optimizer_threads = 1;
   if (o.spin_us >= 0) so.ucx_spin_us = o.spin_us;
   if (o.shard_spin_us >= 0) so.ucx_spin_us = o.shard_spin_us;
+  return so;
+}
+
+/// The shard as a second process: this program re-executed with --serve. It prints
+/// "PORT <n>" once serving and stops when its stdin closes (our end, in the destructor).
+class ShardProcess {
+ public:
+  static Result<std::unique_ptr<ShardProcess>> Spawn(const Options& o) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0) return ErrnoError("pipe2", errno);
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      int e = errno;
+      close(in[0]);
+      close(in[1]);
+      return ErrnoError("pipe2", e);
+    }
+    const int shard_spin = o.shard_spin_us >= 0 ? o.shard_spin_us : o.spin_us;
+    std::vector<std::string> args = {"zps-bench", "transport", "--serve", "--tls", o.tls,
+                                     "--shard-spin-us", std::to_string(shard_spin)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = fork();
+    if (pid < 0) return ErrnoError("fork", errno);
+    if (pid == 0) {  // only async-signal-safe calls until exec
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    std::unique_ptr<ShardProcess> p(new ShardProcess());
+    p->pid_ = pid;
+    p->stdin_fd_ = in[1];
+    FILE* f = fdopen(out[0], "r");
+    char line[256];
+    while (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+      unsigned port = 0;
+      if (std::sscanf(line, "PORT %u", &port) == 1) {
+        p->port_ = static_cast<uint16_t>(port);
+        break;
+      }
+    }
+    if (f != nullptr) std::fclose(f);
+    if (p->port_ == 0) return Unavailable("the shard process did not start (see its stderr)");
+    return p;
+  }
+  ~ShardProcess() {
+    close(stdin_fd_);
+    for (int i = 0; i < 1000 && waitpid(pid_, nullptr, WNOHANG) != pid_; ++i) usleep(10000);
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  ShardProcess() = default;
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+// --serve: one shard (the coordinator) until stdin closes.
+int Serve(const Options& o) {
+  auto server = server::ShardServer::Create(ShardOptions(o));
+  Status st = server.ok() ? (*server)->Start() : server.status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "zps-bench transport --serve: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::printf("PORT %u\n", static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+  char buf[64];
+  while (read(0, buf, sizeof(buf)) > 0) {
+  }
+  (*server)->Stop();
+  return 0;
+}
+
+struct Rig {
+  std::unique_ptr<server::ShardServer> server;  // --in-process
+  std::unique_ptr<ShardProcess> process;        // otherwise
+  std::unique_ptr<worker::Client> client;       // destroyed first
+};
+
+Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   Rig rig;
-  ZPS_ASSIGN_OR_RETURN(rig.server, server::ShardServer::Create(so));
-  ZPS_RETURN_IF_ERROR(rig.server->Start());
+  uint16_t port = 0;
+  if (o.in_process) {
+    ZPS_ASSIGN_OR_RETURN(rig.server, server::ShardServer::Create(ShardOptions(o)));
+    ZPS_RETURN_IF_ERROR(rig.server->Start());
+    port = rig.server->port();
+  } else {
+    ZPS_ASSIGN_OR_RETURN(rig.process, ShardProcess::Spawn(o));
+    port = rig.process->port();
+  }
   std::vector<ParamSpec> specs;
   for (int i = 0; i < params; ++i) {
     specs.push_back({"p" + std::to_string(i), {static_cast<int64_t>(param_elems)}});
@@ -80,10 +179,11 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   server::JobSpec job{std::move(layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kSgd;  // the cheapest update between push rounds
   worker::WorkerOptions wo;
-  wo.endpoint = "127.0.0.1:" + std::to_string(rig.server->port());
+  wo.endpoint = "127.0.0.1:" + std::to_string(port);
   wo.token = kToken;
   wo.ucx_tls = o.tls;
   wo.fetch_mode = o.fetch_mode;
+  wo.push_mode = o.push_mode;
   if (o.spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.spin_us);
   if (o.worker_spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.worker_spin_us);
   ZPS_ASSIGN_OR_RETURN(rig.client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
@@ -140,9 +240,10 @@ void Print(const Options& o, const char* op, uint64_t size, std::vector<double> 
   if (o.json) {
     std::printf("{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
                 "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d,"
-                "\"fetch_mode\":\"%s\"}\n",
+                "\"fetch_mode\":\"%s\",\"push_mode\":\"%s\",\"shard\":\"%s\"}\n",
                 op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(),
-                o.window, o.fetch_mode.c_str());
+                o.window, o.fetch_mode.c_str(), o.push_mode.c_str(),
+                o.in_process ? "in_process" : "process");
   } else {
     std::printf("%-6s %-4s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
                 static_cast<unsigned long long>(size), median, best);
@@ -206,10 +307,16 @@ int Run(int argc, char** argv) {
   f.Add("window", "requests in flight", &o.window, 1, 64);
   f.Add("json", "one JSON object per line", &o.json);
   f.Add("fetch-mode", "auto (rma on shared memory, else am), am or rma", &o.fetch_mode);
+  f.Add("push-mode", "auto (rma on shared memory, else am), am or rma (push only; push_shared "
+        "is always am)", &o.push_mode);
   f.Add("spin-us", "UCX progress-thread polling in shard and worker, µs (-1: their defaults)",
         &o.spin_us, -1, 1000000);
   f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);
   f.Add("worker-spin-us", "as spin-us, for the worker only", &o.worker_spin_us, -1, 1000000);
+  f.Add("in-process", "run the shard in this process (default: a second process)",
+        &o.in_process);
+  f.Add("serve", "internal: run as the shard process (prints PORT, stops at stdin EOF)",
+        &o.serve);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-bench transport: %s\n", parsed.status().ToString().c_str());
@@ -217,6 +324,7 @@ int Run(int argc, char** argv) {
   }
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   log::SetLevel(log::Level::kWarning);
+  if (o.serve) return Serve(o);
   for (const std::string& s : Split(o.sizes)) {
     auto size = ParseBytes(s);
     if (!size.ok() || *size < 1024 || *size % 64 != 0) {

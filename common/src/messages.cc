@@ -227,20 +227,18 @@ Result<FetchRmaReplyHeader> FetchRmaReplyHeader::Decode(std::span<const std::byt
   return m;
 }
 
-std::vector<std::byte> PushHeader::Encode() const {
-  ByteWriter w;
-  w.U64(session);
-  w.U64(request);
-  w.I64(step);
-  w.U32(chunk);
-  w.U64(offset);
-  w.U64(length);
-  w.U32(rank);
-  w.U8(static_cast<uint8_t>(dtype));
-  return w.Take();
+namespace {
+void WritePush(ByteWriter& w, const PushHeader& m) {
+  w.U64(m.session);
+  w.U64(m.request);
+  w.I64(m.step);
+  w.U32(m.chunk);
+  w.U64(m.offset);
+  w.U64(m.length);
+  w.U32(m.rank);
+  w.U8(static_cast<uint8_t>(m.dtype));
 }
-Result<PushHeader> PushHeader::Decode(std::span<const std::byte> b) {
-  ByteReader r(b);
+Result<PushHeader> ReadPush(ByteReader& r) {
   PushHeader m;
   ZPS_ASSIGN_OR_RETURN(m.session, r.U64("session"));
   ZPS_ASSIGN_OR_RETURN(m.request, r.U64("request"));
@@ -251,7 +249,38 @@ Result<PushHeader> PushHeader::Decode(std::span<const std::byte> b) {
   ZPS_ASSIGN_OR_RETURN(m.rank, r.U32("rank"));
   ZPS_ASSIGN_OR_RETURN(uint8_t d, r.U8("dtype"));
   ZPS_ASSIGN_OR_RETURN(m.dtype, DTypeFromByte(d));
+  return m;
+}
+}  // namespace
+
+std::vector<std::byte> PushHeader::Encode() const {
+  ByteWriter w;
+  WritePush(w, *this);
+  return w.Take();
+}
+Result<PushHeader> PushHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ZPS_ASSIGN_OR_RETURN(PushHeader m, ReadPush(r));
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("PushHeader"));
+  return m;
+}
+
+std::vector<std::byte> PushRmaHeader::Encode() const {
+  ByteWriter w;
+  WritePush(w, push);
+  w.U64(remote_address);
+  w.Blob(rkey);
+  return w.Take();
+}
+Result<PushRmaHeader> PushRmaHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  PushRmaHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.push, ReadPush(r));
+  ZPS_ASSIGN_OR_RETURN(m.remote_address, r.U64("remote_address"));
+  ZPS_ASSIGN_OR_RETURN(auto key, r.Blob("rkey", kMaxRkeyBytes));
+  if (key.empty()) return InvalidArgument("PushRmaHeader: empty rkey");
+  m.rkey.assign(key.begin(), key.end());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("PushRmaHeader"));
   return m;
 }
 

@@ -264,6 +264,7 @@ struct ShardServer::Impl {
                   std::span<const std::byte> data, bool rma);
   void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
+  void HandlePush(ucx::AmMessage& m, bool rma);
   std::string StatusJson();
 };
 
@@ -356,61 +357,90 @@ void ShardServer::Impl::SetupDataPlane() {
   if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
   s = ucx->SetAmHandler(msg::kAmFetchRma, [this](ucx::AmMessage& m) { HandleFetch(m, true); });
   if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
-  s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) {
-    auto h = msg::PushHeader::Decode(m.header());
-    if (!h.ok()) {
-      sm.pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "dropping malformed push: " << h.status().ToString();
-      return;
-    }
-    const auto t0 = BeginRequest(metrics::kPush);
-    Session session;
-    if (!FindSession(h->session, &session)) {
-      sm.pm.ProtocolError("unauthenticated");
-      if (m.reply_endpoint().valid()) {
-        ReplyPush(m.reply_endpoint(), h->request, SessionError(h->session));
-      }
-      EndRequest(metrics::kPush, t0);
-      return;
-    }
-    ShardState* st = state_ptr.load();
-    if (st == nullptr) {
-      ReplyPush(session.ep, h->request, Unavailable("the shard has no job yet"));
-      EndRequest(metrics::kPush, t0);
-      return;
-    }
-    if (h->length > (1ull << 40) || m.data_length() != h->length * DTypeSize(h->dtype)) {
-      sm.pm.ProtocolError("invalid_argument");
-      ReplyPush(session.ep, h->request,
-                InvalidArgument("push carries " + std::to_string(m.data_length()) +
-                                " bytes for " + std::to_string(h->length) + " elements of " +
-                                std::string(DTypeName(h->dtype))));
-      EndRequest(metrics::kPush, t0);
-      return;
-    }
-    MaybeCrashAt("push", h->step);
-    auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
-    if (!ticket.ok()) {
-      sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
-      ReplyPush(session.ep, h->request, ticket.status());
-      EndRequest(metrics::kPush, t0);
-      return;
-    }
-    auto held = std::make_shared<PushTicket>(std::move(*ticket));
-    std::span<std::byte> dest = held->destination();
-    const size_t bytes = m.data_length();
-    Status rs = m.Receive(dest, [this, st, held, ep = session.ep, req = h->request, t0,
-                                 bytes](Status transfer) {
-      Status fin = st->FinishPush(std::move(*held), transfer);
-      if (transfer.ok()) {
-        ReplyPush(ep, req, fin);
-        if (fin.ok()) sm.pm.push_bytes.Inc(bytes);
-      }
-      EndRequest(metrics::kPush, t0);
-    });
-    (void)rs;  // errors reach the callback too
-  });
+  s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) { HandlePush(m, false); });
   if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+  s = ucx->SetAmHandler(msg::kAmPushRma, [this](ucx::AmMessage& m) { HandlePush(m, true); });
+  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+}
+
+// kAmPush carries the gradient (rendezvous from 64 KiB); kAmPushRma carries where it is in the
+// worker's UCX region, and the shard reads it with RMA get (shared memory: a plain copy).
+// Both are validated the same way before any byte is taken.
+void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
+  msg::PushRmaHeader rh;
+  if (rma) {
+    auto d = msg::PushRmaHeader::Decode(m.header());
+    if (!d.ok()) {
+      sm.pm.ProtocolError("invalid_argument");
+      ZPS_LOG(WARNING) << "dropping malformed push: " << d.status().ToString();
+      return;
+    }
+    rh = std::move(*d);
+  } else {
+    auto d = msg::PushHeader::Decode(m.header());
+    if (!d.ok()) {
+      sm.pm.ProtocolError("invalid_argument");
+      ZPS_LOG(WARNING) << "dropping malformed push: " << d.status().ToString();
+      return;
+    }
+    rh.push = *d;
+  }
+  const msg::PushHeader* h = &rh.push;
+  const auto t0 = BeginRequest(metrics::kPush);
+  Session session;
+  if (!FindSession(h->session, &session)) {
+    sm.pm.ProtocolError("unauthenticated");
+    if (m.reply_endpoint().valid()) {
+      ReplyPush(m.reply_endpoint(), h->request, SessionError(h->session));
+    }
+    EndRequest(metrics::kPush, t0);
+    return;
+  }
+  ShardState* st = state_ptr.load();
+  if (st == nullptr) {
+    ReplyPush(session.ep, h->request, Unavailable("the shard has no job yet"));
+    EndRequest(metrics::kPush, t0);
+    return;
+  }
+  const size_t carried = rma ? 0 : m.data_length();
+  const size_t expected = h->length * DTypeSize(h->dtype);
+  if (h->length > (1ull << 40) || (rma ? m.data_length() != 0 : carried != expected)) {
+    sm.pm.ProtocolError("invalid_argument");
+    ReplyPush(session.ep, h->request,
+              InvalidArgument("push carries " + std::to_string(m.data_length()) +
+                              " bytes for " + std::to_string(h->length) + " elements of " +
+                              std::string(DTypeName(h->dtype)) +
+                              (rma ? " (a push by RMA carries none)" : "")));
+    EndRequest(metrics::kPush, t0);
+    return;
+  }
+  MaybeCrashAt("push", h->step);
+  auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
+  if (!ticket.ok()) {
+    sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
+    ReplyPush(session.ep, h->request, ticket.status());
+    EndRequest(metrics::kPush, t0);
+    return;
+  }
+  auto held = std::make_shared<PushTicket>(std::move(*ticket));
+  std::span<std::byte> dest = held->destination();
+  auto done = [this, st, held, ep = session.ep, req = h->request, t0,
+               bytes = expected](Status transfer) {
+    Status fin = st->FinishPush(std::move(*held), transfer);
+    if (transfer.ok()) {
+      ReplyPush(ep, req, fin);
+      if (fin.ok()) sm.pm.push_bytes.Inc(bytes);
+    } else if (transfer.code() == Code::kInvalidArgument) {
+      ReplyPush(ep, req, transfer);  // e.g. an rkey UCX cannot unpack: the worker hears why
+    }
+    EndRequest(metrics::kPush, t0);
+  };
+  if (rma) {
+    ucx->Get(session.ep, dest, rh.remote_address, rh.rkey, held, std::move(done));
+  } else {
+    Status rs = m.Receive(dest, std::move(done));
+    (void)rs;  // errors reach the callback too
+  }
 }
 
 // ---- coordinator RPCs -------------------------------------------------------------------------

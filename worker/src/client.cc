@@ -12,6 +12,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
 #include "zps/common/ucx.h"
+#include "region_arena.h"
 #include "staging_pool.h"
 
 namespace zps::worker {
@@ -69,6 +70,8 @@ struct Client::Impl {
   struct PendingPush {
     uint32_t shard = 0;
     Clock::time_point start;
+    // A push by RMA: the staging block the shard reads, held until the shard's reply.
+    std::shared_ptr<const void> rma_block;
   };
 
   WorkerOptions opts;
@@ -89,12 +92,19 @@ struct Client::Impl {
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
   bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
+  // Pushes by RMA (kAmPushRma): their staging blocks come from here (null: pushes go by AM).
+  // Declared after `ucx`: destroyed before the Worker, whose pending operations may still hold
+  // blocks (which keep the region alive until then, and the Context outlives both).
+  std::unique_ptr<RegionArena> push_arena;
 
   std::mutex mu;
   std::condition_variable push_cv;
   std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
   std::unordered_map<uint64_t, PendingPush> pushes;  // guarded by mu
   Status push_error;                                 // guarded by mu
+  // RMA staging blocks of pushes that failed: a shard may still be reading one, so it is never
+  // reused (the arena then has less room; pushes fall back to AM when it is full).
+  std::vector<std::shared_ptr<const void>> quarantined;  // guarded by mu
 
   void EndRequest(metrics::Op op, Clock::time_point start) const {
     pm.inflight[op].Dec();
@@ -115,11 +125,19 @@ struct Client::Impl {
       auto it = pushes.find(request);
       if (it == pushes.end()) return;
       start = it->second.start;
+      const uint32_t shard = it->second.shard;
+      if (!s.ok() && it->second.rma_block) quarantined.push_back(std::move(it->second.rma_block));
       pushes.erase(it);
-      if (!s.ok() && push_error.ok()) push_error = s;
+      if (!s.ok() && push_error.ok()) push_error = ShardError(shard, s);
     }
     EndRequest(metrics::kPush, start);
     push_cv.notify_all();
+  }
+  // A data-plane error that names the shard (and its endpoint), unless it already does.
+  Status ShardError(uint32_t shard, const Status& s) const {
+    const std::string name = "shard " + std::to_string(shard);
+    if (s.ok() || s.message().rfind(name, 0) == 0) return s;
+    return s.WithContext(name + " at " + job.shard_endpoints[shard]);
   }
   void FailShard(uint32_t shard, const Status& s) {
     std::vector<FetchPiece> failed;
@@ -169,7 +187,19 @@ struct Client::Impl {
   Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
   Status ConnectShards();
   Status SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                  std::shared_ptr<const void> owner);
+                  std::shared_ptr<const void> owner, bool in_arena);
+  // A push staging buffer: from the RMA arena when pushes go by RMA and it has room, else from
+  // the heap pool. `in_arena` says which.
+  std::shared_ptr<std::byte[]> AcquireStaging(size_t bytes, bool* in_arena) {
+    if (push_arena) {
+      if (auto block = push_arena->Acquire(bytes)) {
+        *in_arena = true;
+        return block;
+      }
+    }
+    *in_arena = false;
+    return staging.Acquire(bytes);
+  }
 };
 
 // Payloads from this size up go by rendezvous, whatever UCX_RNDV_THRESH says.
@@ -181,7 +211,7 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
     pm.fetch_bytes.Inc(piece.bytes);
   }
   EndRequest(metrics::kFetch, piece.start);
-  piece.op->Complete(s, version);
+  piece.op->Complete(ShardError(piece.shard, s), version);
 }
 
 void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
@@ -245,6 +275,23 @@ Status Client::Impl::SetupUcx() {
     fetch_rma = !ucx_context->peer_failure_capable();
   } else if (opts.fetch_mode != "am") {
     return InvalidArgument("fetch_mode must be auto, am or rma; got '" + opts.fetch_mode + "'");
+  }
+  bool push_rma = false;
+  if (opts.push_mode == "rma") {
+    push_rma = true;
+  } else if (opts.push_mode == "auto") {
+    push_rma = !ucx_context->peer_failure_capable();  // shared memory only, as for fetches
+  } else if (opts.push_mode != "am") {
+    return InvalidArgument("push_mode must be auto, am or rma; got '" + opts.push_mode + "'");
+  }
+  if (push_rma && opts.rma_push_bytes > 0) {
+    auto region = ucx_context->Allocate(opts.rma_push_bytes);
+    if (region.ok()) {
+      push_arena = std::make_unique<RegionArena>(std::move(*region));
+    } else {
+      ZPS_LOG(WARNING) << "pushes go by AM: UCX could not allocate the RMA staging region: "
+                       << region.status().ToString();
+    }
   }
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply,
                                         [this](ucx::AmMessage& m) { OnFetchReply(m); }));
@@ -430,11 +477,11 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
     impl_->ucx->SendAm(impl_->eps[shard], impl_->fetch_rma ? msg::kAmFetchRma : msg::kAmFetch,
                        h.Encode(), {}, nullptr,
-                       [impl = impl_.get(), req](Status s) {
+                       [impl = impl_.get(), req, shard](Status s) {
                          if (s.ok()) return;
                          if (auto piece = impl->TakeFetch(req)) {
                            impl->EndRequest(metrics::kFetch, piece->start);
-                           piece->op->Complete(s, -1);
+                           piece->op->Complete(impl->ShardError(shard, s), -1);
                          }
                        });
   }
@@ -446,7 +493,7 @@ Result<std::shared_ptr<const ParamBuffer>> Client::Fetch(uint32_t param, int64_t
 }
 
 Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                              std::shared_ptr<const void> owner) {
+                              std::shared_ptr<const void> owner, bool in_arena) {
   ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param));
   const size_t esize = DTypeSize(dtype);
   {
@@ -459,17 +506,26 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     pm.inflight[metrics::kPush].Inc();
     {
       std::lock_guard<std::mutex> lock(mu);
-      pushes[req] = {shard, Clock::now()};
+      // By RMA the shard reads the block after the AM went out: hold it until the reply.
+      pushes[req] = {shard, Clock::now(), in_arena ? owner : nullptr};
     }
     msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, opts.rank, dtype};
     std::span<const std::byte> bytes(data + p.param_offset * esize, p.length * esize);
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
+    auto on_sent = [this, req](Status s) {
+      if (!s.ok()) FinishPush(req, s);
+    };
+    if (in_arena) {
+      const ucx::MemoryRegion& region = push_arena->region();
+      msg::PushRmaHeader rh{h, reinterpret_cast<uintptr_t>(bytes.data()),
+                            {region.rkey().begin(), region.rkey().end()}};
+      ucx->SendAm(eps[shard], msg::kAmPushRma, rh.Encode(), {}, nullptr, std::move(on_sent));
+      continue;
+    }
     ucx::SendOptions so;
     so.force_rendezvous = bytes.size() >= kRendezvousMin;
-    ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, owner, [this, req](Status s) {
-      if (!s.ok()) FinishPush(req, s);
-    }, so);
+    ucx->SendAm(eps[shard], msg::kAmPush, h.Encode(), bytes, owner, std::move(on_sent), so);
   }
   return Status::Ok();
 }
@@ -484,7 +540,8 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
   }
   const DType dt = impl_->job.grad_dtype;
   // Not zero-initialised: every byte is written below.
-  auto data = impl_->staging.Acquire(grad.size() * DTypeSize(dt));
+  bool in_arena = false;
+  auto data = impl_->AcquireStaging(grad.size() * DTypeSize(dt), &in_arena);
   if (dt == DType::kF32) {
     std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
   } else {
@@ -493,7 +550,7 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
     else ConvertF32ToBF16(grad, out);
   }
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, step, dt, bytes, std::move(data));
+  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena);
 }
 
 Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad) {
@@ -503,10 +560,11 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("raw gradient has the wrong byte length");
   }
-  auto data = impl_->staging.Acquire(grad.size());
+  bool in_arena = false;
+  auto data = impl_->AcquireStaging(grad.size(), &in_arena);
   std::memcpy(data.get(), grad.data(), grad.size());
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, step, dt, bytes, std::move(data));
+  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena);
 }
 
 Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
@@ -517,17 +575,18 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("shared gradient has the wrong byte length");
   }
-  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner));
+  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), false);
 }
 
 Status Client::PushInitial(uint32_t param, std::span<const float> values) {
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   if (values.size() != l.param_numel(param)) return InvalidArgument("initial values: wrong length");
-  auto data = impl_->staging.Acquire(values.size() * 4);
+  bool in_arena = false;
+  auto data = impl_->AcquireStaging(values.size() * 4, &in_arena);
   std::memcpy(data.get(), values.data(), values.size() * 4);
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data));
+  return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data), in_arena);
 }
 
 Status Client::FlushPushes() {
@@ -563,7 +622,7 @@ Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
   impl_->EndRequest(metrics::kControl, start);
   if (!reply.ok()) {
     if (reply.status().code() == Code::kDeadlineExceeded) impl_->pm.ProtocolError("timeout");
-    return reply.status();
+    return reply.status().WithContext("coordinator at " + impl_->opts.endpoint);
   }
   return msg::CommitInfo::Decode(*reply);
 }
@@ -575,6 +634,7 @@ Result<std::vector<std::byte>> Client::CallShard(uint32_t ordinal, uint16_t type
   const auto start = Impl::Clock::now();
   auto r = impl_->shard_rpc[ordinal]->Call(type, payload, impl_->opts.op_timeout);
   impl_->EndRequest(metrics::kControl, start);
+  if (!r.ok()) return impl_->ShardError(ordinal, r.status());
   return r;
 }
 

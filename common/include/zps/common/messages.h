@@ -117,6 +117,8 @@ struct AwaitCommit {
 // kAmFetchRma asks, with a FetchHeader, to be answered with kAmFetchRmaReply (where the serving
 // copy is: the worker then reads it with RMA get) instead of the data. A shard whose serving
 // copy is not in a UCX region answers it with an ordinary kAmFetchReply carrying the data.
+// kAmPushRma is a push without data: the shard reads the gradient with RMA get from the
+// worker's UCX region (PushRmaHeader), then answers with kAmPushReply as for kAmPush.
 enum AmId : uint16_t {
   kAmFetch = 1,
   kAmFetchReply = 2,
@@ -124,6 +126,7 @@ enum AmId : uint16_t {
   kAmPushReply = 4,
   kAmFetchRma = 5,
   kAmFetchRmaReply = 6,
+  kAmPushRma = 7,
 };
 
 /// Upper bound on a packed rkey in a kAmFetchRmaReply (UCX 1.13 posix/cma rkeys are < 200 B).
@@ -178,6 +181,17 @@ struct PushHeader {
   DType dtype = DType::kF32;
   std::vector<std::byte> Encode() const;
   static Result<PushHeader> Decode(std::span<const std::byte> b);
+};
+
+/// A push whose data the shard reads with RMA get: `push.length` x `push.dtype` bytes at
+/// `remote_address` in the worker's region whose packed rkey is `rkey`. The bytes stay unchanged
+/// until the worker gets the kAmPushReply (or the endpoint fails).
+struct PushRmaHeader {
+  PushHeader push;
+  uint64_t remote_address = 0;
+  std::vector<std::byte> rkey;  // 1..kMaxRkeyBytes
+  std::vector<std::byte> Encode() const;
+  static Result<PushRmaHeader> Decode(std::span<const std::byte> b);
 };
 
 struct PushReplyHeader {

@@ -41,6 +41,14 @@ struct WorkerOptions {
   /// transports are shared memory only, else an active message with rendezvous; "am"; "rma".
   /// docs/data-plane.md has the measurements. Default: "auto".
   std::string fetch_mode = "auto";
+  /// How a push's data travels. "auto": on shared memory only, the shard reads it with RMA get
+  /// from a staging region this Client allocates through UCX (kAmPushRma); else an active
+  /// message with rendezvous; "am"; "rma". PushGradShared always goes by AM (the caller's
+  /// buffer is not in a UCX region). Default: "auto".
+  std::string push_mode = "auto";
+  /// Size of that staging region (allocated at Connect when pushes go by RMA). A push that
+  /// finds no room in it goes by AM. Default: 256 MiB.
+  size_t rma_push_bytes = size_t{256} << 20;
   /// UCX progress-thread polling after activity before it sleeps (latency vs CPU; the poll
   /// yields the core to other runnable threads). Default: 200 µs.
   std::chrono::microseconds ucx_spin{200};

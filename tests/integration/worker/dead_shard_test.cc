@@ -1,0 +1,219 @@
+// A dead shard or coordinator gives the worker a clear error, never a hang (issue 3: "Every
+// wait has a deadline. A dead shard or coordinator gives a clear error").
+//
+// Real processes: two zps-server shards (fork + exec; shard 0 is the coordinator) and a worker
+// Client in this process, over UCX tcp and over shared memory (posix, cma, self: there UCX
+// 1.13 reports no peer failure, and the Client's worker-watch thread must notice the shard's
+// control connection dropping). A shard is SIGKILLed while a fetch is parked on it; then the
+// parked fetch, a new Fetch, a PushGrad (seen at FlushPushes) and AwaitCommit must each return
+// Unavailable naming the shard. The op_timeout is long: a wait that only ends at it returns
+// DeadlineExceeded, which fails the test (no wall-clock assertion needed).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zps/server/job.h"
+#include "zps/worker/client.h"
+
+namespace zps {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr char kToken[] = "dead-shard-test-token";
+
+uint16_t FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// A zps-server child process; SIGKILLed and reaped when destroyed.
+class ShardProcess {
+ public:
+  explicit ShardProcess(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execv(ZPS_SERVER_BIN, argv.data());
+      ::_exit(127);
+    }
+  }
+  ~ShardProcess() { Kill(); }
+  ShardProcess(const ShardProcess&) = delete;
+  ShardProcess& operator=(const ShardProcess&) = delete;
+  bool started() const { return pid_ > 0; }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+class DeadShardTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static constexpr int kShards = 2;
+
+  void SetUp() override {
+    char tmpl[] = "/tmp/zps-dead-shard-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    token_file_ = dir_ + "/token";
+    FILE* f = std::fopen(token_file_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(kToken, f);
+    std::fclose(f);
+    std::vector<uint16_t> ports;
+    for (int i = 0; i < kShards; ++i) {
+      ports.push_back(FreePort());
+      ASSERT_NE(ports.back(), 0);
+    }
+    endpoint_ = "127.0.0.1:" + std::to_string(ports[0]);
+    for (int i = 0; i < kShards; ++i) {
+      std::vector<std::string> args = {ZPS_SERVER_BIN,
+                                       "--ordinal=" + std::to_string(i),
+                                       "--shards=" + std::to_string(kShards),
+                                       "--port=" + std::to_string(ports[i]),
+                                       "--bind=127.0.0.1",
+                                       "--token-file=" + token_file_,
+                                       "--metrics-port=0",
+                                       "--threads=1",
+                                       "--log-level=warning",
+                                       "--ucx-tls=" + GetParam()};
+      if (i > 0) args.push_back("--coordinator=" + endpoint_);
+      shards_.push_back(std::make_unique<ShardProcess>(args));
+      ASSERT_TRUE(shards_.back()->started());
+    }
+
+    // Four one-chunk parameters over the two shards; world size 1, server-sum.
+    auto layout = Layout::Build({{"a", {1024}}, {"b", {1024}}, {"c", {1024}}, {"d", {1024}}},
+                                {.chunk_elems = 1024, .align_elems = 64, .num_shards = kShards});
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    server::JobSpec job{*layout, {}, {}, {}};
+    worker::WorkerOptions wo;
+    wo.endpoint = endpoint_;
+    wo.token = kToken;
+    wo.ucx_tls = GetParam();
+    wo.connect_timeout = 60s;
+    wo.op_timeout = 60s;  // only a missed failure would wait this long (DeadlineExceeded)
+    auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(*c);
+    for (uint32_t p = 0; p < client_->layout().num_params(); ++p) {
+      std::vector<float> v(client_->layout().param_numel(p), 0.5f);
+      ASSERT_TRUE(client_->PushInitial(p, v).ok());
+    }
+    ASSERT_TRUE(client_->FlushPushes().ok());
+    for (uint32_t p = 0; p < client_->layout().num_params(); ++p) {
+      auto r = client_->Fetch(p, 0);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+  }
+
+  void TearDown() override {
+    client_.reset();  // must not hang on the dead shard either
+    shards_.clear();
+    std::remove(token_file_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+
+  /// A parameter held (whole) by shard `ordinal`.
+  uint32_t ParamOn(uint32_t ordinal) const {
+    const Layout& l = client_->layout();
+    for (uint32_t p = 0; p < l.num_params(); ++p) {
+      auto pieces = l.Pieces(p);
+      if (pieces.ok() && pieces->size() == 1 && l.shard_of_chunk((*pieces)[0].chunk) == ordinal) {
+        return p;
+      }
+    }
+    ADD_FAILURE() << "no parameter on shard " << ordinal;
+    return 0;
+  }
+
+  static void ExpectUnavailable(const Status& s, const std::string& names) {
+    EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+    EXPECT_NE(s.message().find(names), std::string::npos)
+        << "'" << s.message() << "' does not name " << names;
+  }
+
+  std::string dir_, token_file_, endpoint_;
+  std::vector<std::unique_ptr<ShardProcess>> shards_;
+  std::unique_ptr<worker::Client> client_;
+};
+
+TEST_P(DeadShardTest, KilledShardFailsEveryWait) {
+  const uint32_t victim = ParamOn(1);
+  const uint32_t survivor = ParamOn(0);
+  // Parked on shard 1 until version 1, which never comes: only the failure can end it.
+  worker::FetchOp parked = client_->FetchAsync(victim, 1);
+  // The survivor's gradient goes in, so that the commit of step 0 waits for shard 1 only.
+  std::vector<float> grad(client_->layout().param_numel(survivor), 1e-3f);
+  ASSERT_TRUE(client_->PushGrad(survivor, 0, grad).ok());
+  ASSERT_TRUE(client_->FlushPushes().ok());
+
+  shards_[1]->Kill();
+
+  ExpectUnavailable(parked.Wait(client_->op_timeout()).status(), "shard 1");
+  ExpectUnavailable(client_->Fetch(victim, 0).status(), "shard 1");
+  std::vector<float> vgrad(client_->layout().param_numel(victim), 1e-3f);
+  Status pushed = client_->PushGrad(victim, 0, vgrad);  // OK (asynchronous) or the failure
+  Status flushed = client_->FlushPushes();
+  ExpectUnavailable(pushed.ok() ? flushed : pushed, "shard 1");
+  // The coordinator (shard 0) lost shard 1's control connection: the step cannot commit.
+  auto commit = client_->AwaitCommit(0);
+  ASSERT_FALSE(commit.ok());
+  EXPECT_EQ(commit.status().code(), Code::kUnavailable) << commit.status().ToString();
+  // The survivor still serves its parameter.
+  auto alive = client_->Fetch(survivor, 0);
+  EXPECT_TRUE(alive.ok()) << alive.status().ToString();
+}
+
+TEST_P(DeadShardTest, KilledCoordinatorFailsEveryWait) {
+  const uint32_t victim = ParamOn(0);
+  worker::FetchOp parked = client_->FetchAsync(victim, 1);
+  // AwaitCommit(0) long-polls the coordinator: no gradient was pushed, so it waits.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    shards_[0]->Kill();
+  });
+  auto commit = client_->AwaitCommit(0);
+  killer.join();
+  ASSERT_FALSE(commit.ok());
+  ExpectUnavailable(commit.status(), "coordinator");
+  ExpectUnavailable(parked.Wait(client_->op_timeout()).status(), "shard 0");
+  ExpectUnavailable(client_->Fetch(victim, 0).status(), "shard 0");
+  // A later call to the dead coordinator fails at once too.
+  ExpectUnavailable(client_->AwaitCommit(0).status(), "coordinator");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, DeadShardTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& p) { return p.param; });
+
+}  // namespace
+}  // namespace zps
