@@ -16,7 +16,8 @@
 //          parameter (`window` unacknowledged at most, as a training loop bounds the copies
 //          its pushes hold), timed until every push is acknowledged; the commit and
 //          the optimizer update that follow are not timed. "push" uses PushGrad (which
-//          copies the gradient before it returns), "push_shared" PushGradShared (no copy).
+//          copies the gradient before it returns), "push_shared" PushGradShared (no copy) from
+//          a buffer made by Client::AllocatePushBuffer.
 // Each case runs `reps` times after a warm-up; the JSON line gives the median and the best.
 // GB/s = 1e9 bytes per second.
 #include <fcntl.h>
@@ -218,15 +219,20 @@ Result<double> FetchRep(worker::Client& c, int params, uint64_t bytes, int windo
 // (which copies into a staging buffer before it returns).
 Result<double> PushRep(worker::Client& c, int params, int64_t step, int window, bool shared) {
   const uint64_t n = c.layout().param_numel(0);
-  auto grad = std::make_shared<std::vector<float>>(n, 1e-3f);
-  const auto grad_bytes = std::as_bytes(std::span<const float>(*grad));
+  // push_shared sends from a buffer the Client allocated (in its UCX staging region when
+  // pushes go by RMA, so the shard reads it with no copy on either side).
+  std::shared_ptr<std::byte[]> shared_buf = c.AllocatePushBuffer(shared ? n * sizeof(float) : 0);
+  std::span<float> shared_grad(reinterpret_cast<float*>(shared_buf.get()), shared ? n : 0);
+  std::fill(shared_grad.begin(), shared_grad.end(), 1e-3f);
+  const auto grad_bytes = std::as_bytes(std::span<const float>(shared_grad));
+  std::vector<float> grad(shared ? 0 : n, 1e-3f);
   // Wait until the shard published this step (the previous update is done), untimed.
   ZPS_RETURN_IF_ERROR(c.Fetch(0, step).status());
   auto t0 = Clock::now();
   for (int p = 0; p < params; ++p) {
     ZPS_RETURN_IF_ERROR(c.AwaitPushesBelow(window));  // a sliding window of pushes in flight
-    ZPS_RETURN_IF_ERROR(shared ? c.PushGradShared(p, step, grad_bytes, grad)
-                               : c.PushGrad(p, step, *grad));
+    ZPS_RETURN_IF_ERROR(shared ? c.PushGradShared(p, step, grad_bytes, shared_buf)
+                               : c.PushGrad(p, step, grad));
   }
   ZPS_RETURN_IF_ERROR(c.FlushPushes());
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -13,7 +13,9 @@
 # --benches LIST (transport-raw, transport or both, default both),
 # --reps N (interleaved rounds of ucx_perftest then zps-bench; medians; default 3), --port P (default 13370; the
 # perftest server listens on 127.0.0.1:P), --window N (zps-bench operations in flight, default 2).
-# Extra UCX_* variables in the environment apply to both programs.
+# Extra UCX_* variables in the environment apply to both programs. --base-args "ARGS" also runs
+# zps-bench transport with ARGS in every round (e.g. "--in-process --push-mode am", the shape
+# before the shard moved to its own process) and reports it as srv_<op>_base.
 # The machines are shared and noisy: compare ratios from one run, not figures across runs.
 set -euo pipefail
 
@@ -25,6 +27,7 @@ REPS=3
 PORT=13370
 WINDOW=2
 BENCHES=transport-raw,transport
+BASE_ARGS=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tls) TLS=$2; shift 2 ;;
@@ -33,7 +36,8 @@ while [[ $# -gt 0 ]]; do
     --port) PORT=$2; shift 2 ;;
     --window) WINDOW=$2; shift 2 ;;
     --benches) BENCHES=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --base-args) BASE_ARGS=$2; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench-transport.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +93,13 @@ for ((round = 0; round < REPS; round++)); do
       if [[ ",$BENCHES," == *,transport,* ]]; then
         "$BENCH" transport --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
             --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
+        if [[ -n "$BASE_ARGS" ]]; then
+          # shellcheck disable=SC2086  # BASE_ARGS is a list of flags
+          "$BENCH" transport --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
+              --bytes-per-rep 512MiB $BASE_ARGS |
+            sed -e "s/^{/{\"round\":$round,/" -e 's/"op":"\([a-z_]*\)"/"op":"\1_base"/' |
+            tee -a "$RESULTS"
+        fi
       fi
     done
   done

@@ -575,7 +575,14 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("shared gradient has the wrong byte length");
   }
-  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), false);
+  const bool in_arena = impl_->push_arena != nullptr &&
+                        impl_->push_arena->region().Contains(grad.data(), grad.size());
+  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena);
+}
+
+std::shared_ptr<std::byte[]> Client::AllocatePushBuffer(size_t bytes) {
+  bool in_arena = false;
+  return impl_->AcquireStaging(bytes, &in_arena);
 }
 
 Status Client::PushInitial(uint32_t param, std::span<const float> values) {

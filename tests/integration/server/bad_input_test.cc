@@ -64,6 +64,14 @@ class RawPeer {
     worker_->SendAm(ep_, msg::kAmPush, h.Encode(), *keep, keep, [](Status) {});
     return Await(std::move(f));
   }
+  // A push by RMA (kAmPushRma): `data` is attached only to test that the shard refuses it.
+  Status PushRma(msg::PushRmaHeader h, std::vector<std::byte> data = {}) {
+    h.push.request = ++next_;
+    auto f = Expect(h.push.request);
+    auto keep = std::make_shared<std::vector<std::byte>>(std::move(data));
+    worker_->SendAm(ep_, msg::kAmPushRma, h.Encode(), *keep, keep, [](Status) {});
+    return Await(std::move(f));
+  }
   Status Fetch(msg::FetchHeader h) {
     h.request = ++next_;
     auto f = Expect(h.request);
@@ -213,6 +221,21 @@ TEST_F(BadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
   EXPECT_EQ(raw_.Fetch({s, 0, 0, 0, 8, 9}).code(), Code::kFailedPrecondition);
   EXPECT_EQ(raw_.Fetch({s + 1, 0, 0, 0, 8, 0}).code(), Code::kUnauthenticated);
   EXPECT_TRUE(raw_.Fetch({s, 0, 0, 0, 8, 0}).ok());
+  // Pushes by RMA are validated as pushes before the shard reads anything (the rkey below is
+  // never unpacked: every case fails first); one that carries data is refused.
+  const std::vector<std::byte> bogus_rkey(24, std::byte{0x11});
+  EXPECT_EQ(raw_.PushRma({{s ^ 1, 0, 0, 0, 0, 16, 1, DType::kF16}, 4096, bogus_rkey}).code(),
+            Code::kUnauthenticated);
+  EXPECT_EQ(raw_.PushRma({{s, 0, 0, 99, 0, 16, 1, DType::kF16}, 4096, bogus_rkey}).code(),
+            Code::kOutOfRange);
+  EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 0, 16, 1, DType::kBF16}, 4096, bogus_rkey}).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 16, 16, 1, DType::kF16}, 4096, bogus_rkey}, Halves(16))
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 0, 16, 1, DType::kF16}, 4096, bogus_rkey}).code(),
+            Code::kAlreadyExists);  // rank 1 pushed [0, 16) of chunk 0 above
+  raw_.SendGarbage(msg::kAmPushRma);
   raw_.SendGarbage(msg::kAmPush);
   raw_.SendGarbage(msg::kAmFetch);
   // An out-of-range parameter id is refused by the worker library before anything is sent.

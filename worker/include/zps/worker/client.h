@@ -119,11 +119,17 @@ class Client {
   /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
   /// As PushGradRaw without the copy: `grad` (numel x the job's grad dtype bytes) is sent from
-  /// where it is. The Client holds `owner` until every piece is acknowledged or failed; the
+  /// where it is (by RMA when it lies in a buffer from AllocatePushBuffer and pushes go by RMA). The Client holds `owner` until every piece is acknowledged or failed; the
   /// caller must not change the bytes before FlushPushes (or AwaitPushesBelow) says they are
   /// done. Errors: as PushGradRaw.
   Status PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                         std::shared_ptr<const void> owner);
+  /// A host buffer of `bytes` bytes (64-byte aligned, not initialised) for gradients to be sent
+  /// with PushGradShared: when pushes go by RMA (WorkerOptions::push_mode) it lies in the
+  /// Client's UCX staging region, and a PushGradShared from it is read by the shard with RMA
+  /// get, with no copy on either side. Otherwise (tcp, or the region full) it is ordinary
+  /// memory and the push goes by AM. Any thread; the buffer may outlive the Client.
+  std::shared_ptr<std::byte[]> AllocatePushBuffer(size_t bytes);
   /// Rank 0 of a new job: the initial fp32 values of `param`.
   Status PushInitial(uint32_t param, std::span<const float> values);
   /// Waits until every push so far is acknowledged; returns (and clears) the first error.
