@@ -30,12 +30,12 @@ struct Options {
 };
 
 struct AlignedFree {
-  void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{64}); }
+  void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
 };
 using Buffer = std::unique_ptr<std::byte, AlignedFree>;
 
 Buffer Allocate(uint64_t n) {
-  Buffer b(static_cast<std::byte*>(::operator new(n, std::align_val_t{64})));
+  Buffer b(static_cast<std::byte*>(::operator new (n, std::align_val_t{64})));
   std::memset(b.get(), 1, n);  // fault every page in first
   return b;
 }
@@ -85,15 +85,16 @@ int Run(int argc, char** argv) {
       for (uint64_t i = 0; i < n; ++i) dests.push_back(Allocate(*size));
       CopyRep(src.get(), dests, *size, std::max(o.bytes_per_rep / 4, *size));  // warm-up
       std::vector<double> v;
-      for (int r = 0; r < o.reps; ++r) v.push_back(CopyRep(src.get(), dests, *size, o.bytes_per_rep));
+      for (int r = 0; r < o.reps; ++r)
+        v.push_back(CopyRep(src.get(), dests, *size, o.bytes_per_rep));
       std::sort(v.begin(), v.end());
       const char* dest = rotating ? "rotating" : "same";
       if (o.json) {
-        std::printf("{\"bench\":\"copy\",\"dest\":\"%s\",\"size_bytes\":%llu,\"working_set\":%llu,"
-                    "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu}\n",
-                    dest, static_cast<unsigned long long>(*size),
-                    static_cast<unsigned long long>(n * *size), v[v.size() / 2], v.back(),
-                    v.size());
+        std::printf(
+            "{\"bench\":\"copy\",\"dest\":\"%s\",\"size_bytes\":%llu,\"working_set\":%llu,"
+            "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu}\n",
+            dest, static_cast<unsigned long long>(*size),
+            static_cast<unsigned long long>(n * *size), v[v.size() / 2], v.back(), v.size());
       } else {
         std::printf("copy %-8s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", dest,
                     static_cast<unsigned long long>(*size), v[v.size() / 2], v.back());

@@ -49,9 +49,8 @@ class RegionArena {
       if (left > 0) state_->free.emplace(offset + size, left);
     }
     std::byte* p = state_->region->memory().data() + offset;
-    return std::shared_ptr<std::byte[]>(p, [st = state_, offset, size](std::byte*) {
-      st->Release(offset, size);
-    });
+    return std::shared_ptr<std::byte[]>(
+        p, [st = state_, offset, size](std::byte*) { st->Release(offset, size); });
   }
 
   const ucx::MemoryRegion& region() const { return *state_->region; }

@@ -59,9 +59,9 @@ TEST_F(RegionArenaTest, FullArenaReturnsNullAndFreedBlocksMerge) {
 TEST_F(RegionArenaTest, BlockMayOutliveTheArenaObject) {
   auto block = arena_->Acquire(256);
   ASSERT_NE(block, nullptr);
-  arena_.reset();   // the region stays alive through the block
+  arena_.reset();  // the region stays alive through the block
   block.get()[0] = std::byte{1};
-  block.reset();    // released after the arena: frees the region
+  block.reset();  // released after the arena: frees the region
 }
 
 }  // namespace
