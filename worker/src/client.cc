@@ -102,8 +102,9 @@ struct Client::Impl {
   std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
   std::unordered_map<uint64_t, PendingPush> pushes;  // guarded by mu
   Status push_error;                                 // guarded by mu
-  // RMA staging blocks of pushes that failed: a shard may still be reading one, so it is never
-  // reused (the arena then has less room; pushes fall back to AM when it is full).
+  // RMA staging blocks of pushes that failed without the shard's answer (endpoint failed): the
+  // shard may still be reading one, so it is never reused (the arena then has less room;
+  // pushes fall back to AM when it is full).
   std::vector<std::shared_ptr<const void>> quarantined;  // guarded by mu
 
   void EndRequest(metrics::Op op, Clock::time_point start) const {
@@ -118,7 +119,9 @@ struct Client::Impl {
     fetches.erase(it);
     return p;
   }
-  void FinishPush(uint64_t request, const Status& s) {
+  // `replied`: the shard answered, so it is done with the push's bytes (it answers a push by
+  // RMA only after its get completed, or before starting it).
+  void FinishPush(uint64_t request, const Status& s, bool replied = false) {
     Clock::time_point start;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -126,7 +129,9 @@ struct Client::Impl {
       if (it == pushes.end()) return;
       start = it->second.start;
       const uint32_t shard = it->second.shard;
-      if (!s.ok() && it->second.rma_block) quarantined.push_back(std::move(it->second.rma_block));
+      if (!s.ok() && !replied && it->second.rma_block) {
+        quarantined.push_back(std::move(it->second.rma_block));
+      }
       pushes.erase(it);
       if (!s.ok() && push_error.ok()) push_error = ShardError(shard, s);
     }
@@ -304,7 +309,7 @@ Status Client::Impl::SetupUcx() {
       ZPS_LOG(WARNING) << "malformed push reply: " << h.status().ToString();
       return;
     }
-    FinishPush(h->request, msg::StatusFromWire(h->code, h->message));
+    FinishPush(h->request, msg::StatusFromWire(h->code, h->message), /*replied=*/true);
   }));
   return ucx->Start();
 }
