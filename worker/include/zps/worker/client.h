@@ -13,7 +13,9 @@
 //
 // Thread-safety: every method is thread-safe. Fetch results are immutable buffers shared with the
 // caller. Every wait is bounded by WorkerOptions::op_timeout: a dead shard or coordinator gives
-// Unavailable or DeadlineExceeded, never a hang.
+// Unavailable naming it ("shard N at host:port", "coordinator at host:port") as soon as the
+// loss is seen (UCX error, or the shard's control connection closing on shared memory), and
+// DeadlineExceeded at the latest, never a hang (tests/integration/worker/dead_shard_test.cc).
 #pragma once
 
 #include <chrono>
