@@ -217,13 +217,24 @@ Status CheckpointStore::DeleteSteps(const std::vector<int64_t>& steps) {
   return db_->Compact(StepKey('d', *lo), StepKey('d', *hi + 1));
 }
 
+void CheckpointStore::Protect(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  protected_ = step;
+}
+
 Status CheckpointStore::CollectGarbage() {
   ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan("m", "n"));
   if (manifests.size() <= options_.keep) return Status::Ok();
+  int64_t keep_also = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_also = protected_;
+  }
   std::vector<int64_t> old;
   for (size_t i = 0; i + options_.keep < manifests.size(); ++i) {
     if (manifests[i].first.size() != 9) return DataLoss("malformed manifest key in " + dir());
-    old.push_back(static_cast<int64_t>(GetBe64(manifests[i].first.data() + 1)));
+    const auto step = static_cast<int64_t>(GetBe64(manifests[i].first.data() + 1));
+    if (step != keep_also) old.push_back(step);
   }
   return DeleteSteps(old);
 }

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -61,8 +62,28 @@ Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::stri
   std::error_code ec;
   std::filesystem::create_directories(data_dir, ec);
   if (ec) return IoError("cannot create --data-dir '" + data_dir + "': " + ec.message());
-  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(data_dir + "/checkpoints", {}));
-  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(std::move(store)));
+  const std::string dir = data_dir + "/checkpoints";
+  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, {}));
+  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(dir, std::move(store)));
+}
+
+Status ShardCheckpoints::Reopen() {
+  store_.reset();  // RocksDB accepts no write after a failed one: a fresh open clears that
+  auto reopened = CheckpointStore::Open(dir_, {});
+  if (reopened.ok()) {
+    store_ = std::move(*reopened);
+    store_->Protect(protected_);
+    return Status::Ok();
+  }
+  // Still no room for the files a writable open creates: read-only keeps restores possible;
+  // the next Write tries a writable open again.
+  CheckpointOptions ro;
+  ro.read_only = true;
+  auto read_only = CheckpointStore::Open(dir_, ro);
+  if (!read_only.ok()) return read_only.status().WithContext("reopening " + dir_);
+  store_ = std::move(*read_only);
+  store_->Protect(protected_);
+  return reopened.status().WithContext("reopening " + dir_ + " (read-only until it succeeds)");
 }
 
 Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
@@ -72,21 +93,33 @@ Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
   return store_->PutJobSpec(job);
 }
 
-Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) const {
+Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
   ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(verify));
   std::vector<int64_t> steps;
   for (const auto& c : list) {
     if (c.verification == Verification::kCorrupt) {
-      ZPS_LOG(WARNING) << "checkpoint of step " << c.step << " is corrupt and will not be used: "
-                       << c.problem;
+      ZPS_LOG(ERROR) << "checkpoint of step " << c.step << " in " << dir_
+                     << " is corrupt (DATA_LOSS: " << c.problem
+                     << "); it will not be used: the job rolls back to an older checkpoint";
+      MarkUnusable(c.step);
       continue;
     }
+    if (std::find(unusable_.begin(), unusable_.end(), c.step) != unusable_.end()) continue;
     steps.push_back(c.step);
   }
   return steps;
 }
 
 Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& rs) {
+  Status s = WriteOnce(state, rs);
+  if (s.ok() || s.code() == Code::kFailedPrecondition) return s;
+  s = s.WithContext("checkpoint store " + dir_);
+  if (Status r = Reopen(); !r.ok()) ZPS_LOG(ERROR) << r.ToString();
+  return s;
+}
+
+Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeState& rs) {
+  if (store_->options().read_only) ZPS_RETURN_IF_ERROR(Reopen());
   auto writer = store_->BeginCheckpoint(rs.step);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
@@ -133,7 +166,15 @@ Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t st
   return rs;
 }
 
-Status ShardCheckpoints::DropAfter(int64_t step) { return store_->DropCheckpointsAfter(step); }
+Status ShardCheckpoints::DropAfter(int64_t step) {
+  if (store_->options().read_only) {
+    // A store left read-only by a full disk: nothing to drop is fine; else a writable open.
+    ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(false));
+    if (list.empty() || list.back().step <= step) return Status::Ok();
+    ZPS_RETURN_IF_ERROR(Reopen());
+  }
+  return store_->DropCheckpointsAfter(step);
+}
 
 // ---- ShardDriver ------------------------------------------------------------------------------
 
@@ -329,7 +370,13 @@ Result<int64_t> ShardDriver::SyncToJob() {
             return FailedPrecondition("asked to restore step " + std::to_string(target) +
                                       " without a --data-dir");
           } else {
-            ZPS_ASSIGN_OR_RETURN(resume_, ckpt_->Restore(*state_, target, why));
+            auto restored = ckpt_->Restore(*state_, target, why);
+            if (!restored.ok()) {
+              ZPS_RETURN_IF_ERROR(OfferOlderCheckpoint(target, restored.status()));
+              std::this_thread::sleep_for(50ms);
+              continue;
+            }
+            resume_ = *restored;
           }
           if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->DropAfter(target));
           last_checkpoint_ = target;
@@ -352,6 +399,17 @@ Result<int64_t> ShardDriver::SyncToJob() {
     }
     std::this_thread::sleep_for(50ms);
   }
+}
+
+Status ShardDriver::OfferOlderCheckpoint(int64_t step, const Status& failed) {
+  if (failed.code() != Code::kDataLoss && failed.code() != Code::kNotFound) return failed;
+  ZPS_LOG(ERROR) << "shard " << host_.opts->ordinal << " cannot load checkpoint " << step
+                 << ", the coordinator's recovery target (" << failed.ToString()
+                 << "); reporting it unusable so that the job rolls back to an older one";
+  ckpt_->MarkUnusable(step);
+  Status r = ReportCheckpoints(std::nullopt);
+  if (!r.ok()) resync_ = true;
+  return r;
 }
 
 Status ShardDriver::Run() {
@@ -427,6 +485,7 @@ Status ShardDriver::RunSteps(int64_t start) {
     }
     ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(*reply));
     MaybeCrashAt("update", step);  // decided, not applied here
+    if (ckpt_) ckpt_->Protect(ci.protect_checkpoint);
     const auto t_apply = Clock::now();
     const Status applied =
         state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step});
@@ -456,7 +515,11 @@ void ShardDriver::CheckpointAndReport(int64_t step) {
     ZPS_LOG(INFO) << "checkpoint of step " << step << " committed in "
                   << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
   } else {
-    ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString();
+    // Training goes on: the coordinator does not count this checkpoint, so the recovery point
+    // stays the last one complete on every shard (which garbage collection keeps).
+    ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString()
+                   << "; training continues, the recovery point stays the last checkpoint "
+                      "complete on every shard";
   }
   if (host_.storage_metrics) host_.storage_metrics();
   MaybeCrashAt("after-checkpoint", step);  // committed here, not yet reported

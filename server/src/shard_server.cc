@@ -145,6 +145,7 @@ struct ShardServer::Impl {
   struct Session {
     uint32_t rank = 0;
     ucx::Endpoint ep;
+    uint64_t epoch = 0;  // ShardState::epoch() at admission: its pushes are refused after a rollback
   };
   using Clock = std::chrono::steady_clock;
 
@@ -389,7 +390,8 @@ void ShardServer::Impl::SetupDataPlane() {
       return;
     }
     MaybeCrashAt("push", h->step);
-    auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
+    auto ticket =
+        st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch});
     if (!ticket.ok()) {
       sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
       ReplyPush(session.ep, h->request, ticket.status());
@@ -718,7 +720,11 @@ Status ShardServer::Start() {
     if (extra.empty()) return InvalidArgument("a worker's hello must carry its UCX address");
     // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
     // they retry until it has, so no data-plane message ever meets a shard without a job.
-    if (d->state_ptr.load() == nullptr) return Unavailable("this shard has not loaded the job yet");
+    ShardState* st = d->state_ptr.load();
+    if (st == nullptr) return Unavailable("this shard has not loaded the job yet");
+    // The generation is read before `accepting`: the driver fences (accepting = false) before it
+    // rolls back, so a session admitted across a rollback carries the old one and is refused.
+    const uint64_t epoch = st->epoch();
     if (!d->accepting.load()) return Unavailable("this shard is restoring the job's state");
     ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
                          d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
@@ -727,7 +733,7 @@ Status ShardServer::Start() {
                          }));
     {
       std::lock_guard<std::mutex> lock(d->mu);
-      d->sessions[peer.session_token] = {peer.rank, ep};
+      d->sessions[peer.session_token] = {peer.rank, ep, epoch};
       d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
     }
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;

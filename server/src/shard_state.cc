@@ -64,7 +64,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     }
     for (uint32_t k = 0; k < slots; ++k) {
       ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
-      c.grads.push_back(std::move(g));
+      c.grads.push_back(std::make_shared<AlignedBuffer<float>>(std::move(g)));
     }
     c.covered.resize(slots);
     c.landed.assign(slots, 0);
@@ -128,6 +128,11 @@ const ShardState::Chunk* ShardState::FindChunk(uint32_t id) const {
   return const_cast<ShardState*>(this)->FindChunk(id);
 }
 
+uint64_t ShardState::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
+}
+
 int64_t ShardState::version() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t v = INT64_MAX;
@@ -149,6 +154,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return shutdown_reason_;
+  if (req.epoch && *req.epoch != epoch_) {
+    return Unavailable("push from before the shard rolled back (generation " +
+                       std::to_string(*req.epoch) + ", now " + std::to_string(epoch_) +
+                       "); re-join");
+  }
   Chunk* c = FindChunk(req.chunk);
   if (c == nullptr) {
     return OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " +
@@ -192,12 +202,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   t.slot_ = slot;
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
-  if (init) {
-    // With a store, initial values land in gradient slot 0 (free until the first step).
-    float* base = store_ ? c->grads[0].data() : c->master.data();
-    t.dest_ = reinterpret_cast<std::byte*>(base + b);
-  } else if (req.dtype == DType::kF32) {
-    t.dest_ = reinterpret_cast<std::byte*>(c->grads[slot].data() + b);
+  // Initial values land in gradient slot 0 too (free until the first step): no push ever writes
+  // into the master directly.
+  t.slot_buffer_ = c->grads[slot];
+  if (init || req.dtype == DType::kF32) {
+    t.dest_ = reinterpret_cast<std::byte*>(t.slot_buffer_->data() + b);
   } else {
     t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
     t.dest_ = t.staging_.get();
@@ -219,10 +228,11 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     if (t.staging_) {
       lock.unlock();  // the range is reserved: no one else writes it
       const auto* src = reinterpret_cast<const uint16_t*>(t.staging_.get());
-      std::span<float> dst(c->grads[t.slot_].data() + t.req_.offset, t.req_.length);
+      std::span<float> dst(t.slot_buffer_->data() + t.req_.offset, t.req_.length);
       if (t.req_.dtype == DType::kF16) ConvertF16ToF32({src, t.req_.length}, dst);
       else ConvertBF16ToF32({src, t.req_.length}, dst);
       lock.lock();
+      if (t.epoch_ != epoch_) return Unavailable("push overtaken by a rollback; re-join");
     }
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
@@ -232,8 +242,10 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
             ResetCoverage(*c);  // the initial values must be pushed again
             return st.WithContext("storing the initial values of chunk " + std::to_string(c->id));
           }
+        } else {
+          std::memcpy(c->master.data(), c->grads[0]->data(), c->size * sizeof(float));
         }
-        std::span<const float> master = store_ ? c->grads[0].span() : c->master.span();
+        std::span<const float> master = store_ ? c->grads[0]->span() : c->master.span();
         if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving);
         else ConvertF32ToBF16(master, c->serving);
         ResetCoverage(*c);
@@ -285,9 +297,9 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   std::vector<std::pair<uint32_t, ChunkReport>> out;
   out.reserve(chunks_.size());
   for (Chunk& c : chunks_) {
-    float* acc = c.grads[0].data();
+    float* acc = c.grads[0]->data();
     for (size_t r = 1; r < c.grads.size(); ++r) {
-      const float* g = c.grads[r].data();
+      const float* g = c.grads[r]->data();
       for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
     }
     ZPS_ASSIGN_OR_RETURN(GradStats st,
@@ -315,7 +327,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
       up.grad_scale = order.grad_scale;
       up.out_dtype = job_.serving_dtype;
       up.out16 = c.serving;
-      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up));
+      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up));
     }
   }
   std::vector<std::pair<Waiter, Status>> ready;
@@ -337,6 +349,20 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
 void ShardState::ResetCoverage(Chunk& c) {
   for (auto& cov : c.covered) cov.clear();
   std::fill(c.landed.begin(), c.landed.end(), 0);
+}
+
+Status ShardState::FreshSlots(Chunk& c) {
+  for (auto& g : c.grads) {
+    // Only tickets share a slot buffer, and none can be made without mu_: a count of 1 means no
+    // transfer can write into it any more.
+    if (g.use_count() == 1) {
+      std::fill(g->span().begin(), g->span().end(), 0.0f);
+      continue;
+    }
+    ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<float>::Allocate(c.size));
+    g = std::make_shared<AlignedBuffer<float>>(std::move(fresh));
+  }
+  return Status::Ok();
 }
 
 void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready) {

@@ -55,6 +55,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
                            std::to_string(version));
   }
   std::vector<Waiter> failed;
+  Status slots;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++epoch_;
@@ -62,10 +63,12 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
       ResetCoverage(c);
+      if (slots.ok()) slots = FreshSlots(c);
       c.version = -1;  // nothing is served until the state is back
     }
   }
   for (auto& w : failed) w.cb(reason, -1, {});
+  ZPS_RETURN_IF_ERROR(slots);
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
@@ -122,7 +125,7 @@ Status ShardState::CountIo(Status s) const {
 Status ShardState::StoreInitChunk(Chunk& c) {
   const std::vector<float> zeros(c.size, 0.0f);
   const std::span<const float> z(zeros);
-  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0].span(),
+  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0]->span(),
                                     moments_ >= 1 ? z : std::span<const float>(),
                                     moments_ >= 2 ? z : std::span<const float>()));
 }
@@ -139,7 +142,7 @@ Status ShardState::StoreUpdate(const CommitOrder& order) {
         up.out_dtype = job_.serving_dtype;
         up.out16 = c.serving;
         ChunkState st{s.state.master, s.state.m, s.state.v};
-        return optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up);
+        return optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up);
       }));
 }
 

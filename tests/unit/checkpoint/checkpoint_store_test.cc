@@ -203,6 +203,31 @@ TEST(CheckpointStore, KeepsLastNAndReclaimsSpace) {
   ExpectCheckpoint(*store, layout, 0, 5);
 }
 
+// The newest checkpoint complete on every shard survives garbage collection while newer local
+// ones pile up (another shard failing its checkpoints, e.g. on a full disk).
+TEST(CheckpointStore, ProtectedCheckpointOutlivesKeep) {
+  TempDir dir;
+  auto layout = *Layout::Build({{"w", {1 << 14}}}, {.chunk_elems = 1 << 12, .num_shards = 1});
+  CheckpointOptions o;
+  o.keep = 2;
+  auto store = OpenStore(dir.sub("db"), o);
+  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 5).ok());
+  store->Protect(5);
+  for (int64_t step : {10, 15, 20}) ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, step).ok());
+  auto steps = [&] {
+    auto list = store->ListCheckpoints(false);
+    std::vector<int64_t> out;
+    for (const auto& c : *list) out.push_back(c.step);
+    return out;
+  };
+  EXPECT_EQ(steps(), (std::vector<int64_t>{5, 15, 20}));
+  ExpectCheckpoint(*store, layout, 0, 5);
+  store->Protect(20);  // now complete everywhere: 5 goes with the next collection
+  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 25).ok());
+  EXPECT_EQ(steps(), (std::vector<int64_t>{20, 25}));
+}
+
 Layout KillLayout() {
   return *Layout::Build({{"w", {3 << 16}}, {"b", {100}}},
                         {.chunk_elems = 1 << 16, .num_shards = 1});

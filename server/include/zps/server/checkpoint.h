@@ -264,6 +264,11 @@ class CheckpointStore {
   Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(int64_t step) const;
   /// Convenience: OpenCheckpoint(step) then ReadChunk. Errors: as both.
   Status LoadChunk(int64_t step, uint32_t chunk, const ChunkTensorsOut& out) const;
+  /// Garbage collection (after each Commit and at Open) keeps checkpoint `step` besides the
+  /// `keep` newest: the newest checkpoint complete on every shard of the job, which newer local
+  /// ones do not replace while another shard lacks them (e.g. its disk is full). -1 (the
+  /// default) or a step not stored: nothing extra is kept.
+  void Protect(int64_t step);
   /// Deletes every committed checkpoint with a step > `step` (a rollback). Errors:
   /// FailedPrecondition (read-only or a writer open), ResourceExhausted, IoError.
   Status DropCheckpointsAfter(int64_t step);
@@ -284,6 +289,7 @@ class CheckpointStore {
   std::unique_ptr<ThreadPool> write_pool_;  // write_threads > 1 and writable only
   std::mutex mu_;
   bool writer_open_ = false;  // guarded by mu_
+  int64_t protected_ = -1;    // guarded by mu_; see Protect
 };
 
 }  // namespace zps::server

@@ -11,8 +11,8 @@
 // pushed), and overlapping an already pushed range is a duplicate (AlreadyExists). A chunk is
 // ready when every slot covers every parameter element of the chunk.
 //
-// Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep write
-// the fp32 master directly), then 0. Step s pushes are accepted while the chunk is at version s;
+// Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep land
+// in gradient slot 0 and become the fp32 master when the chunk is complete), then 0. Step s pushes are accepted while the chunk is at version s;
 // ApplyCommit(s) updates (or skips) and publishes s + 1, answering fetches waiting for it.
 //
 // Storage: by default master, m and v are per-chunk RAM buffers. Created with a spill
@@ -22,6 +22,13 @@
 // through the store, and initial-value pushes land in gradient slot 0 and are written to the
 // store when the chunk is complete. Serving copies and gradient slots stay in RAM either way (the
 // store's serving budget and serving spill are not used by the shard yet).
+//
+// Rollback fence: every ResetTo starts a new generation (epoch()). A push names the generation
+// its session was admitted at (PushRequest::epoch) and is refused before anything is reserved if
+// that is not the current one. A push already granted (a ticket) writes into the slot buffer the
+// ticket holds; ResetTo gives every slot that a ticket still holds a fresh buffer, and zeroes the
+// others, so a transfer still landing after a rollback never reaches the live gradient slots (and
+// FinishPush refuses it).
 //
 // Lock order: mu_, then the store's internal mutex (never the reverse: no store callback takes
 // mu_); callbacks run after release.
@@ -72,6 +79,10 @@ struct PushRequest {
   uint64_t length = 0;  // elements
   uint32_t rank = 0;
   DType dtype = DType::kF32;
+  /// The ShardState::epoch() the pusher's session was admitted at: a push from an older
+  /// generation (begun before a rollback) is refused. Not set: any generation (in-process callers
+  /// that order their own rollbacks).
+  std::optional<uint64_t> epoch;
 };
 
 /// A reserved push range. Move-only; pass it back to FinishPush exactly once.
@@ -90,6 +101,9 @@ class PushTicket {
   std::byte* dest_ = nullptr;
   size_t bytes_ = 0;
   std::unique_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
+  // The slot buffer the push writes into, kept alive while the transfer may still write: after
+  // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
+  std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
 };
 
@@ -152,11 +166,15 @@ class ShardState {
   /// The lowest version over local chunks (-1 while any is uninitialised).
   int64_t version() const;
 
-  /// Validates and reserves a push range. Errors: OutOfRange (chunk not here, range outside a
-  /// parameter), InvalidArgument (dtype, rank, empty range), FailedPrecondition (stale or future
-  /// step, already initialised), AlreadyExists (overlaps a pushed range). Nothing changes on error.
+  /// The rollback generation: 0 at Create, incremented by every ResetTo.
+  uint64_t epoch() const;
+  /// Validates and reserves a push range. Errors: Unavailable (req.epoch is an older
+  /// generation), OutOfRange (chunk not here, range outside a parameter), InvalidArgument (dtype,
+  /// rank, empty range), FailedPrecondition (stale or future step, already initialised),
+  /// AlreadyExists (overlaps a pushed range). Nothing changes on error.
   Result<PushTicket> BeginPush(const PushRequest& req);
   /// Completes (transfer OK) or abandons (transfer failed: the range is released) a push.
+  /// Errors: Unavailable (a rollback happened since BeginPush: the pushed data is dropped).
   Status FinishPush(PushTicket ticket, const Status& transfer);
 
   /// Blocks until every local chunk has all contributions of `step`. Errors: DeadlineExceeded,
@@ -202,11 +220,13 @@ class ShardState {
       std::function<Status(uint32_t chunk, std::span<float> master, std::span<float> m,
                            std::span<float> v)>;
   /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
-  /// gradients of the step in progress (a push begun before is refused by FinishPush), then
+  /// gradients of the step in progress (zeroed slots; a push begun before writes into a buffer
+  /// of its own and is refused by FinishPush: see "Rollback fence" above), then
   /// either (version >= 1) `load` fills each chunk's master, m and v, and the serving copies are
   /// recomputed from the masters, or (version -1) everything is zeroed: the chunks wait for
-  /// their initial values again. Errors: InvalidArgument (version 0 or < -1), from `load` (the
-  /// state is then unspecified: call again).
+  /// their initial values again. Errors: InvalidArgument (version 0 or < -1), ResourceExhausted
+  /// (no memory for a fresh slot buffer), from `load` (the state is then unspecified: call
+  /// again).
   Status ResetTo(int64_t version, const ChunkLoader& load, const Status& reason);
   /// Fails every waiting fetch with `reason` (not a shutdown: later fetches are served).
   void FailWaiters(const Status& reason);
@@ -221,7 +241,8 @@ class ShardState {
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
     std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_), zeroed at Create
-    std::vector<AlignedBuffer<float>> grads;             // per slot
+    // Per slot; shared with the push tickets writing into it (see "Rollback fence").
+    std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
     std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
@@ -237,6 +258,7 @@ class ShardState {
   bool StepReady(int64_t step) const;     // needs mu_
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
+  Status FreshSlots(Chunk& c);  // needs mu_; see ResetTo
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;  // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
