@@ -174,11 +174,10 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string
     ZPS_ASSIGN_OR_RETURN(store->write_pool_,
                          ThreadPool::Create({.name = "zps-ckpt-w", .threads = options.write_threads}));
   }
-  if (!options.read_only) {
-    ZPS_RETURN_IF_ERROR(store->CleanUpIntents());
-    Status gc = store->CollectGarbage();
-    if (!gc.ok()) ZPS_LOG(WARNING) << "checkpoint gc at open of " << dir << ": " << gc.ToString();
-  }
+  // No garbage collection here: the protected step (Protect) is not known yet, and removing
+  // the job's last common checkpoint would be worse than keeping one too many until the next
+  // Commit collects.
+  if (!options.read_only) ZPS_RETURN_IF_ERROR(store->CleanUpIntents());
   return store;
 }
 

@@ -102,7 +102,7 @@ check_corrupt_survivor() {
 mount_small_tmpfs() {  # shard 1's --data-dir on a tmpfs with room for one checkpoint
   mkdir -p "$1/shard1"
   local err
-  if ! err=$(mount -t tmpfs -o "size=${ZPS_RECOVERY_TMPFS_SIZE:-1200k}" tmpfs "$1/shard1" 2>&1); then
+  if ! err=$(mount -t tmpfs -o "size=${ZPS_RECOVERY_TMPFS_SIZE:-640k}" tmpfs "$1/shard1" 2>&1); then
     echo "SKIP disk-full: cannot mount a tmpfs here (${err:-not permitted}); run as root to test it"
     exit 77
   fi

@@ -139,7 +139,7 @@ class CheckpointWriter {
   /// `keep`. Errors: FailedPrecondition (a local chunk of the layout was not added, or the writer
   /// is not open), ResourceExhausted, IoError. On error nothing became visible; the writer is
   /// failed. A failure of the clean-up after the commit is logged, not returned (the checkpoint
-  /// is committed and the next Commit or Open retries it).
+  /// is committed and the next Commit retries it).
   Status Commit();
   /// Bytes of payload added so far.
   uint64_t bytes() const { return bytes_; }
@@ -264,7 +264,7 @@ class CheckpointStore {
   Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(int64_t step) const;
   /// Convenience: OpenCheckpoint(step) then ReadChunk. Errors: as both.
   Status LoadChunk(int64_t step, uint32_t chunk, const ChunkTensorsOut& out) const;
-  /// Garbage collection (after each Commit and at Open) keeps checkpoint `step` besides the
+  /// Garbage collection (after each Commit) keeps checkpoint `step` besides the
   /// `keep` newest: the newest checkpoint complete on every shard of the job, which newer local
   /// ones do not replace while another shard lacks them (e.g. its disk is full). -1 (the
   /// default) or a step not stored: nothing extra is kept.
