@@ -173,7 +173,10 @@ Status ShardCheckpoints::DropAfter(int64_t step) {
     if (list.empty() || list.back().step <= step) return Status::Ok();
     ZPS_RETURN_IF_ERROR(Reopen());
   }
-  return store_->DropCheckpointsAfter(step);
+  ZPS_RETURN_IF_ERROR(store_->DropCheckpointsAfter(step));
+  // Gone from the disk: a later checkpoint of the same step is a new, usable one.
+  std::erase_if(unusable_, [step](int64_t s) { return s > step; });
+  return Status::Ok();
 }
 
 // ---- ShardDriver ------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class ShardCheckpoints {
 
   std::string dir_;  // <data-dir>/checkpoints
   std::unique_ptr<CheckpointStore> store_;
-  std::vector<int64_t> unusable_;  // steps whose restore failed (DataLoss, NotFound)
+  std::vector<int64_t> unusable_;  // steps found corrupt or unloadable (until dropped)
   int64_t protected_ = -1;         // re-applied to a reopened store
 };
 

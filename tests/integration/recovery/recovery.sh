@@ -97,7 +97,10 @@ check_corrupt_survivor() {
     "shard 0 names checkpoint 15 and the DATA_LOSS" &&
   expect_log "$1/shard0.log" "cannot load checkpoint 15; choosing an older one" \
     "the coordinator picks again" &&
-  expect_log "$1/shard0.log" "rolling back to step 10" "the job rolls back to 10"
+  expect_log "$1/shard0.log" "rolling back to step 10" "the job rolls back to 10" &&
+  if [[ $(grep -c "checkpoint of step 15 complete on all" "$1/shard0.log") -lt 2 ]]; then
+    echo "(checkpoint 15, taken again after the rollback, was not counted complete)"; return 1
+  fi
 }
 mount_small_tmpfs() {  # shard 1's --data-dir on a tmpfs with room for one checkpoint
   mkdir -p "$1/shard1"
