@@ -430,7 +430,8 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
                             (opts_.checkpoint_every > 0 && (step + 1) % opts_.checkpoint_every == 0);
     checkpoint_requested_ = false;
     decided = {step, d.skip, d.grad_scale, d.global_norm, d.loss_scale, d.next_loss_scale,
-               optimizer_step_, commit_->state().good_steps, checkpoint, complete_};
+               optimizer_step_, commit_->state().good_steps, checkpoint};
+    decided.protect_checkpoint = complete_;
     history_.push_back(decided);
     if (history_.size() > kHistory) history_.pop_front();
     ++step_;

@@ -145,7 +145,8 @@ struct ShardServer::Impl {
   struct Session {
     uint32_t rank = 0;
     ucx::Endpoint ep;
-    uint64_t epoch = 0;  // ShardState::epoch() at admission: its pushes are refused after a rollback
+    // ShardState::epoch() at admission: the session's pushes are refused after a rollback.
+    uint64_t epoch = 0;
   };
   using Clock = std::chrono::steady_clock;
 

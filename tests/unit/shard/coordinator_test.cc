@@ -100,7 +100,8 @@ TEST(Coordinator, ShardThatCannotLoadTheTargetMakesItPickAnOlderOne) {
   ASSERT_TRUE(c.ReportCheckpoints(Listing(1, {5})).ok());  // 10 failed on shard 1
   Result<CommitInfo> d = Internal("unset");
   c.Report(0, 1, {{1, {1.0, false}}}, [](const Result<CommitInfo>&) {});
-  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [&](const Result<CommitInfo>& x) { d = x; });
+  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}},
+           [&](const Result<CommitInfo>& x) { d = x; });
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->protect_checkpoint, 5);
 

@@ -12,8 +12,9 @@
 // ready when every slot covers every parameter element of the chunk.
 //
 // Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep land
-// in gradient slot 0 and become the fp32 master when the chunk is complete), then 0. Step s pushes are accepted while the chunk is at version s;
-// ApplyCommit(s) updates (or skips) and publishes s + 1, answering fetches waiting for it.
+// in gradient slot 0 and become the fp32 master when the chunk is complete), then 0. Step s
+// pushes are accepted while the chunk is at version s; ApplyCommit(s) updates (or skips) and
+// publishes s + 1, answering fetches waiting for it.
 //
 // Storage: by default master, m and v are per-chunk RAM buffers. Created with a spill
 // configuration (a memory budget > 0), they live in a ChunkStore instead: RAM up to the budget,
