@@ -80,8 +80,10 @@ class Coordinator {
   Status RegisterShard(uint32_t ordinal, std::string endpoint, uint64_t session = 0);
   /// The control connection `session` of shard `ordinal` closed: recovery if it was current.
   void ShardLost(uint32_t ordinal, uint64_t session);
-  /// A shard's local checkpoint list and, optionally, the outcome of one checkpoint.
-  /// Errors: OutOfRange (ordinal), from the catalog.
+  /// A shard's local checkpoint list and, optionally, the outcome of one checkpoint (a failed
+  /// one is logged and not recorded). During a recovery, a list without the chosen target (the
+  /// shard could not load it) starts another round. Errors: OutOfRange (ordinal), from the
+  /// catalog.
   Status ReportCheckpoints(const msg::CheckpointReport& report);
   /// Where the job stands for a shard (and, with `ready`, that it restored the target).
   /// Errors: OutOfRange (ordinal).
