@@ -70,23 +70,32 @@ Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::stri
 Status ShardCheckpoints::Reopen() {
   store_.reset();  // RocksDB accepts no write after a failed one: a fresh open clears that
   auto reopened = CheckpointStore::Open(dir_, {});
-  if (reopened.ok()) {
-    store_ = std::move(*reopened);
-    store_->Protect(protected_);
-    return Status::Ok();
+  if (!reopened.ok()) {
+    // No room even for the files a writable open creates: read-only keeps restores possible,
+    // and the next write tries a writable open again.
+    CheckpointOptions ro;
+    ro.read_only = true;
+    auto read_only = CheckpointStore::Open(dir_, ro);
+    if (read_only.ok()) {
+      store_ = std::move(*read_only);
+      store_->Protect(protected_);
+    }
+    return reopened.status().WithContext("reopening " + dir_);
   }
-  // Still no room for the files a writable open creates: read-only keeps restores possible;
-  // the next Write tries a writable open again.
-  CheckpointOptions ro;
-  ro.read_only = true;
-  auto read_only = CheckpointStore::Open(dir_, ro);
-  if (!read_only.ok()) return read_only.status().WithContext("reopening " + dir_);
-  store_ = std::move(*read_only);
+  store_ = std::move(*reopened);
   store_->Protect(protected_);
-  return reopened.status().WithContext("reopening " + dir_ + " (read-only until it succeeds)");
+  return Status::Ok();
+}
+
+Status ShardCheckpoints::Ready(bool writable) {
+  if (store_ && (!writable || !store_->options().read_only)) return Status::Ok();
+  Status s = Reopen();
+  if (!s.ok() && store_ && !writable) return Status::Ok();  // read-only serves reads
+  return s;
 }
 
 Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/true));
   ZPS_RETURN_IF_ERROR(store_->SetIdentity(job.layout, ordinal)
                           .WithContext("--data-dir holds checkpoints of another job or shard "
                                        "(move it away to start a new job)"));
@@ -94,6 +103,7 @@ Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
 }
 
 Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
   ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(verify));
   std::vector<int64_t> steps;
   for (const auto& c : list) {
@@ -111,15 +121,15 @@ Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
 }
 
 Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& rs) {
-  Status s = WriteOnce(state, rs);
+  Status s = Ready(/*writable=*/true);
+  if (!s.ok()) return s.WithContext("checkpoint store " + dir_);
+  s = WriteOnce(state, rs);
   if (s.ok() || s.code() == Code::kFailedPrecondition) return s;
-  s = s.WithContext("checkpoint store " + dir_);
   if (Status r = Reopen(); !r.ok()) ZPS_LOG(ERROR) << r.ToString();
-  return s;
+  return s.WithContext("checkpoint store " + dir_);
 }
 
 Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeState& rs) {
-  if (store_->options().read_only) ZPS_RETURN_IF_ERROR(Reopen());
   auto writer = store_->BeginCheckpoint(rs.step);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
@@ -149,6 +159,7 @@ Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeSta
 
 Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t step,
                                                    const Status& reason) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
   ZPS_ASSIGN_OR_RETURN(auto reader, store_->OpenCheckpoint(step));
   ZPS_ASSIGN_OR_RETURN(auto blob, reader->ReadState());
   ZPS_ASSIGN_OR_RETURN(msg::ResumeState rs, DecodeResume(blob));
@@ -167,12 +178,11 @@ Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t st
 }
 
 Status ShardCheckpoints::DropAfter(int64_t step) {
-  if (store_->options().read_only) {
-    // A store left read-only by a full disk: nothing to drop is fine; else a writable open.
-    ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(false));
-    if (list.empty() || list.back().step <= step) return Status::Ok();
-    ZPS_RETURN_IF_ERROR(Reopen());
-  }
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
+  // A store left read-only by a full disk needs no write when there is nothing to drop.
+  ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(false));
+  if (list.empty() || list.back().step <= step) return Status::Ok();
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/true));
   ZPS_RETURN_IF_ERROR(store_->DropCheckpointsAfter(step));
   // Gone from the disk: a later checkpoint of the same step is a new, usable one.
   std::erase_if(unusable_, [step](int64_t s) { return s > step; });

@@ -60,7 +60,7 @@ class ShardCheckpoints {
   /// Garbage collection keeps `step` (CheckpointStore::Protect).
   void Protect(int64_t step) {
     protected_ = step > 0 ? step : -1;  // 0: no checkpoint is complete everywhere yet
-    store_->Protect(protected_);
+    if (store_) store_->Protect(protected_);
   }
   /// Forgets checkpoints after `step` (a rollback), so they can be taken again.
   Status DropAfter(int64_t step);
@@ -69,10 +69,15 @@ class ShardCheckpoints {
   ShardCheckpoints(std::string dir, std::unique_ptr<CheckpointStore> store)
       : dir_(std::move(dir)), store_(std::move(store)) {}
   Status WriteOnce(const ShardState& state, const msg::ResumeState& rs);
+  // Closes and opens the store (writable; read-only when that fails for lack of room, or none
+  // when even that fails). Errors: from the writable open.
   Status Reopen();
+  // A store is open (`writable`: not read-only), reopening one a failed write left read-only or
+  // closed. Errors: from CheckpointStore::Open.
+  Status Ready(bool writable);
 
   std::string dir_;  // <data-dir>/checkpoints
-  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<CheckpointStore> store_;  // null only after a failed reopen (Ready retries)
   std::vector<int64_t> unusable_;  // steps found corrupt or unloadable (until dropped)
   int64_t protected_ = -1;         // re-applied to a reopened store
 };
