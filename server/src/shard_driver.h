@@ -76,10 +76,10 @@ class ShardCheckpoints {
   // closed. Errors: from CheckpointStore::Open.
   Status Ready(bool writable);
 
-  std::string dir_;  // <data-dir>/checkpoints
+  std::string dir_;                         // <data-dir>/checkpoints
   std::unique_ptr<CheckpointStore> store_;  // null only after a failed reopen (Ready retries)
-  std::vector<int64_t> unusable_;  // steps found corrupt or unloadable (until dropped)
-  int64_t protected_ = -1;         // re-applied to a reopened store
+  std::vector<int64_t> unusable_;           // steps found corrupt or unloadable (until dropped)
+  int64_t protected_ = -1;                  // re-applied to a reopened store
 };
 
 /// What the driver needs from the ShardServer (callbacks run on the driver thread).
