@@ -194,9 +194,12 @@ class ShardState {
   /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
   Status ApplyCommit(const CommitOrder& order);
 
-  /// Answers now if the chunk is at >= min_version, else when it gets there. Errors (to the
-  /// callback): OutOfRange, InvalidArgument, FailedPrecondition (version too far ahead),
-  /// Cancelled on Shutdown.
+  /// Answers now if the chunk is at >= min_version, else when it gets there. A chunk whose
+  /// serving copy is spilled is answered from the serving reader thread once its copy is read
+  /// back (with an owner, see FetchCallback). Errors (to the callback): OutOfRange,
+  /// InvalidArgument, FailedPrecondition (version too far ahead), Cancelled on Shutdown; for a
+  /// spilled copy also IoError / DataLoss (the read failed), the error of a failed update pass,
+  /// or Unavailable (rolled back while queued).
   void Fetch(const FetchRequest& req, FetchCallback cb);
 
   /// Fails every waiting fetch and gradient wait with `reason`. Idempotent.
