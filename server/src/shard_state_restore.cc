@@ -76,7 +76,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     PassOptions pass;
     pass.read_state = false;
     pass.serving = serving_in_store_;
-    Status st = CountIo(store_->ForEachChunk(
+    Status restored = CountIo(store_->ForEachChunk(
         store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
           Chunk& c = chunks_[i];
           const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
@@ -95,7 +95,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
     // failed restore is retried by the caller (ResetTo again), which clears serving_error_.
     if (serving_in_store_) EndServingRewrite(Status::Ok());
-    ZPS_RETURN_IF_ERROR(st);
+    ZPS_RETURN_IF_ERROR(restored);
   }
   for (Chunk& c : chunks_) {
     if (store_) break;

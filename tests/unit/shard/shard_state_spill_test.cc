@@ -6,12 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 
 #include "zps/server/shard_state.h"
@@ -478,6 +481,68 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
   Step(*spill, 2, false);
   ExpectSame(**ram, *spill);
   ExpectSameFetches(**ram, *spill, 3, 0, 4096);
+}
+
+// Fails every read completion with EIO while armed (the fetch path of spilled serving copies).
+class FailReadsEngine final : public IoEngine {
+ public:
+  FailReadsEngine(std::unique_ptr<IoEngine> inner, std::shared_ptr<std::atomic<bool>> armed)
+      : inner_(std::move(inner)), armed_(std::move(armed)) {}
+  uint32_t depth() const override { return inner_->depth(); }
+  uint32_t in_flight() const override { return inner_->in_flight(); }
+  Status Push(const IoRequest& req) override {
+    if (req.op == IoRequest::Op::kRead) reads_.insert(req.tag);
+    return inner_->Push(req);
+  }
+  Status Flush() override { return inner_->Flush(); }
+  Result<IoCompletion> Wait() override {
+    ZPS_ASSIGN_OR_RETURN(IoCompletion c, inner_->Wait());
+    auto it = reads_.find(c.tag);
+    if (it != reads_.end()) {
+      reads_.erase(it);
+      if (armed_->load()) c.res = -EIO;
+    }
+    return c;
+  }
+
+ private:
+  std::unique_ptr<IoEngine> inner_;
+  std::shared_ptr<std::atomic<bool>> armed_;
+  std::multiset<uint64_t> reads_;
+};
+
+TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  ChunkStoreOptions so;
+  so.memory_budget = UINT64_MAX;  // only serving copies spill: every read is a fetch's
+  so.serving_records = true;
+  so.serving_memory_budget = kServingBudget;
+  so.spill_dir = SpillDir();
+  so.file_prefix = "shard-serving-fault-" + std::to_string(::getpid());
+  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
+    return std::make_unique<FailReadsEngine>(std::move(e), armed);
+  };
+  auto spill = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
+  ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+  PushAll(layout, **ram, **spill, kInitStep, 13);
+  armed->store(true);
+  FetchResult bad;
+  (*spill)->Fetch({5, 0, 64, 0}, bad.Callback());
+  ASSERT_TRUE(bad.Wait());
+  EXPECT_EQ(bad.status.code(), Code::kIoError) << bad.status.ToString();
+  EXPECT_EQ((*spill)->storage_stats().io_errors, 1u);
+  armed->store(false);
+  // Nothing was lost: the next fetch reads the copy, and the step goes on bit for bit.
+  ExpectSameFetches(**ram, **spill, 0, 0, 4096);
+  PushAll(layout, **ram, **spill, 0, 700);
+  Step(**ram, 0, false);
+  Step(**spill, 0, false);
+  ExpectSame(**ram, **spill);
+  ExpectSameFetches(**ram, **spill, 1, 0, 4096);
 }
 
 TEST(ShardStateServingSpill, ServingBudgetTooSmallForTheStagingBuffersIsAClearError) {
