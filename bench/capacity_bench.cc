@@ -98,12 +98,12 @@ Status RunCapacity(const Options& o) {
   const auto t_start = Clock::now();
   const int nparams = static_cast<int>((o.params + o.param_elems - 1) / o.param_elems);
   const uint64_t total = static_cast<uint64_t>(nparams) * o.param_elems;
-  std::printf("capacity: %d parameters x %llu = %.3f B parameters; master+m+v %.2f GiB; budget "
-              "%.2f GiB (%.1fx); serving budget %.2f GiB; spill dir %s/spill; UCX %s\n",
-              nparams, static_cast<unsigned long long>(o.param_elems), total / 1e9,
-              GiB(total * 12), GiB(o.memory_budget),
-              static_cast<double>(total * 12) / static_cast<double>(o.memory_budget),
-              GiB(o.serving_budget), o.dir.c_str(), o.tls.c_str());
+  std::printf(
+      "capacity: %d parameters x %llu = %.3f B parameters; master+m+v %.2f GiB; budget "
+      "%.2f GiB (%.1fx); serving budget %.2f GiB; spill dir %s/spill; UCX %s\n",
+      nparams, static_cast<unsigned long long>(o.param_elems), total / 1e9, GiB(total * 12),
+      GiB(o.memory_budget), static_cast<double>(total * 12) / static_cast<double>(o.memory_budget),
+      GiB(o.serving_budget), o.dir.c_str(), o.tls.c_str());
   std::fflush(stdout);
 
   server::ShardServerOptions so;

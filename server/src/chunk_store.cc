@@ -441,8 +441,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
 }
 
 Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset,
-                            std::byte* buf, uint64_t bytes, const std::string& what,
-                            bool serving) {
+                            std::byte* buf, uint64_t bytes, const std::string& what, bool serving) {
   std::deque<IoRequest> q;
   Split(op, file.fd(), offset, buf, bytes, options_.io_bytes, 0, false, q);
   Status err;

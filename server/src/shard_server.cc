@@ -98,7 +98,7 @@ struct ShardMetrics {
   metrics::Counter optimizer_bytes;            // zps_optimizer_bytes_total
   metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 without --memory-budget
   metrics::Counter nvme_serving_read, nvme_serving_write;  // 0 without --serving-budget
-  std::array<metrics::Counter, 2> spilled_fetches;  // zps_spilled_fetches_total{source}: nvme, cache
+  std::array<metrics::Counter, 2> spilled_fetches;         // zps_spilled_fetches_total{nvme, cache}
   std::array<metrics::Gauge, 4> memory;        // zps_memory_bytes{tier}
   metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
   metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
@@ -372,9 +372,9 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   // from then (serving latency, not the step's wait). It stays in flight all along.
   in_fetch_handler = true;
   st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-            [this, ep = session.ep, req = h->request, t0, rma](
-                const Status& fs, int64_t v, std::span<const std::byte> data,
-                std::shared_ptr<const void> owner) {
+            [this, ep = session.ep, req = h->request, t0, rma](const Status& fs, int64_t v,
+                                                               std::span<const std::byte> data,
+                                                               std::shared_ptr<const void> owner) {
               const auto start = in_fetch_handler ? t0 : Clock::now();
               ReplyFetch(ep, req, fs, v, data, rma, std::move(owner));
               if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
@@ -607,7 +607,7 @@ void ShardServer::Impl::UpdateStorageMetrics() {
   sm.memory[ShardMetrics::kOptimizerState].Set(
       static_cast<double>(st.state_ram_bytes) - master +
       static_cast<double>(st.buffer_bytes - st.serving_buffer_bytes));
-  if (now.serving_in_store) {  // resident copies, the spill pipeline's and the fetch staging buffers
+  if (now.serving_in_store) {  // resident copies + pipeline and fetch staging buffers
     sm.memory[ShardMetrics::kServing].Set(static_cast<double>(
         st.serving_ram_bytes + st.serving_buffer_bytes + now.serving_staging_bytes));
   }

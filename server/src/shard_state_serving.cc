@@ -1,8 +1,9 @@
 // ShardState's spilled serving copies: placement in the store, the staging buffers and read
 // cache, and the "zps-serving-rd" thread that answers fetches of spilled copies. See
 // shard_state.h and docs/nvme.md "Serving copies".
-#include <algorithm>
 #include <pthread.h>
+
+#include <algorithm>
 
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
@@ -180,8 +181,11 @@ void ShardState::EndServingRewrite(const Status& result) {
 
 Status ShardState::WriteSpilledServing(Chunk& c, std::span<const float> master) {
   std::vector<uint16_t> serving(c.size);
-  if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, serving);
-  else ConvertF32ToBF16(master, serving);
+  if (job_.serving_dtype == DType::kF16) {
+    ConvertF32ToF16(master, serving);
+  } else {
+    ConvertF32ToBF16(master, serving);
+  }
   return CountIo(store_->WriteServing(static_cast<uint32_t>(IndexOf(c)), serving));
 }
 
@@ -243,8 +247,7 @@ void ShardState::ServingReaderLoop() {
       if (!hit) spilled_fetch_reads_.fetch_add(1, std::memory_order_relaxed);
       const std::shared_ptr<const uint16_t>& buf = *data;
       w.cb(Status::Ok(), version,
-           std::as_bytes(std::span<const uint16_t>(buf.get() + w.req.offset, w.req.length)),
-           buf);
+           std::as_bytes(std::span<const uint16_t>(buf.get() + w.req.offset, w.req.length)), buf);
     }
     lock.lock();
   }

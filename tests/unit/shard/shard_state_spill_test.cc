@@ -136,7 +136,8 @@ TEST(ShardStateSpill, StepsMatchRamBitForBit) {
     for (uint32_t c : p.ram->chunk_ids()) {
       std::vector<std::byte> a, b;
       auto grab = [](std::vector<std::byte>& out) {
-        return [&out](const Status& s, int64_t, std::span<const std::byte> d, std::shared_ptr<const void>) {
+        return [&out](const Status& s, int64_t, std::span<const std::byte> d,
+                      std::shared_ptr<const void>) {
           ASSERT_TRUE(s.ok());
           out.assign(d.begin(), d.end());
         };
@@ -450,14 +451,14 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
     std::vector<float> master, m, v;
   };
   std::map<uint32_t, Saved> saved;
-  ASSERT_TRUE(spill
-                  ->VisitChunkState([&](uint32_t c, int64_t, std::span<const float> master,
-                                        std::span<const float> m, std::span<const float> v) {
-                    saved[c] = {{master.begin(), master.end()}, {m.begin(), m.end()},
-                                {v.begin(), v.end()}};
-                    return Status::Ok();
-                  })
-                  .ok());
+  ASSERT_TRUE(
+      spill
+          ->VisitChunkState([&](uint32_t c, int64_t, std::span<const float> master,
+                                std::span<const float> m, std::span<const float> v) {
+            saved[c] = {{master.begin(), master.end()}, {m.begin(), m.end()}, {v.begin(), v.end()}};
+            return Status::Ok();
+          })
+          .ok());
   // A fetch parked for a version the rollback discards is failed with the reason.
   FetchResult parked;
   spill->Fetch({12, 0, 8, 3}, parked.Callback());

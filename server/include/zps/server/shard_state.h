@@ -125,9 +125,9 @@ struct FetchRequest {
 /// valid while any copy of `owner` is held: keep one until done with `data` (e.g. as the
 /// keep_alive of the send). Holding it long delays later fetches of spilled chunks, which wait
 /// for a free staging buffer.
-using FetchCallback = std::function<void(const Status&, int64_t version,
-                                         std::span<const std::byte> data,
-                                         std::shared_ptr<const void> owner)>;
+using FetchCallback =
+    std::function<void(const Status&, int64_t version, std::span<const std::byte> data,
+                       std::shared_ptr<const void> owner)>;
 
 /// Supplies the memory for ALL serving copies of a shard, in one call at Create: `bytes` bytes,
 /// 64-byte aligned, which the caller owns and keeps alive (and unchanged by anyone else) for
@@ -275,12 +275,12 @@ class ShardState {
   Status InitServingStore();  // after store_ is made: resident spans, staging, reader
   void StopServingReader();
   void ServingReaderLoop();
-  void QueueSpilledFetch(Waiter w);                  // needs mu_
-  std::vector<Waiter> TakeSpilledFetches();          // needs mu_
-  Status WriteSpilledServing(Chunk& c, std::span<const float> master);  // needs mu_
+  void QueueSpilledFetch(Waiter w);                                      // needs mu_
+  std::vector<Waiter> TakeSpilledFetches();                              // needs mu_
+  Status WriteSpilledServing(Chunk& c, std::span<const float> master);   // needs mu_
   Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // needs mu_
-  void BeginServingRewrite();                        // takes mu_
-  void EndServingRewrite(const Status& result);      // takes mu_
+  void BeginServingRewrite();                                            // takes mu_
+  void EndServingRewrite(const Status& result);                          // takes mu_
   uint64_t StagingBytes() const;
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;  // counts a store I/O failure, returns s
@@ -318,8 +318,8 @@ class ShardState {
   // Guarded by mu_: odd while a pass rewrites serving copies (update, restore); a read of a
   // spilled copy is valid only if the generation was even and the same before and after it.
   uint64_t serving_gen_ = 0;
-  Status serving_error_;        // guarded by mu_; a failed update pass: spilled fetches fail
-  bool reader_stop_ = false;    // guarded by mu_
+  Status serving_error_;               // guarded by mu_; a failed update pass: spilled fetches fail
+  bool reader_stop_ = false;           // guarded by mu_
   std::condition_variable reader_cv_;  // the serving reader waits on it (with mu_)
 };
 
