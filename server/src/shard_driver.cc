@@ -299,9 +299,12 @@ Status ShardDriver::AwaitJob() {
   }
   if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->Bind(job, static_cast<uint32_t>(o.ordinal)));
   std::optional<ChunkStoreOptions> spill;
-  if (o.memory_budget > 0) {  // master, m and v in a ChunkStore under <data-dir>/spill
+  if (o.memory_budget > 0 || o.serving_budget > 0) {  // a ChunkStore under <data-dir>/spill
     ChunkStoreOptions so;
-    so.memory_budget = o.memory_budget;
+    // No --memory-budget: master, m and v all stay resident (in the store's RAM).
+    so.memory_budget = o.memory_budget > 0 ? o.memory_budget : UINT64_MAX;
+    so.serving_records = o.serving_budget > 0;  // else serving copies stay in the RAM block
+    so.serving_memory_budget = o.serving_budget;
     so.spill_dir = o.spill_dir.empty() ? o.data_dir + "/spill" : o.spill_dir;
     so.file_prefix = "shard-" + std::to_string(o.ordinal);
     std::error_code ec;
@@ -329,6 +332,12 @@ Status ShardDriver::AwaitJob() {
                   << ss.store.state_resident << "/" << ss.store.chunks
                   << " chunk states in RAM, " << ss.store.chunks - ss.store.state_resident
                   << " spilled (" << ss.store.state_file_bytes << " bytes in the spill file)";
+    if (ss.serving_in_store) {
+      ZPS_LOG(INFO) << "shard " << o.ordinal << " serving budget " << o.serving_budget << ": "
+                    << ss.store.serving_resident << "/" << ss.store.chunks
+                    << " serving copies in RAM, " << ss.store.chunks - ss.store.serving_resident
+                    << " spilled (" << ss.store.serving_file_bytes << " bytes in the spill file)";
+    }
   }
   return Status::Ok();
 }

@@ -49,7 +49,8 @@ TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
   Init();
   std::vector<uint16_t> got;
   int64_t version = -5;
-  shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d) {
+  shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d,
+                                   std::shared_ptr<const void>) {
     ASSERT_TRUE(s.ok());
     version = v;
     got.resize(d.size() / 2);
@@ -84,7 +85,8 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
     ASSERT_TRUE((*s)->FinishPush(std::move(*t), Status::Ok()).ok());
   }
   const std::byte* where = nullptr;
-  (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d) {
+  (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d,
+                                std::shared_ptr<const void>) {
     ASSERT_TRUE(st.ok());
     where = d.data();
   });
@@ -224,7 +226,8 @@ TEST_F(ShardStateTest, PreReducedTakesDisjointSlicesFromAnyRank) {
 TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   Make(ReductionMode::kServerSum, 1);
   int64_t seen = -2;
-  shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>) {
+  shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) {
     EXPECT_TRUE(s.ok());
     seen = v;
   });
@@ -232,14 +235,17 @@ TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   Init();
   EXPECT_EQ(seen, 0);
   Status far;
-  shard_->Fetch({0, 0, 8, 5}, [&](const Status& s, int64_t, std::span<const std::byte>) { far = s; });
+  shard_->Fetch({0, 0, 8, 5}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) { far = s; });
   EXPECT_EQ(far.code(), Code::kFailedPrecondition);
   Status bad;
-  shard_->Fetch({0, 120, 16, 0}, [&](const Status& s, int64_t, std::span<const std::byte>) { bad = s; });
+  shard_->Fetch({0, 120, 16, 0}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                     std::shared_ptr<const void>) { bad = s; });
   EXPECT_EQ(bad.code(), Code::kOutOfRange);
   Status pending = Status::Ok();
   bool called = false;
-  shard_->Fetch({0, 0, 8, 1}, [&](const Status& s, int64_t, std::span<const std::byte>) {
+  shard_->Fetch({0, 0, 8, 1}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) {
     pending = s;
     called = true;
   });
