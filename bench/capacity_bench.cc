@@ -46,6 +46,7 @@ struct Options {
   uint64_t param_elems = 16ull << 20;      // Default: 16 Mi elements per parameter.
   uint64_t chunk_elems = 4ull << 20;       // Default: 4 Mi elements per chunk.
   uint64_t memory_budget = 2ull << 30;     // Default: 2 GiB.
+  uint64_t serving_budget = 0;             // Default: 0 = every serving copy in RAM.
   int steps = 3;                           // Default: 3.
   std::string tls = "tcp";                 // Default: tcp.
   int optimizer_threads = 2;               // Default: 2.
@@ -97,12 +98,12 @@ Status RunCapacity(const Options& o) {
   const auto t_start = Clock::now();
   const int nparams = static_cast<int>((o.params + o.param_elems - 1) / o.param_elems);
   const uint64_t total = static_cast<uint64_t>(nparams) * o.param_elems;
-  std::printf("capacity: %d parameters x %llu = %.3f B parameters; master+m+v %.2f GiB; budget "
-              "%.2f GiB (%.1fx); spill dir %s/spill; UCX %s\n",
-              nparams, static_cast<unsigned long long>(o.param_elems), total / 1e9,
-              GiB(total * 12), GiB(o.memory_budget),
-              static_cast<double>(total * 12) / static_cast<double>(o.memory_budget),
-              o.dir.c_str(), o.tls.c_str());
+  std::printf(
+      "capacity: %d parameters x %llu = %.3f B parameters; master+m+v %.2f GiB; budget "
+      "%.2f GiB (%.1fx); serving budget %.2f GiB; spill dir %s/spill; UCX %s\n",
+      nparams, static_cast<unsigned long long>(o.param_elems), total / 1e9, GiB(total * 12),
+      GiB(o.memory_budget), static_cast<double>(total * 12) / static_cast<double>(o.memory_budget),
+      GiB(o.serving_budget), o.dir.c_str(), o.tls.c_str());
   std::fflush(stdout);
 
   server::ShardServerOptions so;
@@ -113,6 +114,7 @@ Status RunCapacity(const Options& o) {
   so.metrics_port = 0;
   so.optimizer_threads = o.optimizer_threads;
   so.memory_budget = o.memory_budget;
+  so.serving_budget = o.serving_budget;
   so.spill_dir = o.dir + "/spill";  // no --data-dir: no checkpoints (a 12 GB one at shutdown)
   ZPS_ASSIGN_OR_RETURN(auto server, server::ShardServer::Create(so));
   ZPS_RETURN_IF_ERROR(server->Start());
@@ -204,6 +206,8 @@ int Run(int argc, char** argv) {
   f.AddBytes("param-elems", "elements per parameter", &o.param_elems);
   f.AddBytes("chunk-elems", "elements per chunk", &o.chunk_elems);
   f.AddBytes("memory-budget", "the shard's --memory-budget", &o.memory_budget);
+  f.AddBytes("serving-budget", "the shard's --serving-budget (0 = all serving copies in RAM)",
+             &o.serving_budget);
   f.Add("steps", "training steps", &o.steps, 1, 1000);
   f.Add("tls", "UCX transports (tcp, or e.g. posix,cma,self)", &o.tls);
   f.Add("optimizer-threads", "the shard's optimizer threads", &o.optimizer_threads, 1, 256);

@@ -42,6 +42,7 @@ struct Options {
   uint64_t write_io = 8ull << 20;         // Default: 8 MiB
   bool direct_writes = false;             // Default: off
   bool direct_reads = false;              // Default: off
+  int write_threads = 2;                  // Default: 2
   int read_threads = 2;                   // Default: 2
   int reps = 1;                           // Default: 1
   bool json = false;                      // Default: false
@@ -88,6 +89,7 @@ int Run(int argc, char** argv) {
   flags.AddBytes("write-io", "bytes per write call of a file", &o.write_io);
   flags.Add("direct-writes", "O_DIRECT flush/compaction", &o.direct_writes);
   flags.Add("direct-reads", "O_DIRECT reads", &o.direct_reads);
+  flags.Add("write-threads", "threads framing and inserting slices", &o.write_threads, 1, 64);
   flags.Add("read-threads", "threads reading chunks", &o.read_threads, 1, 64);
   flags.Add("reps", "write+read repetitions", &o.reps, 1, 100);
   flags.Add("json", "print one JSON object per line", &o.json);
@@ -118,6 +120,7 @@ int Run(int argc, char** argv) {
   copts.background_jobs = o.background_jobs;
   copts.write_io_bytes = o.write_io;
   copts.direct_reads = o.direct_reads;
+  copts.write_threads = o.write_threads;
   if (Status s = copts.Validate(); !s.ok()) return Fail(s);
   const std::string db = o.dir + "/zps-ckpt-bench";
   std::error_code ec;

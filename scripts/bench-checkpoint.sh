@@ -5,6 +5,8 @@
 #   scripts/bench-checkpoint.sh [DIR] [SIZE] [extra zps-bench flags...]
 #   DIR: default $TMPDIR or /tmp; SIZE: default 2G (fio file and checkpoint state alike).
 # Environment: ZPS_BENCH (default build/bin/zps-bench), ROUNDS (default 2: fio, zps, fio, zps...).
+# Without fio (REF=disk, or fio not installed) the reference is `zps-bench disk`, the same
+# sequential O_DIRECT io_uring 1 MiB x 16 pattern built in.
 # Uses SIZE of disk at a time and removes everything it wrote.
 set -euo pipefail
 dir=${1:-${TMPDIR:-/tmp}}
@@ -15,27 +17,38 @@ rounds=${ROUNDS:-2}
 work=$(mktemp -d "$dir/zps-bench-ckpt.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+ref=${REF:-fio}
+command -v fio >/dev/null || ref=disk
+declare -A disk_bw
+disk_round() {  # one zps-bench disk write+read; fills disk_bw[write], disk_bw[read]
+  local line
+  line=$("$bench" disk --dir "$work" --bytes "$size" --json | tail -1)
+  disk_bw[write]=$(sed -E 's/.*"write_mbps":([0-9.]+).*/\1/' <<<"$line")
+  disk_bw[read]=$(sed -E 's/.*"read_mbps":([0-9.]+).*/\1/' <<<"$line")
+}
 fio_bw() {  # $1 = write|read; prints MB/s
   local rw=$1 field
+  if [[ $ref == disk ]]; then echo "${disk_bw[$rw]}"; return; fi
   [[ $rw == write ]] && field=48 || field=7
   fio --name="$rw" --filename="$work/fio.tmp" --size="$size" --bs=1M --rw="$rw" --direct=1 \
       --ioengine=io_uring --iodepth=16 --output-format=terse 2>/dev/null |
     awk -F';' -v f="$field" '{printf "%.0f\n", $f * 1024 / 1e6}'
 }
 
-echo "dir $dir, size $size, $(nproc) CPUs, fio $(fio --version)"
+echo "dir $dir, size $size, $(nproc) CPUs, reference: $([[ $ref == fio ]] && fio --version || echo 'zps-bench disk')"
 fw=() fr=() zw=() zr=()
 for ((i = 0; i < rounds; i++)); do
+  [[ $ref == disk ]] && disk_round
   fw+=("$(fio_bw write)")
   fr+=("$(fio_bw read)")
-  rm -f "$work/fio.tmp"
+  rm -f "$work/fio.tmp" "$work/zps-bench-disk.tmp"
   line=$("$bench" checkpoint --dir "$work" --bytes "$size" --json "$@" | tail -1)
   zw+=("$(sed -E 's/.*"write_gbps":([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.0f", $1 * 1000}')")
   zr+=("$(sed -E 's/.*"read_gbps":([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.0f", $1 * 1000}')")
-  echo "round $i: fio write ${fw[-1]} MB/s, read ${fr[-1]} MB/s | checkpoint write ${zw[-1]} MB/s, read ${zr[-1]} MB/s"
+  echo "round $i: $ref write ${fw[-1]} MB/s, read ${fr[-1]} MB/s | checkpoint write ${zw[-1]} MB/s, read ${zr[-1]} MB/s"
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 mfw=$(median "${fw[@]}") mfr=$(median "${fr[@]}") mzw=$(median "${zw[@]}") mzr=$(median "${zr[@]}")
-echo "median: fio write $mfw MB/s, read $mfr MB/s; checkpoint write $mzw MB/s, read $mzr MB/s"
-awk -v a="$mzw" -v b="$mfw" -v c="$mzr" -v d="$mfr" 'BEGIN {
-  printf "ratio checkpoint/fio: write %.2fx, read %.2fx (target >= 0.70x)\n", a / b, c / d }'
+echo "median: $ref write $mfw MB/s, read $mfr MB/s; checkpoint write $mzw MB/s, read $mzr MB/s"
+awk -v a="$mzw" -v b="$mfw" -v c="$mzr" -v d="$mfr" -v r="$ref" 'BEGIN {
+  printf "ratio checkpoint/%s: write %.2fx, read %.2fx (target >= 0.70x)\n", r, a / b, c / d }'

@@ -127,6 +127,7 @@ std::vector<std::byte> CommitInfo::Encode() const {
   w.I64(optimizer_step);
   w.I64(good_steps);
   w.U8(checkpoint ? 1 : 0);
+  w.I64(protect_checkpoint);
   return w.Take();
 }
 Result<CommitInfo> CommitInfo::Decode(std::span<const std::byte> b) {
@@ -144,6 +145,8 @@ Result<CommitInfo> CommitInfo::Decode(std::span<const std::byte> b) {
   ZPS_ASSIGN_OR_RETURN(uint8_t ckpt, r.U8("checkpoint"));
   if (ckpt > 1) return InvalidArgument("CommitInfo.checkpoint must be 0 or 1");
   m.checkpoint = ckpt != 0;
+  ZPS_ASSIGN_OR_RETURN(m.protect_checkpoint, r.I64("protect_checkpoint"));
+  if (m.protect_checkpoint < 0) return InvalidArgument("CommitInfo.protect_checkpoint < 0");
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("CommitInfo"));
   return m;
 }

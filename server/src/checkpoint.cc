@@ -149,6 +149,9 @@ Status CheckpointOptions::Validate() const {
   if (write_buffer_bytes < (1ull << 20)) return InvalidArgument("write_buffer_bytes < 1 MiB");
   if (max_write_buffers < 2) return InvalidArgument("max_write_buffers must be >= 2");
   if (background_jobs < 2) return InvalidArgument("background_jobs must be >= 2");
+  if (write_threads < 1 || write_threads > 64) {
+    return InvalidArgument("checkpoint write_threads must be in [1, 64]");
+  }
   if (write_io_bytes < 4096 || write_io_bytes > (256ull << 20)) {
     return InvalidArgument("write_io_bytes must be in [4 KiB, 256 MiB]");
   }
@@ -167,11 +170,14 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string
                                                                const CheckpointOptions& options) {
   ZPS_ASSIGN_OR_RETURN(auto db, Db::Open(dir, options));
   auto store = std::unique_ptr<CheckpointStore>(new CheckpointStore(std::move(db), options));
-  if (!options.read_only) {
-    ZPS_RETURN_IF_ERROR(store->CleanUpIntents());
-    Status gc = store->CollectGarbage();
-    if (!gc.ok()) ZPS_LOG(WARNING) << "checkpoint gc at open of " << dir << ": " << gc.ToString();
+  if (!options.read_only && options.write_threads > 1) {
+    ZPS_ASSIGN_OR_RETURN(store->write_pool_,
+                         ThreadPool::Create({.name = "zps-ckpt-w", .threads = options.write_threads}));
   }
+  // No garbage collection here: the protected step (Protect) is not known yet, and removing
+  // the job's last common checkpoint would be worse than keeping one too many until the next
+  // Commit collects.
+  if (!options.read_only) ZPS_RETURN_IF_ERROR(store->CleanUpIntents());
   return store;
 }
 
@@ -210,13 +216,24 @@ Status CheckpointStore::DeleteSteps(const std::vector<int64_t>& steps) {
   return db_->Compact(StepKey('d', *lo), StepKey('d', *hi + 1));
 }
 
+void CheckpointStore::Protect(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  protected_ = step;
+}
+
 Status CheckpointStore::CollectGarbage() {
   ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan("m", "n"));
   if (manifests.size() <= options_.keep) return Status::Ok();
+  int64_t keep_also = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_also = protected_;
+  }
   std::vector<int64_t> old;
   for (size_t i = 0; i + options_.keep < manifests.size(); ++i) {
     if (manifests[i].first.size() != 9) return DataLoss("malformed manifest key in " + dir());
-    old.push_back(static_cast<int64_t>(GetBe64(manifests[i].first.data() + 1)));
+    const auto step = static_cast<int64_t>(GetBe64(manifests[i].first.data() + 1));
+    if (step != keep_also) old.push_back(step);
   }
   return DeleteSteps(old);
 }
@@ -478,7 +495,8 @@ CheckpointWriter::CheckpointWriter(CheckpointStore* store, int64_t step, Layout 
       step_(step),
       layout_(std::move(layout)),
       shard_(shard),
-      batch_(std::make_unique<rocksdb::WriteBatch>(store->options_.slice_bytes + 256)) {
+      batches_(static_cast<size_t>(store->options_.write_threads)) {
+  for (auto& b : batches_) b = std::make_unique<rocksdb::WriteBatch>(store->options_.slice_bytes + 256);
   local_ = layout_.ChunksOfShard(shard_);
   added_.assign(local_.size(), false);
 }
@@ -500,20 +518,45 @@ void CheckpointWriter::Abort() {
   }
 }
 
-Status CheckpointWriter::PutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data) {
+std::vector<CheckpointWriter::Slice> CheckpointWriter::CutSlices(
+    uint32_t chunk, uint8_t kind, std::span<const std::byte> data) const {
   const uint64_t slice = store_->options_.slice_bytes;
   const uint64_t n = (data.size() + slice - 1) / slice;
+  std::vector<Slice> out;
+  out.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
-    auto part = data.subspan(i * slice, std::min<uint64_t>(slice, data.size() - i * slice));
-    // One batch, reused: its buffer stays mapped (a fresh 4+ MiB string per slice cost a page
-    // fault and a zeroed page per 4 KiB, as much CPU as the copy itself).
-    batch_->Clear();
-    ZPS_RETURN_IF_ERROR(
-        AddFramed(*batch_, DataKey(step_, chunk, kind, static_cast<uint32_t>(i)), part));
-    // No WAL: Commit() flushes before the manifest makes anything visible.
-    ZPS_RETURN_IF_ERROR(store_->db_->Write(*batch_, false, true, "checkpoint data"));
+    out.push_back({chunk, kind, static_cast<uint32_t>(i),
+                   data.subspan(i * slice, std::min<uint64_t>(slice, data.size() - i * slice))});
   }
-  bytes_ += data.size();
+  return out;
+}
+
+Status CheckpointWriter::PutSlices(const std::vector<Slice>& slices) {
+  // Thread t writes slices t, t + T, t + 2T, ... with its own batch: the CRC, the copy into the
+  // batch and RocksDB's concurrent memtable insert run on T cores at once.
+  const size_t threads = std::min(batches_.size(), slices.size());
+  std::vector<Status> results(threads);
+  auto stripe = [&](size_t t) {
+    rocksdb::WriteBatch& batch = *batches_[t];
+    for (size_t i = t; i < slices.size(); i += threads) {
+      const Slice& sl = slices[i];
+      batch.Clear();
+      Status s = AddFramed(batch, DataKey(step_, sl.chunk, sl.kind, sl.index), sl.data);
+      // No WAL: Commit() flushes before the manifest makes anything visible.
+      if (s.ok()) s = store_->db_->Write(batch, false, true, "checkpoint data");
+      if (!s.ok()) {
+        results[t] = std::move(s);
+        return;
+      }
+    }
+  };
+  if (threads > 1 && store_->write_pool_ != nullptr) {
+    store_->write_pool_->ParallelFor(threads, stripe);
+  } else {
+    for (size_t t = 0; t < threads; ++t) stripe(t);
+  }
+  for (auto& r : results) ZPS_RETURN_IF_ERROR(r);
+  for (const auto& sl : slices) bytes_ += sl.data.size();
   return Status::Ok();
 }
 
@@ -532,12 +575,14 @@ Status CheckpointWriter::AddChunk(uint32_t chunk, int64_t version, const ChunkTe
   }
   if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
   const std::span<const float>* parts[3] = {&t.master, &t.m, &t.v};
+  std::vector<Slice> slices;
   for (uint8_t k = 0; k < 3; ++k) {
-    Status s = PutSlices(chunk, k, std::as_bytes(*parts[k]));
-    if (!s.ok()) {
-      state_ = State::kFailed;
-      return s;
-    }
+    auto more = CutSlices(chunk, k, std::as_bytes(*parts[k]));
+    slices.insert(slices.end(), more.begin(), more.end());
+  }
+  if (Status s = PutSlices(slices); !s.ok()) {
+    state_ = State::kFailed;
+    return s;
   }
   added_[idx] = true;
   chunks_.push_back({chunk, version, elems});
@@ -550,7 +595,7 @@ Status CheckpointWriter::SetState(std::span<const std::byte> state) {
   if (state.size() > store_->options_.slice_bytes) {
     return InvalidArgument("checkpoint state larger than slice_bytes");
   }
-  Status s = PutSlices(kStateChunk, kState, state);
+  Status s = PutSlices(CutSlices(kStateChunk, kState, state));
   if (!s.ok()) {
     state_ = State::kFailed;
     return s;

@@ -126,8 +126,18 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   if (state_ram > 0) {
     ZPS_ASSIGN_OR_RETURN(state_ram_, AlignedBufferPool::Create(1, state_ram));
   }
-  if (serving_ram > 0) {
+  if (serving_ram > 0 && o.serving_ram_alloc) {
+    ZPS_ASSIGN_OR_RETURN(std::span<std::byte> mem, o.serving_ram_alloc(serving_ram));
+    if (mem.size() < serving_ram || reinterpret_cast<uintptr_t>(mem.data()) % 64 != 0) {
+      return InvalidArgument("chunk store: serving_ram_alloc returned " +
+                             std::to_string(mem.size()) + " bytes (or unaligned memory) for " +
+                             std::to_string(serving_ram));
+    }
+    std::memset(mem.data(), 0, serving_ram);  // all state starts at zero
+    serving_ram_base_ = mem.data();
+  } else if (serving_ram > 0) {
     ZPS_ASSIGN_OR_RETURN(serving_ram_, AlignedBufferPool::Create(1, serving_ram));
+    serving_ram_base_ = serving_ram_->buffer(0);
   }
   if (!state_spills && !serving_spills) {
     stats_.chunks = num_chunks();
@@ -136,9 +146,13 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
     stats_.serving_ram_bytes = serving_ram;
     return Status::Ok();
   }
-  // Slots carry both buffers so a chunk needs one slot whatever spills.
-  ZPS_ASSIGN_OR_RETURN(state_bufs_, AlignedBufferPool::Create(slots, state_stride_max_));
-  if (serving_stride_max_ > 0) {
+  // A slot carries a buffer of each tier that spills (the budgets paid for those only), so a
+  // chunk needs one slot whatever spills.
+  slot_count_ = slots;
+  if (state_spills) {
+    ZPS_ASSIGN_OR_RETURN(state_bufs_, AlignedBufferPool::Create(slots, state_stride_max_));
+  }
+  if (serving_spills) {
     ZPS_ASSIGN_OR_RETURN(serving_bufs_, AlignedBufferPool::Create(slots, serving_stride_max_));
   }
   SpillFileOptions fo;
@@ -158,7 +172,9 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   uo.sqpoll = o.sqpoll;
   if (o.register_buffers) {
     for (size_t i = 0; i < slots; ++i) {
-      uo.fixed_buffers.push_back({state_bufs_->buffer(i), state_bufs_->buffer_bytes()});
+      if (state_bufs_) {
+        uo.fixed_buffers.push_back({state_bufs_->buffer(i), state_bufs_->buffer_bytes()});
+      }
       if (serving_bufs_) {
         uo.fixed_buffers.push_back({serving_bufs_->buffer(i), serving_bufs_->buffer_bytes()});
       }
@@ -174,8 +190,9 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   }
   stats_.state_ram_bytes = state_ram;
   stats_.serving_ram_bytes = serving_ram;
+  stats_.serving_buffer_bytes = serving_bufs_ ? serving_bufs_->total_bytes() : 0;
   stats_.buffer_bytes =
-      state_bufs_->total_bytes() + (serving_bufs_ ? serving_bufs_->total_bytes() : 0);
+      (state_bufs_ ? state_bufs_->total_bytes() : 0) + stats_.serving_buffer_bytes;
   stats_.state_file_bytes = state_file;
   stats_.serving_file_bytes = serving_file;
   stats_.direct =
@@ -190,6 +207,14 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
 ChunkStoreStats ChunkStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+std::span<uint16_t> ChunkStore::ResidentServing(uint32_t c) const {
+  if (c >= chunks_.size() || !chunks_[c].serving_resident || serving_ram_base_ == nullptr) {
+    return {};
+  }
+  const Chunk& k = chunks_[c];
+  return {reinterpret_cast<uint16_t*>(serving_ram_base_ + k.serving_off), k.elems};
 }
 
 Status ChunkStore::NoServingRecords() {
@@ -234,9 +259,9 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
   for (uint32_t c : ids) {
     if (needs_slot(chunks_[c])) spilled.push_back(c);
   }
-  std::vector<Slot> slots(spilled.empty() ? 0 : state_bufs_->count());
+  std::vector<Slot> slots(spilled.empty() ? 0 : slot_count_);
   for (size_t i = 0; i < slots.size(); ++i) {
-    slots[i].state = state_bufs_->buffer(i);
+    slots[i].state = state_bufs_ ? state_bufs_->buffer(i) : nullptr;
     slots[i].serving = serving_bufs_ ? serving_bufs_->buffer(i) : nullptr;
   }
   std::deque<IoRequest> q;
@@ -260,7 +285,10 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
     Slot& s = slots[(done.tag & 0xffffffffu) / 2];
     const Chunk& k = chunks_[s.chunk];
     const bool writing = s.st == Slot::St::kWriting;
-    if (done.res >= 0) (writing ? stats_.bytes_written : stats_.bytes_read) += done.res;
+    if (done.res >= 0) {
+      (writing ? stats_.bytes_written : stats_.bytes_read) += done.res;
+      if (serving) (writing ? stats_.serving_bytes_written : stats_.serving_bytes_read) += done.res;
+    }
     if (done.res != static_cast<int32_t>(len) && s.err.ok()) {
       const std::string what =
           std::string(writing ? "write" : "read") + " of chunk " + std::to_string(s.chunk) +
@@ -358,7 +386,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       if (moments >= 2) spans.state.v = {f + 2 * stride, n};
     }
     if (pass.serving) {
-      std::byte* sv = k.serving_resident ? serving_ram_->buffer(0) + k.serving_off : slot->serving;
+      std::byte* sv = k.serving_resident ? serving_ram_base_ + k.serving_off : slot->serving;
       spans.serving = {reinterpret_cast<uint16_t*>(sv), n};
     }
     Status st = fn(c, spans);
@@ -413,7 +441,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
 }
 
 Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset,
-                            std::byte* buf, uint64_t bytes, const std::string& what) {
+                            std::byte* buf, uint64_t bytes, const std::string& what, bool serving) {
   std::deque<IoRequest> q;
   Split(op, file.fd(), offset, buf, bytes, options_.io_bytes, 0, false, q);
   Status err;
@@ -425,7 +453,10 @@ Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t of
     }
     ZPS_ASSIGN_OR_RETURN(IoCompletion done, engine_->Wait());
     const auto len = static_cast<uint32_t>(done.tag >> 32);
-    if (done.res >= 0) (write ? stats_.bytes_written : stats_.bytes_read) += done.res;
+    if (done.res >= 0) {
+      (write ? stats_.bytes_written : stats_.bytes_read) += done.res;
+      if (serving) (write ? stats_.serving_bytes_written : stats_.serving_bytes_read) += done.res;
+    }
     if (done.res != static_cast<int32_t>(len) && err.ok()) {
       const std::string w =
           what + " (" + file.path() + ", record at " + std::to_string(offset) + ")";
@@ -456,7 +487,7 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<floa
     if (!k.state_lost.empty()) return RecordLostError(c, false);
     ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *state_file_, k.state_off,
                                  state_bufs_->buffer(0), k.state_bytes,
-                                 "read of chunk " + std::to_string(c) + " state"));
+                                 "read of chunk " + std::to_string(c) + " state", false));
     src = state_bufs_->buffer(0);
   }
   const auto* f = reinterpret_cast<const float*>(src);
@@ -487,7 +518,7 @@ Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master, std::sp
   if (!v.empty()) std::memcpy(f + 2 * stride, v.data(), v.size_bytes());
   if (k.state_resident) return Status::Ok();
   Status st = Transfer(IoRequest::Op::kWrite, *state_file_, k.state_off, dst, k.state_bytes,
-                       "write of chunk " + std::to_string(c) + " state");
+                       "write of chunk " + std::to_string(c) + " state", false);
   k.state_lost = st.ok() ? std::string() : st.message();
   return st;
 }
@@ -502,13 +533,13 @@ Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
                            std::to_string(c));
   }
   if (k.serving_resident) {
-    std::memcpy(out.data(), serving_ram_->buffer(0) + k.serving_off, out.size_bytes());
+    std::memcpy(out.data(), serving_ram_base_ + k.serving_off, out.size_bytes());
     return Status::Ok();
   }
   if (!k.serving_lost.empty()) return RecordLostError(c, true);
   ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *serving_file_, k.serving_off,
                                serving_bufs_->buffer(0), k.serving_bytes,
-                               "read of chunk " + std::to_string(c) + " serving copy"));
+                               "read of chunk " + std::to_string(c) + " serving copy", true));
   std::memcpy(out.data(), serving_bufs_->buffer(0), out.size_bytes());
   return Status::Ok();
 }
@@ -523,14 +554,14 @@ Status ChunkStore::WriteServing(uint32_t c, std::span<const uint16_t> in) {
                            std::to_string(c));
   }
   if (k.serving_resident) {
-    std::memcpy(serving_ram_->buffer(0) + k.serving_off, in.data(), in.size_bytes());
+    std::memcpy(serving_ram_base_ + k.serving_off, in.data(), in.size_bytes());
     return Status::Ok();
   }
   std::byte* dst = serving_bufs_->buffer(0);
   std::memset(dst, 0, k.serving_bytes);
   std::memcpy(dst, in.data(), in.size_bytes());
   Status st = Transfer(IoRequest::Op::kWrite, *serving_file_, k.serving_off, dst, k.serving_bytes,
-                       "write of chunk " + std::to_string(c) + " serving copy");
+                       "write of chunk " + std::to_string(c) + " serving copy", true);
   k.serving_lost = st.ok() ? std::string() : st.message();
   return st;
 }

@@ -117,12 +117,22 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
                       std::to_string(num_shards_));
   }
   std::vector<std::pair<CheckpointCallback, Result<msg::CheckpointDone>>> done;
+  std::vector<CommitCallback> rolled_back;
+  std::vector<CheckpointCallback> rolled_back_ckpt;
   Status result;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ShardEntry& e = shards_[r.ordinal];
     e.checkpoints = r.steps;
     e.listed = true;
+    if (phase_ == msg::JobPhase::kRecovering && target_ > 0 &&
+        !std::binary_search(r.steps.begin(), r.steps.end(), target_)) {
+      // The shard found the target unloadable (its restore met DataLoss): pick again among the
+      // steps every shard still holds.
+      StartRecovery("shard " + std::to_string(r.ordinal) + " cannot load checkpoint " +
+                        std::to_string(target_) + "; choosing an older one",
+                    rolled_back, rolled_back_ckpt);
+    }
     std::vector<int64_t> record = r.steps;
     if (r.has_result && r.result_code != 0) {
       Status failed = msg::StatusFromWire(r.result_code, r.result_message)
@@ -149,6 +159,7 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
         });
       }
       if (!complete) continue;
+      complete_ = std::max(complete_, step);
       if (r.has_result && step == r.result_step) {
         ZPS_LOG(INFO) << "checkpoint of step " << step << " complete on all " << num_shards_
                       << " shards";
@@ -169,6 +180,9 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
     }
   }
   for (auto& [cb, res] : done) cb(res);
+  const Status why = Unavailable("the job is rolling back to an older checkpoint; re-join");
+  for (auto& cb : rolled_back) cb(why);
+  for (auto& cb : rolled_back_ckpt) cb(why);
   return result;
 }
 
@@ -187,6 +201,7 @@ bool Coordinator::AdvanceRecovery() {
       if (everywhere) target = std::max(target, s);
     }
     target_ = target;
+    complete_ = target;  // later ones are dropped everywhere
     for (auto& e : shards_) {
       e.checkpoints.erase(std::upper_bound(e.checkpoints.begin(), e.checkpoints.end(), target),
                           e.checkpoints.end());
@@ -416,6 +431,7 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
     checkpoint_requested_ = false;
     decided = {step, d.skip, d.grad_scale, d.global_norm, d.loss_scale, d.next_loss_scale,
                optimizer_step_, commit_->state().good_steps, checkpoint};
+    decided.protect_checkpoint = complete_;
     history_.push_back(decided);
     if (history_.size() > kHistory) history_.pop_front();
     ++step_;

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -61,32 +62,74 @@ Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::stri
   std::error_code ec;
   std::filesystem::create_directories(data_dir, ec);
   if (ec) return IoError("cannot create --data-dir '" + data_dir + "': " + ec.message());
-  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(data_dir + "/checkpoints", {}));
-  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(std::move(store)));
+  const std::string dir = data_dir + "/checkpoints";
+  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, {}));
+  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(dir, std::move(store)));
+}
+
+Status ShardCheckpoints::Reopen() {
+  store_.reset();  // RocksDB accepts no write after a failed one: a fresh open clears that
+  auto reopened = CheckpointStore::Open(dir_, {});
+  if (!reopened.ok()) {
+    // No room even for the files a writable open creates: read-only keeps restores possible,
+    // and the next write tries a writable open again.
+    CheckpointOptions ro;
+    ro.read_only = true;
+    auto read_only = CheckpointStore::Open(dir_, ro);
+    if (read_only.ok()) {
+      store_ = std::move(*read_only);
+      store_->Protect(protected_);
+    }
+    return reopened.status().WithContext("reopening " + dir_);
+  }
+  store_ = std::move(*reopened);
+  store_->Protect(protected_);
+  return Status::Ok();
+}
+
+Status ShardCheckpoints::Ready(bool writable) {
+  if (store_ && (!writable || !store_->options().read_only)) return Status::Ok();
+  Status s = Reopen();
+  if (!s.ok() && store_ && !writable) return Status::Ok();  // read-only serves reads
+  return s;
 }
 
 Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/true));
   ZPS_RETURN_IF_ERROR(store_->SetIdentity(job.layout, ordinal)
                           .WithContext("--data-dir holds checkpoints of another job or shard "
                                        "(move it away to start a new job)"));
   return store_->PutJobSpec(job);
 }
 
-Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) const {
+Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
   ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(verify));
   std::vector<int64_t> steps;
   for (const auto& c : list) {
     if (c.verification == Verification::kCorrupt) {
-      ZPS_LOG(WARNING) << "checkpoint of step " << c.step << " is corrupt and will not be used: "
-                       << c.problem;
+      ZPS_LOG(ERROR) << "checkpoint of step " << c.step << " in " << dir_
+                     << " is corrupt (DATA_LOSS: " << c.problem
+                     << "); it will not be used: the job rolls back to an older checkpoint";
+      MarkUnusable(c.step);
       continue;
     }
+    if (std::find(unusable_.begin(), unusable_.end(), c.step) != unusable_.end()) continue;
     steps.push_back(c.step);
   }
   return steps;
 }
 
 Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& rs) {
+  Status s = Ready(/*writable=*/true);
+  if (!s.ok()) return s.WithContext("checkpoint store " + dir_);
+  s = WriteOnce(state, rs);
+  if (s.ok() || s.code() == Code::kFailedPrecondition) return s;
+  if (Status r = Reopen(); !r.ok()) ZPS_LOG(ERROR) << r.ToString();
+  return s.WithContext("checkpoint store " + dir_);
+}
+
+Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeState& rs) {
   auto writer = store_->BeginCheckpoint(rs.step);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
@@ -116,6 +159,7 @@ Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& 
 
 Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t step,
                                                    const Status& reason) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
   ZPS_ASSIGN_OR_RETURN(auto reader, store_->OpenCheckpoint(step));
   ZPS_ASSIGN_OR_RETURN(auto blob, reader->ReadState());
   ZPS_ASSIGN_OR_RETURN(msg::ResumeState rs, DecodeResume(blob));
@@ -133,7 +177,17 @@ Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t st
   return rs;
 }
 
-Status ShardCheckpoints::DropAfter(int64_t step) { return store_->DropCheckpointsAfter(step); }
+Status ShardCheckpoints::DropAfter(int64_t step) {
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
+  // A store left read-only by a full disk needs no write when there is nothing to drop.
+  ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(false));
+  if (list.empty() || list.back().step <= step) return Status::Ok();
+  ZPS_RETURN_IF_ERROR(Ready(/*writable=*/true));
+  ZPS_RETURN_IF_ERROR(store_->DropCheckpointsAfter(step));
+  // Gone from the disk: a later checkpoint of the same step is a new, usable one.
+  std::erase_if(unusable_, [step](int64_t s) { return s > step; });
+  return Status::Ok();
+}
 
 // ---- ShardDriver ------------------------------------------------------------------------------
 
@@ -245,9 +299,12 @@ Status ShardDriver::AwaitJob() {
   }
   if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->Bind(job, static_cast<uint32_t>(o.ordinal)));
   std::optional<ChunkStoreOptions> spill;
-  if (o.memory_budget > 0) {  // master, m and v in a ChunkStore under <data-dir>/spill
+  if (o.memory_budget > 0 || o.serving_budget > 0) {  // a ChunkStore under <data-dir>/spill
     ChunkStoreOptions so;
-    so.memory_budget = o.memory_budget;
+    // No --memory-budget: master, m and v all stay resident (in the store's RAM).
+    so.memory_budget = o.memory_budget > 0 ? o.memory_budget : UINT64_MAX;
+    so.serving_records = o.serving_budget > 0;  // else serving copies stay in the RAM block
+    so.serving_memory_budget = o.serving_budget;
     so.spill_dir = o.spill_dir.empty() ? o.data_dir + "/spill" : o.spill_dir;
     so.file_prefix = "shard-" + std::to_string(o.ordinal);
     std::error_code ec;
@@ -275,6 +332,12 @@ Status ShardDriver::AwaitJob() {
                   << ss.store.state_resident << "/" << ss.store.chunks
                   << " chunk states in RAM, " << ss.store.chunks - ss.store.state_resident
                   << " spilled (" << ss.store.state_file_bytes << " bytes in the spill file)";
+    if (ss.serving_in_store) {
+      ZPS_LOG(INFO) << "shard " << o.ordinal << " serving budget " << o.serving_budget << ": "
+                    << ss.store.serving_resident << "/" << ss.store.chunks
+                    << " serving copies in RAM, " << ss.store.chunks - ss.store.serving_resident
+                    << " spilled (" << ss.store.serving_file_bytes << " bytes in the spill file)";
+    }
   }
   return Status::Ok();
 }
@@ -329,7 +392,13 @@ Result<int64_t> ShardDriver::SyncToJob() {
             return FailedPrecondition("asked to restore step " + std::to_string(target) +
                                       " without a --data-dir");
           } else {
-            ZPS_ASSIGN_OR_RETURN(resume_, ckpt_->Restore(*state_, target, why));
+            auto restored = ckpt_->Restore(*state_, target, why);
+            if (!restored.ok()) {
+              ZPS_RETURN_IF_ERROR(OfferOlderCheckpoint(target, restored.status()));
+              std::this_thread::sleep_for(50ms);
+              continue;
+            }
+            resume_ = *restored;
           }
           if (ckpt_) ZPS_RETURN_IF_ERROR(ckpt_->DropAfter(target));
           last_checkpoint_ = target;
@@ -352,6 +421,17 @@ Result<int64_t> ShardDriver::SyncToJob() {
     }
     std::this_thread::sleep_for(50ms);
   }
+}
+
+Status ShardDriver::OfferOlderCheckpoint(int64_t step, const Status& failed) {
+  if (failed.code() != Code::kDataLoss && failed.code() != Code::kNotFound) return failed;
+  ZPS_LOG(ERROR) << "shard " << host_.opts->ordinal << " cannot load checkpoint " << step
+                 << ", the coordinator's recovery target (" << failed.ToString()
+                 << "); reporting it unusable so that the job rolls back to an older one";
+  ckpt_->MarkUnusable(step);
+  Status r = ReportCheckpoints(std::nullopt);
+  if (!r.ok()) resync_ = true;
+  return r;
 }
 
 Status ShardDriver::Run() {
@@ -427,6 +507,7 @@ Status ShardDriver::RunSteps(int64_t start) {
     }
     ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(*reply));
     MaybeCrashAt("update", step);  // decided, not applied here
+    if (ckpt_) ckpt_->Protect(ci.protect_checkpoint);
     const auto t_apply = Clock::now();
     const Status applied =
         state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step});
@@ -456,7 +537,11 @@ void ShardDriver::CheckpointAndReport(int64_t step) {
     ZPS_LOG(INFO) << "checkpoint of step " << step << " committed in "
                   << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
   } else {
-    ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString();
+    // Training goes on: the coordinator does not count this checkpoint, so the recovery point
+    // stays the last one complete on every shard (which garbage collection keeps).
+    ZPS_LOG(ERROR) << "checkpoint of step " << step << " failed: " << s.ToString()
+                   << "; training continues, the recovery point stays the last checkpoint "
+                      "complete on every shard";
   }
   if (host_.storage_metrics) host_.storage_metrics();
   MaybeCrashAt("after-checkpoint", step);  // committed here, not yet reported

@@ -42,21 +42,44 @@ class ShardCheckpoints {
   static Result<std::unique_ptr<ShardCheckpoints>> Open(const std::string& data_dir);
   /// Records the job (a different layout or shard already recorded: FailedPrecondition).
   Status Bind(const JobSpec& job, uint32_t ordinal);
-  /// Steps of the complete local checkpoints, ascending; with `verify` every value is read and
-  /// corrupt ones are left out (with a warning). Errors: IoError.
-  Result<std::vector<int64_t>> Steps(bool verify) const;
+  /// Steps of the complete local checkpoints, ascending, less those marked unusable; with
+  /// `verify` every value is read and corrupt ones are left out (with an error naming the
+  /// checkpoint and the DataLoss). Errors: IoError.
+  Result<std::vector<int64_t>> Steps(bool verify);
   /// Writes the state at its current version (`rs.step`). An existing checkpoint of that step is
-  /// kept (OK). Errors: FailedPrecondition, ResourceExhausted (disk full), IoError.
+  /// kept (OK). After a failed write the store is reopened (RocksDB refuses writes after an
+  /// I/O error), so the next checkpoint is tried afresh; committed ones stay readable. Errors:
+  /// FailedPrecondition, ResourceExhausted (disk full: the message names the directory),
+  /// IoError.
   Status Write(const ShardState& state, const msg::ResumeState& rs);
   /// Loads checkpoint `step` into `state` (ShardState::ResetTo). Errors: NotFound, DataLoss,
   /// IoError, InvalidArgument (a checkpoint of another layout).
   Result<msg::ResumeState> Restore(ShardState& state, int64_t step, const Status& reason);
+  /// Leaves `step` out of Steps from now on (it could not be restored).
+  void MarkUnusable(int64_t step) { unusable_.push_back(step); }
+  /// Garbage collection keeps `step` (CheckpointStore::Protect).
+  void Protect(int64_t step) {
+    protected_ = step > 0 ? step : -1;  // 0: no checkpoint is complete everywhere yet
+    if (store_) store_->Protect(protected_);
+  }
   /// Forgets checkpoints after `step` (a rollback), so they can be taken again.
   Status DropAfter(int64_t step);
 
  private:
-  explicit ShardCheckpoints(std::unique_ptr<CheckpointStore> store) : store_(std::move(store)) {}
-  std::unique_ptr<CheckpointStore> store_;
+  ShardCheckpoints(std::string dir, std::unique_ptr<CheckpointStore> store)
+      : dir_(std::move(dir)), store_(std::move(store)) {}
+  Status WriteOnce(const ShardState& state, const msg::ResumeState& rs);
+  // Closes and opens the store (writable; read-only when that fails for lack of room, or none
+  // when even that fails). Errors: from the writable open.
+  Status Reopen();
+  // A store is open (`writable`: not read-only), reopening one a failed write left read-only or
+  // closed. Errors: from CheckpointStore::Open.
+  Status Ready(bool writable);
+
+  std::string dir_;                         // <data-dir>/checkpoints
+  std::unique_ptr<CheckpointStore> store_;  // null only after a failed reopen (Ready retries)
+  std::vector<int64_t> unusable_;           // steps found corrupt or unloadable (until dropped)
+  int64_t protected_ = -1;                  // re-applied to a reopened store
 };
 
 /// What the driver needs from the ShardServer (callbacks run on the driver thread).
@@ -102,6 +125,9 @@ class ShardDriver {
   Status RunSteps(int64_t start);
   void CheckpointAndReport(int64_t step);
   Status ReportCheckpoints(const std::optional<std::pair<int64_t, Status>>& result);
+  // The restore of the recovery target `step` failed: on DataLoss or NotFound, reports the local
+  // list without it (the coordinator then picks an older step); other errors are returned.
+  Status OfferOlderCheckpoint(int64_t step, const Status& failed);
   Result<msg::ShardSyncReply> Sync(bool ready);
   Result<std::vector<std::byte>> Call(uint16_t type, std::span<const std::byte> payload,
                                       std::chrono::milliseconds timeout);

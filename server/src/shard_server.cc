@@ -56,6 +56,10 @@ void ShardServerOptions::Register(Flags& f) {
              "RAM budget for fp32 master + optimizer state; the rest spills to <data-dir>/spill "
              "(0 = unlimited, all in RAM; needs --data-dir or --spill-dir)",
              &memory_budget);
+  f.AddBytes("serving-budget",
+             "RAM budget for the 16-bit serving copies; the rest spills to <data-dir>/spill and "
+             "is read back per fetch (0 = unlimited, all in RAM; needs --data-dir or --spill-dir)",
+             &serving_budget);
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
@@ -76,6 +80,10 @@ Status ShardServerOptions::Finalize() {
     return InvalidArgument(
         "--memory-budget needs --data-dir (spill files go to <data-dir>/spill) or --spill-dir");
   }
+  if (serving_budget > 0 && data_dir.empty() && spill_dir.empty()) {
+    return InvalidArgument(
+        "--serving-budget needs --data-dir (spill files go to <data-dir>/spill) or --spill-dir");
+  }
   if (ordinal != 0 && coordinator.empty()) {
     return InvalidArgument("shard " + std::to_string(ordinal) + " needs --coordinator host:port");
   }
@@ -89,6 +97,8 @@ struct ShardMetrics {
   metrics::Histogram optimizer_pass;           // zps_optimizer_pass_seconds
   metrics::Counter optimizer_bytes;            // zps_optimizer_bytes_total
   metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 without --memory-budget
+  metrics::Counter nvme_serving_read, nvme_serving_write;  // 0 without --serving-budget
+  std::array<metrics::Counter, 2> spilled_fetches;         // zps_spilled_fetches_total{nvme, cache}
   std::array<metrics::Gauge, 4> memory;        // zps_memory_bytes{tier}
   metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
   metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
@@ -118,6 +128,22 @@ struct ShardMetrics {
     ZPS_ASSIGN_OR_RETURN(auto* ne, r.AddCounter("zps_nvme_io_errors_total",
                                                 "NVMe reads and writes that failed."));
     ZPS_ASSIGN_OR_RETURN(m.nvme_errors, ne->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* nsr,
+                         r.AddCounter("zps_nvme_serving_read_bytes_total",
+                                      "Bytes of spilled 16-bit serving copies read from NVMe "
+                                      "(part of zps_nvme_read_bytes_total)."));
+    ZPS_ASSIGN_OR_RETURN(m.nvme_serving_read, nsr->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* nsw,
+                         r.AddCounter("zps_nvme_serving_write_bytes_total",
+                                      "Bytes of spilled 16-bit serving copies written to NVMe "
+                                      "(part of zps_nvme_write_bytes_total)."));
+    ZPS_ASSIGN_OR_RETURN(m.nvme_serving_write, nsw->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* sf, r.AddCounter("zps_spilled_fetches_total",
+                                                "Fetches answered from a spilled serving copy, "
+                                                "by where it came from.",
+                                                {"source"}));
+    ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[0], sf->Add({"nvme"}));
+    ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[1], sf->Add({"cache"}));
     ZPS_ASSIGN_OR_RETURN(auto* mem, r.AddGauge("zps_memory_bytes", "Bytes held per tier.",
                                                {"tier"}));
     const char* tiers[] = {"master", "optimizer_state", "serving", "nvme"};
@@ -145,6 +171,8 @@ struct ShardServer::Impl {
   struct Session {
     uint32_t rank = 0;
     ucx::Endpoint ep;
+    // ShardState::epoch() at admission: the session's pushes are refused after a rollback.
+    uint64_t epoch = 0;
   };
   using Clock = std::chrono::steady_clock;
 
@@ -261,7 +289,8 @@ struct ShardServer::Impl {
   void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
   void DriverLoop();
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
-                  std::span<const std::byte> data, bool rma);
+                  std::span<const std::byte> data, bool rma,
+                  std::shared_ptr<const void> owner = nullptr);
   void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
   void HandlePush(ucx::AmMessage& m, bool rma);
@@ -279,8 +308,12 @@ thread_local bool in_fetch_handler = false;
 // transport can) whatever UCX_RNDV_THRESH says; below it eager is cheaper.
 constexpr size_t kRendezvousMin = 64 * 1024;
 
+// `owner` (may be null) keeps `data` alive: a spilled serving copy read back into a staging
+// buffer. Such data is never in the serving region, so it goes by AM in both fetch modes, and the
+// send holds the owner until it completes (the staging buffer is then free again).
 void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s,
-                                   int64_t version, std::span<const std::byte> data, bool rma) {
+                                   int64_t version, std::span<const std::byte> data, bool rma,
+                                   std::shared_ptr<const void> owner) {
   auto log_failure = [](Status st) {
     if (!st.ok()) ZPS_LOG(DEBUG) << "fetch reply not delivered: " << st.ToString();
   };
@@ -305,7 +338,7 @@ void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, co
   } else {
     data = {};
   }
-  ucx->SendAm(ep, msg::kAmFetchReply, h.Encode(), data, nullptr, log_failure, so);
+  ucx->SendAm(ep, msg::kAmFetchReply, h.Encode(), data, std::move(owner), log_failure, so);
 }
 
 void ShardServer::Impl::ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s) {
@@ -342,10 +375,11 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   // from then (serving latency, not the step's wait). It stays in flight all along.
   in_fetch_handler = true;
   st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-            [this, ep = session.ep, req = h->request, t0, rma](
-                const Status& fs, int64_t v, std::span<const std::byte> data) {
+            [this, ep = session.ep, req = h->request, t0, rma](const Status& fs, int64_t v,
+                                                               std::span<const std::byte> data,
+                                                               std::shared_ptr<const void> owner) {
               const auto start = in_fetch_handler ? t0 : Clock::now();
-              ReplyFetch(ep, req, fs, v, data, rma);
+              ReplyFetch(ep, req, fs, v, data, rma, std::move(owner));
               if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
               EndRequest(metrics::kFetch, start);
             });
@@ -415,7 +449,8 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
     return;
   }
   MaybeCrashAt("push", h->step);
-  auto ticket = st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype});
+  auto ticket =
+      st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch});
   if (!ticket.ok()) {
     sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
     ReplyPush(session.ep, h->request, ticket.status());
@@ -602,12 +637,24 @@ void ShardServer::Impl::UpdateStorageMetrics() {
   const double master =
       static_cast<double>(st.state_ram_bytes) / static_cast<double>(1 + storage_moments);
   sm.memory[ShardMetrics::kMaster].Set(master);
-  sm.memory[ShardMetrics::kOptimizerState].Set(static_cast<double>(st.state_ram_bytes) - master +
-                                               static_cast<double>(st.buffer_bytes));
-  sm.memory[ShardMetrics::kNvme].Set(static_cast<double>(st.state_file_bytes));
+  sm.memory[ShardMetrics::kOptimizerState].Set(
+      static_cast<double>(st.state_ram_bytes) - master +
+      static_cast<double>(st.buffer_bytes - st.serving_buffer_bytes));
+  if (now.serving_in_store) {  // resident copies + pipeline and fetch staging buffers
+    sm.memory[ShardMetrics::kServing].Set(static_cast<double>(
+        st.serving_ram_bytes + st.serving_buffer_bytes + now.serving_staging_bytes));
+  }
+  sm.memory[ShardMetrics::kNvme].Set(
+      static_cast<double>(st.state_file_bytes + st.serving_file_bytes));
   sm.nvme_read.Inc(st.bytes_read - last_storage.store.bytes_read);
   sm.nvme_write.Inc(st.bytes_written - last_storage.store.bytes_written);
   sm.nvme_errors.Inc(now.io_errors - last_storage.io_errors);
+  sm.nvme_serving_read.Inc(st.serving_bytes_read - last_storage.store.serving_bytes_read);
+  sm.nvme_serving_write.Inc(st.serving_bytes_written - last_storage.store.serving_bytes_written);
+  const uint64_t reads = now.spilled_fetch_reads - last_storage.spilled_fetch_reads;
+  const uint64_t fetches = now.spilled_fetches - last_storage.spilled_fetches;
+  sm.spilled_fetches[0].Inc(reads);
+  sm.spilled_fetches[1].Inc(fetches >= reads ? fetches - reads : 0);
   last_storage = now;
 }
 
@@ -748,7 +795,11 @@ Status ShardServer::Start() {
     if (extra.empty()) return InvalidArgument("a worker's hello must carry its UCX address");
     // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
     // they retry until it has, so no data-plane message ever meets a shard without a job.
-    if (d->state_ptr.load() == nullptr) return Unavailable("this shard has not loaded the job yet");
+    ShardState* st = d->state_ptr.load();
+    if (st == nullptr) return Unavailable("this shard has not loaded the job yet");
+    // The generation is read before `accepting`: the driver fences (accepting = false) before it
+    // rolls back, so a session admitted across a rollback carries the old one and is refused.
+    const uint64_t epoch = st->epoch();
     if (!d->accepting.load()) return Unavailable("this shard is restoring the job's state");
     ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
                          d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
@@ -757,7 +808,7 @@ Status ShardServer::Start() {
                          }));
     {
       std::lock_guard<std::mutex> lock(d->mu);
-      d->sessions[peer.session_token] = {peer.rank, ep};
+      d->sessions[peer.session_token] = {peer.rank, ep, epoch};
       d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
     }
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;

@@ -19,11 +19,7 @@ Result<ReductionMode> ParseReductionMode(std::string_view text) {
                          std::string(text) + "'");
 }
 
-ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
-                       ThreadPool* pool)
-    : layout_(layout), ordinal_(ordinal), job_(job), pool_(pool) {}
-
-ShardState::~ShardState() { Shutdown(Cancelled("shard state destroyed")); }
+// The constructor and destructor are in shard_state_serving.cc (ServingStaging is complete there).
 
 Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uint32_t ordinal,
                                                        const ShardJob& job,
@@ -49,6 +45,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   const bool needs_m = needs_v || optimizer.momentum > 0.0f;
   s->chunks_.resize(s->chunk_ids_.size());
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
+  s->serving_in_store_ = spilling && spill->serving_records;
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
     Chunk& c = s->chunks_[i];
     c.id = s->chunk_ids_[i];
@@ -64,7 +61,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     }
     for (uint32_t k = 0; k < slots; ++k) {
       ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
-      c.grads.push_back(std::move(g));
+      c.grads.push_back(std::make_shared<AlignedBuffer<float>>(std::move(g)));
     }
     c.covered.resize(slots);
     c.landed.assign(slots, 0);
@@ -74,6 +71,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   auto serving_stride = [](uint64_t elems) { return (elems * sizeof(uint16_t) + 63) / 64 * 64; };
   size_t serving_bytes = 0;
   for (const Chunk& c : s->chunks_) serving_bytes += serving_stride(c.size);
+  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (InitServingStore)
   std::span<std::byte> serving;
   if (serving_bytes > 0 && serving_alloc) {
     ZPS_ASSIGN_OR_RETURN(serving, serving_alloc(serving_bytes));
@@ -90,6 +88,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   }
   size_t serving_off = 0;
   for (Chunk& c : s->chunks_) {
+    if (s->serving_in_store_) break;
     c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size};
     serving_off += serving_stride(c.size);
   }
@@ -107,13 +106,36 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     ChunkStoreOptions so = *spill;
     so.moments = needs_v ? 2 : (needs_m ? 1 : 0);
     s->moments_ = so.moments;
-    so.serving_records = false;  // serving copies stay in the shard's RAM buffers
     std::vector<uint64_t> elems;
     for (const Chunk& c : s->chunks_) {
       s->store_ids_.push_back(static_cast<uint32_t>(elems.size()));
       elems.push_back(c.size);
     }
+    if (s->serving_in_store_) {
+      // Resident serving copies come from the ServingAllocator (the UCX region); the staging
+      // buffers for fetches of spilled ones are taken from the serving budget.
+      so.serving_ram_alloc = serving_alloc;
+      uint64_t total = 0, largest = 0;
+      for (uint64_t n : elems) {
+        total += AlignUp(n * sizeof(uint16_t));
+        largest = std::max(largest, AlignUp(n * sizeof(uint16_t)));
+      }
+      if (total > so.serving_memory_budget) {
+        const uint64_t staging = uint64_t{kServingStagingBuffers} * largest;
+        if (staging > so.serving_memory_budget) {
+          return ResourceExhausted(
+              "serving budget " + std::to_string(so.serving_memory_budget) +
+              " bytes cannot hold the " + std::to_string(kServingStagingBuffers) +
+              " fetch staging buffers of " + std::to_string(largest) +
+              " bytes (plus the spill pipeline's); raise it or lower the chunk size");
+        }
+        so.serving_memory_budget -= staging;
+      }
+    } else {
+      so.serving_records = false;  // serving copies stay in the shard's RAM block
+    }
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
+    if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
   }
   return s;
 }
@@ -126,6 +148,11 @@ ShardState::Chunk* ShardState::FindChunk(uint32_t id) {
 
 const ShardState::Chunk* ShardState::FindChunk(uint32_t id) const {
   return const_cast<ShardState*>(this)->FindChunk(id);
+}
+
+uint64_t ShardState::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
 }
 
 int64_t ShardState::version() const {
@@ -149,6 +176,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return shutdown_reason_;
+  if (req.epoch && *req.epoch != epoch_) {
+    return Unavailable("push from before the shard rolled back (generation " +
+                       std::to_string(*req.epoch) + ", now " + std::to_string(epoch_) +
+                       "); re-join");
+  }
   Chunk* c = FindChunk(req.chunk);
   if (c == nullptr) {
     return OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " +
@@ -192,12 +224,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   t.slot_ = slot;
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
-  if (init) {
-    // With a store, initial values land in gradient slot 0 (free until the first step).
-    float* base = store_ ? c->grads[0].data() : c->master.data();
-    t.dest_ = reinterpret_cast<std::byte*>(base + b);
-  } else if (req.dtype == DType::kF32) {
-    t.dest_ = reinterpret_cast<std::byte*>(c->grads[slot].data() + b);
+  // Initial values land in gradient slot 0 too (free until the first step): no push ever writes
+  // into the master directly.
+  t.slot_buffer_ = c->grads[slot];
+  if (init || req.dtype == DType::kF32) {
+    t.dest_ = reinterpret_cast<std::byte*>(t.slot_buffer_->data() + b);
   } else {
     t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
     t.dest_ = t.staging_.get();
@@ -219,10 +250,11 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     if (t.staging_) {
       lock.unlock();  // the range is reserved: no one else writes it
       const auto* src = reinterpret_cast<const uint16_t*>(t.staging_.get());
-      std::span<float> dst(c->grads[t.slot_].data() + t.req_.offset, t.req_.length);
+      std::span<float> dst(t.slot_buffer_->data() + t.req_.offset, t.req_.length);
       if (t.req_.dtype == DType::kF16) ConvertF16ToF32({src, t.req_.length}, dst);
       else ConvertBF16ToF32({src, t.req_.length}, dst);
       lock.lock();
+      if (t.epoch_ != epoch_) return Unavailable("push overtaken by a rollback; re-join");
     }
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
@@ -232,10 +264,20 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
             ResetCoverage(*c);  // the initial values must be pushed again
             return st.WithContext("storing the initial values of chunk " + std::to_string(c->id));
           }
+        } else {
+          std::memcpy(c->master.data(), c->grads[0]->data(), c->size * sizeof(float));
         }
-        std::span<const float> master = store_ ? c->grads[0].span() : c->master.span();
-        if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(master, c->serving);
-        else ConvertF32ToBF16(master, c->serving);
+        std::span<const float> master = store_ ? c->grads[0]->span() : c->master.span();
+        if (ServingSpilled(*c)) {
+          if (Status st = WriteSpilledServing(*c, master); !st.ok()) {
+            ResetCoverage(*c);  // the initial values must be pushed again
+            return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
+          }
+        } else if (job_.serving_dtype == DType::kF16) {
+          ConvertF32ToF16(master, c->serving);
+        } else {
+          ConvertF32ToBF16(master, c->serving);
+        }
         ResetCoverage(*c);
         Publish(*c, 0, ready);
         cv_.notify_all();
@@ -244,11 +286,7 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
       cv_.notify_all();
     }
   }
-  for (auto& [w, st] : ready) {
-    const Chunk* c = FindChunk(w.req.chunk);
-    w.cb(st, 0,
-         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)));
-  }
+  Answer(ready, 0);
   return Status::Ok();
 }
 
@@ -285,9 +323,9 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   std::vector<std::pair<uint32_t, ChunkReport>> out;
   out.reserve(chunks_.size());
   for (Chunk& c : chunks_) {
-    float* acc = c.grads[0].data();
+    float* acc = c.grads[0]->data();
     for (size_t r = 1; r < c.grads.size(); ++r) {
-      const float* g = c.grads[r].data();
+      const float* g = c.grads[r]->data();
       for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
     }
     ZPS_ASSIGN_OR_RETURN(GradStats st,
@@ -305,8 +343,12 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
                                 " before its gradients are complete");
     }
   }
+  const bool rewrite_serving = !order.skip && serving_in_store_;
   if (!order.skip && store_) {
-    ZPS_RETURN_IF_ERROR(StoreUpdate(order));
+    if (rewrite_serving) BeginServingRewrite();
+    Status st = StoreUpdate(order);
+    if (!st.ok() && rewrite_serving) EndServingRewrite(st);
+    ZPS_RETURN_IF_ERROR(st);
   } else if (!order.skip) {
     for (Chunk& c : chunks_) {
       ChunkState st{c.master.span(), c.m.span(), c.v.span()};
@@ -315,7 +357,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
       up.grad_scale = order.grad_scale;
       up.out_dtype = job_.serving_dtype;
       up.out16 = c.serving;
-      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up));
+      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up));
     }
   }
   std::vector<std::pair<Waiter, Status>> ready;
@@ -325,18 +367,52 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
       ResetCoverage(c);
       Publish(c, order.step + 1, ready);
     }
+    if (rewrite_serving) {
+      ++serving_gen_;  // even again, together with the new version
+      reader_cv_.notify_all();
+    }
   }
+  Answer(ready, order.step + 1);
+  return Status::Ok();
+}
+
+void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version) {
   for (auto& [w, st] : ready) {
     const Chunk* c = FindChunk(w.req.chunk);
-    w.cb(st, order.step + 1,
-         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)));
+    if (st.ok() && ServingSpilled(*c)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!shutdown_) {
+        QueueSpilledFetch(std::move(w));
+        continue;
+      }
+      const Status reason = shutdown_reason_;
+      lock.unlock();
+      w.cb(reason, -1, {}, nullptr);
+      continue;
+    }
+    w.cb(st, version,
+         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)),
+         nullptr);
   }
-  return Status::Ok();
 }
 
 void ShardState::ResetCoverage(Chunk& c) {
   for (auto& cov : c.covered) cov.clear();
   std::fill(c.landed.begin(), c.landed.end(), 0);
+}
+
+Status ShardState::FreshSlots(Chunk& c) {
+  for (auto& g : c.grads) {
+    // Only tickets share a slot buffer, and none can be made without mu_: a count of 1 means no
+    // transfer can write into it any more.
+    if (g.use_count() == 1) {
+      std::fill(g->span().begin(), g->span().end(), 0.0f);
+      continue;
+    }
+    ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<float>::Allocate(c.size));
+    g = std::make_shared<AlignedBuffer<float>>(std::move(fresh));
+  }
+  return Status::Ok();
 }
 
 void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready) {
@@ -357,7 +433,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
   if (shutdown_) {
     Status s = shutdown_reason_;
     lock.unlock();
-    cb(s, -1, {});
+    cb(s, -1, {}, nullptr);
     return;
   }
   Chunk* c = FindChunk(req.chunk);
@@ -373,14 +449,18 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
   }
   if (!bad.ok()) {
     lock.unlock();
-    cb(bad, -1, {});
+    cb(bad, -1, {}, nullptr);
+    return;
+  }
+  if (c->version >= req.min_version && ServingSpilled(*c)) {
+    QueueSpilledFetch({req, std::move(cb)});  // read back from NVMe by the serving reader
     return;
   }
   if (c->version >= req.min_version) {
     int64_t v = c->version;
     auto data = std::as_bytes(std::span<const uint16_t>(c->serving.data() + req.offset, req.length));
     lock.unlock();
-    cb(Status::Ok(), v, data);
+    cb(Status::Ok(), v, data, nullptr);
     return;
   }
   c->waiters.push_back({req, std::move(cb)});
@@ -397,9 +477,11 @@ void ShardState::Shutdown(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
+    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
   }
   cv_.notify_all();
-  for (auto& w : failed) w.cb(reason, -1, {});
+  reader_cv_.notify_all();
+  for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 
 uint32_t ShardState::StateCrc() const {
@@ -420,7 +502,15 @@ uint32_t ShardState::StateCrc() const {
       crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
       crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
     }
-    crc = Crc32cExtend(crc, std::as_bytes(c.serving));
+    if (ServingSpilled(c)) {
+      std::vector<uint16_t> serving;
+      if (Status st = ServingCopy(c, serving); !st.ok()) {
+        ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
+      }
+      crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
+    } else {
+      crc = Crc32cExtend(crc, std::as_bytes(c.serving));
+    }
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&c.version, 1)));
   }
   return crc;
@@ -436,6 +526,11 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
     uint32_t crc = Crc32c(master.data(), master.size() * sizeof(float));
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
+    if (ServingSpilled(*c)) {
+      std::vector<uint16_t> serving;
+      ZPS_RETURN_IF_ERROR(ServingCopy(*c, serving));
+      return Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
+    }
     return Crc32cExtend(crc, std::as_bytes(c->serving));
   }
   uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));

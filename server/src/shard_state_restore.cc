@@ -45,8 +45,9 @@ void ShardState::FailWaiters(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
+    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
   }
-  for (auto& w : failed) w.cb(reason, -1, {});
+  for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 
 Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Status& reason) {
@@ -55,6 +56,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
                            std::to_string(version));
   }
   std::vector<Waiter> failed;
+  Status slots;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++epoch_;
@@ -62,30 +64,41 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
       ResetCoverage(c);
+      if (slots.ok()) slots = FreshSlots(c);
       c.version = -1;  // nothing is served until the state is back
     }
+    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
   }
-  for (auto& w : failed) w.cb(reason, -1, {});
+  for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
+  ZPS_RETURN_IF_ERROR(slots);
+  if (serving_in_store_) BeginServingRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
+    // With serving records the pass also rewrites every serving copy (spilled ones behind).
     PassOptions pass;
     pass.read_state = false;
-    ZPS_RETURN_IF_ERROR(CountIo(store_->ForEachChunk(
+    pass.serving = serving_in_store_;
+    Status restored = CountIo(store_->ForEachChunk(
         store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
           Chunk& c = chunks_[i];
+          const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
           if (version < 0) {
             std::fill(s.state.master.begin(), s.state.master.end(), 0.0f);
             std::fill(s.state.m.begin(), s.state.m.end(), 0.0f);
             std::fill(s.state.v.begin(), s.state.v.end(), 0.0f);
-            std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
+            std::fill(serving.begin(), serving.end(), uint16_t{0});
             return Status::Ok();
           }
           if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
-          if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(s.state.master, c.serving);
-          else ConvertF32ToBF16(s.state.master, c.serving);
+          if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(s.state.master, serving);
+          else ConvertF32ToBF16(s.state.master, serving);
           return Status::Ok();
-        })));
+        }));
+    // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
+    // failed restore is retried by the caller (ResetTo again), which clears serving_error_.
+    if (serving_in_store_) EndServingRewrite(Status::Ok());
+    ZPS_RETURN_IF_ERROR(restored);
   }
   for (Chunk& c : chunks_) {
     if (store_) break;
@@ -122,24 +135,27 @@ Status ShardState::CountIo(Status s) const {
 Status ShardState::StoreInitChunk(Chunk& c) {
   const std::vector<float> zeros(c.size, 0.0f);
   const std::span<const float> z(zeros);
-  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0].span(),
+  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0]->span(),
                                     moments_ >= 1 ? z : std::span<const float>(),
                                     moments_ >= 2 ? z : std::span<const float>()));
 }
 
 Status ShardState::StoreUpdate(const CommitOrder& order) {
   // The same per-chunk update as the RAM path, fed by the read-ahead / write-behind pipeline.
-  // The gradient (slot 0) and the serving copy are RAM buffers of the chunk.
+  // The gradient (slot 0) is a RAM buffer of the chunk; the serving copy is too, or, with
+  // serving records, the store's (resident in place, spilled written behind).
+  PassOptions pass;
+  pass.serving = serving_in_store_;
   return CountIo(store_->ForEachChunk(
-      store_ids_, PassOptions{}, [&](uint32_t i, const ChunkSpans& s) -> Status {
+      store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
         Chunk& c = chunks_[i];
         UpdateParams up;
         up.step = order.optimizer_step;
         up.grad_scale = order.grad_scale;
         up.out_dtype = job_.serving_dtype;
-        up.out16 = c.serving;
+        up.out16 = serving_in_store_ ? s.serving : c.serving;
         ChunkState st{s.state.master, s.state.m, s.state.v};
-        return optimizer_->Update(st, {c.grads[0].data(), DType::kF32, c.size}, up);
+        return optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up);
       }));
 }
 
@@ -156,6 +172,10 @@ ShardStorageStats ShardState::storage_stats() const {
   out.spilled = store_ != nullptr;
   if (store_) out.store = store_->stats();
   out.io_errors = io_errors_.load(std::memory_order_relaxed);
+  out.serving_in_store = serving_in_store_;
+  out.serving_staging_bytes = StagingBytes();
+  out.spilled_fetches = spilled_fetches_.load(std::memory_order_relaxed);
+  out.spilled_fetch_reads = spilled_fetch_reads_.load(std::memory_order_relaxed);
   return out;
 }
 

@@ -174,6 +174,11 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     if (!cluster.ucx_tls.empty()) args.push_back("--ucx-tls=" + cluster.ucx_tls);
     if (cluster.shard_memory_budget > 0) {
       args.push_back("--memory-budget=" + std::to_string(cluster.shard_memory_budget));
+    }
+    if (cluster.shard_serving_budget > 0) {
+      args.push_back("--serving-budget=" + std::to_string(cluster.shard_serving_budget));
+    }
+    if (cluster.shard_memory_budget > 0 || cluster.shard_serving_budget > 0) {
       args.push_back("--data-dir=" + dir + "/shard-" + std::to_string(i) + "-data");
     }
     auto c = Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");

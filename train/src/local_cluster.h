@@ -17,6 +17,8 @@ struct LocalCluster {
   uint64_t shard_memory_budget = 0;  // > 0: every shard gets --memory-budget and its own
                                      // --data-dir (<temp dir>/shard-i-data: spill files and
                                      // checkpoints); 0 = neither (all in RAM)
+  uint64_t shard_serving_budget = 0;  // > 0: every shard gets --serving-budget (and the
+                                      // --data-dir above)
 };
 
 /// Starts the shards, then the workers with this process's own arguments plus their rank and

@@ -75,6 +75,8 @@ struct TrainOptions {
   uint64_t shard_memory_budget = 0;  // Default: 0 = all in RAM. Local mode: each shard's
                                      // --memory-budget (spill under the cluster's temp dir).
                                      // Other modes ignore it.
+  uint64_t shard_serving_budget = 0;  // Default: 0 = all in RAM. Local mode: each shard's
+                                      // --serving-budget. Other modes ignore it.
   ModelConfig model;
   DataOptions data;
   std::string corpus;
@@ -122,6 +124,10 @@ void Register(Flags& f, TrainOptions& o) {
              "local mode: each shard's --memory-budget (master + optimizer state in RAM; the rest "
              "spills to a --data-dir under the cluster's temp dir); 0 = all in RAM",
              &o.shard_memory_budget);
+  f.AddBytes("shard-serving-budget",
+             "local mode: each shard's --serving-budget (16-bit serving copies in RAM; the rest "
+             "spills to a --data-dir under the cluster's temp dir); 0 = all in RAM",
+             &o.shard_serving_budget);
   AddModelFlags(f, &o.model);
   AddDataFlags(f, &o.data, &o.corpus);
 }
@@ -429,6 +435,7 @@ Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   cluster.ucx_tls = o.ucx_tls;
   cluster.metrics_port = o.metrics_port;
   cluster.shard_memory_budget = o.shard_memory_budget;
+  cluster.shard_serving_budget = o.shard_serving_budget;
   return RunLocalCluster(cluster, argc, argv);
 }
 

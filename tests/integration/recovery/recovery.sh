@@ -8,17 +8,32 @@
 # ZPS_RECOVERY_SHARD_ARGS: extra zps-server flags (e.g. "--memory-budget 168KiB": the same
 # scenarios with master, m and v mostly spilled to <data-dir>/spill; every shard log must then
 # show spilled chunks). ZPS_RECOVERY_MODEL_ARGS: extra model flags (e.g. "--chunk-elems 2048").
+#
+# Scenarios run only when named (not in the default set):
+#   corrupt-restarted  shard 1 dies at step 17; its newest checkpoint (15) is corrupted on disk
+#                      before the restart: it must offer 10, and the job rolls back to 10.
+#   corrupt-survivor   shard 1 dies at step 17; shard 0's checkpoint 15 (the coordinator's target,
+#                      complete on every shard) is corrupted while it runs: its restore meets
+#                      DATA_LOSS, it reports 15 unusable, and the job rolls back to 10.
+#   disk-full          shard 1's --data-dir is a small tmpfs that holds one checkpoint: from
+#                      checkpoint 10 on its checkpoints fail (disk full, logged with the directory),
+#                      none is counted complete, training goes on; then the coordinator shard dies
+#                      at step 17 and the job rolls back to 5, the last complete one. Exits 77
+#                      (skipped) where a tmpfs cannot be mounted.
 set -euo pipefail
 bin=$1
 shift
+here=$(cd "$(dirname "$0")" && pwd)
 model=(--steps 30 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 # shellcheck disable=SC2206  # word splitting of the extra flags is intended
 [[ -n ${ZPS_RECOVERY_MODEL_ARGS:-} ]] && model+=(${ZPS_RECOVERY_MODEL_ARGS})
 work=$(mktemp -d)
 pids=()
+mounts=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
   [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
@@ -57,11 +72,61 @@ wait_exit() {  # pid timeout_s
   done
 }
 
+# ---- hooks of the named scenarios (arguments: the scenario's dir) ----
+newest_checkpoint() {  # shard dir -> the newest step zps-ckpt inspect lists
+  "$bin/zps-ckpt" inspect --data-dir "$1/checkpoints" | awk '$1 ~ /^[0-9]+$/ {s=$1} END {print s}'
+}
+corrupt_newest() {  # shard dir: flips a byte of a tensor of its newest checkpoint, on disk
+  local step
+  step=$(newest_checkpoint "$1")
+  [[ $step == 15 ]] || { echo "(newest checkpoint of $1 is '$step', expected 15)"; return 1; }
+  python3 "$here/corrupt_checkpoint.py" "$1/checkpoints" "$step"
+}
+corrupt_restarted() { corrupt_newest "$1/shard1"; }
+corrupt_survivor() { corrupt_newest "$1/shard0"; }
+expect_log() {  # file extended-regex what
+  grep -Eq "$2" "$1" || { echo "(missing in $(basename "$1"): $3)"; return 1; }
+}
+check_corrupt_restarted() {
+  expect_log "$1/shard1.log" "checkpoint of step 15 in .* is corrupt \(DATA_LOSS: .*CRC32C" \
+    "shard 1 names checkpoint 15 and the DATA_LOSS" &&
+  expect_log "$1/shard0.log" "rolling back to step 10" "the job rolls back to 10"
+}
+check_corrupt_survivor() {
+  expect_log "$1/shard0.log" "cannot load checkpoint 15, the coordinator's recovery target \(DATA_LOSS" \
+    "shard 0 names checkpoint 15 and the DATA_LOSS" &&
+  expect_log "$1/shard0.log" "cannot load checkpoint 15; choosing an older one" \
+    "the coordinator picks again" &&
+  expect_log "$1/shard0.log" "rolling back to step 10" "the job rolls back to 10" &&
+  if [[ $(grep -c "checkpoint of step 15 complete on all" "$1/shard0.log") -lt 2 ]]; then
+    echo "(checkpoint 15, taken again after the rollback, was not counted complete)"; return 1
+  fi
+}
+mount_small_tmpfs() {  # shard 1's --data-dir on a tmpfs with room for one checkpoint
+  mkdir -p "$1/shard1"
+  local err
+  if ! err=$(mount -t tmpfs -o "size=${ZPS_RECOVERY_TMPFS_SIZE:-640k}" tmpfs "$1/shard1" 2>&1); then
+    echo "SKIP disk-full: cannot mount a tmpfs here (${err:-not permitted}); run as root to test it"
+    exit 77
+  fi
+  mounts+=("$1/shard1")
+}
+check_disk_full() {
+  expect_log "$1/shard1.log" "checkpoint of step 10 failed: RESOURCE_EXHAUSTED: checkpoint store $1/shard1/checkpoints: .*disk full.*training continues" \
+    "shard 1's checkpoint 10 fails with disk full, naming the directory" &&
+  expect_log "$1/shard0.log" "checkpoint of step 5 complete on all 2 shards" "checkpoint 5 completes" &&
+  expect_log "$1/shard0.log" "rolling back to step 5" "the job rolls back to 5, the last complete checkpoint" &&
+  if grep -Eq "checkpoint of step ([1-9][0-9]+) complete" "$1/shard0.log"; then
+    echo "(a checkpoint shard 1 failed was counted complete)"; return 1
+  fi
+}
+
 failures=0
-scenario() {  # name victim point:step|timing:step
-  local name=$1 victim=$2 spec=$3
+scenario() {  # name victim point:step|timing:step [setup [before-restart [check]]]
+  local name=$1 victim=$2 spec=$3 setup=${4:-} before_restart=${5:-} check=${6:-}
   local dir=$work/$name
   mkdir -p "$dir"
+  [[ -z $setup ]] || $setup "$dir"
   port=([0]=$(free_port) [1]=$(free_port))
   local crash=""
   [[ $spec != timing:* ]] && crash=$spec
@@ -113,6 +178,11 @@ scenario() {  # name victim point:step|timing:step
   local t_kill
   t_kill=$(now_ms)
   wait "${shard_pid[$victim]}" 2>/dev/null || true
+  if [[ -n $before_restart ]] && ! $before_restart "$dir"; then
+    echo "FAIL $name: $before_restart"
+    failures=$((failures+1))
+    return
+  fi
   start_shard "$dir" "$victim" ""
   local ok=1
   for p in "${w[@]}"; do
@@ -134,6 +204,7 @@ scenario() {  # name victim point:step|timing:step
         ok=0; }
     done
   fi
+  if [[ -n $check ]] && ! $check "$dir"; then ok=0; fi
   if [[ $ok -eq 1 ]] && [[ -n $resumed ]] && diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
     echo "PASS $name: shard $victim killed at $spec; ${resumed#recovery: }; recovery time (kill -> first resumed step) ${rec_ms} ms; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
@@ -159,6 +230,9 @@ for s in "${sel[@]}"; do
     timing) scenario timing 1 timing:22 ;;                   # plain kill -9 while training
     start-over) scenario start-over 1 push:3 ;;              # before any checkpoint: from step 0
     sigterm) scenario sigterm 1 sigterm:12 ;;                # save on demand, clean stop, restart
+    corrupt-restarted) scenario corrupt-restarted 1 push:17 "" corrupt_restarted check_corrupt_restarted ;;
+    corrupt-survivor) scenario corrupt-survivor 1 push:17 "" corrupt_survivor check_corrupt_survivor ;;
+    disk-full) scenario disk-full 0 push:17 mount_small_tmpfs "" check_disk_full ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done

@@ -116,6 +116,31 @@ TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
   EXPECT_EQ(store_->LoadChunk(10, 7, {master, {}, {}}).code(), Code::kNotFound);
 }
 
+// Slices are striped over write threads; any count gives the same checkpoint (6 slices per
+// chunk here, so 1, 2, 3 and 5 threads all split a chunk differently).
+TEST(CheckpointStore, AnyWriteThreadCountStoresTheSameCheckpoint) {
+  const Layout layout = SmallLayout(1, 1536);
+  for (int threads : {1, 2, 3, 5}) {
+    SCOPED_TRACE("write_threads " + std::to_string(threads));
+    TempDir dir;
+    CheckpointOptions o = SmallOptions();
+    o.write_threads = threads;
+    auto store = OpenStore(dir.sub("db"), o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 7).ok());
+    ExpectCheckpoint(*store, layout, 0, 7);
+    auto list = store->ListCheckpoints(true);
+    ASSERT_TRUE(list.ok());
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ((*list)[0].verification, Verification::kVerified);
+    EXPECT_EQ((*list)[0].bytes, layout.total_elems() * 12 + 7);  // tensors + "state@7"
+  }
+  CheckpointOptions bad = SmallOptions();
+  bad.write_threads = 0;
+  EXPECT_EQ(bad.Validate().code(), Code::kInvalidArgument);
+}
+
 TEST_F(CheckpointStoreTest, WriterRules) {
   auto w = store_->BeginCheckpoint(1);
   ASSERT_TRUE(w.ok());
@@ -176,6 +201,31 @@ TEST(CheckpointStore, KeepsLastNAndReclaimsSpace) {
   EXPECT_EQ((*list)[1].step, 5);
   ExpectCheckpoint(*store, layout, 0, 4);
   ExpectCheckpoint(*store, layout, 0, 5);
+}
+
+// The newest checkpoint complete on every shard survives garbage collection while newer local
+// ones pile up (another shard failing its checkpoints, e.g. on a full disk).
+TEST(CheckpointStore, ProtectedCheckpointOutlivesKeep) {
+  TempDir dir;
+  auto layout = *Layout::Build({{"w", {1 << 14}}}, {.chunk_elems = 1 << 12, .num_shards = 1});
+  CheckpointOptions o;
+  o.keep = 2;
+  auto store = OpenStore(dir.sub("db"), o);
+  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 5).ok());
+  store->Protect(5);
+  for (int64_t step : {10, 15, 20}) ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, step).ok());
+  auto steps = [&] {
+    auto list = store->ListCheckpoints(false);
+    std::vector<int64_t> out;
+    for (const auto& c : *list) out.push_back(c.step);
+    return out;
+  };
+  EXPECT_EQ(steps(), (std::vector<int64_t>{5, 15, 20}));
+  ExpectCheckpoint(*store, layout, 0, 5);
+  store->Protect(20);  // now complete everywhere: 5 goes with the next collection
+  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 25).ok());
+  EXPECT_EQ(steps(), (std::vector<int64_t>{20, 25}));
 }
 
 Layout KillLayout() {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -170,6 +171,54 @@ TEST(ChunkStore, SpilledMatchesRamBitForBit) {
     }
     EXPECT_GT((*spill)->stats().bytes_read, 0u);
   }
+}
+
+// Only the serving copies spill (the shard's --serving-budget without --memory-budget): no state
+// file and no state pipeline buffers; resident serving records live in the caller's memory.
+TEST(ChunkStore, ServingAloneSpillsIntoCallerMemory) {
+  auto opt = MakeOptimizer();
+  std::vector<uint32_t> ids(kChunks.size());
+  std::iota(ids.begin(), ids.end(), 0u);
+  auto ram = ChunkStore::Create(SmallOptions("cs-sv-ram", 1ull << 30, 1ull << 30), kChunks);
+  ASSERT_TRUE(ram.ok());
+  Train(**ram, *opt, ids, 3);
+
+  const uint64_t sbufs = 5 * AlignUp(250000 * 2);
+  auto o = SmallOptions("cs-sv-spill", 1ull << 30, sbufs + AlignUp(100000 * 2));
+  std::vector<std::byte> mem;
+  o.serving_ram_alloc = [&](size_t bytes) -> Result<std::span<std::byte>> {
+    mem.resize(bytes + 64);
+    auto base = reinterpret_cast<uintptr_t>(mem.data());
+    return std::span<std::byte>(mem.data() + ((base + 63) / 64 * 64 - base), bytes);
+  };
+  auto spill = ChunkStore::Create(o, kChunks);
+  ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+  const ChunkStoreStats st = (*spill)->stats();
+  EXPECT_EQ(st.state_resident, kChunks.size());
+  EXPECT_EQ(st.state_file_bytes, 0u);
+  EXPECT_EQ(st.serving_resident, 1u);  // chunk 0 only
+  EXPECT_EQ(st.serving_buffer_bytes, sbufs);
+  EXPECT_EQ(st.buffer_bytes, sbufs);  // no state pipeline buffers
+  ASSERT_EQ(mem.size(), AlignUp(100000 * 2) + 64);
+  const std::span<uint16_t> r0 = (*spill)->ResidentServing(0);
+  ASSERT_EQ(r0.size(), 100000u);
+  EXPECT_GE(reinterpret_cast<std::byte*>(r0.data()), mem.data());
+  EXPECT_LT(reinterpret_cast<std::byte*>(r0.data()), mem.data() + mem.size());
+  EXPECT_TRUE((*spill)->ResidentServing(1).empty());
+  EXPECT_TRUE((*spill)->ResidentServing(999).empty());
+
+  Train(**spill, *opt, ids, 3);
+  EXPECT_GT((*spill)->stats().serving_bytes_written, 0u);
+  for (uint32_t c : ids) {
+    EXPECT_TRUE(Same(Read(**ram, c), Read(**spill, c))) << "chunk " << c;
+  }
+  const ChunkStoreStats after = (*spill)->stats();
+  EXPECT_GT(after.serving_bytes_read, 0u);
+  EXPECT_EQ(after.bytes_read, after.serving_bytes_read);  // no state was read from disk
+  // The resident record is the memory the pass wrote: it matches ReadServing.
+  std::vector<uint16_t> copy(100000);
+  ASSERT_TRUE((*spill)->ReadServing(0, copy).ok());
+  EXPECT_TRUE(std::equal(copy.begin(), copy.end(), r0.begin()));
 }
 
 TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {

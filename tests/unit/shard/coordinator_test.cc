@@ -80,6 +80,54 @@ TEST(Coordinator, OverflowSkipsAndLowersTheScale) {
   EXPECT_EQ(stale.code(), Code::kFailedPrecondition);
 }
 
+msg::CheckpointReport Listing(uint32_t ordinal, std::vector<int64_t> steps) {
+  msg::CheckpointReport r;
+  r.ordinal = ordinal;
+  r.steps = std::move(steps);
+  return r;
+}
+
+// Recovery: the target is the newest step every shard lists; a shard that then finds it
+// unloadable lists it no more, and the coordinator picks again (a new epoch). Decisions carry the
+// newest complete checkpoint, which shards must not garbage-collect.
+TEST(Coordinator, ShardThatCannotLoadTheTargetMakesItPickAnOlderOne) {
+  Coordinator c(2);
+  JobSpec job = MakeJob(1);
+  ASSERT_TRUE(c.RegisterShard(0, "a:1").ok());
+  ASSERT_TRUE(c.RegisterShard(1, "b:1").ok());
+  ASSERT_TRUE(c.Join(0, job, job.Hash()).ok());
+  ASSERT_TRUE(c.ReportCheckpoints(Listing(0, {5, 10})).ok());
+  ASSERT_TRUE(c.ReportCheckpoints(Listing(1, {5})).ok());  // 10 failed on shard 1
+  Result<CommitInfo> d = Internal("unset");
+  c.Report(0, 1, {{1, {1.0, false}}}, [](const Result<CommitInfo>&) {});
+  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}},
+           [&](const Result<CommitInfo>& x) { d = x; });
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->protect_checkpoint, 5);
+
+  ASSERT_TRUE(c.ReportCheckpoints(Listing(1, {5, 10})).ok());
+  c.ShardLost(1, 0);
+  ASSERT_TRUE(c.RegisterShard(1, "b:1").ok());
+  ASSERT_TRUE(c.ReportCheckpoints(Listing(1, {5, 10})).ok());
+  auto r = c.ShardSync({0, c.epoch(), false, {}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->phase, msg::JobPhase::kRecovering);
+  EXPECT_EQ(r->target_step, 10);
+  const uint64_t first = r->epoch;
+  // Shard 0 meets DataLoss in checkpoint 10 and lists it no more.
+  ASSERT_TRUE(c.ReportCheckpoints(Listing(0, {5})).ok());
+  r = c.ShardSync({0, first, false, {}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->epoch, first);
+  EXPECT_EQ(r->target_step, 5);
+  for (uint32_t s : {0u, 1u}) {
+    r = c.ShardSync({s, r->epoch, true, {5, 1.0, 0, 5}});
+    ASSERT_TRUE(r.ok());
+  }
+  EXPECT_EQ(r->phase, msg::JobPhase::kRunning);
+  EXPECT_EQ(c.step(), 5);
+}
+
 TEST(Coordinator, ShutdownFailsWaiters) {
   Coordinator c(1);
   Status s;

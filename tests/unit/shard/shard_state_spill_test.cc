@@ -1,13 +1,20 @@
 // ShardState with a memory budget (master, m, v in a ChunkStore, mostly spilled) must end every
 // step with exactly the state of the RAM-only ShardState, and checkpoint visits / restores must
-// go through the store.
+// go through the store. With a serving budget too (ShardStateServingSpill), the 16-bit serving
+// copies spill as well and fetches of them are read back from NVMe: still bit for bit.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 
 #include "zps/server/shard_state.h"
@@ -47,6 +54,7 @@ Pair MakePair(const Layout& layout, const OptimizerConfig& opt) {
   so.memory_budget = kBudget;
   so.spill_dir = SpillDir();
   so.file_prefix = "shard-spill-test-" + std::to_string(::getpid());
+  so.serving_records = false;  // serving copies in the shard's RAM block (no --serving-budget)
   auto s = ShardState::Create(layout, 0, job, opt, nullptr, so);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   p.ram = std::move(*r);
@@ -128,7 +136,8 @@ TEST(ShardStateSpill, StepsMatchRamBitForBit) {
     for (uint32_t c : p.ram->chunk_ids()) {
       std::vector<std::byte> a, b;
       auto grab = [](std::vector<std::byte>& out) {
-        return [&out](const Status& s, int64_t, std::span<const std::byte> d) {
+        return [&out](const Status& s, int64_t, std::span<const std::byte> d,
+                      std::shared_ptr<const void>) {
           ASSERT_TRUE(s.ok());
           out.assign(d.begin(), d.end());
         };
@@ -196,6 +205,358 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
   Step(*p.ram, 2, false);
   Step(*p.spill, 2, false);
   ExpectSame(*p.ram, *p.spill);
+}
+
+// ---- serving copies spilled too (--serving-budget) ---------------------------------------------
+
+// 14 serving records of 8 KiB: the serving budget holds the 4 fetch staging buffers, the spill
+// pipeline's 5 buffers and 2 resident copies; the other 12 live in the serving spill file.
+constexpr uint64_t kServingRecord = 4096 * 2;
+constexpr uint64_t kServingBudget = (kServingStagingBuffers + 5 + 2) * kServingRecord;
+
+// A fetch's outcome, waited for (spilled copies are answered from the serving reader thread).
+struct FetchResult {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  int64_t version = -1;
+  std::vector<std::byte> data;
+  const std::byte* where = nullptr;
+  std::shared_ptr<const void> owner;
+
+  FetchCallback Callback(bool keep_owner = false) {
+    return [this, keep_owner](const Status& s, int64_t v, std::span<const std::byte> d,
+                              std::shared_ptr<const void> o) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      version = v;
+      data.assign(d.begin(), d.end());
+      where = d.data();
+      if (keep_owner) owner = std::move(o);
+      done = true;
+      cv.notify_all();
+    };
+  }
+  // Waits for the answer (the bound only keeps a broken build from hanging; no timing asserted).
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; });
+  }
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+};
+
+std::unique_ptr<ShardState> MakeServingSpilled(const Layout& layout, const OptimizerConfig& opt,
+                                               uint64_t state_budget,
+                                               const ServingAllocator& alloc = {}) {
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  ChunkStoreOptions so;
+  so.memory_budget = state_budget;
+  so.serving_records = true;
+  so.serving_memory_budget = kServingBudget;
+  so.spill_dir = SpillDir();
+  so.file_prefix = "shard-serving-test-" + std::to_string(::getpid());
+  auto s = ShardState::Create(layout, 0, job, opt, nullptr, so, alloc);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// Fetches [offset, offset + length) of every chunk from both at min_version and compares.
+void ExpectSameFetches(ShardState& ram, ShardState& spill, int64_t min_version, uint64_t offset,
+                       uint64_t length) {
+  for (uint32_t c : ram.chunk_ids()) {
+    const uint64_t size = ram.layout().chunk_size(c);
+    ASSERT_LT(offset, size);
+    const uint64_t n = std::min(length, size - offset);
+    FetchResult a, b;
+    ram.Fetch({c, offset, n, min_version}, a.Callback());
+    spill.Fetch({c, offset, n, min_version}, b.Callback());
+    ASSERT_TRUE(a.Wait() && b.Wait()) << "chunk " << c;
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << b.status.ToString();
+    EXPECT_EQ(a.version, b.version) << "chunk " << c;
+    EXPECT_EQ(a.data, b.data) << "chunk " << c;
+  }
+}
+
+TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
+  const Layout layout = BigLayout();
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    OptimizerConfig opt;
+    opt.kind = kind;
+    opt.momentum = kind == OptimizerKind::kSgd ? 0.9f : 0.0f;
+    ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+    auto ram = ShardState::Create(layout, 0, job, opt, nullptr);
+    ASSERT_TRUE(ram.ok());
+    auto spill = MakeServingSpilled(layout, opt, kBudget);
+    ASSERT_TRUE(spill);
+    const ShardStorageStats st0 = spill->storage_stats();
+    ASSERT_TRUE(st0.spilled && st0.serving_in_store);
+    EXPECT_EQ(st0.store.serving_resident, 2u);
+    EXPECT_EQ(st0.serving_staging_bytes, kServingStagingBuffers * kServingRecord);
+    EXPECT_GT(st0.store.serving_file_bytes, 0u);
+
+    // Fetches parked before the initial values (answered at the publish, from the reader).
+    FetchResult parked;
+    const uint32_t last = layout.num_chunks() - 1;  // spilled
+    spill->Fetch({last, 0, 16, 0}, parked.Callback());
+    PushAll(layout, **ram, *spill, kInitStep, 1);
+    ASSERT_TRUE(parked.Wait());
+    EXPECT_TRUE(parked.status.ok()) << parked.status.ToString();
+    EXPECT_EQ(parked.version, 0);
+    ExpectSame(**ram, *spill);
+    ExpectSameFetches(**ram, *spill, 0, 0, 4096);
+    for (int64_t step = 0; step < 4; ++step) {
+      // One waiting fetch per chunk for the version this step publishes.
+      std::vector<std::unique_ptr<FetchResult>> waiting;
+      for (uint32_t c : spill->chunk_ids()) {
+        waiting.push_back(std::make_unique<FetchResult>());
+        spill->Fetch({c, 100, 200, step + 1}, waiting.back()->Callback());
+      }
+      PushAll(layout, **ram, *spill, step, 100 + static_cast<uint32_t>(step));
+      Step(**ram, step, step == 2);
+      Step(*spill, step, step == 2);
+      for (auto& w : waiting) {
+        ASSERT_TRUE(w->Wait());
+        ASSERT_TRUE(w->status.ok()) << w->status.ToString();
+        EXPECT_EQ(w->version, step + 1);
+      }
+      ExpectSame(**ram, *spill);
+      ExpectSameFetches(**ram, *spill, step + 1, 0, 4096);
+      ExpectSameFetches(**ram, *spill, step + 1, 2000, 96);
+    }
+    const ShardStorageStats st = spill->storage_stats();
+    EXPECT_GT(st.store.serving_bytes_read, 0u);
+    EXPECT_GT(st.store.serving_bytes_written, 0u);
+    EXPECT_GT(st.spilled_fetches, 0u);
+    EXPECT_GT(st.spilled_fetch_reads, 0u);
+    EXPECT_LE(st.spilled_fetch_reads, st.spilled_fetches);
+    EXPECT_EQ(st.io_errors, 0u);
+  }
+}
+
+TEST(ShardStateServingSpill, ServingAloneSpillsWithTheStateInRam) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  auto spill = MakeServingSpilled(layout, OptimizerConfig{}, UINT64_MAX);  // no --memory-budget
+  ASSERT_TRUE(spill);
+  const ShardStorageStats st0 = spill->storage_stats();
+  EXPECT_EQ(st0.store.state_resident, 14u);
+  EXPECT_EQ(st0.store.state_file_bytes, 0u);
+  EXPECT_EQ(st0.store.serving_resident, 2u);
+  // Only the serving tier spills, so only its pipeline buffers exist.
+  EXPECT_EQ(st0.store.buffer_bytes, st0.store.serving_buffer_bytes);
+  PushAll(layout, **ram, *spill, kInitStep, 3);
+  for (int64_t step = 0; step < 3; ++step) {
+    PushAll(layout, **ram, *spill, step, 400 + static_cast<uint32_t>(step));
+    Step(**ram, step, false);
+    Step(*spill, step, false);
+    ExpectSame(**ram, *spill);
+    ExpectSameFetches(**ram, *spill, step + 1, 0, 4096);
+  }
+}
+
+TEST(ShardStateServingSpill, ResidentCopiesAreInTheAllocatorsRegionSpilledOnesComeWithAnOwner) {
+  const Layout layout = BigLayout();
+  std::vector<std::unique_ptr<std::byte[]>> keep;
+  std::span<std::byte> region;
+  ServingAllocator alloc = [&](size_t bytes) -> Result<std::span<std::byte>> {
+    keep.push_back(std::make_unique<std::byte[]>(bytes + 64));
+    auto base = reinterpret_cast<uintptr_t>(keep.back().get());
+    region = {reinterpret_cast<std::byte*>((base + 63) / 64 * 64), bytes};
+    return region;
+  };
+  auto spill = MakeServingSpilled(layout, OptimizerConfig{}, kBudget, alloc);
+  ASSERT_TRUE(spill);
+  ASSERT_EQ(region.size(), 2 * kServingRecord);  // the 2 resident copies only
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  PushAll(layout, **ram, *spill, kInitStep, 5);
+  auto in_region = [&](const std::byte* p) {
+    return p >= region.data() && p < region.data() + region.size();
+  };
+  for (uint32_t c : spill->chunk_ids()) {
+    FetchResult r;
+    spill->Fetch({c, 8, 8, 0}, r.Callback(true));
+    ASSERT_TRUE(r.Wait());
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    const bool resident = c < 2;  // placement in id order
+    EXPECT_EQ(in_region(r.where), resident) << "chunk " << c;
+    EXPECT_EQ(r.owner == nullptr, resident) << "chunk " << c;
+  }
+}
+
+TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  auto spill = MakeServingSpilled(layout, OptimizerConfig{}, kBudget);
+  ASSERT_TRUE(spill);
+  PushAll(layout, **ram, *spill, kInitStep, 9);
+  // Hold the owners of fetches of 4 different spilled chunks: every staging buffer is taken.
+  std::vector<std::unique_ptr<FetchResult>> held;
+  for (uint32_t c = 2; c < 2 + kServingStagingBuffers; ++c) {
+    held.push_back(std::make_unique<FetchResult>());
+    spill->Fetch({c, 0, 4096, 0}, held.back()->Callback(true));
+    ASSERT_TRUE(held.back()->Wait());
+    ASSERT_TRUE(held.back()->status.ok());
+  }
+  // A fifth chunk (not cached) cannot be read until one is released.
+  FetchResult fifth;
+  spill->Fetch({10, 0, 4096, 0}, fifth.Callback());
+  EXPECT_FALSE(fifth.Done());
+  // Queued behind it: a chunk whose copy is held.
+  FetchResult cached;
+  spill->Fetch({3, 0, 4096, 0}, cached.Callback());
+  held[0]->owner.reset();
+  ASSERT_TRUE(fifth.Wait());
+  ASSERT_TRUE(fifth.status.ok()) << fifth.status.ToString();
+  ASSERT_TRUE(cached.Wait());
+  FetchResult want;
+  (*ram)->Fetch({10, 0, 4096, 0}, want.Callback());
+  ASSERT_TRUE(want.Wait());
+  EXPECT_EQ(fifth.data, want.data);
+  FetchResult want3;
+  (*ram)->Fetch({3, 0, 4096, 0}, want3.Callback());
+  ASSERT_TRUE(want3.Wait());
+  EXPECT_EQ(cached.data, want3.data);
+  // The buffer a held owner covers stays intact while later fetches reuse the other buffers.
+  FetchResult want2;
+  (*ram)->Fetch({3, 0, 4096, 0}, want2.Callback());
+  ASSERT_TRUE(want2.Wait());
+  const std::vector<std::byte> still(held[1]->where, held[1]->where + 4096 * 2);
+  EXPECT_EQ(still, want2.data);
+}
+
+TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  auto spill = MakeServingSpilled(layout, OptimizerConfig{}, kBudget);
+  ASSERT_TRUE(spill);
+  PushAll(layout, **ram, *spill, kInitStep, 11);
+  for (int64_t step = 0; step < 2; ++step) {
+    PushAll(layout, **ram, *spill, step, 500 + static_cast<uint32_t>(step));
+    Step(**ram, step, false);
+    Step(*spill, step, false);
+  }
+  struct Saved {
+    std::vector<float> master, m, v;
+  };
+  std::map<uint32_t, Saved> saved;
+  ASSERT_TRUE(
+      spill
+          ->VisitChunkState([&](uint32_t c, int64_t, std::span<const float> master,
+                                std::span<const float> m, std::span<const float> v) {
+            saved[c] = {{master.begin(), master.end()}, {m.begin(), m.end()}, {v.begin(), v.end()}};
+            return Status::Ok();
+          })
+          .ok());
+  // A fetch parked for a version the rollback discards is failed with the reason.
+  FetchResult parked;
+  spill->Fetch({12, 0, 8, 3}, parked.Callback());
+  ASSERT_TRUE(spill->ResetTo(-1, {}, Unavailable("rolled back")).ok());
+  ASSERT_TRUE(parked.Wait());
+  EXPECT_EQ(parked.status.code(), Code::kUnavailable);
+  EXPECT_NE(spill->StateCrc(), (*ram)->StateCrc());
+  auto load = [&](uint32_t c, std::span<float> master, std::span<float> m,
+                  std::span<float> v) -> Status {
+    const Saved& s = saved.at(c);
+    std::memcpy(master.data(), s.master.data(), master.size_bytes());
+    std::memcpy(m.data(), s.m.data(), m.size_bytes());
+    std::memcpy(v.data(), s.v.data(), v.size_bytes());
+    return Status::Ok();
+  };
+  ASSERT_TRUE(spill->ResetTo(2, load, Unavailable("restore")).ok());
+  ExpectSame(**ram, *spill);
+  ExpectSameFetches(**ram, *spill, 2, 0, 4096);
+  PushAll(layout, **ram, *spill, 2, 600);
+  Step(**ram, 2, false);
+  Step(*spill, 2, false);
+  ExpectSame(**ram, *spill);
+  ExpectSameFetches(**ram, *spill, 3, 0, 4096);
+}
+
+// Fails every read completion with EIO while armed (the fetch path of spilled serving copies).
+class FailReadsEngine final : public IoEngine {
+ public:
+  FailReadsEngine(std::unique_ptr<IoEngine> inner, std::shared_ptr<std::atomic<bool>> armed)
+      : inner_(std::move(inner)), armed_(std::move(armed)) {}
+  uint32_t depth() const override { return inner_->depth(); }
+  uint32_t in_flight() const override { return inner_->in_flight(); }
+  Status Push(const IoRequest& req) override {
+    if (req.op == IoRequest::Op::kRead) reads_.insert(req.tag);
+    return inner_->Push(req);
+  }
+  Status Flush() override { return inner_->Flush(); }
+  Result<IoCompletion> Wait() override {
+    ZPS_ASSIGN_OR_RETURN(IoCompletion c, inner_->Wait());
+    auto it = reads_.find(c.tag);
+    if (it != reads_.end()) {
+      reads_.erase(it);
+      if (armed_->load()) c.res = -EIO;
+    }
+    return c;
+  }
+
+ private:
+  std::unique_ptr<IoEngine> inner_;
+  std::shared_ptr<std::atomic<bool>> armed_;
+  std::multiset<uint64_t> reads_;
+};
+
+TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(ram.ok());
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  ChunkStoreOptions so;
+  so.memory_budget = UINT64_MAX;  // only serving copies spill: every read is a fetch's
+  so.serving_records = true;
+  so.serving_memory_budget = kServingBudget;
+  so.spill_dir = SpillDir();
+  so.file_prefix = "shard-serving-fault-" + std::to_string(::getpid());
+  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
+    return std::make_unique<FailReadsEngine>(std::move(e), armed);
+  };
+  auto spill = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
+  ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+  PushAll(layout, **ram, **spill, kInitStep, 13);
+  armed->store(true);
+  FetchResult bad;
+  (*spill)->Fetch({5, 0, 64, 0}, bad.Callback());
+  ASSERT_TRUE(bad.Wait());
+  EXPECT_EQ(bad.status.code(), Code::kIoError) << bad.status.ToString();
+  EXPECT_EQ((*spill)->storage_stats().io_errors, 1u);
+  armed->store(false);
+  // Nothing was lost: the next fetch reads the copy, and the step goes on bit for bit.
+  ExpectSameFetches(**ram, **spill, 0, 0, 4096);
+  PushAll(layout, **ram, **spill, 0, 700);
+  Step(**ram, 0, false);
+  Step(**spill, 0, false);
+  ExpectSame(**ram, **spill);
+  ExpectSameFetches(**ram, **spill, 1, 0, 4096);
+}
+
+TEST(ShardStateServingSpill, ServingBudgetTooSmallForTheStagingBuffersIsAClearError) {
+  ChunkStoreOptions so;
+  so.memory_budget = UINT64_MAX;
+  so.serving_records = true;
+  so.serving_memory_budget = 3 * kServingRecord;
+  so.spill_dir = SpillDir();
+  ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
+  auto s = ShardState::Create(BigLayout(), 0, job, OptimizerConfig{}, nullptr, so);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kResourceExhausted) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("staging"), std::string::npos);
 }
 
 TEST(ShardStateSpill, BudgetTooSmallForTheBuffersIsAClearError) {

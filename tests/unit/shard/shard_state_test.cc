@@ -49,7 +49,8 @@ TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
   Init();
   std::vector<uint16_t> got;
   int64_t version = -5;
-  shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d) {
+  shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d,
+                                   std::shared_ptr<const void>) {
     ASSERT_TRUE(s.ok());
     version = v;
     got.resize(d.size() / 2);
@@ -84,7 +85,8 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
     ASSERT_TRUE((*s)->FinishPush(std::move(*t), Status::Ok()).ok());
   }
   const std::byte* where = nullptr;
-  (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d) {
+  (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d,
+                                std::shared_ptr<const void>) {
     ASSERT_TRUE(st.ok());
     where = d.data();
   });
@@ -139,6 +141,39 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   EXPECT_EQ(0, std::memcmp(got->data(), master.data(), 128 * 4));
 }
 
+// Rollback fence: a push from before a rollback never reaches the gradient slots, neither one
+// that reaches the shard only after it (an old session's: refused before it reserves anything)
+// nor one whose transfer was still landing (it writes into a buffer of its own; FinishPush
+// refuses it). Without the fence the first takes rank 0's range and the second overwrites the
+// new gradient with garbage.
+TEST_F(ShardStateTest, RollbackFencesPushesFromBeforeIt) {
+  Make(ReductionMode::kServerSum, 2);
+  Init();
+  const uint64_t old_gen = shard_->epoch();
+  auto in_flight = shard_->BeginPush({0, 0, 0, 128, 0, DType::kF32, old_gen});
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status().ToString();
+  ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
+  Init();
+  const uint64_t gen = shard_->epoch();
+  ASSERT_NE(gen, old_gen);
+  EXPECT_EQ(shard_->BeginPush({0, 0, 0, 128, 0, DType::kF32, old_gen}).status().code(),
+            Code::kUnavailable);
+  std::vector<float> g(128, 0.25f);
+  for (uint32_t rank : {0u, 1u}) {
+    ASSERT_TRUE(Push({0, 0, 0, 128, rank, DType::kF32, gen}, g.data()).ok());
+    ASSERT_TRUE(Push({0, 2, 0, 50, rank, DType::kF32, gen}, g.data()).ok());
+  }
+  // The old transfer lands only now, after the new gradients.
+  std::memset(in_flight->destination().data(), 0x7f, in_flight->destination().size());
+  EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
+  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  auto reports = shard_->ReduceStep(0);
+  ASSERT_TRUE(reports.ok());
+  ASSERT_EQ(reports->size(), 2u);
+  EXPECT_NEAR((*reports)[0].second.sum_squares, 128 * 0.5 * 0.5, 1e-9);  // rank sum 0.25 + 0.25
+  EXPECT_NEAR((*reports)[1].second.sum_squares, 50 * 0.5 * 0.5, 1e-9);
+}
+
 TEST_F(ShardStateTest, BadPushesChangeNothing) {
   Make(ReductionMode::kServerSum, 2, DType::kF16);
   Init();
@@ -191,7 +226,8 @@ TEST_F(ShardStateTest, PreReducedTakesDisjointSlicesFromAnyRank) {
 TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   Make(ReductionMode::kServerSum, 1);
   int64_t seen = -2;
-  shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>) {
+  shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) {
     EXPECT_TRUE(s.ok());
     seen = v;
   });
@@ -199,14 +235,17 @@ TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   Init();
   EXPECT_EQ(seen, 0);
   Status far;
-  shard_->Fetch({0, 0, 8, 5}, [&](const Status& s, int64_t, std::span<const std::byte>) { far = s; });
+  shard_->Fetch({0, 0, 8, 5}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) { far = s; });
   EXPECT_EQ(far.code(), Code::kFailedPrecondition);
   Status bad;
-  shard_->Fetch({0, 120, 16, 0}, [&](const Status& s, int64_t, std::span<const std::byte>) { bad = s; });
+  shard_->Fetch({0, 120, 16, 0}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                     std::shared_ptr<const void>) { bad = s; });
   EXPECT_EQ(bad.code(), Code::kOutOfRange);
   Status pending = Status::Ok();
   bool called = false;
-  shard_->Fetch({0, 0, 8, 1}, [&](const Status& s, int64_t, std::span<const std::byte>) {
+  shard_->Fetch({0, 0, 8, 1}, [&](const Status& s, int64_t, std::span<const std::byte>,
+                                  std::shared_ptr<const void>) {
     pending = s;
     called = true;
   });

@@ -103,6 +103,8 @@ struct CommitInfo {
   int64_t optimizer_step = 0;    // applied updates after this step
   int64_t good_steps = 0;        // loss scaler: consecutive good steps after this step
   bool checkpoint = false;       // shards checkpoint the state at version step + 1
+  int64_t protect_checkpoint = 0;  // newest checkpoint complete on every shard (0: none): shards
+                                   // keep it whatever their garbage collection would drop
   std::vector<std::byte> Encode() const;
   static Result<CommitInfo> Decode(std::span<const std::byte> b);
 };

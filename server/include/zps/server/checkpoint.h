@@ -41,6 +41,7 @@
 
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_pool.h"
 #include "zps/server/job.h"
 
 namespace rocksdb {
@@ -66,6 +67,9 @@ struct CheckpointOptions {
   bool direct_writes = false;                  // Default: off — O_DIRECT flush/compaction
                                                // (needs a filesystem that supports it).
   bool direct_reads = false;                   // Default: off — O_DIRECT reads.
+  int write_threads = 2;                       // Default: 2 — threads that frame and insert a
+                                               // chunk's slices at once (1..64; includes the
+                                               // caller of AddChunk).
   bool create_if_missing = true;               // Default: true.
   bool read_only = false;                      // Default: false — true for inspect/export
                                                // (works beside a live writer; sees state at
@@ -112,7 +116,8 @@ struct CheckpointInfo {
 class CheckpointStore;
 
 /// An open, uncommitted checkpoint. Destroying it without Commit() aborts it (its data is
-/// deleted). Not thread-safe: one thread drives it.
+/// deleted). Not thread-safe: one thread drives it (AddChunk spreads a chunk's slices over the
+/// store's `write_threads` internally).
 class CheckpointWriter {
  public:
   ~CheckpointWriter();
@@ -134,7 +139,7 @@ class CheckpointWriter {
   /// `keep`. Errors: FailedPrecondition (a local chunk of the layout was not added, or the writer
   /// is not open), ResourceExhausted, IoError. On error nothing became visible; the writer is
   /// failed. A failure of the clean-up after the commit is logged, not returned (the checkpoint
-  /// is committed and the next Commit or Open retries it).
+  /// is committed and the next Commit retries it).
   Status Commit();
   /// Bytes of payload added so far.
   uint64_t bytes() const { return bytes_; }
@@ -142,7 +147,16 @@ class CheckpointWriter {
  private:
   friend class CheckpointStore;
   CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout, uint32_t shard);
-  Status PutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data);
+  struct Slice {
+    uint32_t chunk;
+    uint8_t kind;
+    uint32_t index;
+    std::span<const std::byte> data;
+  };
+  std::vector<Slice> CutSlices(uint32_t chunk, uint8_t kind,
+                               std::span<const std::byte> data) const;
+  // Frames and writes `slices` (without WAL), striped over the store's write threads.
+  Status PutSlices(const std::vector<Slice>& slices);
   void Abort();
 
   CheckpointStore* store_;
@@ -157,7 +171,9 @@ class CheckpointWriter {
   uint32_t state_crc_ = 0;
   uint64_t state_len_ = 0;
   uint64_t bytes_ = 0;
-  std::unique_ptr<rocksdb::WriteBatch> batch_;  // reused for every slice
+  // One per write thread, reused for every slice (a fresh 4+ MiB buffer per slice costs a page
+  // fault and a zeroed page per 4 KiB).
+  std::vector<std::unique_ptr<rocksdb::WriteBatch>> batches_;
 };
 
 /// A committed checkpoint, pinned by a RocksDB snapshot: garbage collection cannot remove it
@@ -248,6 +264,11 @@ class CheckpointStore {
   Result<std::unique_ptr<CheckpointReader>> OpenCheckpoint(int64_t step) const;
   /// Convenience: OpenCheckpoint(step) then ReadChunk. Errors: as both.
   Status LoadChunk(int64_t step, uint32_t chunk, const ChunkTensorsOut& out) const;
+  /// Garbage collection (after each Commit) keeps checkpoint `step` besides the
+  /// `keep` newest: the newest checkpoint complete on every shard of the job, which newer local
+  /// ones do not replace while another shard lacks them (e.g. its disk is full). -1 (the
+  /// default) or a step not stored: nothing extra is kept.
+  void Protect(int64_t step);
   /// Deletes every committed checkpoint with a step > `step` (a rollback). Errors:
   /// FailedPrecondition (read-only or a writer open), ResourceExhausted, IoError.
   Status DropCheckpointsAfter(int64_t step);
@@ -265,8 +286,10 @@ class CheckpointStore {
 
   std::unique_ptr<detail::Db> db_;
   CheckpointOptions options_;
+  std::unique_ptr<ThreadPool> write_pool_;  // write_threads > 1 and writable only
   std::mutex mu_;
   bool writer_open_ = false;  // guarded by mu_
+  int64_t protected_ = -1;    // guarded by mu_; see Protect
 };
 
 }  // namespace zps::server

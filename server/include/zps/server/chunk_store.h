@@ -77,6 +77,13 @@ struct ChunkStoreOptions {
   /// copies elsewhere, as ShardState does); serving_memory_budget is then unused, and
   /// ReadServing / WriteServing / a pass with PassOptions::serving are FailedPrecondition.
   bool serving_records = true;
+  /// Default: none (the store allocates them). When set, provides the memory of the RESIDENT
+  /// serving records, in one call at Create: `bytes` bytes, 64-byte aligned, owned by the caller
+  /// and kept alive (and unchanged by anyone else) for the store's lifetime. ShardState passes
+  /// memory from ucx::Context::Allocate here so that workers can RMA-get resident serving copies
+  /// (docs/data-plane.md). Not called when no serving copy is resident. Its errors are returned
+  /// from Create as they are.
+  std::function<Result<std::span<std::byte>>(size_t bytes)> serving_ram_alloc;
   /// Test hook: wraps the io_uring engine (e.g. in a fault injector). Default: none.
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
 };
@@ -102,10 +109,13 @@ struct ChunkStoreStats {
   uint64_t state_ram_bytes = 0;    // resident state records
   uint64_t serving_ram_bytes = 0;  // resident serving records
   uint64_t buffer_bytes = 0;       // pipeline buffers (both budgets)
+  uint64_t serving_buffer_bytes = 0;  // the serving budget's part of buffer_bytes
   uint64_t state_file_bytes = 0;
   uint64_t serving_file_bytes = 0;
-  uint64_t bytes_read = 0;  // since Create
+  uint64_t bytes_read = 0;  // since Create (state and serving records)
   uint64_t bytes_written = 0;
+  uint64_t serving_bytes_read = 0;  // the serving records' part of bytes_read / bytes_written
+  uint64_t serving_bytes_written = 0;
   bool direct = true;  // false when the buffered fallback was taken
 };
 
@@ -149,6 +159,12 @@ class ChunkStore {
   uint64_t chunk_elems(uint32_t c) const { return chunks_[c].elems; }
   bool state_resident(uint32_t c) const { return chunks_[c].state_resident; }
   bool serving_resident(uint32_t c) const { return chunks_[c].serving_resident; }
+  /// The in-RAM serving copy of chunk c (chunk_elems(c) elements) when it is resident; empty
+  /// when it is spilled or there are no serving records. The span is stable for the store's
+  /// lifetime; it is the memory a pass with PassOptions::serving hands to fn for that chunk and
+  /// that Read/WriteServing copy from/to, so the caller must order its own reads and writes of it
+  /// with those calls (ShardState does: only the update and restore passes write it).
+  std::span<uint16_t> ResidentServing(uint32_t c) const;
   ChunkStoreStats stats() const;
 
  private:
@@ -170,7 +186,7 @@ class ChunkStore {
   Status CheckId(uint32_t c) const;
   static Status NoServingRecords();
   Status Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset, std::byte* buf,
-                  uint64_t bytes, const std::string& what);
+                  uint64_t bytes, const std::string& what, bool serving);
   Status RecordLostError(uint32_t c, bool serving) const;
 
   ChunkStoreOptions options_;
@@ -179,6 +195,8 @@ class ChunkStore {
   uint64_t state_stride_max_ = 0;                                 // largest state record
   uint64_t serving_stride_max_ = 0;                               // largest serving record
   std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;    // resident records
+  std::byte* serving_ram_base_ = nullptr;  // serving_ram_ or options_.serving_ram_alloc memory
+  size_t slot_count_ = 0;                  // pipeline slots (0 when nothing spills)
   std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_;  // pipeline slots
   std::unique_ptr<SpillFile> state_file_, serving_file_;
   std::unique_ptr<IoEngine> engine_;

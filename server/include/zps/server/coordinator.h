@@ -15,7 +15,12 @@
 //     the job enters kRecovering with a new epoch: every waiter fails with Unavailable, Joins and
 //     Reports are refused (Unavailable). Once every shard is connected and has listed its local
 //     checkpoints, the target is the newest step every shard holds (0 = start over); shards
-//     restore it and say so (ShardSync ready); then the job runs again from that step.
+//     restore it and say so (ShardSync ready); then the job runs again from that step. A shard
+//     that cannot load the target (DataLoss) reports a list without it: the coordinator then
+//     starts another recovery round and picks the newest step every shard still holds.
+//   - Every decision carries the newest checkpoint complete on every shard
+//     (CommitInfo::protect_checkpoint): shards never garbage-collect it, so a shard whose
+//     checkpoints keep failing (disk full) cannot leave the job without a common recovery point.
 //
 // Callbacks run on the thread that completes them (a report, or the caller itself when the
 // answer is ready), after the internal lock is released.
@@ -75,8 +80,10 @@ class Coordinator {
   Status RegisterShard(uint32_t ordinal, std::string endpoint, uint64_t session = 0);
   /// The control connection `session` of shard `ordinal` closed: recovery if it was current.
   void ShardLost(uint32_t ordinal, uint64_t session);
-  /// A shard's local checkpoint list and, optionally, the outcome of one checkpoint.
-  /// Errors: OutOfRange (ordinal), from the catalog.
+  /// A shard's local checkpoint list and, optionally, the outcome of one checkpoint (a failed
+  /// one is logged and not recorded). During a recovery, a list without the chosen target (the
+  /// shard could not load it) starts another round. Errors: OutOfRange (ordinal), from the
+  /// catalog.
   Status ReportCheckpoints(const msg::CheckpointReport& report);
   /// Where the job stands for a shard (and, with `ready`, that it restored the target).
   /// Errors: OutOfRange (ordinal).
@@ -136,6 +143,8 @@ class Coordinator {
   msg::JobPhase phase_ = msg::JobPhase::kNoJob;  // guarded by mu_
   uint64_t epoch_ = 0;                          // guarded by mu_
   int64_t target_ = -1;                         // guarded by mu_; recovery target, -1 unknown
+  int64_t complete_ = 0;                        // guarded by mu_; newest checkpoint complete on
+                                                // every shard (0: none)
   bool checkpoint_requested_ = false;           // guarded by mu_
   std::vector<std::pair<int64_t, CheckpointCallback>> checkpoint_waiters_;  // guarded by mu_
   std::optional<JobSpec> job_;                  // guarded by mu_

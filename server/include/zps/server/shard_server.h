@@ -40,6 +40,9 @@ struct ShardServerOptions {
   std::string data_dir;                 // Default: "" (no durable state yet).
   uint64_t memory_budget = 0;           // Default: 0 = unlimited (RAM tier only). > 0: fp32
                                         // master + optimizer state beyond it spill to NVMe.
+  uint64_t serving_budget = 0;          // Default: 0 = unlimited (every 16-bit serving copy in
+                                        // RAM). > 0: serving copies beyond it (and 4 chunk-sized
+                                        // fetch staging buffers) spill to NVMe.
   std::string spill_dir;                // Default: "" = <data-dir>/spill. Where spill files go.
   int64_t checkpoint_every = 0;         // Default: 0 = never.
 

@@ -11,17 +11,34 @@
 // pushed), and overlapping an already pushed range is a duplicate (AlreadyExists). A chunk is
 // ready when every slot covers every parameter element of the chunk.
 //
-// Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep write
-// the fp32 master directly), then 0. Step s pushes are accepted while the chunk is at version s;
-// ApplyCommit(s) updates (or skips) and publishes s + 1, answering fetches waiting for it.
+// Versions: a chunk is at version -1 until initialised (rank pushes with step == kInitStep land
+// in gradient slot 0 and become the fp32 master when the chunk is complete), then 0. Step s
+// pushes are accepted while the chunk is at version s; ApplyCommit(s) updates (or skips) and
+// publishes s + 1, answering fetches waiting for it.
 //
 // Storage: by default master, m and v are per-chunk RAM buffers. Created with a spill
 // configuration (a memory budget > 0), they live in a ChunkStore instead: RAM up to the budget,
 // the rest in O_DIRECT spill files; ApplyCommit then runs the optimizer through
 // ChunkStore::ForEachChunk (read-ahead / write-behind), checkpoints visit and restore the state
 // through the store, and initial-value pushes land in gradient slot 0 and are written to the
-// store when the chunk is complete. Serving copies and gradient slots stay in RAM either way (the
-// store's serving budget and serving spill are not used by the shard yet).
+// store when the chunk is complete. Gradient slots stay in RAM either way.
+//
+// Serving copies: in RAM (one block from the ServingAllocator) unless the spill configuration
+// asks for serving records (ChunkStoreOptions::serving_records): then they live in the store
+// too, under its serving_memory_budget. Resident ones are in the store's RAM, which the
+// ServingAllocator provides (so RMA get works as before), and are served in place, exactly as
+// without a store. Spilled ones are written behind by the update pass, and a fetch of one is
+// queued to the "zps-serving-rd" thread, which reads the copy from NVMe into one of a few
+// staging buffers (a small cache: several workers fetch the same chunk at the same version)
+// and answers with the buffer's owner (FetchCallback), so the reply goes by AM from heap
+// memory in both fetch modes (docs/nvme.md "Serving copies").
+//
+// Rollback fence: every ResetTo starts a new generation (epoch()). A push names the generation
+// its session was admitted at (PushRequest::epoch) and is refused before anything is reserved if
+// that is not the current one. A push already granted (a ticket) writes into the slot buffer the
+// ticket holds; ResetTo gives every slot that a ticket still holds a fresh buffer, and zeroes the
+// others, so a transfer still landing after a rollback never reaches the live gradient slots (and
+// FinishPush refuses it).
 //
 // Lock order: mu_, then the store's internal mutex (never the reverse: no store callback takes
 // mu_); callbacks run after release.
@@ -32,12 +49,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "zps/common/aligned_buffer.h"
@@ -72,6 +91,10 @@ struct PushRequest {
   uint64_t length = 0;  // elements
   uint32_t rank = 0;
   DType dtype = DType::kF32;
+  /// The ShardState::epoch() the pusher's session was admitted at: a push from an older
+  /// generation (begun before a rollback) is refused. Not set: any generation (in-process callers
+  /// that order their own rollbacks).
+  std::optional<uint64_t> epoch;
 };
 
 /// A reserved push range. Move-only; pass it back to FinishPush exactly once.
@@ -90,6 +113,9 @@ class PushTicket {
   std::byte* dest_ = nullptr;
   size_t bytes_ = 0;
   std::unique_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
+  // The slot buffer the push writes into, kept alive while the transfer may still write: after
+  // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
+  std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
 };
 
@@ -107,11 +133,16 @@ struct FetchRequest {
   int64_t min_version = 0;
 };
 
-/// Called once per fetch, maybe later from another thread. `data` points into the serving copy
-/// and stays valid until the next update of that chunk, which the step protocol orders after
-/// every fetch of the current version.
+/// Called once per fetch, maybe later from another thread. With a null `owner`, `data` points
+/// into the resident serving copy and stays valid until the next update of that chunk, which
+/// the step protocol orders after every fetch of the current version. With an `owner` (a
+/// spilled serving copy read back from NVMe), `data` points into a staging buffer that stays
+/// valid while any copy of `owner` is held: keep one until done with `data` (e.g. as the
+/// keep_alive of the send). Holding it long delays later fetches of spilled chunks, which wait
+/// for a free staging buffer.
 using FetchCallback =
-    std::function<void(const Status&, int64_t version, std::span<const std::byte> data)>;
+    std::function<void(const Status&, int64_t version, std::span<const std::byte> data,
+                       std::shared_ptr<const void> owner)>;
 
 /// Supplies the memory for ALL serving copies of a shard, in one call at Create: `bytes` bytes,
 /// 64-byte aligned, which the caller owns and keeps alive (and unchanged by anyone else) for
@@ -126,12 +157,22 @@ struct ShardStorageStats {
   ChunkStoreStats store;   // valid when `spilled`
   uint64_t io_errors = 0;  // store operations that failed with IoError, ResourceExhausted or
                            // DataLoss
+  bool serving_in_store = false;       // serving copies are store records (a serving budget)
+  uint64_t serving_staging_bytes = 0;  // staging buffers for fetches of spilled serving copies
+  uint64_t spilled_fetches = 0;        // fetches answered from a spilled serving copy
+  uint64_t spilled_fetch_reads = 0;    // NVMe reads for them (the rest were cache hits)
 };
+
+/// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
+inline constexpr uint32_t kServingStagingBuffers = 4;
 
 class ShardState {
  public:
   /// `spill`: when set, master, m and v live in a ChunkStore made with these options (its
-  /// `moments` and `serving_records` are set here; its spill_dir must exist). Not set (default):
+  /// `moments` are set here; its spill_dir must exist). With `serving_records` the serving copies
+  /// live in the store as well, under `serving_memory_budget`, of which kServingStagingBuffers
+  /// chunk-sized buffers are kept for fetches when any copy spills (see the header comment);
+  /// `serving_ram_alloc` is replaced by `serving_alloc`. Not set (default):
   /// RAM buffers, the code path of a shard without a memory budget. A shard without chunks has no
   /// store. Errors: InvalidArgument for a bad job or ordinal; ResourceExhausted if memory runs
   /// out (or the budget cannot hold the store's buffers, or the disk the spill files); from
@@ -152,11 +193,15 @@ class ShardState {
   /// The lowest version over local chunks (-1 while any is uninitialised).
   int64_t version() const;
 
-  /// Validates and reserves a push range. Errors: OutOfRange (chunk not here, range outside a
-  /// parameter), InvalidArgument (dtype, rank, empty range), FailedPrecondition (stale or future
-  /// step, already initialised), AlreadyExists (overlaps a pushed range). Nothing changes on error.
+  /// The rollback generation: 0 at Create, incremented by every ResetTo.
+  uint64_t epoch() const;
+  /// Validates and reserves a push range. Errors: Unavailable (req.epoch is an older
+  /// generation), OutOfRange (chunk not here, range outside a parameter), InvalidArgument (dtype,
+  /// rank, empty range), FailedPrecondition (stale or future step, already initialised),
+  /// AlreadyExists (overlaps a pushed range). Nothing changes on error.
   Result<PushTicket> BeginPush(const PushRequest& req);
   /// Completes (transfer OK) or abandons (transfer failed: the range is released) a push.
+  /// Errors: Unavailable (a rollback happened since BeginPush: the pushed data is dropped).
   Status FinishPush(PushTicket ticket, const Status& transfer);
 
   /// Blocks until every local chunk has all contributions of `step`. Errors: DeadlineExceeded,
@@ -168,9 +213,12 @@ class ShardState {
   /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
   Status ApplyCommit(const CommitOrder& order);
 
-  /// Answers now if the chunk is at >= min_version, else when it gets there. Errors (to the
-  /// callback): OutOfRange, InvalidArgument, FailedPrecondition (version too far ahead),
-  /// Cancelled on Shutdown.
+  /// Answers now if the chunk is at >= min_version, else when it gets there. A chunk whose
+  /// serving copy is spilled is answered from the serving reader thread once its copy is read
+  /// back (with an owner, see FetchCallback). Errors (to the callback): OutOfRange,
+  /// InvalidArgument, FailedPrecondition (version too far ahead), Cancelled on Shutdown; for a
+  /// spilled copy also IoError / DataLoss (the read failed), the error of a failed update pass,
+  /// or Unavailable (rolled back while queued).
   void Fetch(const FetchRequest& req, FetchCallback cb);
 
   /// Fails every waiting fetch and gradient wait with `reason`. Idempotent.
@@ -202,11 +250,13 @@ class ShardState {
       std::function<Status(uint32_t chunk, std::span<float> master, std::span<float> m,
                            std::span<float> v)>;
   /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
-  /// gradients of the step in progress (a push begun before is refused by FinishPush), then
+  /// gradients of the step in progress (zeroed slots; a push begun before writes into a buffer
+  /// of its own and is refused by FinishPush: see "Rollback fence" above), then
   /// either (version >= 1) `load` fills each chunk's master, m and v, and the serving copies are
   /// recomputed from the masters, or (version -1) everything is zeroed: the chunks wait for
-  /// their initial values again. Errors: InvalidArgument (version 0 or < -1), from `load` (the
-  /// state is then unspecified: call again).
+  /// their initial values again. Errors: InvalidArgument (version 0 or < -1), ResourceExhausted
+  /// (no memory for a fresh slot buffer), from `load` (the state is then unspecified: call
+  /// again).
   Status ResetTo(int64_t version, const ChunkLoader& load, const Status& reason);
   /// Fails every waiting fetch with `reason` (not a shutdown: later fetches are served).
   void FailWaiters(const Status& reason);
@@ -216,12 +266,15 @@ class ShardState {
     FetchRequest req;
     FetchCallback cb;
   };
+  class ServingStaging;  // staging buffers + read cache of spilled serving copies
   struct Chunk {
     uint32_t id = 0;
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
-    std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_), zeroed at Create
-    std::vector<AlignedBuffer<float>> grads;             // per slot
+    std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_, or the store's
+                                  // resident serving RAM), zeroed at Create; empty if spilled
+    // Per slot; shared with the push tickets writing into it (see "Rollback fence").
+    std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
     std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
@@ -237,6 +290,21 @@ class ShardState {
   bool StepReady(int64_t step) const;     // needs mu_
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
+  Status FreshSlots(Chunk& c);  // needs mu_; see ResetTo
+  // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
+  void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
+  // Spilled serving copies (shard_state_serving.cc).
+  bool ServingSpilled(const Chunk& c) const { return serving_in_store_ && c.serving.empty(); }
+  Status InitServingStore();  // after store_ is made: resident spans, staging, reader
+  void StopServingReader();
+  void ServingReaderLoop();
+  void QueueSpilledFetch(Waiter w);                                      // needs mu_
+  std::vector<Waiter> TakeSpilledFetches();                              // needs mu_
+  Status WriteSpilledServing(Chunk& c, std::span<const float> master);   // needs mu_
+  Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // needs mu_
+  void BeginServingRewrite();                                            // takes mu_
+  void EndServingRewrite(const Status& result);                          // takes mu_
+  uint64_t StagingBytes() const;
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;  // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
@@ -259,12 +327,23 @@ class ShardState {
   std::vector<uint32_t> store_ids_;              // 0 .. chunks_.size() - 1 (a full pass)
   uint32_t moments_ = 0;                         // the store's moments (0, 1 = m, 2 = m and v)
   mutable std::atomic<uint64_t> io_errors_{0};   // failed store operations
+  bool serving_in_store_ = false;                // set at Create: serving copies are store records
+  std::unique_ptr<ServingStaging> staging_;      // set at Create when a serving copy spills
+  std::thread serving_reader_;                   // "zps-serving-rd": answers spilled fetches
+  std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t epoch_ = 0;          // guarded by mu_; ResetTo count (fences older push tickets)
   bool shutdown_ = false;       // guarded by mu_
   Status shutdown_reason_;      // guarded by mu_
+  std::deque<Waiter> spilled_q_;  // guarded by mu_; fetches of spilled serving copies to answer
+  // Guarded by mu_: odd while a pass rewrites serving copies (update, restore); a read of a
+  // spilled copy is valid only if the generation was even and the same before and after it.
+  uint64_t serving_gen_ = 0;
+  Status serving_error_;               // guarded by mu_; a failed update pass: spilled fetches fail
+  bool reader_stop_ = false;           // guarded by mu_
+  std::condition_variable reader_cv_;  // the serving reader waits on it (with mu_)
 };
 
 }  // namespace zps::server
