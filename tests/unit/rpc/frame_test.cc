@@ -72,7 +72,7 @@ TEST(Frame, EveryErrorKindIsDetected) {
   ExpectKind(DecodeFrame(bad_magic).status(), FrameError::kBadMagic);
 
   auto bad_version = good;
-  bad_version[4] = std::byte{2};
+  bad_version[4] = static_cast<std::byte>(kProtocolVersion + 1);
   ExpectKind(DecodeFrame(bad_version).status(), FrameError::kBadVersion);
   EXPECT_EQ(DecodeFrame(bad_version).status().code(), Code::kFailedPrecondition);
 
