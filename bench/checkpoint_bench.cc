@@ -38,7 +38,7 @@ struct Options {
   uint64_t slice_bytes = 4ull << 20;      // Default: 4 MiB
   uint64_t write_buffer = 64ull << 20;    // Default: 64 MiB memtables
   int write_buffers = 8;                  // Default: 8
-  int background_jobs = 4;                // Default: 4
+  int background_jobs = 8;                // Default: 8
   uint64_t write_io = 8ull << 20;         // Default: 8 MiB
   bool direct_writes = false;             // Default: off
   bool direct_reads = false;              // Default: off

@@ -61,7 +61,7 @@ struct CheckpointOptions {
   uint64_t slice_bytes = 4ull << 20;           // Default: 4 MiB — largest tensor value.
   uint64_t write_buffer_bytes = 64ull << 20;   // Default: 64 MiB — one memtable.
   int max_write_buffers = 8;                   // Default: 8 memtables (flushes overlap writes).
-  int background_jobs = 4;                     // Default: 4 flush/compaction threads (up to
+  int background_jobs = 8;                     // Default: 8 flush/compaction threads (up to
                                                // background_jobs - 1 flushes at once).
   uint64_t write_io_bytes = 8ull << 20;        // Default: 8 MiB per write call of a file.
   bool direct_writes = false;                  // Default: off — O_DIRECT flush/compaction
