@@ -58,22 +58,23 @@ Result<msg::ResumeState> DecodeResume(std::span<const std::byte> b) {
 }
 }  // namespace
 
-Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::string& data_dir) {
+Result<std::unique_ptr<ShardCheckpoints>> ShardCheckpoints::Open(const std::string& data_dir,
+                                                                 const CheckpointOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(data_dir, ec);
   if (ec) return IoError("cannot create --data-dir '" + data_dir + "': " + ec.message());
   const std::string dir = data_dir + "/checkpoints";
-  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, {}));
-  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(dir, std::move(store)));
+  ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, options));
+  return std::unique_ptr<ShardCheckpoints>(new ShardCheckpoints(dir, options, std::move(store)));
 }
 
 Status ShardCheckpoints::Reopen() {
   store_.reset();  // RocksDB accepts no write after a failed one: a fresh open clears that
-  auto reopened = CheckpointStore::Open(dir_, {});
+  auto reopened = CheckpointStore::Open(dir_, options_);
   if (!reopened.ok()) {
     // No room even for the files a writable open creates: read-only keeps restores possible,
     // and the next write tries a writable open again.
-    CheckpointOptions ro;
+    CheckpointOptions ro = options_;
     ro.read_only = true;
     auto read_only = CheckpointStore::Open(dir_, ro);
     if (read_only.ok()) {

@@ -38,8 +38,10 @@ void MaybeCrashAt(std::string_view point, int64_t step);
 
 class ShardCheckpoints {
  public:
-  /// Opens <data_dir>/checkpoints. Errors: as CheckpointStore::Open.
-  static Result<std::unique_ptr<ShardCheckpoints>> Open(const std::string& data_dir);
+  /// Opens <data_dir>/checkpoints with `options` (kept for reopens). Errors: as
+  /// CheckpointStore::Open.
+  static Result<std::unique_ptr<ShardCheckpoints>> Open(const std::string& data_dir,
+                                                        const CheckpointOptions& options = {});
   /// Records the job (a different layout or shard already recorded: FailedPrecondition).
   Status Bind(const JobSpec& job, uint32_t ordinal);
   /// Steps of the complete local checkpoints, ascending, less those marked unusable; with
@@ -66,8 +68,9 @@ class ShardCheckpoints {
   Status DropAfter(int64_t step);
 
  private:
-  ShardCheckpoints(std::string dir, std::unique_ptr<CheckpointStore> store)
-      : dir_(std::move(dir)), store_(std::move(store)) {}
+  ShardCheckpoints(std::string dir, CheckpointOptions options,
+                   std::unique_ptr<CheckpointStore> store)
+      : dir_(std::move(dir)), options_(options), store_(std::move(store)) {}
   Status WriteOnce(const ShardState& state, const msg::ResumeState& rs);
   // Closes and opens the store (writable; read-only when that fails for lack of room, or none
   // when even that fails). Errors: from the writable open.
@@ -77,6 +80,7 @@ class ShardCheckpoints {
   Status Ready(bool writable);
 
   std::string dir_;                         // <data-dir>/checkpoints
+  CheckpointOptions options_;               // as opened (writable)
   std::unique_ptr<CheckpointStore> store_;  // null only after a failed reopen (Ready retries)
   std::vector<int64_t> unusable_;           // steps found corrupt or unloadable (until dropped)
   int64_t protected_ = -1;                  // re-applied to a reopened store

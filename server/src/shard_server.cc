@@ -63,6 +63,9 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
+  f.Add("checkpoint-direct-io",
+        "O_DIRECT checkpoint writes and reads (the data dir's filesystem must support it)",
+        &checkpoint_direct_io);
 }
 
 Status ShardServerOptions::Finalize() {
@@ -715,7 +718,9 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ZPS_ASSIGN_OR_RETURN(impl->rpc, rpc::Server::Create(ro));
   std::unique_ptr<ShardCheckpoints> checkpoints;
   if (!options.data_dir.empty()) {
-    ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(options.data_dir));
+    ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(
+        options.data_dir, {.direct_writes = options.checkpoint_direct_io,
+                           .direct_reads = options.checkpoint_direct_io}));
   }
   if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
     CoordinatorOptions co;

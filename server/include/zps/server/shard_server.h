@@ -45,6 +45,9 @@ struct ShardServerOptions {
                                         // fetch staging buffers) spill to NVMe.
   std::string spill_dir;                // Default: "" = <data-dir>/spill. Where spill files go.
   int64_t checkpoint_every = 0;         // Default: 0 = never.
+  bool checkpoint_direct_io = false;    // Default: false. O_DIRECT checkpoint writes (flush) and
+                                        // reads (needs a filesystem that supports it; faster on
+                                        // NVMe, docs/benchmarks.md "Checkpoints").
 
   /// Registers every field with `flags` (name = the option's flag).
   void Register(Flags& flags);
