@@ -113,6 +113,16 @@ Status Worker::Init() {
 
 Worker::~Worker() {
   Stop();
+  if (!abandoned_.empty()) {
+    // UCX still holds requests of ours (a rendezvous waiting on a peer that never answered and
+    // that no close could purge): UCX 1.13 asserts, and aborts the process, when it destroys
+    // an endpoint that still has such requests. The worker is left undestroyed instead; nothing
+    // progresses it any more, so none of its callbacks can run. Only a stop with a stalled
+    // peer gets here.
+    ZPS_LOG(WARNING) << "ucx: " << abandoned_.size()
+                     << " request(s) still held by UCX at stop; leaving the UCX worker undestroyed";
+    (void)worker_.release();
+  }
   // Requests that UCX still holds may call back while the worker is destroyed: their Op and
   // EpState objects stay alive until after ucp_worker_destroy.
   worker_.reset();
@@ -304,6 +314,19 @@ void Worker::ShutdownOnThread() {
     if (!close_steps_.empty()) ProcessCloses();
     ucp_worker_progress(worker_.get());
   }
+  // A peer that does not answer (stalled, or gone without an error yet) keeps a graceful close
+  // waiting on its flush: force-close what is left, so that no endpoint (nor any of its
+  // requests) is alive at ucp_worker_destroy, where UCX 1.13 asserts on them.
+  ids.clear();
+  for (auto& [id, state] : eps_) {
+    if (state->ep != nullptr && !state->close_issued) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    auto it = eps_.find(id);  // an earlier force close's completions may have erased it
+    if (it != eps_.end() && it->second->ep != nullptr) IssueClose(*it->second, true);
+  }
+  deadline = Clock::now() + std::chrono::milliseconds(200);
+  while (any_open() && Clock::now() < deadline) ucp_worker_progress(worker_.get());
   // Cancel what is still in flight and give UCX a moment to complete it.
   for (Op* op : std::vector<Op*>(inflight_.begin(), inflight_.end())) {
     ucp_request_cancel(worker_.get(), op->request);

@@ -249,6 +249,10 @@ TEST_P(UcxPairTest, CloseThenSendFailsFast) {
 
 TEST_P(UcxPairTest, StopCompletesPendingOperations) {
   // Stall B's progress thread so A's rendezvous sends cannot finish, then stop A.
+  // A rendezvous round trip first, so the sends below always find UCX's wireup complete in both
+  // directions (the same state in every run; a wireup reply still pending towards the stalled
+  // peer took another path through UCX's teardown).
+  EchoRoundTrip(1 << 20, true);
   std::atomic<bool> release{false};
   ASSERT_TRUE(b_->Post([&] {
     while (!release.load()) std::this_thread::sleep_for(1ms);
@@ -276,7 +280,9 @@ TEST_P(UcxPairTest, StopCompletesPendingOperations) {
 
 TEST_P(UcxPairTest, FailCompletesPendingOperations) {
   // The owner declares the endpoint failed (as when its control-plane connection breaks) while
-  // rendezvous sends wait on a stalled peer: they complete with the given reason.
+  // rendezvous sends wait on a stalled peer: they complete with the given reason. (Wireup
+  // first, as in StopCompletesPendingOperations.)
+  EchoRoundTrip(1 << 20, true);
   std::atomic<bool> release{false};
   ASSERT_TRUE(b_->Post([&] {
     while (!release.load()) std::this_thread::sleep_for(1ms);
