@@ -245,9 +245,13 @@ void ShardState::ServingReaderLoop() {
     } else {
       spilled_fetches_.fetch_add(1, std::memory_order_relaxed);
       if (!hit) spilled_fetch_reads_.fetch_add(1, std::memory_order_relaxed);
-      const std::shared_ptr<const uint16_t>& buf = *data;
-      w.cb(Status::Ok(), version,
-           std::as_bytes(std::span<const uint16_t>(buf.get() + w.req.offset, w.req.length)), buf);
+      // The reply gets a copy of its range, never the staging buffer itself: a send to a peer
+      // that vanished may never complete (shared memory in UCX 1.13), and its data then stays
+      // held for good; a held staging buffer would stall every later spilled fetch.
+      const uint16_t* from = data->get() + w.req.offset;
+      auto copy = std::make_shared<std::vector<uint16_t>>(from, from + w.req.length);
+      data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
+      w.cb(Status::Ok(), version, std::as_bytes(std::span<const uint16_t>(*copy)), copy);
     }
     lock.lock();
   }

@@ -30,8 +30,9 @@
 // without a store. Spilled ones are written behind by the update pass, and a fetch of one is
 // queued to the "zps-serving-rd" thread, which reads the copy from NVMe into one of a few
 // staging buffers (a small cache: several workers fetch the same chunk at the same version)
-// and answers with the buffer's owner (FetchCallback), so the reply goes by AM from heap
-// memory in both fetch modes (docs/nvme.md "Serving copies").
+// and answers with a copy of the range and its owner (FetchCallback), so the reply goes by AM
+// from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
+// copies").
 //
 // Rollback fence: every ResetTo starts a new generation (epoch()). A push names the generation
 // its session was admitted at (PushRequest::epoch) and is refused before anything is reserved if
