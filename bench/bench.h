@@ -12,8 +12,11 @@
 // Thread-safety: registration happens during static initialisation, before main().
 #pragma once
 
+#include <cstdio>
 #include <string_view>
 #include <vector>
+
+#include "zps/common/status.h"
 
 namespace zps::bench {
 
@@ -30,6 +33,13 @@ struct Subcommand {
 bool RegisterSubcommand(Subcommand cmd);
 /// All registered sub-commands, sorted by name.
 const std::vector<Subcommand>& Subcommands();
+
+/// Prints "zps-bench <cmd>: <status>" to stderr and returns the exit code 1.
+inline int Fail(std::string_view cmd, const Status& s) {
+  std::fprintf(stderr, "zps-bench %.*s: %s\n", static_cast<int>(cmd.size()), cmd.data(),
+               s.ToString().c_str());
+  return 1;
+}
 
 }  // namespace zps::bench
 

@@ -71,10 +71,7 @@ void DropCache(const std::string& dir) {
   }
 }
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "zps-bench checkpoint: %s\n", s.ToString().c_str());
-  return 1;
-}
+int Fail(const Status& s) { return bench::Fail("checkpoint", s); }
 
 int Run(int argc, char** argv) {
   Options o;

@@ -33,10 +33,7 @@ struct Options {
   bool json = false;                // Default: false
 };
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "zps-bench disk: %s\n", s.ToString().c_str());
-  return 1;
-}
+int Fail(const Status& s) { return bench::Fail("disk", s); }
 
 // One sequential pass over the file; returns seconds.
 Result<double> Pass(server::IoEngine& io, const SpillFile& file, const AlignedBufferPool& pool,
