@@ -1,0 +1,200 @@
+#include "job_json.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace zps::capi {
+namespace {
+
+using Json = nlohmann::json;
+
+// Reads the keys of one JSON object; Finish() names any key nobody asked for.
+class Fields {
+ public:
+  Fields(const Json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  Status Check() const {
+    if (!obj_.is_object()) return InvalidArgument(where_ + " must be a JSON object");
+    return Status::Ok();
+  }
+  const Json* Get(const std::string& key) {
+    seen_.insert(key);
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  template <typename T>
+  Status Number(const std::string& key, T* out, double lo, double hi) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_number() && !v->is_boolean()) return Bad(key, "a number");
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d < lo || d > hi) {
+      return InvalidArgument(where_ + "." + key + " = " + v->dump() + " is out of range [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    if constexpr (std::is_integral_v<T>) {
+      if (d != std::floor(d)) return Bad(key, "an integer");
+      *out = static_cast<T>(v->get<int64_t>());
+    } else {
+      *out = static_cast<T>(d);
+    }
+    return Status::Ok();
+  }
+  Status Bool(const std::string& key, bool* out) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_boolean()) return Bad(key, "true or false");
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+  Status String(const std::string& key, std::string* out) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_string()) return Bad(key, "a string");
+    *out = v->get<std::string>();
+    return Status::Ok();
+  }
+  Status Finish() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!seen_.count(it.key())) return InvalidArgument("unknown key " + where_ + "." + it.key());
+    }
+    return Status::Ok();
+  }
+  Status Bad(const std::string& key, const std::string& what) const {
+    return InvalidArgument(where_ + "." + key + " must be " + what);
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const Json& obj_;
+  std::string where_;
+  std::set<std::string> seen_;
+};
+
+Result<Json> Parse(std::string_view text, const char* what) {
+  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InvalidArgument(std::string(what) + " is not valid JSON");
+  return doc;
+}
+
+Result<std::vector<ParamSpec>> ParamsFromJson(const Json& list) {
+  if (!list.is_array() || list.empty()) return InvalidArgument("job.params must be a non-empty list");
+  std::vector<ParamSpec> specs;
+  specs.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    Fields f(list[i], "job.params[" + std::to_string(i) + "]");
+    ZPS_RETURN_IF_ERROR(f.Check());
+    ParamSpec s;
+    ZPS_RETURN_IF_ERROR(f.String("name", &s.name));
+    const Json* shape = f.Get("shape");
+    if (shape == nullptr || !shape->is_array()) return f.Bad("shape", "a list of dimensions");
+    for (const auto& d : *shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() <= 0) return f.Bad("shape", "positive integers");
+      s.shape.push_back(d.get<int64_t>());
+    }
+    // A 0-dimensional tensor (a scalar parameter) is one element.
+    if (s.shape.empty()) s.shape.push_back(1);
+    ZPS_RETURN_IF_ERROR(f.Finish());
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+Status OptimizerFromJson(const Json& j, server::OptimizerConfig* o) {
+  Fields f(j, "job.optimizer");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  std::string kind = std::string(server::OptimizerKindName(o->kind));
+  ZPS_RETURN_IF_ERROR(f.String("type", &kind));
+  ZPS_ASSIGN_OR_RETURN(o->kind, server::ParseOptimizerKind(kind));
+  constexpr double kMax = std::numeric_limits<float>::max();
+  ZPS_RETURN_IF_ERROR(f.Number("lr", &o->lr, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("beta1", &o->beta1, 0, 1));
+  ZPS_RETURN_IF_ERROR(f.Number("beta2", &o->beta2, 0, 1));
+  ZPS_RETURN_IF_ERROR(f.Number("eps", &o->eps, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("weight_decay", &o->weight_decay, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Bool("bias_correction", &o->bias_correction));
+  ZPS_RETURN_IF_ERROR(f.Number("momentum", &o->momentum, 0, 1));
+  ZPS_RETURN_IF_ERROR(f.Bool("nesterov", &o->nesterov));
+  return f.Finish();
+}
+
+Status CommitFromJson(const Json& j, server::CommitConfig* c) {
+  Fields f(j, "job.commit");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  constexpr double kMax = 1e300;
+  ZPS_RETURN_IF_ERROR(f.Number("max_grad_norm", &c->max_grad_norm, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("grad_divisor", &c->grad_divisor, 1e-30, kMax));
+  ZPS_RETURN_IF_ERROR(f.Bool("dynamic_loss_scale", &c->dynamic_loss_scale));
+  ZPS_RETURN_IF_ERROR(f.Number("initial_loss_scale", &c->initial_loss_scale, 1e-30, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("scale_factor", &c->scale_factor, 1, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("scale_window", &c->scale_window, 1, 1e15));
+  ZPS_RETURN_IF_ERROR(f.Number("min_loss_scale", &c->min_loss_scale, 1e-30, kMax));
+  return f.Finish();
+}
+
+Status ShardFromJson(const Json& j, server::ShardJob* s) {
+  Fields f(j, "job.shard");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  std::string reduction = std::string(server::ReductionModeName(s->mode));
+  std::string grad = std::string(DTypeName(s->grad_dtype));
+  std::string serving = std::string(DTypeName(s->serving_dtype));
+  ZPS_RETURN_IF_ERROR(f.String("reduction", &reduction));
+  ZPS_RETURN_IF_ERROR(f.Number("world_size", &s->world_size, 1, 65536));
+  ZPS_RETURN_IF_ERROR(f.String("grad_dtype", &grad));
+  ZPS_RETURN_IF_ERROR(f.String("serving_dtype", &serving));
+  ZPS_ASSIGN_OR_RETURN(s->mode, server::ParseReductionMode(reduction));
+  ZPS_ASSIGN_OR_RETURN(s->grad_dtype, ParseDType(grad));
+  ZPS_ASSIGN_OR_RETURN(s->serving_dtype, ParseDType(serving));
+  return f.Finish();
+}
+
+}  // namespace
+
+Result<server::JobSpec> JobFromJson(std::string_view json) {
+  ZPS_ASSIGN_OR_RETURN(Json doc, Parse(json, "the job description"));
+  Fields f(doc, "job");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  const Json* params = f.Get("params");
+  if (params == nullptr) return InvalidArgument("job.params is missing");
+  ZPS_ASSIGN_OR_RETURN(auto specs, ParamsFromJson(*params));
+  LayoutOptions lo;
+  ZPS_RETURN_IF_ERROR(f.Number("chunk_elems", &lo.chunk_elems, 1, 1e12));
+  ZPS_RETURN_IF_ERROR(f.Number("align_elems", &lo.align_elems, 1, 1 << 20));
+  ZPS_RETURN_IF_ERROR(f.Number("num_shards", &lo.num_shards, 1, 65536));
+  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(std::move(specs), lo));
+  server::JobSpec job{std::move(layout), {}, {}, {}};
+  if (const Json* o = f.Get("optimizer")) ZPS_RETURN_IF_ERROR(OptimizerFromJson(*o, &job.optimizer));
+  if (const Json* c = f.Get("commit")) ZPS_RETURN_IF_ERROR(CommitFromJson(*c, &job.commit));
+  if (const Json* s = f.Get("shard")) ZPS_RETURN_IF_ERROR(ShardFromJson(*s, &job.shard));
+  ZPS_RETURN_IF_ERROR(f.Finish());
+  ZPS_RETURN_IF_ERROR(job.Validate());
+  return job;
+}
+
+Result<ConnectOptions> OptionsFromJson(std::string_view json) {
+  ZPS_ASSIGN_OR_RETURN(Json doc, Parse(json, "the connect options"));
+  Fields f(doc, "options");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  ConnectOptions o;
+  ZPS_RETURN_IF_ERROR(f.String("endpoint", &o.worker.endpoint));
+  ZPS_RETURN_IF_ERROR(f.String("token", &o.worker.token));
+  ZPS_RETURN_IF_ERROR(f.Number("rank", &o.worker.rank, 0, 65535));
+  ZPS_RETURN_IF_ERROR(f.String("ucx_tls", &o.worker.ucx_tls));
+  ZPS_RETURN_IF_ERROR(f.String("fetch_mode", &o.worker.fetch_mode));
+  ZPS_RETURN_IF_ERROR(f.String("push_mode", &o.worker.push_mode));
+  int64_t op_ms = o.worker.op_timeout.count(), connect_ms = o.worker.connect_timeout.count();
+  ZPS_RETURN_IF_ERROR(f.Number("op_timeout_ms", &op_ms, 1, 1e10));
+  ZPS_RETURN_IF_ERROR(f.Number("connect_timeout_ms", &connect_ms, 1, 1e10));
+  o.worker.op_timeout = std::chrono::milliseconds(op_ms);
+  o.worker.connect_timeout = std::chrono::milliseconds(connect_ms);
+  ZPS_RETURN_IF_ERROR(f.Number("prefetch_bytes", &o.prefetch.prefetch_bytes, 0, 1e15));
+  ZPS_RETURN_IF_ERROR(f.Number("max_live_bytes", &o.prefetch.max_live_bytes, 0, 1e15));
+  ZPS_RETURN_IF_ERROR(f.Finish());
+  return o;
+}
+
+}  // namespace zps::capi

@@ -1,0 +1,31 @@
+// job_json.h — the job description and the worker options of the C API, from JSON.
+//
+// The binding (zps.torch) sends the job it derived from the model and the user's config as one
+// JSON document; this is the only place that turns it into a server::JobSpec, so the keys a
+// binding may use are exactly those read here (docs/pytorch.md, "The job description").
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string_view>
+
+#include "zps/common/status.h"
+#include "zps/server/job.h"
+#include "zps/worker/client.h"
+#include "zps/worker/prefetcher.h"
+
+namespace zps::capi {
+
+/// Errors: InvalidArgument for malformed JSON, an unknown key, a missing or out-of-range value,
+/// or a spec that fails JobSpec::Validate.
+Result<server::JobSpec> JobFromJson(std::string_view json);
+
+struct ConnectOptions {
+  worker::WorkerOptions worker;
+  worker::PrefetchOptions prefetch;
+};
+
+/// Errors: InvalidArgument for malformed JSON, an unknown key or a bad value.
+Result<ConnectOptions> OptionsFromJson(std::string_view json);
+
+}  // namespace zps::capi

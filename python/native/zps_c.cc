@@ -1,0 +1,307 @@
+// The C API (zps_c.h) over zps::worker::Client and Prefetcher. Each entry point catches every
+// exception (the module edge), turns failures into a code plus a thread-local message, and writes
+// its outputs only on success.
+#include "zps_c.h"
+
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "job_json.h"
+#include "zps/common/dtype.h"
+#include "zps/common/messages.h"
+#include "zps/common/rpc.h"
+#include "zps/worker/client.h"
+#include "zps/worker/prefetcher.h"
+
+struct zps_client {
+  std::unique_ptr<zps::worker::Client> client;
+  zps::worker::WorkerOptions options;
+  std::mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
+  std::unique_ptr<zps::worker::Prefetcher> prefetcher;
+  std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held;  // by zps_acquire
+};
+
+namespace {
+
+thread_local std::string g_error;
+
+int Fail(const zps::Status& s) {
+  g_error = std::string(zps::CodeName(s.code())) + ": " + s.message();
+  return static_cast<int>(s.code());
+}
+
+// Runs `fn` (returning Status) at the module edge: no exception crosses into C.
+template <typename Fn>
+int Guard(Fn&& fn) {
+  try {
+    zps::Status s = fn();
+    if (s.ok()) return 0;
+    return Fail(s);
+  } catch (const std::exception& e) {
+    return Fail(zps::Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Fail(zps::Internal("unexpected exception"));
+  }
+}
+
+zps::Status NeedClient(const zps_client* c) {
+  if (c == nullptr || !c->client) return zps::InvalidArgument("null zps_client");
+  return zps::Status::Ok();
+}
+
+zps::Result<zps::DType> DTypeOf(int32_t v) {
+  if (v < 0 || v > 2) return zps::InvalidArgument("unknown dtype " + std::to_string(v));
+  return static_cast<zps::DType>(v);
+}
+
+// Writes `n` elements of `from` (in `src`) into `dst` as `to`.
+void Convert(const std::byte* src, zps::DType from, void* dst, zps::DType to, size_t n) {
+  using zps::DType;
+  if (from == to) {
+    std::memcpy(dst, src, n * zps::DTypeSize(from));
+    return;
+  }
+  const auto* s16 = reinterpret_cast<const uint16_t*>(src);
+  if (to == DType::kF32) {
+    std::span<float> out(static_cast<float*>(dst), n);
+    if (from == DType::kBF16) zps::ConvertBF16ToF32({s16, n}, out);
+    else zps::ConvertF16ToF32({s16, n}, out);
+    return;
+  }
+  // To a 16-bit type: through fp32 (exact from the other 16-bit type only for fp32 sources).
+  auto* d16 = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    float f = zps::LoadAsFloat(src, from, i);
+    d16[i] = to == DType::kBF16 ? zps::FloatToBf16(f) : zps::FloatToHalf(f);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int zps_c_api_version(void) { return ZPS_C_API_VERSION; }
+
+const char* zps_last_error(void) { return g_error.c_str(); }
+
+const char* zps_code_name(int code) {
+  if (code < 0 || code > static_cast<int>(zps::Code::kCancelled)) return "UNKNOWN";
+  return zps::CodeName(static_cast<zps::Code>(code)).data();
+}
+
+int zps_job_hash(const char* job_json, uint64_t* out) {
+  return Guard([&]() -> zps::Status {
+    if (job_json == nullptr || out == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
+    *out = job.Hash();
+    return zps::Status::Ok();
+  });
+}
+
+int zps_connect(const char* options_json, const char* job_json, zps_client** out) {
+  return Guard([&]() -> zps::Status {
+    if (options_json == nullptr || job_json == nullptr || out == nullptr) {
+      return zps::InvalidArgument("null argument");
+    }
+    ZPS_ASSIGN_OR_RETURN(auto opts, zps::capi::OptionsFromJson(options_json));
+    ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
+    const auto spec = job.Serialize();
+    auto c = std::make_unique<zps_client>();
+    c->options = opts.worker;
+    ZPS_ASSIGN_OR_RETURN(c->client, zps::worker::Client::Connect(opts.worker, spec, job.Hash()));
+    c->prefetcher = std::make_unique<zps::worker::Prefetcher>(c->client.get(), opts.prefetch);
+    *out = c.release();
+    return zps::Status::Ok();
+  });
+}
+
+void zps_close(zps_client* c) {
+  try {
+    delete c;
+  } catch (...) {
+    // A destructor that throws is a bug in the library; nothing sensible to do at the C edge.
+  }
+}
+
+int zps_job_info_get(zps_client* c, zps_job_info* out) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (out == nullptr) return zps::InvalidArgument("null argument");
+    const auto& job = c->client->job();
+    zps_job_info info{};
+    info.resume_step = job.resume_step;
+    info.loss_scale = job.loss_scale;
+    info.world_size = job.world_size;
+    info.rank = c->client->rank();
+    info.num_params = c->client->layout().num_params();
+    info.num_shards = static_cast<uint32_t>(job.shard_endpoints.size());
+    info.serving_dtype = static_cast<int32_t>(job.serving_dtype);
+    info.grad_dtype = static_cast<int32_t>(job.grad_dtype);
+    info.job_hash = job.job_hash;
+    *out = info;
+    return zps::Status::Ok();
+  });
+}
+
+int zps_stats_get(zps_client* c, zps_stats* out) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (out == nullptr) return zps::InvalidArgument("null argument");
+    std::lock_guard lock(c->mu);
+    const auto& ps = c->prefetcher->stats();
+    zps_stats s{};
+    s.fetched_bytes = c->client->fetched_bytes();
+    s.pushed_bytes = c->client->pushed_bytes();
+    s.live_bytes = c->prefetcher->live_bytes();
+    s.acquires = ps.acquires;
+    s.hits = ps.hits;
+    s.prefetches = ps.prefetches;
+    s.trace_rebuilds = ps.trace_rebuilds;
+    s.wait_ns = static_cast<uint64_t>(ps.wait.count());
+    *out = s;
+    return zps::Status::Ok();
+  });
+}
+
+int zps_push_initial(zps_client* c, uint32_t param, const float* values, uint64_t numel) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (values == nullptr && numel > 0) return zps::InvalidArgument("null values");
+    return c->client->PushInitial(param, {values, numel});
+  });
+}
+
+int zps_begin_step(zps_client* c, int64_t step) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    std::lock_guard lock(c->mu);
+    c->prefetcher->BeginStep(step);
+    return zps::Status::Ok();
+  });
+}
+
+int zps_end_step(zps_client* c) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    std::lock_guard lock(c->mu);
+    c->prefetcher->EndStep();
+    return zps::Status::Ok();
+  });
+}
+
+int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
+                   const int32_t* dst_dtype) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (n == 0) return zps::Status::Ok();
+    if (ids == nullptr || dst == nullptr || dst_dtype == nullptr) {
+      return zps::InvalidArgument("null argument");
+    }
+    std::vector<zps::DType> to(n);
+    for (size_t i = 0; i < n; ++i) {
+      ZPS_ASSIGN_OR_RETURN(to[i], DTypeOf(dst_dtype[i]));
+      if (dst[i] == nullptr) return zps::InvalidArgument("null destination");
+    }
+    std::lock_guard lock(c->mu);
+    std::span<const uint32_t> id_span(ids, n);
+    ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire(id_span));
+    for (size_t i = 0; i < n; ++i) {
+      const auto& b = *buffers[i];
+      Convert(b.memory.data(), b.dtype, dst[i], to[i], c->client->layout().param_numel(ids[i]));
+    }
+    c->prefetcher->Release(id_span);
+    return zps::Status::Ok();
+  });
+}
+
+int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* bytes) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (data == nullptr || bytes == nullptr) return zps::InvalidArgument("null argument");
+    std::lock_guard lock(c->mu);
+    if (c->held.count(param)) {
+      return zps::FailedPrecondition("parameter " + std::to_string(param) + " is already acquired");
+    }
+    ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire({&param, 1}));
+    c->held[param] = buffers[0];
+    *data = buffers[0]->memory.data();
+    *bytes = buffers[0]->memory.size();
+    return zps::Status::Ok();
+  });
+}
+
+int zps_release(zps_client* c, uint32_t param) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    std::lock_guard lock(c->mu);
+    if (c->held.erase(param) == 0) {
+      return zps::FailedPrecondition("parameter " + std::to_string(param) + " is not acquired");
+    }
+    c->prefetcher->Release({&param, 1});
+    return zps::Status::Ok();
+  });
+}
+
+int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad, uint64_t numel,
+                  uint32_t micro) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (grad == nullptr && numel > 0) return zps::InvalidArgument("null gradient");
+    if (micro != 0) return zps::Unimplemented("micro-batch pushes need gradient accumulation");
+    return c->client->PushGrad(param, step, {grad, numel});
+  });
+}
+
+int zps_flush(zps_client* c) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    return c->client->FlushPushes();
+  });
+}
+
+int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (out == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_ASSIGN_OR_RETURN(auto ci, c->client->AwaitCommit(step));
+    zps_commit_info info{};
+    info.step = ci.step;
+    info.skip = ci.skip ? 1 : 0;
+    info.grad_scale = ci.grad_scale;
+    info.global_norm = ci.global_norm;
+    info.loss_scale = ci.loss_scale;
+    info.next_loss_scale = ci.next_loss_scale;
+    info.optimizer_step = ci.optimizer_step;
+    info.checkpoint = ci.checkpoint ? 1 : 0;
+    *out = info;
+    return zps::Status::Ok();
+  });
+}
+
+int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (step == nullptr || timeout_ms <= 0) return zps::InvalidArgument("bad argument");
+    const std::string& ep = c->options.endpoint;
+    auto colon = ep.rfind(':');
+    if (colon == std::string::npos) return zps::InvalidArgument("endpoint " + ep + " has no port");
+    zps::rpc::ClientOptions co;
+    co.host = ep.substr(0, colon);
+    co.port = static_cast<uint16_t>(std::stoi(ep.substr(colon + 1)));
+    co.token = c->options.token;
+    co.role = zps::msg::kRoleTool;
+    co.name = "zps.torch";
+    ZPS_ASSIGN_OR_RETURN(auto rpc, zps::rpc::Client::Connect(co));
+    ZPS_ASSIGN_OR_RETURN(auto reply,
+                         rpc->Call(zps::msg::kCheckpointNow, {}, std::chrono::milliseconds(timeout_ms)));
+    ZPS_ASSIGN_OR_RETURN(auto done, zps::msg::CheckpointDone::Decode(reply));
+    *step = done.step;
+    return zps::Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,132 @@
+/* zps_c.h — the stable C API over the worker library, for bindings (zps.torch loads it with
+ * ctypes). It knows nothing of Python or torch: tensors cross as raw host pointers and sizes, so
+ * one build serves every CPython and every torch version (docs/pytorch.md, "Why a C API").
+ *
+ *   zps_client* c;
+ *   if (zps_connect(options_json, job_json, &c) != 0) puts(zps_last_error());
+ *   zps_begin_step(c, step);
+ *   zps_fetch_into(c, ids, n, dst_ptrs, dst_dtypes);   // parameters land in the caller's memory
+ *   zps_push_grad(c, param, step, grad, numel, 0);      // async; copied before returning
+ *   zps_flush(c);  zps_await_commit(c, step, &info);  zps_end_step(c);
+ *   zps_close(c);
+ *
+ * Errors: every function that can fail returns 0 on success or a zps::Code (1..14, the values of
+ * common/include/zps/common/status.h) and leaves the message for zps_last_error() on the calling
+ * thread. Output parameters are written only on success.
+ *
+ * Thread-safety: a zps_client may be used from several threads; the calls that drive the
+ * prefetcher (zps_begin_step, zps_end_step, zps_fetch_into, zps_acquire, zps_release) are
+ * serialised on it. Pointers from zps_acquire stay valid until the matching zps_release.
+ */
+#ifndef ZPS_C_H_
+#define ZPS_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZPS_C_API_VERSION 1
+
+#if defined(__GNUC__)
+#define ZPS_C_EXPORT __attribute__((visibility("default")))
+#else
+#define ZPS_C_EXPORT
+#endif
+
+typedef struct zps_client zps_client;
+
+/* Element types, as zps::DType. */
+enum { ZPS_DTYPE_F32 = 0, ZPS_DTYPE_F16 = 1, ZPS_DTYPE_BF16 = 2 };
+
+typedef struct zps_job_info {
+  int64_t resume_step;   /* the step to train next (0 for a new job) */
+  double loss_scale;     /* the loss scale to use for resume_step */
+  uint32_t world_size;
+  uint32_t rank;
+  uint32_t num_params;
+  uint32_t num_shards;
+  int32_t serving_dtype; /* ZPS_DTYPE_* */
+  int32_t grad_dtype;
+  uint64_t job_hash;
+} zps_job_info;
+
+typedef struct zps_commit_info {
+  int64_t step;
+  int32_t skip;            /* 1: the step was skipped (fp16 overflow) */
+  float grad_scale;        /* what multiplied each summed gradient element */
+  double global_norm;      /* of the averaged, unscaled gradient */
+  double loss_scale;       /* used by this step */
+  double next_loss_scale;  /* to use for the next step */
+  int64_t optimizer_step;  /* applied updates after this step */
+  int32_t checkpoint;      /* 1: the shards checkpoint the state after this step */
+} zps_commit_info;
+
+typedef struct zps_stats {
+  uint64_t fetched_bytes;
+  uint64_t pushed_bytes;
+  uint64_t live_bytes;      /* fetched buffers the prefetcher holds (<= max_live_bytes) */
+  uint64_t acquires;
+  uint64_t hits;            /* acquires already fetched or in flight */
+  uint64_t prefetches;
+  uint64_t trace_rebuilds;
+  uint64_t wait_ns;         /* time spent waiting for fetches */
+} zps_stats;
+
+ZPS_C_EXPORT int zps_c_api_version(void);
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+ZPS_C_EXPORT const char* zps_last_error(void);
+/* The name of a code, e.g. "INVALID_ARGUMENT". */
+ZPS_C_EXPORT const char* zps_code_name(int code);
+
+/* Builds the job from `job_json` (docs/pytorch.md, "The job description"), connects to the
+ * coordinator named in `options_json` ({"endpoint", "token", "rank", "ucx_tls", "op_timeout_ms",
+ * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes"}), joins (rank 0 registers the job) and
+ * connects to every shard. Unknown keys are InvalidArgument. Errors: as zps::worker::Client::Connect. */
+ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
+/* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid. */
+ZPS_C_EXPORT void zps_close(zps_client* c);
+/* The job's serialised JobSpec hash for `job_json` without connecting (for checks and tests). */
+ZPS_C_EXPORT int zps_job_hash(const char* job_json, uint64_t* out);
+
+ZPS_C_EXPORT int zps_job_info_get(zps_client* c, zps_job_info* out);
+ZPS_C_EXPORT int zps_stats_get(zps_client* c, zps_stats* out);
+
+/* Rank 0 of a new job: the initial fp32 values of `param` (numel elements). */
+ZPS_C_EXPORT int zps_push_initial(zps_client* c, uint32_t param, const float* values, uint64_t numel);
+
+/* Prefetcher: parameters are needed at version >= step from now on. */
+ZPS_C_EXPORT int zps_begin_step(zps_client* c, int64_t step);
+/* Adopts this step's access order as the trace when it changed. */
+ZPS_C_EXPORT int zps_end_step(zps_client* c);
+/* Fetches (or takes from the prefetcher) each of `ids` and writes it into dst[i], converted from
+ * the serving dtype to dst_dtype[i] (ZPS_DTYPE_*): numel elements of host memory the caller owns.
+ * Errors: from the fetch (UNAVAILABLE, DEADLINE_EXCEEDED, OUT_OF_RANGE); INVALID_ARGUMENT for a
+ * bad dtype. */
+ZPS_C_EXPORT int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
+                   const int32_t* dst_dtype);
+/* As zps_fetch_into for one parameter, but hands out the fetched buffer itself (serving dtype,
+ * numel elements at *data, *bytes bytes) for a copy the caller makes (e.g. to a GPU). Valid until
+ * zps_release(c, param). */
+ZPS_C_EXPORT int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* bytes);
+ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
+
+/* Sends the fp32 gradient of `param` for `step` (numel elements) as micro-batch `micro` of this
+ * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush. */
+ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad, uint64_t numel,
+                  uint32_t micro);
+/* Waits until every push so far is acknowledged; returns (and clears) the first push error. */
+ZPS_C_EXPORT int zps_flush(zps_client* c);
+/* The coordinator's decision for `step` (bounded by op_timeout). */
+ZPS_C_EXPORT int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out);
+/* Asks the coordinator for a checkpoint at the next step boundary and waits (up to timeout_ms)
+ * until it is complete on every shard; *step is its step. */
+ZPS_C_EXPORT int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  /* ZPS_C_H_ */

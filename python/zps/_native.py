@@ -1,0 +1,181 @@
+"""ctypes binding of libzps_c.so (python/native/zps_c.h): no torch, no Python C API.
+
+The library is found, in order, at $ZPS_NATIVE_LIB, next to this package (an installed copy),
+or in the build tree (`build/lib/libzps_c.so` beside `python/`). Every call that fails raises
+ZpsError with the C++ Status code and message.
+"""
+
+import ctypes
+import os
+import pathlib
+
+from zps._errors import ZpsError
+
+F32, F16, BF16 = 0, 1, 2
+DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
+API_VERSION = 1
+
+
+class JobInfo(ctypes.Structure):
+    _fields_ = [("resume_step", ctypes.c_int64), ("loss_scale", ctypes.c_double),
+                ("world_size", ctypes.c_uint32), ("rank", ctypes.c_uint32),
+                ("num_params", ctypes.c_uint32), ("num_shards", ctypes.c_uint32),
+                ("serving_dtype", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
+                ("job_hash", ctypes.c_uint64)]
+
+
+class CommitInfo(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("skip", ctypes.c_int32),
+                ("grad_scale", ctypes.c_float), ("global_norm", ctypes.c_double),
+                ("loss_scale", ctypes.c_double), ("next_loss_scale", ctypes.c_double),
+                ("optimizer_step", ctypes.c_int64), ("checkpoint", ctypes.c_int32)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "fetched_bytes", "pushed_bytes", "live_bytes", "acquires", "hits", "prefetches",
+        "trace_rebuilds", "wait_ns")]
+
+
+def _repo_root():
+    return pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def library_path():
+    env = os.environ.get("ZPS_NATIVE_LIB")
+    if env:
+        return pathlib.Path(env)
+    here = pathlib.Path(__file__).resolve().parent / "libzps_c.so"
+    if here.exists():
+        return here
+    build = os.environ.get("ZPS_BUILD_DIR", str(_repo_root() / "build"))
+    return pathlib.Path(build) / "lib" / "libzps_c.so"
+
+
+_lib = None
+
+
+def lib():
+    """The loaded library (loaded once). Raises ZpsError when it is missing or too old."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = library_path()
+    if not path.exists():
+        raise ZpsError("NOT_FOUND", f"libzps_c.so not found at {path}: build zps first "
+                       "(./scripts/build.sh) or set ZPS_NATIVE_LIB")
+    L = ctypes.CDLL(str(path))
+    c_int, c_u32, c_i64, c_u64, c_p = (ctypes.c_int, ctypes.c_uint32, ctypes.c_int64,
+                                        ctypes.c_uint64, ctypes.c_void_p)
+    sigs = {
+        "zps_c_api_version": (c_int, []),
+        "zps_last_error": (ctypes.c_char_p, []),
+        "zps_code_name": (ctypes.c_char_p, [c_int]),
+        "zps_connect": (c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(c_p)]),
+        "zps_close": (None, [c_p]),
+        "zps_job_hash": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_u64)]),
+        "zps_job_info_get": (c_int, [c_p, ctypes.POINTER(JobInfo)]),
+        "zps_stats_get": (c_int, [c_p, ctypes.POINTER(Stats)]),
+        "zps_push_initial": (c_int, [c_p, c_u32, c_p, c_u64]),
+        "zps_begin_step": (c_int, [c_p, c_i64]),
+        "zps_end_step": (c_int, [c_p]),
+        "zps_fetch_into": (c_int, [c_p, ctypes.POINTER(c_u32), ctypes.c_size_t,
+                                   ctypes.POINTER(c_p), ctypes.POINTER(ctypes.c_int32)]),
+        "zps_acquire": (c_int, [c_p, c_u32, ctypes.POINTER(c_p), ctypes.POINTER(c_u64)]),
+        "zps_release": (c_int, [c_p, c_u32]),
+        "zps_push_grad": (c_int, [c_p, c_u32, c_i64, c_p, c_u64, c_u32]),
+        "zps_flush": (c_int, [c_p]),
+        "zps_await_commit": (c_int, [c_p, c_i64, ctypes.POINTER(CommitInfo)]),
+        "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(L, name)
+        fn.restype, fn.argtypes = res, args
+    if L.zps_c_api_version() != API_VERSION:
+        raise ZpsError("FAILED_PRECONDITION", f"{path} has C API version "
+                       f"{L.zps_c_api_version()}, this package needs {API_VERSION}")
+    _lib = L
+    return L
+
+
+def check(rc):
+    """Raises the ZpsError for a non-zero return code of a zps_* call."""
+    if rc != 0:
+        L = lib()
+        raise ZpsError(L.zps_code_name(rc).decode(), L.zps_last_error().decode())
+
+
+def job_hash(job_json):
+    out = ctypes.c_uint64()
+    check(lib().zps_job_hash(job_json.encode(), ctypes.byref(out)))
+    return out.value
+
+
+class Client:
+    """One rank's connection to a zps job (zps::worker::Client plus its Prefetcher).
+
+    Not thread-safe for the prefetching calls (begin_step, end_step, fetch_into, acquire,
+    release): one training thread drives them. Pushes and commits may come from any thread.
+    """
+
+    def __init__(self, options_json, job_json):
+        self._L = lib()
+        h = ctypes.c_void_p()
+        check(self._L.zps_connect(options_json.encode(), job_json.encode(), ctypes.byref(h)))
+        self._h = h
+
+    def close(self):
+        if getattr(self, "_h", None):
+            self._L.zps_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def info(self):
+        out = JobInfo()
+        check(self._L.zps_job_info_get(self._h, ctypes.byref(out)))
+        return out
+
+    def stats(self):
+        out = Stats()
+        check(self._L.zps_stats_get(self._h, ctypes.byref(out)))
+        return out
+
+    def push_initial(self, param, ptr, numel):
+        check(self._L.zps_push_initial(self._h, param, ptr, numel))
+
+    def begin_step(self, step):
+        check(self._L.zps_begin_step(self._h, step))
+
+    def end_step(self):
+        check(self._L.zps_end_step(self._h))
+
+    def fetch_into(self, ids, ptrs, dtypes):
+        n = len(ids)
+        check(self._L.zps_fetch_into(self._h, (ctypes.c_uint32 * n)(*ids), n,
+                                     (ctypes.c_void_p * n)(*ptrs), (ctypes.c_int32 * n)(*dtypes)))
+
+    def acquire(self, param):
+        data, size = ctypes.c_void_p(), ctypes.c_uint64()
+        check(self._L.zps_acquire(self._h, param, ctypes.byref(data), ctypes.byref(size)))
+        return data.value, size.value
+
+    def release(self, param):
+        check(self._L.zps_release(self._h, param))
+
+    def push_grad(self, param, step, ptr, numel, micro=0):
+        check(self._L.zps_push_grad(self._h, param, step, ptr, numel, micro))
+
+    def flush(self):
+        check(self._L.zps_flush(self._h))
+
+    def await_commit(self, step):
+        out = CommitInfo()
+        check(self._L.zps_await_commit(self._h, step, ctypes.byref(out)))
+        return out
+
+    def checkpoint_now(self, timeout_ms):
+        out = ctypes.c_int64()
+        check(self._L.zps_checkpoint_now(self._h, timeout_ms, ctypes.byref(out)))
+        return out.value

@@ -1,0 +1,16 @@
+"""zps.torch: train any torch.nn.Module, its code unchanged, with its parameters on zps.
+
+    import zps.torch as zt
+    engine = zt.initialize(model, config)
+    loss = loss_fn(engine(x), y); engine.backward(loss); info = engine.step()
+
+Import torch before this package (it loads a native library that torch's allocator must not
+follow). docs/pytorch.md has the whole story.
+"""
+
+import torch  # noqa: F401  (first: see above)
+
+from zps._errors import ZpsError
+from zps.torch.engine import Engine, initialize
+
+__all__ = ["Engine", "ZpsError", "initialize"]

@@ -1,0 +1,271 @@
+"""DeepSpeed-style JSON config for zps.torch.
+
+Keys that zps shares with DeepSpeed have DeepSpeed's names and meaning; what is zps's own lives in
+the "zps" section. A key zps does not have is an error naming it: nothing is silently ignored
+(docs/pytorch.md, "Config").
+"""
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from zps._errors import ZpsError
+
+
+def _bad(path, why):
+    return ZpsError("INVALID_ARGUMENT", f"config {path}: {why}")
+
+
+class _Section:
+    """One JSON object: typed getters that record the keys read; finish() rejects the rest."""
+
+    def __init__(self, obj, path):
+        if not isinstance(obj, dict):
+            raise _bad(path, "must be a JSON object")
+        self.obj, self.path, self.seen = obj, path, set()
+
+    def has(self, key):
+        return key in self.obj
+
+    def get(self, key, default, kind, lo=None, hi=None, choices=None):
+        self.seen.add(key)
+        if key not in self.obj or self.obj[key] is None:
+            return default
+        v = self.obj[key]
+        where = f"{self.path}.{key}"
+        if kind is bool:
+            if not isinstance(v, bool):
+                raise _bad(where, f"must be true or false, got {v!r}")
+            return v
+        if kind in (int, float):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise _bad(where, f"must be a number, got {v!r}")
+            if kind is int and float(v) != int(v):
+                raise _bad(where, f"must be an integer, got {v!r}")
+            v = kind(v)
+            if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+                raise _bad(where, f"{v!r} is out of range [{lo}, {hi}]")
+            return v
+        if kind is str:
+            if not isinstance(v, str):
+                raise _bad(where, f"must be a string, got {v!r}")
+            if choices is not None and v not in choices:
+                raise _bad(where, f"must be one of {', '.join(choices)}, got {v!r}")
+            return v
+        if kind is list:
+            if not isinstance(v, (list, tuple)):
+                raise _bad(where, f"must be a list, got {v!r}")
+            return list(v)
+        if kind is dict:
+            return _Section(v, where)
+        raise AssertionError(kind)
+
+    def finish(self):
+        extra = sorted(set(self.obj) - self.seen)
+        if extra:
+            raise ZpsError("INVALID_ARGUMENT", f"config key {self.path}.{extra[0]} is not a zps "
+                           "option (docs/pytorch.md lists the keys zps reads)")
+
+
+@dataclass
+class Schedule:
+    type: str = ""            # "", WarmupLR, WarmupDecayLR, WarmupCosineLR
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    # optimizer
+    optimizer: str = "adamw"          # adamw, adam (L2), sgd
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    nesterov: bool = False
+    bias_correction: bool = True
+    schedule: Schedule = field(default_factory=Schedule)
+    gradient_clipping: float = 0.0
+    # precision
+    fp16: bool = False
+    dynamic_loss_scale: bool = True
+    initial_loss_scale: float = 2.0 ** 16
+    loss_scale_window: int = 1000
+    min_loss_scale: float = 1.0
+    bf16: bool = False
+    # batching
+    gradient_accumulation_steps: int = 1
+    train_micro_batch_size_per_gpu: int = 0
+    train_batch_size: int = 0
+    steps_per_print: int = 0
+    # zero_optimization (DeepSpeed counts elements)
+    prefetch_elems: int = 0
+    max_live_elems: int = 0
+    persistence_threshold: int = 100000
+    # zps
+    endpoint: str = ""
+    token_file: str = ""
+    shards: int = 2
+    ucx_tls: str = ""
+    reduction: str = "server-sum"
+    serving_dtype: str = ""           # "" = from fp16/bf16 (fp16, bf16), else bf16
+    max_live_bytes: int = 1 << 30
+    prefetch_bytes: int = 256 << 20
+    memory_budget: int = 0
+    serving_budget: int = 0
+    data_dir: str = ""
+    checkpoint_every: int = 0
+    chunk_elems: int = 1 << 22
+    op_timeout_s: float = 300.0
+    connect_timeout_s: float = 60.0
+    server_threads: int = 0
+
+    def serving(self):
+        if self.serving_dtype:
+            return self.serving_dtype
+        return "fp16" if self.fp16 else "bf16"
+
+    def grad_dtype(self):
+        return "fp16" if self.fp16 else "fp32"
+
+
+_OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
+_SCHEDULE_KEYS = {
+    "WarmupLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                 "last_batch_iteration"},
+    "WarmupDecayLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                      "total_num_steps", "last_batch_iteration"},
+    "WarmupCosineLR": {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
+                       "cos_min_ratio", "warmup_type", "last_batch_iteration"},
+}
+
+
+def load(config):
+    """Parses `config` (a dict, or the path of a JSON file) into a Config. Raises ZpsError."""
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(config) as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ZpsError("INVALID_ARGUMENT", f"config file {config}: {e}") from None
+    if config is None:
+        config = {}
+    root = _Section(config, "config")
+    c = Config()
+
+    opt = root.get("optimizer", None, dict)
+    if opt is not None:
+        kind = opt.get("type", "AdamW", str)
+        if kind.lower() not in _OPTIMIZERS:
+            raise _bad("optimizer.type", f"zps has Adam, AdamW and SGD, not {kind!r}")
+        params = opt.get("params", None, dict) or _Section({}, "config.optimizer.params")
+        c.lr = params.get("lr", c.lr, float, 0.0)
+        c.weight_decay = params.get("weight_decay", c.weight_decay, float, 0.0)
+        c.optimizer = _OPTIMIZERS[kind.lower()]
+        if c.optimizer == "sgd":
+            c.momentum = params.get("momentum", c.momentum, float, 0.0, 0.999999)
+            c.nesterov = params.get("nesterov", c.nesterov, bool)
+        else:
+            betas = params.get("betas", list(c.betas), list)
+            if len(betas) != 2 or not all(isinstance(b, (int, float)) for b in betas):
+                raise _bad("optimizer.params.betas", f"must be two numbers, got {betas!r}")
+            c.betas = (float(betas[0]), float(betas[1]))
+            c.eps = params.get("eps", c.eps, float, 0.0)
+            c.bias_correction = params.get("bias_correction", True, bool)
+            # DeepSpeed's "Adam" is decoupled (AdamW) unless adam_w_mode is false.
+            if c.optimizer == "adam" and params.get("adam_w_mode", True, bool):
+                c.optimizer = "adamw"
+            params.get("torch_adam", False, bool)  # same update either way on the servers
+        params.finish()
+        opt.finish()
+
+    sch = root.get("scheduler", None, dict)
+    if sch is not None:
+        kind = sch.get("type", "", str, choices=sorted(_SCHEDULE_KEYS))
+        params = sch.get("params", None, dict) or _Section({}, "config.scheduler.params")
+        for key in params.obj:
+            if key not in _SCHEDULE_KEYS[kind]:
+                raise ZpsError("INVALID_ARGUMENT", f"config key config.scheduler.params.{key} is "
+                               f"not a parameter of {kind}")
+            params.seen.add(key)
+        if params.obj.get("last_batch_iteration", -1) != -1:
+            raise _bad("scheduler.params.last_batch_iteration",
+                       "zps resumes the schedule from the servers' step; leave it at -1")
+        c.schedule = Schedule(kind, {k: v for k, v in params.obj.items()
+                                     if k != "last_batch_iteration"})
+        sch.finish()
+
+    c.gradient_clipping = root.get("gradient_clipping", 0.0, float, 0.0)
+
+    fp16 = root.get("fp16", None, dict)
+    if fp16 is not None:
+        c.fp16 = fp16.get("enabled", False, bool)
+        scale = fp16.get("loss_scale", 0.0, float, 0.0)
+        if scale != 0.0:
+            raise _bad("fp16.loss_scale", "zps scales dynamically (0); a static scale is not "
+                       "a zps option")
+        c.initial_loss_scale = 2.0 ** fp16.get("initial_scale_power", 16, int, 0, 60)
+        c.loss_scale_window = fp16.get("loss_scale_window", 1000, int, 1)
+        hysteresis = fp16.get("hysteresis", 1, int, 1)
+        if hysteresis != 1:
+            raise _bad("fp16.hysteresis", "zps lowers the scale at the first overflow (1); "
+                       f"hysteresis {hysteresis} is not a zps option")
+        c.min_loss_scale = fp16.get("min_loss_scale", 1.0, float, 0.0)
+        fp16.finish()
+    bf16 = root.get("bf16", None, dict)
+    if bf16 is not None:
+        c.bf16 = bf16.get("enabled", False, bool)
+        bf16.finish()
+    if c.fp16 and c.bf16:
+        raise _bad("fp16.enabled", "fp16 and bf16 cannot both be enabled")
+
+    c.gradient_accumulation_steps = root.get("gradient_accumulation_steps", 1, int, 1, 1 << 16)
+    c.train_micro_batch_size_per_gpu = root.get("train_micro_batch_size_per_gpu", 0, int, 0)
+    c.train_batch_size = root.get("train_batch_size", 0, int, 0)
+    c.steps_per_print = root.get("steps_per_print", 0, int, 0)
+
+    zero = root.get("zero_optimization", None, dict)
+    if zero is not None:
+        stage = zero.get("stage", 3, int)
+        if stage != 3:
+            raise _bad("zero_optimization.stage", f"zps partitions like ZeRO stage 3, not {stage}")
+        c.prefetch_elems = zero.get("stage3_prefetch_bucket_size", 0, int, 0)
+        c.max_live_elems = zero.get("stage3_max_live_parameters", 0, int, 0)
+        c.persistence_threshold = zero.get("stage3_param_persistence_threshold",
+                                           c.persistence_threshold, int, 0)
+        zero.finish()
+
+    z = root.get("zps", None, dict)
+    if z is not None:
+        c.endpoint = z.get("endpoint", "", str)
+        c.token_file = z.get("token_file", "", str)
+        c.shards = z.get("shards", c.shards, int, 1, 256)
+        c.ucx_tls = z.get("ucx_tls", "", str)
+        c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum"])
+        c.serving_dtype = z.get("serving_dtype", "", str, choices=["bf16", "fp16", "fp32"])
+        c.max_live_bytes = z.get("max_live_bytes", c.max_live_bytes, int, 0)
+        c.prefetch_bytes = z.get("prefetch_bytes", c.prefetch_bytes, int, 0)
+        c.memory_budget = z.get("memory_budget", 0, int, 0)
+        c.serving_budget = z.get("serving_budget", 0, int, 0)
+        c.data_dir = z.get("data_dir", "", str)
+        c.checkpoint_every = z.get("checkpoint_every", 0, int, 0)
+        c.chunk_elems = z.get("chunk_elems", c.chunk_elems, int, 64)
+        c.op_timeout_s = z.get("op_timeout_s", c.op_timeout_s, float, 0.001)
+        c.connect_timeout_s = z.get("connect_timeout_s", c.connect_timeout_s, float, 0.001)
+        c.server_threads = z.get("server_threads", 0, int, 0)
+        z.finish()
+    root.finish()
+
+    if c.chunk_elems % 64:
+        raise _bad("zps.chunk_elems", "must be a multiple of 64")
+    if c.gradient_accumulation_steps != 1:
+        raise _bad("gradient_accumulation_steps", "accumulation over micro-batches needs the "
+                   "servers' accumulation support (issue 9, item 4), which this build lacks")
+    # DeepSpeed counts the prefetch and live-parameter budgets in elements.
+    esize = 4 if c.serving() == "fp32" else 2
+    if c.prefetch_elems:
+        c.prefetch_bytes = c.prefetch_elems * esize
+    if c.max_live_elems:
+        c.max_live_bytes = c.max_live_elems * esize
+    return c

@@ -1,0 +1,347 @@
+"""The training-loop API: zps.torch.initialize(model, config) -> Engine.
+
+    engine = zt.initialize(model, config)
+    loss = loss_fn(engine(x), y)
+    engine.backward(loss)        # or loss.backward()
+    info = engine.step()         # the servers' commit
+
+After initialize the model holds no parameter data: its Parameters keep identity and shape, the
+values live on the shards, and hooks fetch them around each use (zps.torch.hooks).
+"""
+
+import collections
+import json
+import os
+import threading
+import time
+
+import torch
+
+from zps import _native
+from zps._errors import ZpsError
+from zps.cluster import LocalCluster
+from zps.torch import config as config_mod
+from zps.torch.hooks import HookSet, Residency
+from zps.torch.params import ZParam, resize_storage, storage_bytes
+
+_SERVING = {"fp32": _native.F32, "fp16": _native.F16, "bf16": _native.BF16}
+
+
+def _unique_params(model):
+    """[(names, Parameter)] in registration order; a tied Parameter once, with all its names."""
+    order, names = [], {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module._parameters.items():
+            if p is None:
+                continue
+            full = f"{mname}.{pname}" if mname else pname
+            if id(p) not in names:
+                names[id(p)] = []
+                order.append(p)
+            if full not in names[id(p)]:
+                names[id(p)].append(full)
+    return [(names[id(p)], p) for p in order]
+
+
+def _dist_env():
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not 0 <= rank < world:
+        raise ZpsError("INVALID_ARGUMENT", f"RANK {rank} is not in [0, WORLD_SIZE {world})")
+    return rank, world
+
+
+def _groups_of(model_params, param_groups, cfg):
+    """Per unique parameter: its (lr, weight_decay) group index, from torch.optim-style groups."""
+    if not param_groups:
+        return [0] * len(model_params), [(cfg.lr, cfg.weight_decay)]
+    groups, index = [], {}
+    for g in param_groups:
+        if not isinstance(g, dict) or "params" not in g:
+            raise ZpsError("INVALID_ARGUMENT", "param_groups must be dicts with 'params', as "
+                           "for torch.optim")
+        extra = set(g) - {"params", "lr", "weight_decay", "name"}
+        if extra:
+            raise ZpsError("INVALID_ARGUMENT", f"param group key {sorted(extra)[0]!r} is not a "
+                           "zps option (groups have lr and weight_decay)")
+        gi = len(groups)
+        groups.append((float(g.get("lr", cfg.lr)), float(g.get("weight_decay", cfg.weight_decay))))
+        for p in g["params"]:
+            if id(p) in index:
+                raise ZpsError("INVALID_ARGUMENT", "a parameter appears in two param groups")
+            index[id(p)] = gi
+    return [index.get(id(p), 0) for _, p in model_params], groups
+
+
+class Engine:
+    """One rank of a zps job training `module`. One training thread drives it."""
+
+    def __init__(self, module, config, param_groups=None):
+        if getattr(module, "_zps_engine", None) is not None:
+            raise ZpsError("FAILED_PRECONDITION", "this module is already initialized with "
+                           "zps.torch; call initialize once per module")
+        self.module = module
+        self.config = cfg = config_mod.load(config)
+        self.rank, self.world = _dist_env()
+        self.cluster = None
+        self._checkpoint_thread = None
+        self._checkpoint_result = None
+        self.closed = False
+        named = _unique_params(module)
+        if not named:
+            raise ZpsError("INVALID_ARGUMENT", "the module has no parameters")
+        group_of, groups = _groups_of(named, param_groups, cfg)
+        for names, p in named:
+            if p.device.type not in ("cpu", "cuda"):
+                raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is on {p.device}; zps "
+                               "serves cpu and cuda parameters")
+        # AccumulateGrad nodes must be made while the parameters have their full shape.
+        zparams = []
+        for i, (names, p) in enumerate(named):
+            zp = ZParam(i, p, names)
+            if p.requires_grad:
+                zp.acc_node = p.expand_as(p).grad_fn.next_functions[0][0]
+            zparams.append(zp)
+        self.zparams = zparams
+        self.job = self._job(cfg, zparams, group_of, groups)
+        endpoint, token = self._endpoint(cfg)
+        options = {"endpoint": endpoint, "token": token, "rank": self.rank,
+                   "ucx_tls": cfg.ucx_tls,
+                   "op_timeout_ms": int(cfg.op_timeout_s * 1000),
+                   "connect_timeout_ms": int(cfg.connect_timeout_s * 1000),
+                   "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes}
+        try:
+            self.client = _native.Client(json.dumps(options), json.dumps(self.job))
+        except ZpsError:
+            self._stop_cluster()
+            raise
+        info = self.client.info()
+        self.global_step = info.resume_step
+        self.loss_scale = info.loss_scale
+        self.serving_code = info.serving_dtype
+        if info.resume_step == 0 and self.rank == 0:
+            self._upload(zparams)
+        for zp in zparams:
+            zp.free()
+        by_param = {id(zp.param): zp for zp in zparams}
+        self.res = Residency(self.client, zparams, by_param, self.serving_code,
+                             cfg.persistence_threshold)
+        self.res.step = self.global_step
+        module_params = collections.OrderedDict()
+        for m in module.modules():
+            module_params[m] = [(n, by_param[id(p)]) for n, p in m._parameters.items()
+                                if p is not None]
+        self.hooks = HookSet(module, self.res, module_params)
+        self.client.begin_step(self.global_step)
+        module._zps_engine = self
+        self._t_last = time.monotonic()
+
+    # ---- setup ----
+    def _job(self, cfg, zparams, group_of, groups):
+        if any(g != groups[0] for g in groups[1:]) or any(not zp.trainable for zp in zparams):
+            need = "parameter groups with different lr or weight decay" \
+                if len(set(groups)) > 1 else "frozen parameters"
+            raise ZpsError("UNIMPLEMENTED", f"{need} need the servers' per-group optimizer "
+                           "(issue 9, item 4), which this build lacks")
+        if cfg.schedule.type:
+            raise ZpsError("UNIMPLEMENTED", "scheduler needs the servers' learning-rate schedule "
+                           "(issue 9, item 4), which this build lacks")
+        lr, wd = groups[0]
+        return {
+            "params": [{"name": zp.names[0], "shape": list(zp.shape) or [1]} for zp in zparams],
+            "chunk_elems": cfg.chunk_elems,
+            "num_shards": self._num_shards(cfg),
+            "optimizer": {"type": cfg.optimizer, "lr": lr, "beta1": cfg.betas[0],
+                          "beta2": cfg.betas[1], "eps": cfg.eps, "weight_decay": wd,
+                          "bias_correction": cfg.bias_correction, "momentum": cfg.momentum,
+                          "nesterov": cfg.nesterov},
+            "commit": {"max_grad_norm": cfg.gradient_clipping,
+                       "grad_divisor": float(self.world * cfg.gradient_accumulation_steps),
+                       "dynamic_loss_scale": cfg.fp16,
+                       "initial_loss_scale": cfg.initial_loss_scale,
+                       "scale_window": cfg.loss_scale_window,
+                       "min_loss_scale": cfg.min_loss_scale},
+            "shard": {"reduction": cfg.reduction, "world_size": self.world,
+                      "grad_dtype": cfg.grad_dtype(), "serving_dtype": cfg.serving()},
+        }
+
+    def _num_shards(self, cfg):
+        if cfg.endpoint:
+            return int(os.environ.get("ZPS_SHARDS", cfg.shards))
+        return cfg.shards
+
+    def _endpoint(self, cfg):
+        endpoint = cfg.endpoint or os.environ.get("ZPS_ENDPOINT", "")
+        if endpoint:
+            token = os.environ.get("ZPS_TOKEN", "")
+            token_file = cfg.token_file or os.environ.get("ZPS_TOKEN_FILE", "")
+            if token_file:
+                try:
+                    with open(token_file) as f:
+                        token = f.read().strip()
+                except OSError as e:
+                    raise ZpsError("INVALID_ARGUMENT", f"zps.token_file {token_file}: {e}") from None
+            if not token:
+                raise ZpsError("INVALID_ARGUMENT", "an endpoint needs a token (zps.token_file, "
+                               "ZPS_TOKEN_FILE or ZPS_TOKEN)")
+            return endpoint, token
+        # No endpoint: an embedded local cluster, started by rank 0 and shared with the others
+        # through torch.distributed (torchrun's environment).
+        if self.rank == 0:
+            self.cluster = LocalCluster(
+                shards=cfg.shards, ucx_tls=cfg.ucx_tls, memory_budget=cfg.memory_budget,
+                serving_budget=cfg.serving_budget, checkpoint_every=cfg.checkpoint_every,
+                data_dir=cfg.data_dir or None, keep_dir=bool(cfg.data_dir),
+                threads=cfg.server_threads)
+            shared = [self.cluster.endpoint, self.cluster.token]
+        else:
+            shared = [None, None]
+        if self.world > 1:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            dist.broadcast_object_list(shared, src=0)
+        return shared[0], shared[1]
+
+    def _upload(self, zparams):
+        for zp in zparams:
+            values = zp.param.detach()
+            if values.is_cuda or values.dtype != torch.float32:
+                values = values.to("cpu", torch.float32)
+            values = values.contiguous()
+            self.client.push_initial(zp.id, values.data_ptr(), zp.numel)
+        self.client.flush()
+
+    def _stop_cluster(self):
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+    # ---- the loop ----
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def backward(self, loss):
+        """loss.backward(), scaled by the fp16 loss scale when fp16 is on."""
+        if self.config.fp16:
+            loss = loss * self.loss_scale
+        loss.backward()
+
+    def step(self):
+        """Ends this rank's step: pushes what is left, waits for the servers' commit, and moves
+        to the next step. Returns a dict: step, skipped, grad_norm, loss_scale, grad_scale,
+        optimizer_step, checkpoint."""
+        self.hooks.end_step()
+        self.res.end_step()
+        self.client.flush()
+        info = self.client.await_commit(self.global_step)
+        self.client.end_step()
+        out = {"step": info.step, "skipped": bool(info.skip), "grad_norm": info.global_norm,
+               "loss_scale": info.loss_scale, "grad_scale": info.grad_scale,
+               "optimizer_step": info.optimizer_step, "checkpoint": bool(info.checkpoint)}
+        self.loss_scale = info.next_loss_scale
+        self.global_step += 1
+        self.res.step = self.global_step
+        self.client.begin_step(self.global_step)
+        self._finish_checkpoint(wait=False)
+        if self.config.steps_per_print and self.global_step % self.config.steps_per_print == 0:
+            now = time.monotonic()
+            print(f"zps.torch rank {self.rank}: step {info.step} grad_norm {info.global_norm:.4g} "
+                  f"resident {self.resident_param_bytes()} B "
+                  f"({now - self._t_last:.2f} s since last print)", flush=True)
+            self._t_last = now
+        return out
+
+    # ---- state ----
+    def resident_param_bytes(self):
+        """Parameter bytes this process holds now: the parameters' live storage plus the
+        fetched buffers the prefetcher keeps (<= zps.max_live_bytes)."""
+        return self.res.live_bytes + self.client.stats().live_bytes
+
+    def stats(self):
+        s = self.client.stats()
+        return {k: getattr(s, k) for k, _ in s._fields_} | {
+            "param_live_bytes": self.res.live_bytes,
+            "param_peak_live_bytes": self.res.peak_live_bytes}
+
+    def state_dict(self):
+        """Full weights read from the servers, under exactly the keys of module.state_dict()
+        (buffers from the worker, a tied parameter under each of its names). With fp32 serving
+        copies these are the fp32 masters; with 16-bit copies, the served values widened."""
+        out = collections.OrderedDict()
+        values = {}
+        for key, t in self.module.state_dict(keep_vars=True).items():
+            zp = self.res.by_param.get(id(t))
+            if zp is None:
+                out[key] = t.detach().clone()
+                continue
+            if zp.id not in values:
+                v = torch.empty(zp.shape, dtype=torch.float32)
+                self.client.fetch_into([zp.id], [v.data_ptr()], [_native.F32])
+                values[zp.id] = v.to(zp.param.dtype)
+            out[key] = values[zp.id]
+        return out
+
+    def save_checkpoint(self, wait_timeout_s=600.0):
+        """Asks the servers for a checkpoint at the end of the step in progress (the next
+        engine.step()), durable on every shard once that step is committed. Returns at once; the
+        next step() waits for it and raises if it failed. Needs shards with a data dir
+        (zps.data_dir for the embedded cluster)."""
+        if self._checkpoint_thread is not None:
+            raise ZpsError("FAILED_PRECONDITION", "a checkpoint is already pending")
+        result = {}
+
+        def run():
+            try:
+                result["step"] = self.client.checkpoint_now(int(wait_timeout_s * 1000))
+            except ZpsError as e:
+                result["error"] = e
+
+        self._checkpoint_result = result
+        self._checkpoint_thread = threading.Thread(target=run, name="zps-checkpoint", daemon=True)
+        self._checkpoint_thread.start()
+
+    def _finish_checkpoint(self, wait):
+        t = self._checkpoint_thread
+        if t is None:
+            return None
+        t.join(timeout=None if wait else 30.0)
+        if t.is_alive():
+            return None
+        self._checkpoint_thread = None
+        result = self._checkpoint_result
+        if "error" in result:
+            raise result["error"]
+        self.last_checkpoint_step = result["step"]
+        return result["step"]
+
+    def close(self):
+        """Restores the module's class and hooks (its parameters stay released), leaves the job,
+        and stops the embedded cluster if this rank started one."""
+        if self.closed:
+            return
+        self.closed = True
+        self.hooks.remove()
+        self.client.close()
+        self._stop_cluster()
+        self.module._zps_engine = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def initialize(model, config=None, param_groups=None, model_parameters=None):
+    """Puts `model`'s parameters on zps and returns the Engine that trains it.
+
+    config: a dict or the path of a JSON file, in DeepSpeed's key names (docs/pytorch.md).
+    param_groups / model_parameters: torch.optim-style groups ([{"params", "lr",
+    "weight_decay"}]) for per-group lr and weight decay.
+    Raises ZpsError: INVALID_ARGUMENT (config, dtypes), UNAVAILABLE (servers unreachable),
+    UNAUTHENTICATED (token), FAILED_PRECONDITION (initialized twice, another job's spec).
+    """
+    return Engine(model, config, param_groups if param_groups is not None else model_parameters)

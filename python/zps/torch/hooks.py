@@ -1,0 +1,290 @@
+"""Module and gradient hooks: fetch before use, release after, push each gradient when it is done.
+
+- Forward: a pre-hook acquires the module's own parameters (recurse=False) in one fetch; a
+  post-hook releases them, and wraps the outputs that need grad in `_PreBackward`, an identity
+  autograd Function whose backward re-acquires the parameters just before the module's backward.
+- Backward: a hook on each trainable parameter's AccumulateGrad node (torch 1.13 has no
+  post-accumulate hook) pushes the gradient as soon as it is accumulated, frees it, and releases
+  the modules whose parameters are all done.
+- A parameter read outside its module's forward (`model.head.weight` in the loss) is acquired
+  on attribute access (the module's class gets a `__getattr__` that knows about zps) and held
+  until the end of the step.
+- Small parameters (below the persistence threshold) are held from their first use to the end
+  of the step. Everything still held is released at the step's end (`Residency.end_step`).
+"""
+
+import torch
+
+from zps._errors import ZpsError
+from zps.torch.params import ZParam, ZPS_TO_TORCH, host_view
+
+
+class Residency:
+    """Which parameters hold storage, and the pushes of the step. One training thread."""
+
+    def __init__(self, client, zparams, by_param, serving_code, persistence_threshold):
+        self.client = client
+        self.zparams = zparams          # by id
+        self.by_param = by_param        # id(Parameter) -> ZParam
+        self.serving_code = serving_code
+        self.step = 0
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+        self.in_forward = 0
+        for zp in zparams:
+            zp.persistent = zp.numel < persistence_threshold
+
+    # ---- residency ----
+    def acquire(self, zps):
+        need = [zp for zp in zps if zp.refs == 0]
+        if need:
+            self._fill(need)
+        for zp in zps:
+            zp.refs += 1
+            if zp.persistent and not zp.step_hold:
+                zp.step_hold = True
+                zp.refs += 1
+
+    def release(self, zps):
+        for zp in zps:
+            if zp.refs <= 0:
+                raise ZpsError("INTERNAL", f"parameter {zp.names[0]} released more than acquired")
+            zp.refs -= 1
+            if zp.refs == 0:
+                zp.free()
+                self.live_bytes -= zp.nbytes
+
+    def hold_for_step(self, zp):
+        """Acquires `zp` until end_step (a read outside its module's forward)."""
+        if not zp.step_hold:
+            self.acquire([zp])
+            if not zp.step_hold:
+                zp.step_hold = True
+            else:  # persistent: acquire already took the step hold
+                self.release([zp])
+
+    def _fill(self, zps):
+        cpu = [zp for zp in zps if not zp.param.is_cuda]
+        for zp in zps:
+            zp.regrow()
+            self.live_bytes += zp.nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        if cpu:
+            self.client.fetch_into([zp.id for zp in cpu], [zp.param.data_ptr() for zp in cpu],
+                                   [zp.dtype_code for zp in cpu])
+        for zp in zps:
+            if zp.param.is_cuda:
+                # Staged on the host, then copied on the current stream (the CUDA backend of the
+                # collectives issue replaces this with pinned slots and a copy stream).
+                ptr, nbytes = self.client.acquire(zp.id)
+                try:
+                    src = host_view(ptr, nbytes, ZPS_TO_TORCH[self.serving_code])
+                    with torch.no_grad():
+                        zp.param.data.copy_(src.view(zp.shape))
+                    torch.cuda.current_stream(zp.param.device).synchronize()
+                finally:
+                    self.client.release(zp.id)
+
+    # ---- gradients ----
+    def on_accumulated(self, zp):
+        zp.accumulated += 1
+        if zp.pushed:
+            raise ZpsError("FAILED_PRECONDITION", f"parameter {zp.names[0]} got a second gradient "
+                           "in one step after its first was pushed (a parameter used both inside "
+                           "and outside a reentrant checkpoint?); use "
+                           "torch.utils.checkpoint(..., use_reentrant=False)")
+        self._push(zp)
+
+    def _push(self, zp, zero=False):
+        p = zp.param
+        if zero:
+            g = torch.zeros(zp.numel, dtype=torch.float32)
+        else:
+            g = p.grad.detach()
+            if g.is_cuda:
+                g = g.to("cpu", torch.float32)
+            elif g.dtype != torch.float32:
+                g = g.float()
+            g = g.contiguous()
+        self.client.push_grad(zp.id, self.step, g.data_ptr(), zp.numel)
+        zp.pushed = True
+        p.grad = None
+
+    def end_step(self):
+        """Pushes what is still unpushed (a zero gradient for trainable parameters that got none
+        this step: the servers expect every byte), and releases every hold."""
+        for zp in self.zparams:
+            if zp.trainable and not zp.pushed:
+                self._push(zp, zero=zp.param.grad is None)
+        self.release_all()
+        for zp in self.zparams:
+            zp.accumulated = 0
+            zp.pushed = False
+
+    def release_all(self):
+        for zp in self.zparams:
+            zp.step_hold = False
+            if zp.refs > 0:
+                zp.refs = 1
+                self.release([zp])
+
+
+class _PreBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hooks, module, *tensors):
+        ctx.hooks, ctx.module = hooks, module
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.hooks.pre_backward(ctx.module)
+        return (None, None) + grads
+
+
+def _map_tensors(obj, fn):
+    """Applies fn to the list of tensors needing grad inside obj; returns obj rebuilt."""
+    found = []
+
+    def collect(o):
+        if isinstance(o, torch.Tensor):
+            if o.requires_grad:
+                found.append(o)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+
+    collect(obj)
+    if not found:
+        return obj, False
+    replaced = iter(fn(found))
+    mapping = {id(t): next(replaced) for t in found}
+
+    def rebuild(o):
+        if isinstance(o, torch.Tensor):
+            return mapping.get(id(o), o)
+        if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple
+            return type(o)(*[rebuild(x) for x in o])
+        if isinstance(o, (list, tuple)):
+            return type(o)(rebuild(x) for x in o)
+        if isinstance(o, dict):
+            out = type(o)() if type(o) is not dict else {}
+            for k, v in o.items():
+                out[k] = rebuild(v)
+            return out
+        return o
+
+    return rebuild(obj), True
+
+
+class HookSet:
+    """The hooks installed on one model; remove() takes every one of them off."""
+
+    def __init__(self, model, residency, module_params):
+        self.res = residency
+        self.module_params = module_params   # module -> [(name, ZParam)] of its own parameters
+        self.handles = []
+        self.bwd_held = {}                   # module -> number of backward acquires
+        self.bwd_pending = {}                # module -> set of ZParam ids not yet accumulated
+        self.owners = {}                     # ZParam id -> modules that own it
+        for m, plist in module_params.items():
+            for _, zp in plist:
+                self.owners.setdefault(zp.id, []).append(m)
+        self.swapped = []
+        for m, plist in module_params.items():
+            if not plist:
+                continue
+            self.handles.append(m.register_forward_pre_hook(self._pre_forward))
+            self.handles.append(m.register_forward_hook(self._post_forward))
+            self._swap_class(m)
+        for zp in residency.zparams:
+            if zp.trainable:
+                acc = zp.acc_node
+                self.handles.append(acc.register_hook(self._grad_hook(zp)))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for m, cls in self.swapped:
+            m.__class__ = cls
+        self.swapped = []
+
+    # ---- forward ----
+    def _zps_of(self, module):
+        plist = self.module_params[module]
+        for name, zp in plist:
+            zp.check_unchanged(module._parameters.get(name))
+        if len(module._parameters) != len(plist):
+            raise ZpsError("FAILED_PRECONDITION", f"module {type(module).__name__} gained "
+                           "parameters after zps.torch.initialize; the parameter set is fixed")
+        return [zp for _, zp in plist]
+
+    def _pre_forward(self, module, inputs):
+        self.res.acquire(self._zps_of(module))
+
+    def _post_forward(self, module, inputs, output):
+        zps = [zp for _, zp in self.module_params[module]]
+        wrapped = False
+        if torch.is_grad_enabled() and any(zp.trainable for zp in zps):
+            output, wrapped = _map_tensors(
+                output, lambda ts: _PreBackward.apply(self, module, *ts))
+            if not wrapped:
+                # No output needs grad we can see: keep the parameters until the step ends, so
+                # that a backward through them still finds their values.
+                for zp in zps:
+                    self.res.hold_for_step(zp)
+        self.res.release(zps)
+        return output
+
+    # ---- backward ----
+    def pre_backward(self, module):
+        zps = [zp for _, zp in self.module_params[module]]
+        self.res.acquire(zps)
+        self.bwd_held[module] = self.bwd_held.get(module, 0) + 1
+        self.bwd_pending[module] = {zp.id for zp in zps if zp.trainable and not zp.pushed}
+        if not self.bwd_pending[module]:
+            self._release_backward(module)
+
+    def _release_backward(self, module):
+        n = self.bwd_held.pop(module, 0)
+        self.bwd_pending.pop(module, None)
+        zps = [zp for _, zp in self.module_params[module]]
+        for _ in range(n):
+            self.res.release(zps)
+
+    def _grad_hook(self, zp):
+        def hook(grad_inputs, grad_outputs):
+            self.res.on_accumulated(zp)
+            for m in self.owners.get(zp.id, ()):
+                pending = self.bwd_pending.get(m)
+                if pending is not None:
+                    pending.discard(zp.id)
+                    if not pending:
+                        self._release_backward(m)
+        return hook
+
+    def end_step(self):
+        for m in list(self.bwd_held):
+            self._release_backward(m)
+
+    # ---- reads outside forward ----
+    def _swap_class(self, module):
+        cls = type(module)
+        res = self.res
+        by_param = res.by_param
+        base_getattr = cls.__getattr__
+
+        def __getattr__(self_, name):
+            value = base_getattr(self_, name)
+            if isinstance(value, torch.nn.Parameter):
+                zp = by_param.get(id(value))
+                if zp is not None and zp.refs == 0:
+                    res.hold_for_step(zp)
+            return value
+
+        sub = type(cls.__name__, (cls,), {"__getattr__": __getattr__, "_zps_base_class": cls})
+        module.__class__ = sub
+        self.swapped.append((module, cls))

@@ -1,0 +1,85 @@
+"""How a parameter lives on a worker: its identity and shape stay, its storage comes and goes.
+
+A released parameter keeps its Parameter object, shape, dtype and device, but its storage is
+resized to 0 bytes (FSDP's approach). Acquiring it regrows the same storage and writes the fetched
+bytes straight into it through data_ptr(): autograd's saved tensors and views alias that storage,
+so they see the values again in backward, and no version counter is bumped (a copy_ into the
+parameter itself would trip "modified by an inplace operation").
+"""
+
+import ctypes
+
+import torch
+
+from zps import _native
+from zps._errors import ZpsError
+
+TORCH_TO_ZPS = {torch.float32: _native.F32, torch.float16: _native.F16,
+                torch.bfloat16: _native.BF16}
+ZPS_TO_TORCH = {v: k for k, v in TORCH_TO_ZPS.items()}
+
+
+def _storage(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
+def storage_bytes(t):
+    s = _storage(t)
+    return s.nbytes() if hasattr(s, "nbytes") else s.size() * t.element_size()
+
+
+def resize_storage(t, nbytes):
+    s = _storage(t)
+    if hasattr(t, "untyped_storage"):
+        s.resize_(nbytes)
+    else:  # torch 1.13: a TypedStorage, sized in elements
+        s.resize_(nbytes // t.element_size())
+
+
+def host_view(ptr, nbytes, dtype):
+    """A CPU tensor over `nbytes` of memory at `ptr` (no copy; the memory must outlive it)."""
+    buf = (ctypes.c_byte * nbytes).from_address(ptr)
+    return torch.frombuffer(buf, dtype=dtype)
+
+
+class ZParam:
+    """One unique Parameter of the model (a tied Parameter is one ZParam with several names)."""
+
+    def __init__(self, pid, param, names):
+        if param.dtype not in TORCH_TO_ZPS:
+            raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} has dtype {param.dtype}; "
+                           "zps serves float32, float16 and bfloat16 parameters")
+        if not param.is_contiguous():
+            raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is not contiguous")
+        self.id = pid
+        self.param = param
+        self.names = names
+        self.shape = tuple(param.shape)
+        self.numel = param.numel()
+        self.nbytes = self.numel * param.element_size()
+        self.dtype_code = TORCH_TO_ZPS[param.dtype]
+        self.trainable = param.requires_grad
+        self.refs = 0
+        self.acc_node = None       # the AccumulateGrad node (kept: its hook dies with it)
+        self.accumulated = 0       # AccumulateGrad calls this step
+        self.pushed = False        # this step's gradient went to the servers
+        self.persistent = False    # small: held from first use to the end of the step
+        self.step_hold = False     # a hold until the end of the step (persistent or external)
+
+    @property
+    def live(self):
+        return self.refs > 0
+
+    def check_unchanged(self, current):
+        if current is not self.param:
+            raise ZpsError("FAILED_PRECONDITION", f"parameter {self.names[0]} was replaced after "
+                           "zps.torch.initialize; the parameter set is fixed at initialize")
+        if tuple(current.shape) != self.shape or current.dtype != ZPS_TO_TORCH[self.dtype_code]:
+            raise ZpsError("FAILED_PRECONDITION", f"parameter {self.names[0]} changed shape or "
+                           f"dtype after initialize ({self.shape} -> {tuple(current.shape)})")
+
+    def free(self):
+        resize_storage(self.param.data, 0)
+
+    def regrow(self):
+        resize_storage(self.param.data, self.nbytes)
