@@ -85,8 +85,9 @@ case "$check" in
       fi
       echo "ok: --set $set_arg refused ($want)"
     done
-    # The documented extension point takes unknown zps-server options; the chart's own are guarded.
-    "$HELM" template "$RELEASE" "$CHART" --set server.extraConfig.chunk-size=16MiB >/dev/null
+    # The documented extension point takes zps-server options the chart has no value for (a real
+    # option: zps-server refuses unknown keys at start); the chart's own are guarded.
+    "$HELM" template "$RELEASE" "$CHART" --set server.extraConfig.serving-budget=8GiB >/dev/null
     if "$HELM" template "$RELEASE" "$CHART" --set server.extraConfig.ordinal=3 >/dev/null 2>&1; then
       echo "FAIL: server.extraConfig.ordinal was accepted" >&2
       exit 1

@@ -170,7 +170,7 @@ const scenarios = {
     check(claim?.spec.storageClassName === "local-nvme", "nvme: PVC storageClassName is not local-nvme");
     check(claim?.spec.resources?.requests?.storage === "3500Gi", "nvme: PVC size is not 3500Gi");
     check(sts.spec.persistentVolumeClaimRetentionPolicy?.whenDeleted === "Delete", "nvme: retention policy not applied");
-    check(cfg["memory-budget"] === "96GiB" && cfg["chunk-size"] === "16MiB", "nvme: config options not applied");
+    check(cfg["memory-budget"] === "96GiB" && cfg["serving-budget"] === "8GiB", "nvme: config options not applied");
     check(podSpec.tolerations?.length === 1 && podSpec.nodeSelector, "nvme: scheduling values not applied");
   },
   rdma() {
