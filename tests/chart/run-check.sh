@@ -70,6 +70,7 @@ case "$check" in
       "server.memoryBudget=24Gb|memoryBudget"
       "server.port=70000|port"
       "server.logLevel=verbose|logLevel"
+      "server.logLevel=trace|logLevel"
       "shards=0|shards"
     )
     for c in "${cases[@]}"; do
