@@ -4,7 +4,8 @@
 //   - every PromQL expression (panel targets, template variables, alert and recording rules) uses only
 //     metrics from the contract table, or Prometheus's own per-target series; histogram series
 //     (_bucket, _sum, _count) only of histograms; and only template variables the dashboard defines;
-//   - every metric of the contract appears on a dashboard, so the contract has no unwatched metric.
+//   - every metric of the contract appears on a dashboard, so the contract has no unwatched metric;
+//   - every alert's runbook_url names a docs page and one of its headings' anchors (GitHub's slugs).
 //
 // Usage: node check-metrics.mjs <repo-root>
 import { readdirSync, readFileSync } from "node:fs";
@@ -124,11 +125,45 @@ for (const f of dashFiles) {
 const dashboardMetrics = new Set(used);
 
 // ---- alert rules
+/** The anchors GitHub gives a Markdown page's headings: lowercased, punctuation dropped, spaces to '-'. */
+function anchors(page) {
+  const out = new Set();
+  let fenced = false;
+  for (const line of readFileSync(page, "utf8").split("\n")) {
+    if (/^\s*(```|~~~)/.test(line)) fenced = !fenced;
+    const h = !fenced && /^#{1,6}\s+(.*?)\s*#*\s*$/.exec(line);
+    if (!h) continue;
+    let slug = h[1].toLowerCase().replace(/[^\p{L}\p{N}\s_-]/gu, "").replace(/\s/g, "-");
+    for (let n = 1, base = slug; out.has(slug); n++) slug = `${base}-${n}`;
+    out.add(slug);
+  }
+  return out;
+}
+const pageAnchors = new Map();
+let runbooks = 0;
 const rulesDir = join(root, "helm/zps/rules");
 for (const f of readdirSync(rulesDir).filter((x) => x.endsWith(".yaml"))) {
   const doc = parseYaml(readFileSync(join(rulesDir, f), "utf8"));
   for (const g of doc.groups ?? []) {
-    for (const r of g.rules ?? []) checkExpr(r.expr, `${f} ${r.alert ?? r.record}`);
+    for (const r of g.rules ?? []) {
+      checkExpr(r.expr, `${f} ${r.alert ?? r.record}`);
+      if (!r.alert) continue;
+      const url = r.annotations?.runbook_url;
+      if (!check(typeof url === "string" && url, `${f} ${r.alert}: no runbook_url`)) continue;
+      const m = /^(docs\/[^#]+\.md)#(.+)$/.exec(url);
+      if (!check(m, `${f} ${r.alert}: runbook_url '${url}' is not docs/<page>.md#<anchor>`)) continue;
+      if (!pageAnchors.has(m[1])) {
+        try {
+          pageAnchors.set(m[1], anchors(join(root, m[1])));
+        } catch (e) {
+          pageAnchors.set(m[1], null);
+        }
+      }
+      const have = pageAnchors.get(m[1]);
+      if (!check(have, `${f} ${r.alert}: runbook_url names ${m[1]}, which cannot be read`)) continue;
+      check(have.has(m[2]), `${f} ${r.alert}: runbook_url anchor #${m[2]} is no heading of ${m[1]}`);
+      runbooks++;
+    }
   }
 }
 
@@ -140,4 +175,4 @@ if (problems.length) {
   for (const p of problems) console.error(`FAIL ${p}`);
   process.exit(1);
 }
-console.log(`ok: ${dashFiles.length} dashboard(s) and the alert rules use only the ${contract.size} contract metrics, and the dashboards cover all of them`);
+console.log(`ok: ${dashFiles.length} dashboard(s) and the alert rules use only the ${contract.size} contract metrics, and the dashboards cover all of them; ${runbooks} runbook links point to headings`);

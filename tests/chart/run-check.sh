@@ -7,7 +7,8 @@
 #   run-check.sh references            NOTES.txt and deploy/ name Services and Secrets that are rendered
 #   run-check.sh rules-check           promtool check rules
 #   run-check.sh rules-test            promtool test rules tests/chart/rules_test.yaml
-#   run-check.sh metrics               dashboards and rules use only the metrics in docs/metrics.md
+#   run-check.sh metrics               dashboards and rules use only the metrics in docs/metrics.md;
+#                                      alerts' runbook_url anchors are headings of their docs page
 #   run-check.sh lockfile              package-lock.json names no registry (no "resolved" URLs)
 # Needs scripts/install-chart-tools.sh to have run (ctest's chart.tools fixture does it). Every check
 # fails loudly when a tool is missing: none is skipped.
