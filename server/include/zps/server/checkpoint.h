@@ -214,8 +214,10 @@ class CheckpointStore {
  public:
   /// Opens the database in `dir` (created if missing and allowed) and deletes the leftovers of
   /// checkpoints that were begun but never committed. Errors: InvalidArgument (options),
-  /// NotFound (missing and not create_if_missing), DataLoss (RocksDB found corruption),
-  /// ResourceExhausted (disk full), IoError, Unavailable (another process holds the lock).
+  /// NotFound (missing, not create_if_missing and not read_only), DataLoss (RocksDB found
+  /// corruption), ResourceExhausted (disk full), IoError (also a missing store opened read_only,
+  /// as zps-ckpt does: RocksDB reports "<dir>/CURRENT: No such file or directory"), Unavailable
+  /// (another process holds the lock).
   static Result<std::unique_ptr<CheckpointStore>> Open(const std::string& dir,
                                                        const CheckpointOptions& options);
   ~CheckpointStore();

@@ -89,8 +89,11 @@ class Coordinator {
   /// Errors: OutOfRange (ordinal).
   Result<msg::ShardSyncReply> ShardSync(const msg::ShardSync& sync);
   /// Orders a checkpoint at the next step boundary; cb gets the step once it is complete on
-  /// every shard, or the first shard's failure, Unavailable/Aborted on recovery, Cancelled on
-  /// shutdown. Errors (to cb): FailedPrecondition (no job), Unavailable (recovering).
+  /// every shard, or the first shard's failure. A waiter still pending when a recovery starts
+  /// (a shard lost or re-registered, a rollback to an older checkpoint) gets Unavailable; at
+  /// Shutdown it gets Shutdown's reason, which zps-server makes Unavailable (Cancelled only when
+  /// the destructor is the first to shut down). Errors (to cb, at once): FailedPrecondition (no
+  /// job), Unavailable (recovering), Shutdown's reason (after Shutdown).
   void RequestCheckpoint(CheckpointCallback cb);
   msg::JobPhase phase() const;
   uint64_t epoch() const;
