@@ -217,7 +217,7 @@ class HookSet:
         plist = self.module_params[module]
         for name, zp in plist:
             zp.check_unchanged(module._parameters.get(name))
-        if len(module._parameters) != len(plist):
+        if sum(p is not None for p in module._parameters.values()) != len(plist):
             raise ZpsError("FAILED_PRECONDITION", f"module {type(module).__name__} gained "
                            "parameters after zps.torch.initialize; the parameter set is fixed")
         return [zp for _, zp in plist]
