@@ -256,6 +256,13 @@ int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad
   });
 }
 
+int zps_await_pushes_below(zps_client* c, uint64_t max_pending) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    return c->client->AwaitPushesBelow(static_cast<size_t>(max_pending));
+  });
+}
+
 int zps_flush(zps_client* c) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));

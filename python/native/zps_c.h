@@ -117,6 +117,9 @@ ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
  * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush. */
 ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad, uint64_t numel,
                   uint32_t micro);
+/* Waits until fewer than `max_pending` push pieces are unacknowledged (bounds the memory the
+ * pushes' copies hold); returns the first push error so far without clearing it. */
+ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);
 /* Waits until every push so far is acknowledged; returns (and clears) the first push error. */
 ZPS_C_EXPORT int zps_flush(zps_client* c);
 /* The coordinator's decision for `step` (bounded by op_timeout). */

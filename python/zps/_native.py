@@ -85,6 +85,7 @@ def lib():
         "zps_release": (c_int, [c_p, c_u32]),
         "zps_push_grad": (c_int, [c_p, c_u32, c_i64, c_p, c_u64, c_u32]),
         "zps_flush": (c_int, [c_p]),
+        "zps_await_pushes_below": (c_int, [c_p, c_u64]),
         "zps_await_commit": (c_int, [c_p, c_i64, ctypes.POINTER(CommitInfo)]),
         "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
     }
@@ -166,6 +167,9 @@ class Client:
 
     def push_grad(self, param, step, ptr, numel, micro=0):
         check(self._L.zps_push_grad(self._h, param, step, ptr, numel, micro))
+
+    def await_pushes_below(self, max_pending):
+        check(self._L.zps_await_pushes_below(self._h, max_pending))
 
     def flush(self):
         check(self._L.zps_flush(self._h))

@@ -11,6 +11,7 @@ follow). docs/pytorch.md has the whole story.
 import torch  # noqa: F401  (first: see above)
 
 from zps._errors import ZpsError
+from zps.torch.construct import init
 from zps.torch.engine import Engine, initialize
 
-__all__ = ["Engine", "ZpsError", "initialize"]
+__all__ = ["Engine", "ZpsError", "init", "initialize"]

@@ -21,6 +21,7 @@ from zps import _native
 from zps._errors import ZpsError
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
+from zps.torch import construct
 from zps.torch.hooks import HookSet, Residency
 from zps.torch.params import ZParam, resize_storage, storage_bytes
 
@@ -100,7 +101,12 @@ class Engine:
         for i, (names, p) in enumerate(named):
             zp = ZParam(i, p, names)
             if p.requires_grad:
+                empty = storage_bytes(p.data) == 0 and zp.nbytes > 0  # staged by zt.init
+                if empty:  # expand_as checks the storage bounds; the bytes stay untouched
+                    resize_storage(p.data, zp.nbytes)
                 zp.acc_node = p.expand_as(p).grad_fn.next_functions[0][0]
+                if empty:
+                    resize_storage(p.data, 0)
             zparams.append(zp)
         self.zparams = zparams
         self.job = self._job(cfg, zparams, group_of, groups)
@@ -119,13 +125,18 @@ class Engine:
         self.global_step = info.resume_step
         self.loss_scale = info.loss_scale
         self.serving_code = info.serving_dtype
+        staging = construct.staging_of(module)
         if info.resume_step == 0 and self.rank == 0:
-            self._upload(zparams)
+            self._upload(zparams, staging)
         for zp in zparams:
             zp.free()
+        if staging is not None:
+            staging.close()
         by_param = {id(zp.param): zp for zp in zparams}
+        # Pushes in flight are bounded to about prefetch_bytes of gradient copies.
+        pieces = max(4, cfg.prefetch_bytes // (cfg.chunk_elems * 4) + 1)
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
-                             cfg.persistence_threshold)
+                             cfg.persistence_threshold, pieces)
         self.res.step = self.global_step
         module_params = collections.OrderedDict()
         for m in module.modules():
@@ -203,13 +214,24 @@ class Engine:
             dist.broadcast_object_list(shared, src=0)
         return shared[0], shared[1]
 
-    def _upload(self, zparams):
+    def _upload(self, zparams, staging):
+        """Rank 0 of a new job: the module's initial values (from the zt.init staging file for
+        parameters built inside zt.init), at most about 256 MiB in flight."""
+        in_flight = 0
         for zp in zparams:
-            values = zp.param.detach()
-            if values.is_cuda or values.dtype != torch.float32:
-                values = values.to("cpu", torch.float32)
-            values = values.contiguous()
+            if staging is not None and staging.is_staged(zp.param):
+                values = torch.empty(zp.shape, dtype=torch.float32)
+                staging.read_f32(zp.param, values)
+            else:
+                values = zp.param.detach()
+                if values.is_cuda or values.dtype != torch.float32:
+                    values = values.to("cpu", torch.float32)
+                values = values.contiguous()
             self.client.push_initial(zp.id, values.data_ptr(), zp.numel)
+            in_flight += zp.numel * 4
+            if in_flight >= 256 << 20:
+                self.client.flush()
+                in_flight = 0
         self.client.flush()
 
     def _stop_cluster(self):

@@ -22,8 +22,10 @@ from zps.torch.params import ZParam, ZPS_TO_TORCH, host_view
 class Residency:
     """Which parameters hold storage, and the pushes of the step. One training thread."""
 
-    def __init__(self, client, zparams, by_param, serving_code, persistence_threshold):
+    def __init__(self, client, zparams, by_param, serving_code, persistence_threshold,
+                 max_pending_pieces=64):
         self.client = client
+        self.max_pending_pieces = max_pending_pieces
         self.zparams = zparams          # by id
         self.by_param = by_param        # id(Parameter) -> ZParam
         self.serving_code = serving_code
@@ -107,6 +109,7 @@ class Residency:
                 g = g.float()
             g = g.contiguous()
         self.client.push_grad(zp.id, self.step, g.data_ptr(), zp.numel)
+        self.client.await_pushes_below(self.max_pending_pieces)
         zp.pushed = True
         p.grad = None
 
