@@ -57,6 +57,7 @@ std::vector<std::byte> JoinReply::Encode() const {
   w.U32(world_size);
   w.U8(static_cast<uint8_t>(grad_dtype));
   w.U8(static_cast<uint8_t>(serving_dtype));
+  if (accumulation_steps != 1) w.U32(accumulation_steps);
   return w.Take();
 }
 Result<JoinReply> JoinReply::Decode(std::span<const std::byte> b) {
@@ -80,6 +81,12 @@ Result<JoinReply> JoinReply::Decode(std::span<const std::byte> b) {
   ZPS_ASSIGN_OR_RETURN(m.grad_dtype, DTypeFromByte(g));
   ZPS_ASSIGN_OR_RETURN(uint8_t s, r.U8("serving_dtype"));
   ZPS_ASSIGN_OR_RETURN(m.serving_dtype, DTypeFromByte(s));
+  if (r.remaining() > 0) {
+    ZPS_ASSIGN_OR_RETURN(m.accumulation_steps, r.U32("accumulation_steps"));
+    if (m.accumulation_steps == 0 || m.accumulation_steps > 1024) {
+      return InvalidArgument("accumulation_steps out of range");
+    }
+  }
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("JoinReply"));
   return m;
 }

@@ -61,6 +61,9 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::Create(const ChunkStoreOptions& 
     return InvalidArgument("chunk store: read_ahead and write_behind must be in [1, 64]");
   }
   if (o.moments > 2) return InvalidArgument("chunk store: moments must be 0, 1 or 2");
+  if (o.serving_words != 1 && o.serving_words != 2) {
+    return InvalidArgument("chunk store: serving_words must be 1 or 2");
+  }
   if (chunk_elems.empty()) return InvalidArgument("chunk store: no chunks");
   if (chunk_elems.size() > (1ull << 31)) return InvalidArgument("chunk store: too many chunks");
   std::unique_ptr<ChunkStore> store(new ChunkStore(options));
@@ -82,7 +85,7 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
     }
     k.array_stride = AlignUp(k.elems * sizeof(float));
     k.state_bytes = (1 + o.moments) * k.array_stride;
-    k.serving_bytes = o.serving_records ? AlignUp(k.elems * sizeof(uint16_t)) : 0;
+    k.serving_bytes = o.serving_records ? AlignUp(k.elems * o.serving_words * sizeof(uint16_t)) : 0;
     total_state += k.state_bytes;
     total_serving += k.serving_bytes;
     state_stride_max_ = std::max(state_stride_max_, k.state_bytes);
@@ -214,7 +217,8 @@ std::span<uint16_t> ChunkStore::ResidentServing(uint32_t c) const {
     return {};
   }
   const Chunk& k = chunks_[c];
-  return {reinterpret_cast<uint16_t*>(serving_ram_base_ + k.serving_off), k.elems};
+  return {reinterpret_cast<uint16_t*>(serving_ram_base_ + k.serving_off),
+          k.elems * options_.serving_words};
 }
 
 Status ChunkStore::NoServingRecords() {
@@ -387,7 +391,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
     }
     if (pass.serving) {
       std::byte* sv = k.serving_resident ? serving_ram_base_ + k.serving_off : slot->serving;
-      spans.serving = {reinterpret_cast<uint16_t*>(sv), n};
+      spans.serving = {reinterpret_cast<uint16_t*>(sv), n * options_.serving_words};
     }
     Status st = fn(c, spans);
     if (!st.ok()) {
@@ -528,7 +532,7 @@ Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
-  if (out.size() != k.elems) {
+  if (out.size() != k.elems * options_.serving_words) {
     return InvalidArgument("chunk store: ReadServing length does not match chunk " +
                            std::to_string(c));
   }
@@ -549,7 +553,7 @@ Status ChunkStore::WriteServing(uint32_t c, std::span<const uint16_t> in) {
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];
-  if (in.size() != k.elems) {
+  if (in.size() != k.elems * options_.serving_words) {
     return InvalidArgument("chunk store: WriteServing length does not match chunk " +
                            std::to_string(c));
   }

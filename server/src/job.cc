@@ -5,14 +5,26 @@
 namespace zps::server {
 namespace {
 constexpr uint32_t kJobMagic = 0x5a50534au;  // "ZPSJ"
-constexpr uint32_t kJobVersion = 1;
+// Version 1: the fields up to commit.min_loss_scale. Version 2 appends the optimizer surface of
+// ShardJob (accumulation, groups, frozen, schedule). A spec whose new fields all have their
+// defaults is written as version 1, byte for byte as before; both versions are read.
+constexpr uint32_t kJobVersion1 = 1;
+constexpr uint32_t kJobVersion2 = 2;
 constexpr size_t kMaxLayoutBytes = 512u << 20;
+constexpr uint32_t kMaxGroups = 65536;
+constexpr uint32_t kMaxParams = 1u << 24;
+
+bool HasV2Fields(const ShardJob& s) {
+  return s.accumulation_steps != 1 || !s.param_groups.empty() || !s.param_group.empty() ||
+         !s.frozen.empty() || !(s.lr_schedule == LrScheduleConfig{});
+}
 }  // namespace
 
 std::vector<std::byte> JobSpec::Serialize() const {
   ByteWriter w;
+  const bool v2 = HasV2Fields(shard);
   w.U32(kJobMagic);
-  w.U32(kJobVersion);
+  w.U32(v2 ? kJobVersion2 : kJobVersion1);
   w.Blob(layout.Serialize());
   w.U8(static_cast<uint8_t>(shard.mode));
   w.U32(shard.world_size);
@@ -26,6 +38,27 @@ std::vector<std::byte> JobSpec::Serialize() const {
   w.F64(commit.scale_factor);
   w.I64(commit.scale_window);
   w.F64(commit.min_loss_scale);
+  if (v2) {
+    w.U32(shard.accumulation_steps);
+    w.U32(static_cast<uint32_t>(shard.param_groups.size()));
+    for (const ParamGroup& g : shard.param_groups) {
+      w.F32(g.lr);
+      w.F32(g.weight_decay);
+    }
+    w.U32(static_cast<uint32_t>(shard.param_group.size()));
+    for (uint32_t g : shard.param_group) w.U32(g);
+    w.U32(static_cast<uint32_t>(shard.frozen.size()));
+    for (uint8_t f : shard.frozen) w.U8(f);
+    const LrScheduleConfig& ls = shard.lr_schedule;
+    w.U8(static_cast<uint8_t>(ls.kind));
+    w.F64(ls.warmup_min_lr);
+    w.F64(ls.warmup_max_lr);
+    w.I64(ls.warmup_num_steps);
+    w.U8(static_cast<uint8_t>(ls.warmup_type));
+    w.I64(ls.total_num_steps);
+    w.F64(ls.warmup_min_ratio);
+    w.F64(ls.cos_min_ratio);
+  }
   return w.Take();
 }
 
@@ -34,7 +67,10 @@ Result<JobSpec> JobSpec::Deserialize(std::span<const std::byte> bytes) {
   ZPS_ASSIGN_OR_RETURN(uint32_t magic, r.U32("job.magic"));
   if (magic != kJobMagic) return InvalidArgument("not a zps job spec (bad magic)");
   ZPS_ASSIGN_OR_RETURN(uint32_t version, r.U32("job.version"));
-  if (version != kJobVersion) return InvalidArgument("unsupported job spec version");
+  if (version != kJobVersion1 && version != kJobVersion2) {
+    return InvalidArgument("unsupported job spec version " + std::to_string(version) +
+                           " (this build reads 1 and 2)");
+  }
   ZPS_ASSIGN_OR_RETURN(auto layout_bytes, r.Blob("job.layout", kMaxLayoutBytes));
   ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Deserialize(layout_bytes));
   JobSpec j{std::move(layout), {}, {}, {}};
@@ -56,6 +92,51 @@ Result<JobSpec> JobSpec::Deserialize(std::span<const std::byte> bytes) {
   ZPS_ASSIGN_OR_RETURN(j.commit.scale_factor, r.F64("job.scale_factor"));
   ZPS_ASSIGN_OR_RETURN(j.commit.scale_window, r.I64("job.scale_window"));
   ZPS_ASSIGN_OR_RETURN(j.commit.min_loss_scale, r.F64("job.min_loss_scale"));
+  if (version >= kJobVersion2) {
+    ShardJob& s = j.shard;
+    ZPS_ASSIGN_OR_RETURN(s.accumulation_steps, r.U32("job.accumulation_steps"));
+    ZPS_ASSIGN_OR_RETURN(uint32_t ng, r.U32("job.param_groups"));
+    if (ng > kMaxGroups) return InvalidArgument("job spec: param_groups: too many groups");
+    s.param_groups.resize(ng);
+    for (ParamGroup& g : s.param_groups) {
+      ZPS_ASSIGN_OR_RETURN(g.lr, r.F32("job.param_groups.lr"));
+      ZPS_ASSIGN_OR_RETURN(g.weight_decay, r.F32("job.param_groups.weight_decay"));
+    }
+    ZPS_ASSIGN_OR_RETURN(uint32_t npg, r.U32("job.param_group"));
+    if (npg > kMaxParams || npg * size_t{4} > r.remaining()) {
+      return InvalidArgument("job spec: param_group: bad length " + std::to_string(npg));
+    }
+    s.param_group.resize(npg);
+    for (uint32_t& g : s.param_group) {
+      ZPS_ASSIGN_OR_RETURN(g, r.U32("job.param_group"));
+    }
+    ZPS_ASSIGN_OR_RETURN(uint32_t nf, r.U32("job.frozen"));
+    if (nf > kMaxParams || nf > r.remaining()) {
+      return InvalidArgument("job spec: frozen: bad length " + std::to_string(nf));
+    }
+    s.frozen.resize(nf);
+    for (uint8_t& f : s.frozen) {
+      ZPS_ASSIGN_OR_RETURN(f, r.U8("job.frozen"));
+    }
+    LrScheduleConfig& ls = s.lr_schedule;
+    ZPS_ASSIGN_OR_RETURN(uint8_t kind, r.U8("job.lr_schedule.kind"));
+    if (kind > static_cast<uint8_t>(LrScheduleKind::kWarmupCosineLR)) {
+      return InvalidArgument("job spec: lr_schedule.kind " + std::to_string(kind) + " is unknown");
+    }
+    ls.kind = static_cast<LrScheduleKind>(kind);
+    ZPS_ASSIGN_OR_RETURN(ls.warmup_min_lr, r.F64("job.lr_schedule.warmup_min_lr"));
+    ZPS_ASSIGN_OR_RETURN(ls.warmup_max_lr, r.F64("job.lr_schedule.warmup_max_lr"));
+    ZPS_ASSIGN_OR_RETURN(ls.warmup_num_steps, r.I64("job.lr_schedule.warmup_num_steps"));
+    ZPS_ASSIGN_OR_RETURN(uint8_t wt, r.U8("job.lr_schedule.warmup_type"));
+    if (wt > static_cast<uint8_t>(WarmupType::kLinear)) {
+      return InvalidArgument("job spec: lr_schedule.warmup_type " + std::to_string(wt) +
+                             " is unknown");
+    }
+    ls.warmup_type = static_cast<WarmupType>(wt);
+    ZPS_ASSIGN_OR_RETURN(ls.total_num_steps, r.I64("job.lr_schedule.total_num_steps"));
+    ZPS_ASSIGN_OR_RETURN(ls.warmup_min_ratio, r.F64("job.lr_schedule.warmup_min_ratio"));
+    ZPS_ASSIGN_OR_RETURN(ls.cos_min_ratio, r.F64("job.lr_schedule.cos_min_ratio"));
+  }
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("job spec"));
   ZPS_RETURN_IF_ERROR(j.Validate());
   return j;
@@ -72,11 +153,8 @@ uint64_t JobSpec::Hash() const {
 }
 
 Status JobSpec::Validate() const {
-  if (shard.world_size == 0 || shard.world_size > 65536) {
-    return InvalidArgument("world_size must be in [1, 65536]");
-  }
-  if (shard.serving_dtype == DType::kF32) return InvalidArgument("serving dtype must be 16-bit");
   ZPS_RETURN_IF_ERROR(optimizer.Validate());
+  ZPS_RETURN_IF_ERROR(ValidateShardJob(shard, layout, optimizer));
   ZPS_RETURN_IF_ERROR(commit.Validate());
   return Status::Ok();
 }

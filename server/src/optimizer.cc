@@ -103,8 +103,23 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   if (adam || has_momentum) ZPS_RETURN_IF_ERROR(CheckLen("m", state.m.size(), n));
   if (adam) ZPS_RETURN_IF_ERROR(CheckLen("v", state.v.size(), n));
   if (!params.out16.empty()) ZPS_RETURN_IF_ERROR(CheckLen("out16", params.out16.size(), n));
-  if (params.out_dtype != DType::kF16 && params.out_dtype != DType::kBF16) {
-    return InvalidArgument("out_dtype must be fp16 or bf16");
+  if (!params.out32.empty()) ZPS_RETURN_IF_ERROR(CheckLen("out32", params.out32.size(), n));
+  const bool out_f32 = params.out_dtype == DType::kF32;
+  if (!out_f32 && params.out_dtype != DType::kF16 && params.out_dtype != DType::kBF16) {
+    return InvalidArgument("out_dtype must be fp16, bf16 or fp32");
+  }
+  if (out_f32 ? !params.out16.empty() : !params.out32.empty()) {
+    return InvalidArgument(out_f32 ? "out_dtype fp32 writes out32, not out16"
+                                   : "out_dtype fp16/bf16 writes out16, not out32");
+  }
+  const float lr_f = params.lr.value_or(config_.lr);
+  const float wd_f = params.weight_decay.value_or(config_.weight_decay);
+  if (!std::isfinite(lr_f) || !(lr_f >= 0.0f)) return InvalidArgument("lr must be finite and >= 0");
+  if (!std::isfinite(wd_f) || !(wd_f >= 0.0f)) {
+    return InvalidArgument("weight_decay must be finite and >= 0");
+  }
+  if (config_.kind == OptimizerKind::kAdamW && static_cast<double>(lr_f) * wd_f > 1.0) {
+    return InvalidArgument("adamw needs lr * weight_decay <= 1");
   }
   if (params.step < 1)
     return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
@@ -114,22 +129,24 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   KernelArgs a;
   a.kind = config_.kind;
   a.grad_dtype = grad.dtype;
-  a.has_out = !params.out16.empty();
+  a.has_out = out_f32 ? !params.out32.empty() : !params.out16.empty();
   a.out_dtype = params.out_dtype;
-  a.stream_out = a.has_out && n >= kStreamMinElems;
+  // fp32 copies use ordinary stores (the streaming peel assumes 2-byte elements).
+  a.stream_out = a.has_out && !out_f32 && n >= kStreamMinElems;
   a.has_momentum = has_momentum;
   a.nesterov = config_.nesterov;
   a.grad = grad.data;
   a.master = state.master.data();
   a.m = (adam || has_momentum) ? state.m.data() : nullptr;
   a.v = adam ? state.v.data() : nullptr;
-  a.out = a.has_out ? params.out16.data() : nullptr;
+  a.out = a.has_out && !out_f32 ? params.out16.data() : nullptr;
+  a.out32 = a.has_out && out_f32 ? params.out32.data() : nullptr;
   a.grad_scale = params.grad_scale;
-  a.lr = config_.lr;
+  a.lr = lr_f;
   a.momentum = config_.momentum;
   // Constants are formed in double and rounded once, so they do not depend on evaluation order.
-  const double lr = config_.lr, wd = config_.weight_decay;
-  a.l2 = config_.kind == OptimizerKind::kAdamW ? 0.0f : config_.weight_decay;
+  const double lr = lr_f, wd = wd_f;
+  a.l2 = config_.kind == OptimizerKind::kAdamW ? 0.0f : wd_f;
   a.decay = config_.kind == OptimizerKind::kAdamW ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   a.beta1 = config_.beta1;
   a.beta2 = config_.beta2;

@@ -18,7 +18,7 @@ namespace zps::server::internal {
 struct KernelArgs {
   OptimizerKind kind = OptimizerKind::kAdamW;
   DType grad_dtype = DType::kF32;
-  bool has_out = false;  // write the 16-bit copy
+  bool has_out = false;  // write the serving copy (`out`, or `out32` when out_dtype is kF32)
   DType out_dtype = DType::kBF16;
   bool stream_out = false;    // non-temporal stores for the copy (large chunks only)
   bool has_momentum = false;  // SGD: momentum > 0 (m is read and written)
@@ -29,6 +29,7 @@ struct KernelArgs {
   float* m = nullptr;
   float* v = nullptr;
   uint16_t* out = nullptr;
+  float* out32 = nullptr;
 
   float grad_scale = 1.0f;
   // Adam/AdamW:

@@ -453,7 +453,8 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
   }
   MaybeCrashAt("push", h->step);
   auto ticket =
-      st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch});
+      st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch,
+                     session.rank});
   if (!ticket.ok()) {
     sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
     ReplyPush(session.ep, h->request, ticket.status());
@@ -531,6 +532,7 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
       reply.world_size = j->shard.world_size;
       reply.grad_dtype = j->shard.grad_dtype;
       reply.serving_dtype = j->shard.serving_dtype;
+      reply.accumulation_steps = j->shard.accumulation_steps;
       r.Reply(reply.Encode());
     });
   });
@@ -624,7 +626,8 @@ void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
   sm.memory[ShardMetrics::kMaster].Set(static_cast<double>(elems * sizeof(float)));
   sm.memory[ShardMetrics::kOptimizerState].Set(
       static_cast<double>(elems * sizeof(float) * ((needs_m ? 1 : 0) + (needs_v ? 1 : 0))));
-  sm.memory[ShardMetrics::kServing].Set(static_cast<double>(elems * sizeof(uint16_t)));
+  sm.memory[ShardMetrics::kServing].Set(
+      static_cast<double>(elems * DTypeSize(job.shard.serving_dtype)));
   sm.memory[ShardMetrics::kNvme].Set(0);
   storage_moments = (needs_m ? 1 : 0) + (needs_v ? 1 : 0);
   UpdateStorageMetrics();  // with a memory budget: the store's RAM and spill figures instead

@@ -1,6 +1,7 @@
 #include "zps/server/shard_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "zps/common/crc32c.h"
@@ -19,6 +20,80 @@ Result<ReductionMode> ParseReductionMode(std::string_view text) {
                          std::string(text) + "'");
 }
 
+Status ValidateShardJob(const ShardJob& job, const Layout& layout,
+                        const OptimizerConfig& optimizer) {
+  if (job.world_size == 0 || job.world_size > 65536) {
+    return InvalidArgument("world_size must be in [1, 65536]");
+  }
+  if (job.serving_dtype != DType::kF16 && job.serving_dtype != DType::kBF16 &&
+      job.serving_dtype != DType::kF32) {
+    return InvalidArgument("serving_dtype must be fp16, bf16 or fp32");
+  }
+  if (job.accumulation_steps == 0 || job.accumulation_steps > 1024 ||
+      uint64_t{job.world_size} * job.accumulation_steps > 65536) {
+    return InvalidArgument("accumulation_steps must be in [1, 1024] with world_size * "
+                           "accumulation_steps <= 65536, got " +
+                           std::to_string(job.accumulation_steps));
+  }
+  if (job.param_groups.size() > 65536) {
+    return InvalidArgument("param_groups: at most 65536 groups");
+  }
+  ZPS_RETURN_IF_ERROR(job.lr_schedule.Validate());
+  const double max_factor = job.lr_schedule.MaxValue();
+  std::vector<ParamGroup> groups = job.param_groups;
+  if (groups.empty()) groups.push_back({optimizer.lr, optimizer.weight_decay});
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const ParamGroup& g = groups[i];
+    const std::string name = job.param_groups.empty() ? "optimizer" : "param_groups[" + std::to_string(i) + "]";
+    if (!std::isfinite(g.lr) || !(g.lr >= 0.0f)) {
+      return InvalidArgument(name + ".lr must be finite and >= 0");
+    }
+    if (!std::isfinite(g.weight_decay) || !(g.weight_decay >= 0.0f)) {
+      return InvalidArgument(name + ".weight_decay must be finite and >= 0");
+    }
+    if (optimizer.kind == OptimizerKind::kAdamW) {
+      // The largest lr the schedule gives this group (absolute kinds ignore the group's lr).
+      const bool absolute = job.lr_schedule.kind == LrScheduleKind::kWarmupLR ||
+                            job.lr_schedule.kind == LrScheduleKind::kWarmupDecayLR;
+      const double max_lr = absolute ? static_cast<double>(static_cast<float>(max_factor))
+                                     : static_cast<double>(static_cast<float>(g.lr * max_factor));
+      if (max_lr * g.weight_decay > 1.0) {
+        return InvalidArgument(name + ": adamw needs lr * weight_decay <= 1 at every step (largest "
+                               "scheduled lr " + std::to_string(max_lr) + ")");
+      }
+    }
+  }
+  const size_t np = layout.num_params();
+  if (!job.param_group.empty()) {
+    if (job.param_groups.empty()) {
+      return InvalidArgument("param_group is set but param_groups is empty");
+    }
+    if (job.param_group.size() != np) {
+      return InvalidArgument("param_group has " + std::to_string(job.param_group.size()) +
+                             " entries for " + std::to_string(np) + " parameters");
+    }
+    for (size_t p = 0; p < np; ++p) {
+      if (job.param_group[p] >= job.param_groups.size()) {
+        return InvalidArgument("param_group[" + std::to_string(p) + "] = " +
+                               std::to_string(job.param_group[p]) + " is not a group (" +
+                               std::to_string(job.param_groups.size()) + " groups)");
+      }
+    }
+  }
+  if (!job.frozen.empty()) {
+    if (job.frozen.size() != np) {
+      return InvalidArgument("frozen has " + std::to_string(job.frozen.size()) + " entries for " +
+                             std::to_string(np) + " parameters");
+    }
+    for (size_t p = 0; p < np; ++p) {
+      if (job.frozen[p] > 1) {
+        return InvalidArgument("frozen[" + std::to_string(p) + "] must be 0 or 1");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The constructor and destructor are in shard_state_serving.cc (ServingStaging is complete there).
 
 Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uint32_t ordinal,
@@ -31,16 +106,16 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
                            std::to_string(layout.options().num_shards));
   }
-  if (job.world_size == 0 || job.world_size > 65536) {
-    return InvalidArgument("world_size must be in [1, 65536]");
-  }
-  if (job.serving_dtype == DType::kF32) {
-    return InvalidArgument("the serving copy must be fp16 or bf16");
-  }
+  ZPS_RETURN_IF_ERROR(ValidateShardJob(job, layout, optimizer));
   std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
+  s->groups_ = job.param_groups;
+  if (s->groups_.empty()) s->groups_.push_back({optimizer.lr, optimizer.weight_decay});
   s->chunk_ids_ = layout.ChunksOfShard(ordinal);
-  const uint32_t slots = job.mode == ReductionMode::kServerSum ? job.world_size : 1;
+  // One slot per contributor (server-sum) or per micro-batch (pre-reduced).
+  const uint32_t slots =
+      (job.mode == ReductionMode::kServerSum ? job.world_size : 1) * job.accumulation_steps;
+  const uint64_t sw = s->serving_words_;
   const bool needs_v = optimizer.kind != OptimizerKind::kSgd;
   const bool needs_m = needs_v || optimizer.momentum > 0.0f;
   s->chunks_.resize(s->chunk_ids_.size());
@@ -68,7 +143,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   }
   // Every serving copy lives in one block (one UCX region, one rkey, when the server allocates
   // it), each copy at a 64-byte aligned offset.
-  auto serving_stride = [](uint64_t elems) { return (elems * sizeof(uint16_t) + 63) / 64 * 64; };
+  auto serving_stride = [sw](uint64_t elems) {
+    return (elems * sw * sizeof(uint16_t) + 63) / 64 * 64;
+  };
   size_t serving_bytes = 0;
   for (const Chunk& c : s->chunks_) serving_bytes += serving_stride(c.size);
   if (s->serving_in_store_) serving_bytes = 0;  // the store places them (InitServingStore)
@@ -89,22 +166,14 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   size_t serving_off = 0;
   for (Chunk& c : s->chunks_) {
     if (s->serving_in_store_) break;
-    c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size};
+    c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size * sw};
     serving_off += serving_stride(c.size);
   }
-  // Parameter runs inside each local chunk.
-  for (uint32_t p = 0; p < layout.num_params(); ++p) {
-    ZPS_ASSIGN_OR_RETURN(auto pieces, layout.Pieces(p));
-    for (const Piece& piece : pieces) {
-      if (layout.shard_of_chunk(piece.chunk) != ordinal) continue;
-      Chunk* c = s->FindChunk(piece.chunk);
-      c->params.emplace_back(piece.chunk_offset, piece.chunk_offset + piece.length);
-      c->expected += piece.length;
-    }
-  }
+  ZPS_RETURN_IF_ERROR(s->BuildRuns());
   if (spilling) {
     ChunkStoreOptions so = *spill;
     so.moments = needs_v ? 2 : (needs_m ? 1 : 0);
+    so.serving_words = s->serving_words_;
     s->moments_ = so.moments;
     std::vector<uint64_t> elems;
     for (const Chunk& c : s->chunks_) {
@@ -117,8 +186,8 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
       so.serving_ram_alloc = serving_alloc;
       uint64_t total = 0, largest = 0;
       for (uint64_t n : elems) {
-        total += AlignUp(n * sizeof(uint16_t));
-        largest = std::max(largest, AlignUp(n * sizeof(uint16_t)));
+        total += AlignUp(n * sw * sizeof(uint16_t));
+        largest = std::max(largest, AlignUp(n * sw * sizeof(uint16_t)));
       }
       if (total > so.serving_memory_budget) {
         const uint64_t staging = uint64_t{kServingStagingBuffers} * largest;
@@ -138,6 +207,52 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
   }
   return s;
+}
+
+Status ShardState::BuildRuns() {
+  // Parameter runs inside each local chunk (ascending: parameters are laid out in order), and
+  // each parameter's attributes: group and frozen flag.
+  auto group_of = [&](uint32_t p) { return job_.param_group.empty() ? 0u : job_.param_group[p]; };
+  auto frozen_of = [&](uint32_t p) { return !job_.frozen.empty() && job_.frozen[p] != 0; };
+  std::vector<std::vector<std::pair<uint64_t, uint32_t>>> starts(chunks_.size());  // (off, param)
+  for (uint32_t p = 0; p < layout_.num_params(); ++p) {
+    ZPS_ASSIGN_OR_RETURN(auto pieces, layout_.Pieces(p));
+    for (const Piece& piece : pieces) {
+      if (layout_.shard_of_chunk(piece.chunk) != ordinal_) continue;
+      Chunk* c = FindChunk(piece.chunk);
+      c->params.emplace_back(piece.chunk_offset, piece.chunk_offset + piece.length);
+      c->params_frozen.push_back(frozen_of(p) ? 1 : 0);
+      c->expected_init += piece.length;
+      if (!frozen_of(p)) c->expected += piece.length;
+      starts[IndexOf(*c)].emplace_back(piece.chunk_offset, p);
+    }
+  }
+  for (Chunk& c : chunks_) {
+    const auto& st = starts[IndexOf(c)];
+    // Elements before the chunk's first parameter piece are padding of the parameter laid out
+    // before it (or, for a chunk without pieces, of no parameter: group 0).
+    auto attrs = [&](uint32_t p) { return Chunk::Run{0, 0, group_of(p), frozen_of(p)}; };
+    Chunk::Run lead{0, 0, 0, false};
+    if (!st.empty() && st.front().second > 0) lead = attrs(st.front().second - 1);
+    else if (!st.empty()) lead = attrs(st.front().second);
+    std::vector<Chunk::Run> raw;
+    uint64_t pos = 0;
+    Chunk::Run cur = lead;
+    for (const auto& [off, p] : st) {
+      if (off > pos) raw.push_back({pos, off, cur.group, cur.frozen});
+      pos = off;
+      cur = attrs(p);
+    }
+    if (pos < c.size) raw.push_back({pos, c.size, cur.group, cur.frozen});
+    for (const Chunk::Run& r : raw) {
+      if (!c.runs.empty() && c.runs.back().group == r.group && c.runs.back().frozen == r.frozen) {
+        c.runs.back().end = r.end;
+      } else {
+        c.runs.push_back(r);
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 ShardState::Chunk* ShardState::FindChunk(uint32_t id) {
@@ -170,9 +285,23 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
                            " does not match the job's " +
                            std::string(DTypeName(init ? DType::kF32 : job_.grad_dtype)));
   }
-  if (req.rank >= job_.world_size) {
-    return InvalidArgument("rank " + std::to_string(req.rank) + " >= world size " +
-                           std::to_string(job_.world_size));
+  if (req.rank >= job_.world_size * accum_) {
+    if (accum_ == 1) {
+      return InvalidArgument("rank " + std::to_string(req.rank) + " >= world size " +
+                             std::to_string(job_.world_size));
+    }
+    return InvalidArgument("contributor " + std::to_string(req.rank) + " >= world size " +
+                           std::to_string(job_.world_size) + " x accumulation_steps " +
+                           std::to_string(accum_));
+  }
+  if (req.session_rank && req.rank / accum_ != *req.session_rank) {
+    return InvalidArgument("contributor " + std::to_string(req.rank) + " (rank " +
+                           std::to_string(req.rank / accum_) + ", micro " +
+                           std::to_string(req.rank % accum_) + ") pushed by rank " +
+                           std::to_string(*req.session_rank) + "'s session");
+  }
+  if (init && req.rank % accum_ != 0) {
+    return InvalidArgument("initial values are pushed with micro 0");
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return shutdown_reason_;
@@ -196,6 +325,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
     return OutOfRange("push range [" + std::to_string(req.offset) + ", +" +
                       std::to_string(req.length) + ") is not inside one parameter");
   }
+  if (!init && c->params_frozen[std::prev(it) - c->params.begin()] != 0) {
+    return InvalidArgument("push range [" + std::to_string(req.offset) + ", +" +
+                           std::to_string(req.length) + ") of chunk " + std::to_string(c->id) +
+                           " is in a frozen parameter (never pushed)");
+  }
   if (init) {
     if (c->version != -1) return FailedPrecondition("chunk " + std::to_string(c->id) + " is already initialised");
   } else if (c->version == -1) {
@@ -208,7 +342,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
                               std::to_string(c->version) + ")");
   }
   const uint32_t slot =
-      (init || job_.mode == ReductionMode::kPreReduced) ? 0 : req.rank;
+      init ? 0 : (job_.mode == ReductionMode::kPreReduced ? req.rank % accum_ : req.rank);
   auto& cov = c->covered[slot];
   const uint64_t b = req.offset, e = req.offset + req.length;
   auto next = cov.lower_bound(b);
@@ -258,7 +392,7 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     }
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
-      if (c->landed[0] == c->expected) {
+      if (c->landed[0] == c->expected_init) {
         if (store_) {
           if (Status st = StoreInitChunk(*c); !st.ok()) {
             ResetCoverage(*c);  // the initial values must be pushed again
@@ -273,10 +407,8 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
             ResetCoverage(*c);  // the initial values must be pushed again
             return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
           }
-        } else if (job_.serving_dtype == DType::kF16) {
-          ConvertF32ToF16(master, c->serving);
         } else {
-          ConvertF32ToBF16(master, c->serving);
+          ToServing(master, c->serving);
         }
         ResetCoverage(*c);
         Publish(*c, 0, ready);
@@ -328,6 +460,11 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       const float* g = c.grads[r]->data();
       for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
     }
+    // Frozen parameters were never pushed: slot 0 may still hold their initial values. Zero
+    // them, so they add nothing to the norm (and nothing is read from them by the update).
+    for (const Chunk::Run& r : c.runs) {
+      if (r.frozen) std::fill(acc + r.begin, acc + r.end, 0.0f);
+    }
     ZPS_ASSIGN_OR_RETURN(GradStats st,
                          optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
     out.emplace_back(c.id, ChunkReport{st.sum_squares, st.non_finite});
@@ -351,13 +488,8 @@ Status ShardState::ApplyCommit(const CommitOrder& order) {
     ZPS_RETURN_IF_ERROR(st);
   } else if (!order.skip) {
     for (Chunk& c : chunks_) {
-      ChunkState st{c.master.span(), c.m.span(), c.v.span()};
-      UpdateParams up;
-      up.step = order.optimizer_step;
-      up.grad_scale = order.grad_scale;
-      up.out_dtype = job_.serving_dtype;
-      up.out16 = c.serving;
-      ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up));
+      ZPS_RETURN_IF_ERROR(
+          UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order));
     }
   }
   std::vector<std::pair<Waiter, Status>> ready;
@@ -391,7 +523,8 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
       continue;
     }
     w.cb(st, version,
-         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset, w.req.length)),
+         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset * serving_words_,
+                                                 w.req.length * serving_words_)),
          nullptr);
   }
 }
@@ -458,7 +591,8 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
   }
   if (c->version >= req.min_version) {
     int64_t v = c->version;
-    auto data = std::as_bytes(std::span<const uint16_t>(c->serving.data() + req.offset, req.length));
+    auto data = std::as_bytes(std::span<const uint16_t>(
+        c->serving.data() + req.offset * serving_words_, req.length * serving_words_));
     lock.unlock();
     cb(Status::Ok(), v, data, nullptr);
     return;

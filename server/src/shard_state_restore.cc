@@ -91,8 +91,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
             return Status::Ok();
           }
           if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
-          if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(s.state.master, serving);
-          else ConvertF32ToBF16(s.state.master, serving);
+          ToServing(s.state.master, serving);
           return Status::Ok();
         }));
     // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
@@ -110,8 +109,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       continue;
     }
     ZPS_RETURN_IF_ERROR(load(c.id, c.master.span(), c.m.span(), c.v.span()));
-    if (job_.serving_dtype == DType::kF16) ConvertF32ToF16(c.master.span(), c.serving);
-    else ConvertF32ToBF16(c.master.span(), c.serving);
+    ToServing(c.master.span(), c.serving);
   }
   if (version >= 1) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,15 +146,38 @@ Status ShardState::StoreUpdate(const CommitOrder& order) {
   pass.serving = serving_in_store_;
   return CountIo(store_->ForEachChunk(
       store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
-        Chunk& c = chunks_[i];
-        UpdateParams up;
-        up.step = order.optimizer_step;
-        up.grad_scale = order.grad_scale;
-        up.out_dtype = job_.serving_dtype;
-        up.out16 = serving_in_store_ ? s.serving : c.serving;
-        ChunkState st{s.state.master, s.state.m, s.state.v};
-        return optimizer_->Update(st, {c.grads[0]->data(), DType::kF32, c.size}, up);
+        const Chunk& c = chunks_[i];
+        return UpdateChunk(c, {s.state.master, s.state.m, s.state.v},
+                           serving_in_store_ ? s.serving : c.serving, order);
       }));
+}
+
+Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
+                               const CommitOrder& order) const {
+  const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
+  const float* grad = c.grads[0]->data();
+  for (const Chunk::Run& r : c.runs) {
+    if (r.frozen) continue;
+    const ParamGroup& g = groups_[r.group];
+    const uint64_t n = r.end - r.begin;
+    UpdateParams up;
+    up.step = order.optimizer_step;
+    up.grad_scale = order.grad_scale;
+    up.out_dtype = job_.serving_dtype;
+    up.lr = schedule_.LrFor(applied, g.lr);
+    up.weight_decay = g.weight_decay;
+    if (!serving.empty()) {
+      if (job_.serving_dtype == DType::kF32) {
+        up.out32 = {reinterpret_cast<float*>(serving.data()) + r.begin, n};
+      } else {
+        up.out16 = serving.subspan(r.begin, n);
+      }
+    }
+    auto sub = [&](std::span<float> a) { return a.empty() ? a : a.subspan(r.begin, n); };
+    ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
+    ZPS_RETURN_IF_ERROR(optimizer_->Update(part, {grad + r.begin, DType::kF32, n}, up));
+  }
+  return Status::Ok();
 }
 
 Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master,

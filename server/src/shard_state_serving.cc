@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
@@ -110,7 +111,13 @@ class ShardState::ServingStaging {
 
 ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
                        ThreadPool* pool)
-    : layout_(layout), ordinal_(ordinal), job_(job), pool_(pool) {}
+    : layout_(layout),
+      ordinal_(ordinal),
+      job_(job),
+      pool_(pool),
+      schedule_(job.lr_schedule),
+      serving_words_(static_cast<uint32_t>(DTypeSize(job.serving_dtype) / 2)),
+      accum_(job.accumulation_steps) {}
 
 ShardState::~ShardState() {
   Shutdown(Cancelled("shard state destroyed"));
@@ -127,7 +134,8 @@ Status ShardState::InitServingStore() {
     largest = std::max(largest, c.size);
   }
   if (!any_spilled) return Status::Ok();
-  ZPS_ASSIGN_OR_RETURN(staging_, ServingStaging::Create(kServingStagingBuffers, largest));
+  ZPS_ASSIGN_OR_RETURN(staging_,
+                       ServingStaging::Create(kServingStagingBuffers, largest * serving_words_));
   serving_reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "zps-serving-rd");
     ServingReaderLoop();
@@ -179,18 +187,24 @@ void ShardState::EndServingRewrite(const Status& result) {
   reader_cv_.notify_all();
 }
 
-Status ShardState::WriteSpilledServing(Chunk& c, std::span<const float> master) {
-  std::vector<uint16_t> serving(c.size);
-  if (job_.serving_dtype == DType::kF16) {
+void ShardState::ToServing(std::span<const float> master, std::span<uint16_t> serving) const {
+  if (job_.serving_dtype == DType::kF32) {
+    std::memcpy(serving.data(), master.data(), std::min(serving.size_bytes(), master.size_bytes()));
+  } else if (job_.serving_dtype == DType::kF16) {
     ConvertF32ToF16(master, serving);
   } else {
     ConvertF32ToBF16(master, serving);
   }
+}
+
+Status ShardState::WriteSpilledServing(Chunk& c, std::span<const float> master) {
+  std::vector<uint16_t> serving(c.size * serving_words_);
+  ToServing(master, serving);
   return CountIo(store_->WriteServing(static_cast<uint32_t>(IndexOf(c)), serving));
 }
 
 Status ShardState::ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const {
-  out.assign(c.size, 0);
+  out.assign(c.size * serving_words_, 0);
   if (!ServingSpilled(c)) {
     std::copy(c.serving.begin(), c.serving.end(), out.begin());
     return Status::Ok();
@@ -229,7 +243,8 @@ void ShardState::ServingReaderLoop() {
     auto data = staging_->Get(
         index, gen,
         [&](uint16_t* out) {
-          return CountIo(store_->ReadServing(index, {out, static_cast<size_t>(c->size)}));
+          return CountIo(
+              store_->ReadServing(index, {out, static_cast<size_t>(c->size * serving_words_)}));
         },
         &hit);
     lock.lock();
@@ -248,8 +263,9 @@ void ShardState::ServingReaderLoop() {
       // The reply gets a copy of its range, never the staging buffer itself: a send to a peer
       // that vanished may never complete (shared memory in UCX 1.13), and its data then stays
       // held for good; a held staging buffer would stall every later spilled fetch.
-      const uint16_t* from = data->get() + w.req.offset;
-      auto copy = std::make_shared<std::vector<uint16_t>>(from, from + w.req.length);
+      const uint16_t* from = data->get() + w.req.offset * serving_words_;
+      auto copy =
+          std::make_shared<std::vector<uint16_t>>(from, from + w.req.length * serving_words_);
       data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
       w.cb(Status::Ok(), version, std::as_bytes(std::span<const uint16_t>(*copy)), copy);
     }

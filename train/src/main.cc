@@ -102,7 +102,7 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("initial-loss-scale", "first loss scale with --loss-scaling", &o.initial_loss_scale);
   f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
         &o.grad_dtype);
-  f.Add("serving-dtype", "16-bit copy workers fetch: bf16 or fp16", &o.serving_dtype);
+  f.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", &o.serving_dtype);
   f.Add("reduction", "server-sum or pre-reduced", &o.reduction);
   f.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", &o.chunk_elems);
   f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step", &o.inject_overflow_step, -1, INT64_MAX);

@@ -13,8 +13,9 @@ namespace zps::train {
 Status ReferenceOptions::Validate() const {
   if (world < 1 || world > (1 << 16))
     return InvalidArgument("reference: world must be in [1, 65536]");
-  if (serving_dtype == DType::kF32)
-    return InvalidArgument("reference: serving_dtype must be 16-bit");
+  if (serving_dtype != DType::kF32 && serving_dtype != DType::kF16 &&
+      serving_dtype != DType::kBF16)
+    return InvalidArgument("reference: serving_dtype must be fp16, bf16 or fp32");
   if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
   ZPS_RETURN_IF_ERROR(optimizer.Validate());
   return commit.Validate();
@@ -37,8 +38,11 @@ class ReferenceTrainer::Access : public ParamAccess {
       const uint64_t off = t_.layout_.param_offset(id), n = t_.layout_.param_numel(id);
       std::vector<float>& buf = views_[id];
       buf.resize(n);
-      const std::span<const uint16_t> src(t_.serving_.data() + off, n);
-      if (t_.options_.serving_dtype == DType::kBF16) {
+      const size_t w = t_.ServingWords();
+      const std::span<const uint16_t> src(t_.serving_.data() + off * w, n * w);
+      if (t_.options_.serving_dtype == DType::kF32) {
+        std::memcpy(buf.data(), src.data(), n * sizeof(float));
+      } else if (t_.options_.serving_dtype == DType::kBF16) {
         ConvertBF16ToF32(src, buf);
       } else {
         ConvertF16ToF32(src, buf);
@@ -107,7 +111,7 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   t->m_.assign(total, 0.0f);
   t->v_.assign(total, 0.0f);
   t->acc_.assign(total, 0.0f);
-  t->serving_.assign(total, 0);
+  t->serving_.assign(total * t->ServingWords(), 0);
   t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
   if (options.grad_dtype != DType::kF32) t->widened_.assign(total, 0.0f);
   const auto& decls = t->model_->decls();
@@ -116,7 +120,9 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
         InitParam(decls[id], model.seed,
                   {t->master_.data() + t->layout_.param_offset(id), t->layout_.param_numel(id)}));
   }
-  if (options.serving_dtype == DType::kBF16) {
+  if (options.serving_dtype == DType::kF32) {
+    std::memcpy(t->serving_.data(), t->master_.data(), total * sizeof(float));
+  } else if (options.serving_dtype == DType::kBF16) {
     ConvertF32ToBF16(t->master_, t->serving_);
   } else {
     ConvertF32ToF16(t->master_, t->serving_);
@@ -187,7 +193,11 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
       up.step = optimizer_step_;
       up.grad_scale = res.decision.grad_scale;
       up.out_dtype = options_.serving_dtype;
-      up.out16 = {serving_.data() + begin, n};
+      if (options_.serving_dtype == DType::kF32) {
+        up.out32 = {reinterpret_cast<float*>(serving_.data()) + begin, n};
+      } else {
+        up.out16 = {serving_.data() + begin, n};
+      }
       ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {acc_.data() + begin, DType::kF32, n}, up));
     }
   }
@@ -213,7 +223,9 @@ Result<uint32_t> ReferenceTrainer::ChunkCrc(uint32_t c) const {
   uint32_t crc = Crc32c(master_.data() + begin, n * sizeof(float));
   crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m_.data() + begin, n)));
   crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v_.data() + begin, n)));
-  crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving_.data() + begin, n)));
+  const size_t w = ServingWords();
+  crc = Crc32cExtend(crc,
+                     std::as_bytes(std::span<const uint16_t>(serving_.data() + begin * w, n * w)));
   return crc;
 }
 

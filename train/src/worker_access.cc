@@ -1,5 +1,6 @@
 #include "zps/train/worker_access.h"
 
+#include <cstring>
 #include <limits>
 
 namespace zps::train {
@@ -20,11 +21,15 @@ Result<std::vector<std::span<const float>>> WorkerAccess::Acquire(std::span<cons
   for (size_t i = 0; i < ids.size(); ++i) {
     const auto& b = *buffers[i];
     std::vector<float>& view = views_[ids[i]];
-    const size_t n = b.bytes().size() / 2;
+    const size_t n = b.bytes().size() / DTypeSize(b.dtype);
     view.resize(n);
-    std::span<const uint16_t> src(reinterpret_cast<const uint16_t*>(b.bytes().data()), n);
-    if (b.dtype == DType::kBF16) ConvertBF16ToF32(src, view);
-    else ConvertF16ToF32(src, view);
+    if (b.dtype == DType::kF32) {  // an fp32 serving copy: the master's bits
+      std::memcpy(view.data(), b.bytes().data(), n * sizeof(float));
+    } else {
+      std::span<const uint16_t> src(reinterpret_cast<const uint16_t*>(b.bytes().data()), n);
+      if (b.dtype == DType::kBF16) ConvertBF16ToF32(src, view);
+      else ConvertF16ToF32(src, view);
+    }
     out.emplace_back(view);
   }
   return out;

@@ -191,8 +191,14 @@ struct Client::Impl {
   void FinishFetch(const FetchPiece& piece, const Status& s, int64_t version);
   Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
   Status ConnectShards();
+  // `micro` in [0, job.accumulation_steps): the contributor index sent is rank * k + micro.
   Status SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                  std::shared_ptr<const void> owner, bool in_arena);
+                  std::shared_ptr<const void> owner, bool in_arena, uint32_t micro);
+  Status CheckMicro(uint32_t micro) const {
+    if (micro < job.accumulation_steps) return Status::Ok();
+    return InvalidArgument("micro-batch " + std::to_string(micro) + " of a job with " +
+                           std::to_string(job.accumulation_steps) + " micro-batches a step");
+  }
   // A push staging buffer: from the RMA arena when pushes go by RMA and it has room, else from
   // the heap pool. `in_arena` says which.
   std::shared_ptr<std::byte[]> AcquireStaging(size_t bytes, bool* in_arena) {
@@ -439,6 +445,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
 const Layout& Client::layout() const { return *impl_->layout; }
 const msg::JoinReply& Client::job() const { return impl_->job; }
 uint32_t Client::rank() const { return impl_->opts.rank; }
+uint32_t Client::accumulation_steps() const { return impl_->job.accumulation_steps; }
 std::chrono::milliseconds Client::op_timeout() const { return impl_->opts.op_timeout; }
 uint64_t Client::fetched_bytes() const { return impl_->fetched.load(); }
 uint64_t Client::pushed_bytes() const { return impl_->pushed.load(); }
@@ -498,8 +505,10 @@ Result<std::shared_ptr<const ParamBuffer>> Client::Fetch(uint32_t param, int64_t
 }
 
 Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                              std::shared_ptr<const void> owner, bool in_arena) {
+                              std::shared_ptr<const void> owner, bool in_arena, uint32_t micro) {
+  ZPS_RETURN_IF_ERROR(CheckMicro(micro));
   ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param));
+  const uint32_t contributor = opts.rank * job.accumulation_steps + micro;
   const size_t esize = DTypeSize(dtype);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -514,7 +523,8 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
       // By RMA the shard reads the block after the AM went out: hold it until the reply.
       pushes[req] = {shard, Clock::now(), in_arena ? owner : nullptr};
     }
-    msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, opts.rank, dtype};
+    msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, contributor,
+                      dtype};
     std::span<const std::byte> bytes(data + p.param_offset * esize, p.length * esize);
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
@@ -536,6 +546,12 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
 }
 
 Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> grad) {
+  return PushGrad(param, step, grad, 0);
+}
+
+Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> grad,
+                        uint32_t micro) {
+  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   if (grad.size() != l.param_numel(param)) {
@@ -555,10 +571,16 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
     else ConvertF32ToBF16(grad, out);
   }
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena);
+  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro);
 }
 
 Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad) {
+  return PushGradRaw(param, step, grad, 0);
+}
+
+Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                           uint32_t micro) {
+  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   const DType dt = impl_->job.grad_dtype;
@@ -569,11 +591,17 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
   auto data = impl_->AcquireStaging(grad.size(), &in_arena);
   std::memcpy(data.get(), grad.data(), grad.size());
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena);
+  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro);
 }
 
 Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                               std::shared_ptr<const void> owner) {
+  return PushGradShared(param, step, grad, std::move(owner), 0);
+}
+
+Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                              std::shared_ptr<const void> owner, uint32_t micro) {
+  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   const DType dt = impl_->job.grad_dtype;
@@ -582,7 +610,7 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
   }
   const bool in_arena = impl_->push_arena != nullptr &&
                         impl_->push_arena->region().Contains(grad.data(), grad.size());
-  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena);
+  return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena, micro);
 }
 
 std::shared_ptr<std::byte[]> Client::AllocatePushBuffer(size_t bytes) {
@@ -598,7 +626,7 @@ Status Client::PushInitial(uint32_t param, std::span<const float> values) {
   auto data = impl_->AcquireStaging(values.size() * 4, &in_arena);
   std::memcpy(data.get(), values.data(), values.size() * 4);
   const std::byte* bytes = data.get();
-  return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data), in_arena);
+  return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data), in_arena, 0);
 }
 
 Status Client::FlushPushes() {

@@ -25,6 +25,7 @@
 
 #include "zps/server/job.h"
 #include "zps/worker/client.h"
+#include "shard_process.h"
 
 namespace zps {
 namespace {
@@ -32,49 +33,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr char kToken[] = "dead-shard-test-token";
-
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-/// A zps-server child process; SIGKILLed and reaped when destroyed.
-class ShardProcess {
- public:
-  explicit ShardProcess(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execv(ZPS_SERVER_BIN, argv.data());
-      ::_exit(127);
-    }
-  }
-  ~ShardProcess() { Kill(); }
-  ShardProcess(const ShardProcess&) = delete;
-  ShardProcess& operator=(const ShardProcess&) = delete;
-  bool started() const { return pid_ > 0; }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 class DeadShardTest : public ::testing::TestWithParam<std::string> {
  protected:

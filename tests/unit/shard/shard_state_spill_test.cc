@@ -251,12 +251,13 @@ struct FetchResult {
 
 std::unique_ptr<ShardState> MakeServingSpilled(const Layout& layout, const OptimizerConfig& opt,
                                                uint64_t state_budget,
-                                               const ServingAllocator& alloc = {}) {
-  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+                                               const ServingAllocator& alloc = {},
+                                               DType serving = DType::kBF16) {
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, serving};
   ChunkStoreOptions so;
   so.memory_budget = state_budget;
   so.serving_records = true;
-  so.serving_memory_budget = kServingBudget;
+  so.serving_memory_budget = kServingBudget * (DTypeSize(serving) / 2);
   so.spill_dir = SpillDir();
   so.file_prefix = "shard-serving-test-" + std::to_string(::getpid());
   auto s = ShardState::Create(layout, 0, job, opt, nullptr, so, alloc);
@@ -335,6 +336,42 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
     EXPECT_LE(st.spilled_fetch_reads, st.spilled_fetches);
     EXPECT_EQ(st.io_errors, 0u);
   }
+}
+
+// fp32 serving copies (two words an element) spill and are read back like 16-bit ones.
+TEST(ShardStateServingSpill, Fp32ServingCopiesSpillAndMatchRamBitForBit) {
+  const Layout layout = BigLayout();
+  OptimizerConfig opt;
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kF32};
+  auto ram = ShardState::Create(layout, 0, job, opt, nullptr);
+  ASSERT_TRUE(ram.ok()) << ram.status().ToString();
+  auto spill = MakeServingSpilled(layout, opt, kBudget, {}, DType::kF32);
+  ASSERT_TRUE(spill);
+  const ShardStorageStats st0 = spill->storage_stats();
+  ASSERT_TRUE(st0.serving_in_store);
+  EXPECT_EQ(st0.store.serving_resident, 2u);
+  EXPECT_EQ(st0.serving_staging_bytes, kServingStagingBuffers * kServingRecord * 2);
+  PushAll(layout, **ram, *spill, kInitStep, 1);
+  ExpectSame(**ram, *spill);
+  ExpectSameFetches(**ram, *spill, 0, 0, 4096);
+  for (int64_t step = 0; step < 3; ++step) {
+    PushAll(layout, **ram, *spill, step, 200 + static_cast<uint32_t>(step));
+    Step(**ram, step, false);
+    Step(*spill, step, false);
+    ExpectSame(**ram, *spill);
+    ExpectSameFetches(**ram, *spill, step + 1, 0, 4096);
+    ExpectSameFetches(**ram, *spill, step + 1, 2000, 96);
+  }
+  // The fetched copy of a spilled chunk is the master's bits.
+  const uint32_t last = layout.num_chunks() - 1;
+  FetchResult f;
+  spill->Fetch({last, 0, layout.chunk_size(last), 3}, f.Callback());
+  ASSERT_TRUE(f.Wait() && f.status.ok()) << f.status.ToString();
+  auto master = spill->MasterOf(last);
+  ASSERT_TRUE(master.ok());
+  ASSERT_EQ(f.data.size(), master->size() * 4);
+  EXPECT_EQ(0, std::memcmp(f.data.data(), master->data(), f.data.size()));
+  EXPECT_GT(spill->storage_stats().spilled_fetches, 0u);
 }
 
 TEST(ShardStateServingSpill, ServingAloneSpillsWithTheStateInRam) {

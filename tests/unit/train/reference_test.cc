@@ -175,9 +175,22 @@ TEST(ReferenceTest, ClippingScalesTheUpdate) {
   }
 }
 
-TEST(ReferenceTest, BadInput) {
+// fp32 serving: the model reads the masters' exact values; the copy is the master bit for bit.
+TEST(ReferenceTest, Fp32ServingCopyIsTheMaster) {
   auto o = SmallChunks(2);
   o.serving_dtype = DType::kF32;
+  auto run = MakeRun(TinyModel(), o, 2);
+  ASSERT_TRUE(run.Steps(3).ok());
+  EXPECT_EQ(run.trainer->optimizer_step(), 3);
+  ASSERT_EQ(run.trainer->serving().size(), run.trainer->master().size() * 2);
+  EXPECT_EQ(0, std::memcmp(run.trainer->serving().data(), run.trainer->master().data(),
+                           run.trainer->master().size() * sizeof(float)));
+  EXPECT_TRUE(std::isfinite(run.results.back().loss));
+}
+
+TEST(ReferenceTest, BadInput) {
+  auto o = SmallChunks(2);
+  o.serving_dtype = static_cast<DType>(7);  // fp32 serving is supported now; no such dtype is
   EXPECT_EQ(ReferenceTrainer::Create(TinyModel(), o, nullptr).status().code(),
             Code::kInvalidArgument);
   auto run = MakeRun(TinyModel(), SmallChunks(2), 2);

@@ -75,6 +75,9 @@ struct JoinReply {
   uint32_t world_size = 1;
   DType grad_dtype = DType::kF32;
   DType serving_dtype = DType::kBF16;
+  /// Micro-batches per step (the job's ShardJob::accumulation_steps). Trailing and optional on the
+  /// wire: written only when != 1, and a reply without it decodes as 1.
+  uint32_t accumulation_steps = 1;
   std::vector<std::byte> Encode() const;
   static Result<JoinReply> Decode(std::span<const std::byte> b);
 };

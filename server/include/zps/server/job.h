@@ -22,12 +22,18 @@ struct JobSpec {
   OptimizerConfig optimizer;
   CommitConfig commit;
 
-  /// Stable binary form; Deserialize validates every field (layout, dtypes, configs).
+  /// Stable binary form, versioned: version 1 when every ShardJob field added in version 2
+  /// (accumulation_steps, param_groups, param_group, frozen, lr_schedule) has its default (the
+  /// bytes of older builds), else version 2. docs/optimizer.md lists the fields.
   std::vector<std::byte> Serialize() const;
+  /// Reads versions 1 (new fields at their defaults) and 2, then Validate(). Errors:
+  /// InvalidArgument (bad magic, unknown version, a truncated or malformed field, or Validate's).
   static Result<JobSpec> Deserialize(std::span<const std::byte> bytes);
   /// Hash of the serialised form: equal specs, equal hashes, on every process.
   uint64_t Hash() const;
-  /// Errors: InvalidArgument when the parts disagree (e.g. the layout's num_shards).
+  /// Errors: InvalidArgument naming the field: OptimizerConfig::Validate, ValidateShardJob
+  /// (shard_state.h: world_size, serving_dtype, accumulation_steps, param_groups, param_group,
+  /// frozen, lr_schedule), CommitConfig::Validate.
   Status Validate() const;
 };
 

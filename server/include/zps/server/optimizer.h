@@ -2,7 +2,7 @@
 //
 // One call to Optimizer::Update makes ONE pass over memory: it reads the gradient (fp32, fp16 or
 // bf16), the fp32 master, m and v, applies one scale factor (1/loss_scale x clip coefficient),
-// and writes master, m, v and the 16-bit serving copy (fp16 or bf16) of the new master.
+// and writes master, m, v and the serving copy (fp16, bf16 or fp32) of the new master.
 // ComputeGradStats is the separate statistics pass (sum of squares, non-finite flag) that feeds
 // the coordinator's commit decision.
 //
@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,8 +77,13 @@ struct GradView {
 struct UpdateParams {
   int64_t step = 1;            // 1-based step count after this update (drives bias correction).
   float grad_scale = 1.0f;     // Multiplies every gradient element before use.
-  DType out_dtype = DType::kBF16;  // kF16 or kBF16: the serving copy's type.
-  std::span<uint16_t> out16;   // The serving copy; same length as master. May be empty: no copy.
+  DType out_dtype = DType::kBF16;  // kF16, kBF16 (out16) or kF32 (out32): the serving copy's type.
+  std::span<uint16_t> out16;   // 16-bit serving copy; same length as master. May be empty: no copy.
+  std::span<float> out32;      // fp32 serving copy (out_dtype kF32); same length, or empty.
+  /// Per-call overrides of OptimizerConfig::lr / weight_decay (a parameter group's values, a
+  /// scheduled lr). Not set: the config's. The constants are folded exactly as for the config's.
+  std::optional<float> lr;
+  std::optional<float> weight_decay;
 };
 
 struct GradStats {
@@ -101,9 +107,11 @@ class Optimizer {
   const OptimizerConfig& config() const { return config_; }
   Isa isa() const { return isa_; }
 
-  /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, m, v, out16),
-  /// when step < 1, when grad_scale is not finite, when out_dtype is kF32, or for a bad grad
-  /// dtype / null grad data with n > 0. On error nothing is written.
+  /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, m, v, out16 /
+  /// out32), when the copy does not match out_dtype (out16 with kF32, out32 with a 16-bit type),
+  /// when step < 1, when grad_scale is not finite, when an lr / weight_decay override is negative
+  /// or not finite (or, for AdamW, lr * weight_decay > 1), or for a bad grad dtype / null grad
+  /// data with n > 0. On error nothing is written.
   /// The arrays must not overlap each other (they are read and written in one pass).
   Status Update(const ChunkState& state, const GradView& grad, const UpdateParams& params) const;
 

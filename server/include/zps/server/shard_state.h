@@ -3,9 +3,22 @@
 //
 // Per chunk it keeps the fp32 master, Adam m and v, the 16-bit serving copy, a version, and the
 // gradient slots of the step in progress:
-//   - server-sum: one fp32 slot per rank. ReduceStep sums them IN RANK ORDER (acc = g0; acc += g1;
-//     ...), never arrival order, so results are reproducible.
-//   - pre-reduced: one slot; ranks push disjoint slices of it.
+//   - server-sum: one fp32 slot per contributor (rank * k + micro, k = accumulation_steps; with
+//     k = 1 one per rank). ReduceStep sums them IN CONTRIBUTOR ORDER (acc = g0; acc += g1; ...),
+//     never arrival order, so results are reproducible.
+//   - pre-reduced: one slot per micro-batch (one with k = 1); ranks push disjoint slices of it;
+//     the slots are summed in micro order.
+// Parameter groups and frozen parameters (ShardJob): the update runs the fused optimizer once per
+// maximal run of a chunk whose elements share a group (padding takes the group of the parameter
+// before it), with that group's (scheduled) lr and weight decay; a run of a frozen parameter is
+// not updated at all (master, m, v and serving copy unchanged). Frozen parameters are pushed
+// neither gradients (a push into one is InvalidArgument) nor counted in the coverage a step
+// waits for, and their gradient elements are zero in the reduced gradient, so they add nothing
+// to the norm. Their m and v are still allocated (per chunk, like everything else): a frozen
+// parameter costs the same memory as a trained one, and its serving copy is served as usual.
+// The lr of each update comes from the ShardJob's LrSchedule at CommitOrder::optimizer_step - 1.
+// Serving copies are fp16/bf16 (one 16-bit word an element) or fp32 (two words an element; the
+// `serving` spans below count words).
 // A push names (step, chunk, element range, rank, dtype). Coverage is tracked per slot over
 // element ranges: a range must lie inside one parameter's run in the chunk (padding is never
 // pushed), and overlapping an already pushed range is a duplicate (AlreadyExists). A chunk is
@@ -66,6 +79,7 @@
 #include "zps/common/status.h"
 #include "zps/common/thread_pool.h"
 #include "zps/server/chunk_store.h"
+#include "zps/server/lr_schedule.h"
 #include "zps/server/optimizer.h"
 #include "zps/server/step_commit.h"
 
@@ -78,24 +92,60 @@ Result<ReductionMode> ParseReductionMode(std::string_view text);
 /// The step value of initial-value pushes.
 inline constexpr int64_t kInitStep = -1;
 
+/// One torch.optim-style parameter group: its own lr and weight decay (the rest of the
+/// optimizer's hyperparameters are shared, from OptimizerConfig).
+struct ParamGroup {
+  float lr = 1e-3f;           // Default: 1e-3. Finite, >= 0.
+  float weight_decay = 0.0f;  // Default: 0. Finite, >= 0 (coupled or decoupled as the optimizer).
+  bool operator==(const ParamGroup&) const = default;
+};
+
+/// What every shard must agree on about the job's step (besides the layout and optimizer).
+/// Validated by ValidateShardJob (JobSpec::Validate, ShardState::Create).
 struct ShardJob {
   ReductionMode mode = ReductionMode::kServerSum;  // Default: server-sum
   uint32_t world_size = 1;                          // Default: 1
   DType grad_dtype = DType::kF32;                   // Default: fp32; the dtype pushes must use
+  /// The copy workers fetch: bf16, fp16, or fp32 (4 bytes an element: a copy of the master).
   DType serving_dtype = DType::kBF16;               // Default: bf16
+  /// Gradient accumulation: each rank pushes k micro-batches per step (contributor index
+  /// rank * k + micro in PushRequest::rank). In [1, 1024]; world_size * k <= 65536.
+  uint32_t accumulation_steps = 1;                  // Default: 1
+  /// Parameter groups. Empty (default): one group with OptimizerConfig::lr / weight_decay.
+  /// Not empty: OptimizerConfig::lr / weight_decay are not used.
+  std::vector<ParamGroup> param_groups;             // Default: empty
+  /// Per parameter (layout order): its index into param_groups. Empty (default): every parameter
+  /// in group 0. Not empty: exactly layout.num_params() entries, each < param_groups.size()
+  /// (param_groups must then not be empty).
+  std::vector<uint32_t> param_group;                // Default: empty
+  /// Per parameter (layout order): 1 = frozen (served, never pushed, never updated), 0 = trained.
+  /// Empty (default): nothing frozen. Not empty: exactly layout.num_params() entries of 0 or 1.
+  std::vector<uint8_t> frozen;                      // Default: empty
+  /// The learning-rate schedule (zps/server/lr_schedule.h).
+  LrScheduleConfig lr_schedule;                     // Default: none (constant)
 };
+
+/// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
+/// (world_size, serving_dtype, accumulation_steps, param_groups[i].lr / .weight_decay,
+/// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
+Status ValidateShardJob(const ShardJob& job, const Layout& layout, const OptimizerConfig& optimizer);
 
 struct PushRequest {
   int64_t step = 0;
   uint32_t chunk = 0;
   uint64_t offset = 0;  // elements from the chunk start
   uint64_t length = 0;  // elements
+  /// The contributor index: rank * accumulation_steps + micro (micro in [0, k)); with k = 1 (the
+  /// default) simply the rank. Initial values (kInitStep) use micro 0.
   uint32_t rank = 0;
   DType dtype = DType::kF32;
   /// The ShardState::epoch() the pusher's session was admitted at: a push from an older
   /// generation (begun before a rollback) is refused. Not set: any generation (in-process callers
   /// that order their own rollbacks).
   std::optional<uint64_t> epoch;
+  /// The rank of the pusher's session, when known (the data plane): rank / accumulation_steps
+  /// must equal it. Not set: not checked (in-process callers).
+  std::optional<uint32_t> session_rank;
 };
 
 /// A reserved push range. Move-only; pass it back to FinishPush exactly once.
@@ -279,7 +329,15 @@ class ShardState {
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
     std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
-    uint64_t expected = 0;                               // parameter elements in the chunk
+    std::vector<uint8_t> params_frozen;                  // per entry of params: 1 = frozen
+    uint64_t expected = 0;       // trained (not frozen) parameter elements: a step's coverage
+    uint64_t expected_init = 0;  // all parameter elements: the initial values' coverage
+    struct Run {                 // [begin, end) of one group (or frozen), covering the chunk
+      uint64_t begin = 0, end = 0;
+      uint32_t group = 0;
+      bool frozen = false;
+    };
+    std::vector<Run> runs;
     int64_t version = -1;
     std::vector<Waiter> waiters;
   };
@@ -310,6 +368,12 @@ class ShardState {
   Status CountIo(Status s) const;  // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
   Status StoreUpdate(const CommitOrder& order);
+  // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
+  Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
+                     const CommitOrder& order) const;
+  // The serving copy (serving_words_ words an element) of `master`.
+  void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
+  Status BuildRuns();  // at Create: params_frozen, expected, runs of every chunk
   Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                         std::vector<float>& v) const;
   size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
@@ -319,6 +383,10 @@ class ShardState {
   const ShardJob job_;
   ThreadPool* pool_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
+  LrSchedule schedule_;
+  uint32_t serving_words_ = 1;      // 16-bit words per serving element (2 for fp32)
+  uint32_t accum_ = 1;              // accumulation_steps
   std::vector<uint32_t> chunk_ids_;
   std::vector<Chunk> chunks_;  // same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given

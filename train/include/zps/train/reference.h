@@ -24,7 +24,7 @@
 //                        {optimizer_step, decision.grad_scale, serving_dtype, serving_c}).
 //   7. step += 1 (the version the next fetches ask for).
 // Initial state: master = InitParam(decl, model seed) at each parameter's offset, padding 0;
-// m = v = 0; serving = ConvertF32ToBF16 (or ToF16) of the whole master.
+// m = v = 0; serving = ConvertF32ToBF16 (or ToF16, or a copy for fp32) of the whole master.
 //
 // Thread-safety: not thread-safe; one thread drives a ReferenceTrainer. The optimizer may use the
 // ThreadPool passed to Create (results do not depend on its size).
@@ -50,7 +50,7 @@ struct ReferenceOptions {
   server::OptimizerConfig optimizer;   // Default: AdamW, lr 1e-3.
   server::CommitConfig commit;         // Default: no clipping, no loss scaling, divisor 1.
   int world = 1;                       // Default: 1. Ranks per step.
-  DType serving_dtype = DType::kBF16;  // Default: bf16. kF16 or kBF16.
+  DType serving_dtype = DType::kBF16;  // Default: bf16. kF16, kBF16 or kF32 (a copy of master).
   DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16 or kBF16.
   int64_t inject_overflow_step = -1;   // Default: -1 = never. 0-based step index.
 
@@ -94,6 +94,7 @@ class ReferenceTrainer {
   std::span<const float> master() const { return master_; }
   std::span<const float> m() const { return m_; }
   std::span<const float> v() const { return v_; }
+  /// The serving copy: ServingWords() 16-bit words per element (2 for fp32, little-endian).
   std::span<const uint16_t> serving() const { return serving_; }
   /// The fp32 master of one parameter. Errors: OutOfRange for a bad id.
   Result<std::vector<float>> ParamMaster(uint32_t id) const;
@@ -110,7 +111,8 @@ class ReferenceTrainer {
   std::unique_ptr<server::Optimizer> optimizer_;
   server::StepCommit commit_;
   std::vector<float> master_, m_, v_, acc_, widened_;
-  std::vector<uint16_t> serving_;
+  std::vector<uint16_t> serving_;  // ServingWords() 16-bit words per element
+  size_t ServingWords() const { return DTypeSize(options_.serving_dtype) / 2; }
   std::vector<std::byte> rank_grad_;  // one rank's pushes, in grad_dtype, total_elems long
   int64_t step_ = 0;
   int64_t optimizer_step_ = 0;

@@ -1,5 +1,6 @@
 // zps/worker/client.h — the worker library: connects a training process (one rank) to a zps job,
-// fetches 16-bit parameters from the shards and pushes gradients to them.
+// fetches parameters (the job's serving dtype: bf16, fp16 or fp32) from the shards and pushes
+// gradients to them.
 //
 //   auto c = zps::worker::Client::Connect(opts, job_spec_bytes, job_hash);   // rank 0 registers
 //   auto buf = (*c)->Fetch(param_id, /*min_version=*/step);                  // fans out to shards
@@ -64,7 +65,8 @@ struct WorkerOptions {
   const metrics::ProcessMetrics* metrics = nullptr;
 };
 
-/// A fetched parameter: numel elements of the serving dtype, at `version` or newer.
+/// A fetched parameter: numel elements of the serving dtype (bf16, fp16, or fp32: numel x 4
+/// bytes), at `version` or newer.
 struct ParamBuffer {
   uint32_t param = 0;
   int64_t version = -1;
@@ -105,6 +107,11 @@ class Client {
   /// The step to train next (0 for a new job).
   int64_t resume_step() const { return job().resume_step; }
   uint32_t rank() const;
+  /// Micro-batches per step (the job's accumulation_steps, from the join; 1 = no accumulation).
+  /// With k > 1 every rank pushes every trained parameter k times per step, once per micro-batch
+  /// m in [0, k) (the overloads below taking `micro`); the shards sum the world x k
+  /// contributions in the order rank * k + m. The pushes without `micro` are micro 0.
+  uint32_t accumulation_steps() const;
   /// The bound on every single wait (WorkerOptions::op_timeout).
   std::chrono::milliseconds op_timeout() const;
 
@@ -118,14 +125,22 @@ class Client {
   /// grad dtype. Copies before returning; completion is observed through FlushPushes.
   /// Errors: OutOfRange (id), InvalidArgument (length); an earlier push's failure.
   Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad);
+  /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument) of `step`.
+  Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad, uint32_t micro);
   /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
+  /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).
+  Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                     uint32_t micro);
   /// As PushGradRaw without the copy: `grad` (numel x the job's grad dtype bytes) is sent from
   /// where it is (by RMA when it lies in a buffer from AllocatePushBuffer and pushes go by RMA). The Client holds `owner` until every piece is acknowledged or failed; the
   /// caller must not change the bytes before FlushPushes (or AwaitPushesBelow) says they are
   /// done. Errors: as PushGradRaw.
   Status PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                         std::shared_ptr<const void> owner);
+  /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).
+  Status PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
+                        std::shared_ptr<const void> owner, uint32_t micro);
   /// A host buffer of `bytes` bytes (64-byte aligned, not initialised) for gradients to be sent
   /// with PushGradShared: when pushes go by RMA (WorkerOptions::push_mode) it lies in the
   /// Client's UCX staging region, and a PushGradShared from it is read by the shard with RMA

@@ -1,0 +1,149 @@
+// JobSpec: the versioned encoding (version 1 for specs without the optimizer-surface fields,
+// byte for byte as before; version 2 with them), round trips, and validation naming the field.
+#include "zps/server/job.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace zps::server {
+namespace {
+
+JobSpec Base() {
+  auto l = Layout::Build({{"a", {100}}, {"b", {30}}, {"c", {7, 9}}},
+                         {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
+  EXPECT_TRUE(l.ok());
+  JobSpec j{*l, {}, {}, {}};
+  j.shard.world_size = 2;
+  return j;
+}
+
+JobSpec Full() {
+  JobSpec j = Base();
+  j.shard.serving_dtype = DType::kF32;
+  j.shard.accumulation_steps = 4;
+  j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
+  j.shard.param_group = {0, 1, 1};
+  j.shard.frozen = {0, 0, 1};
+  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupCosineLR;
+  j.shard.lr_schedule.total_num_steps = 1000;
+  j.shard.lr_schedule.warmup_num_steps = 50;
+  j.shard.lr_schedule.warmup_min_ratio = 0.05;
+  j.shard.lr_schedule.cos_min_ratio = 0.001;
+  j.shard.lr_schedule.warmup_type = WarmupType::kLinear;
+  return j;
+}
+
+uint32_t VersionOf(const std::vector<std::byte>& b) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + 4, 4);
+  return v;
+}
+
+TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
+  const JobSpec j = Base();
+  const auto bytes = j.Serialize();
+  EXPECT_EQ(VersionOf(bytes), 1u);
+  auto back = JobSpec::Deserialize(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Serialize(), bytes);
+  EXPECT_EQ(back->shard.accumulation_steps, 1u);
+  EXPECT_TRUE(back->shard.param_groups.empty());
+  EXPECT_EQ(back->shard.lr_schedule, LrScheduleConfig{});
+}
+
+TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
+  const JobSpec j = Full();
+  ASSERT_TRUE(j.Validate().ok()) << j.Validate().ToString();
+  const auto bytes = j.Serialize();
+  EXPECT_EQ(VersionOf(bytes), 2u);
+  auto back = JobSpec::Deserialize(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Serialize(), bytes);
+  EXPECT_EQ(back->Hash(), j.Hash());
+  EXPECT_NE(Base().Hash(), j.Hash());
+  EXPECT_EQ(back->shard.serving_dtype, DType::kF32);
+  EXPECT_EQ(back->shard.accumulation_steps, 4u);
+  EXPECT_EQ(back->shard.param_groups, j.shard.param_groups);
+  EXPECT_EQ(back->shard.param_group, j.shard.param_group);
+  EXPECT_EQ(back->shard.frozen, j.shard.frozen);
+  EXPECT_EQ(back->shard.lr_schedule, j.shard.lr_schedule);
+  // Each field is part of the hash.
+  JobSpec k = j;
+  k.shard.lr_schedule.cos_min_ratio = 0.002;
+  EXPECT_NE(k.Hash(), j.Hash());
+  k = j;
+  k.shard.frozen = {0, 1, 1};
+  EXPECT_NE(k.Hash(), j.Hash());
+  k = j;
+  k.shard.param_groups[1].weight_decay = 0.5f;
+  EXPECT_NE(k.Hash(), j.Hash());
+}
+
+TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
+  auto bytes = Full().Serialize();
+  for (size_t cut : {size_t{1}, size_t{9}, size_t{40}}) {
+    std::vector<std::byte> b(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(cut));
+    EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument) << cut;
+  }
+  auto b = bytes;
+  const uint32_t v3 = 3;
+  std::memcpy(b.data() + 4, &v3, 4);
+  EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument);
+}
+
+void ExpectInvalid(const JobSpec& j, std::string_view field) {
+  const Status s = j.Validate();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << field;
+  EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
+  // The same spec does not come back from the wire either (Deserialize validates).
+  EXPECT_EQ(JobSpec::Deserialize(j.Serialize()).status().code(), Code::kInvalidArgument) << field;
+}
+
+TEST(JobSpec, ValidationNamesTheField) {
+  JobSpec j = Full();
+  j.shard.accumulation_steps = 0;
+  ExpectInvalid(j, "accumulation_steps");
+  j = Full();
+  j.shard.accumulation_steps = 2000;
+  ExpectInvalid(j, "accumulation_steps");
+  j = Full();
+  j.shard.param_groups[1].lr = -1.0f;
+  ExpectInvalid(j, "param_groups[1].lr");
+  j = Full();
+  j.shard.param_groups[0].weight_decay = std::nanf("");
+  ExpectInvalid(j, "param_groups[0].weight_decay");
+  j = Full();
+  j.shard.param_group = {0, 1};  // 3 parameters
+  ExpectInvalid(j, "param_group");
+  j = Full();
+  j.shard.param_group = {0, 2, 1};  // 2 groups
+  ExpectInvalid(j, "param_group[1]");
+  j = Full();
+  j.shard.param_groups.clear();
+  ExpectInvalid(j, "param_group");
+  j = Full();
+  j.shard.frozen = {0, 0};
+  ExpectInvalid(j, "frozen");
+  j = Full();
+  j.shard.frozen = {0, 3, 0};
+  ExpectInvalid(j, "frozen[1]");
+  j = Full();
+  j.shard.lr_schedule.total_num_steps = 0;
+  ExpectInvalid(j, "total_num_steps");
+  j = Full();
+  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupLR;
+  j.shard.lr_schedule.warmup_max_lr = 200.0;  // adamw: 200 * 0.01 > 1
+  ExpectInvalid(j, "lr * weight_decay");
+  j = Full();
+  j.shard.world_size = 0;
+  ExpectInvalid(j, "world_size");
+  // fp32 serving is valid; an unknown dtype byte is not.
+  j = Full();
+  j.shard.serving_dtype = static_cast<DType>(7);
+  EXPECT_EQ(j.Validate().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zps::server
