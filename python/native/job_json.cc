@@ -136,6 +136,40 @@ Status CommitFromJson(const Json& j, server::CommitConfig* c) {
   return f.Finish();
 }
 
+Status ScheduleFromJson(const Json& j, server::LrScheduleConfig* c) {
+  Fields f(j, "job.shard.lr_schedule");
+  ZPS_RETURN_IF_ERROR(f.Check());
+  std::string kind = std::string(server::LrScheduleKindName(c->kind));
+  std::string warmup = c->warmup_type == server::WarmupType::kLog ? "log" : "linear";
+  ZPS_RETURN_IF_ERROR(f.String("type", &kind));
+  ZPS_ASSIGN_OR_RETURN(c->kind, server::ParseLrScheduleKind(kind));
+  constexpr double kMax = 1e300;
+  ZPS_RETURN_IF_ERROR(f.Number("warmup_min_lr", &c->warmup_min_lr, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("warmup_max_lr", &c->warmup_max_lr, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("warmup_num_steps", &c->warmup_num_steps, 0, 1e15));
+  ZPS_RETURN_IF_ERROR(f.String("warmup_type", &warmup));
+  ZPS_ASSIGN_OR_RETURN(c->warmup_type, server::ParseWarmupType(warmup));
+  ZPS_RETURN_IF_ERROR(f.Number("total_num_steps", &c->total_num_steps, 0, 1e15));
+  ZPS_RETURN_IF_ERROR(f.Number("warmup_min_ratio", &c->warmup_min_ratio, 0, kMax));
+  ZPS_RETURN_IF_ERROR(f.Number("cos_min_ratio", &c->cos_min_ratio, 0, kMax));
+  return f.Finish();
+}
+
+template <typename T>
+Status IntList(Fields& f, const std::string& key, std::vector<T>* out, int64_t hi) {
+  const Json* v = f.Get(key);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_array()) return f.Bad(key, "a list of integers");
+  out->reserve(v->size());
+  for (const auto& e : *v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > hi) {
+      return f.Bad(key, "integers in [0, " + std::to_string(hi) + "]");
+    }
+    out->push_back(static_cast<T>(e.get<int64_t>()));
+  }
+  return Status::Ok();
+}
+
 Status ShardFromJson(const Json& j, server::ShardJob* s) {
   Fields f(j, "job.shard");
   ZPS_RETURN_IF_ERROR(f.Check());
@@ -146,6 +180,23 @@ Status ShardFromJson(const Json& j, server::ShardJob* s) {
   ZPS_RETURN_IF_ERROR(f.Number("world_size", &s->world_size, 1, 65536));
   ZPS_RETURN_IF_ERROR(f.String("grad_dtype", &grad));
   ZPS_RETURN_IF_ERROR(f.String("serving_dtype", &serving));
+  ZPS_RETURN_IF_ERROR(f.Number("accumulation_steps", &s->accumulation_steps, 1, 1024));
+  if (const Json* groups = f.Get("param_groups")) {
+    if (!groups->is_array()) return f.Bad("param_groups", "a list of {lr, weight_decay}");
+    for (size_t i = 0; i < groups->size(); ++i) {
+      Fields g((*groups)[i], "job.shard.param_groups[" + std::to_string(i) + "]");
+      ZPS_RETURN_IF_ERROR(g.Check());
+      server::ParamGroup pg;
+      constexpr double kMax = std::numeric_limits<float>::max();
+      ZPS_RETURN_IF_ERROR(g.Number("lr", &pg.lr, 0, kMax));
+      ZPS_RETURN_IF_ERROR(g.Number("weight_decay", &pg.weight_decay, 0, kMax));
+      ZPS_RETURN_IF_ERROR(g.Finish());
+      s->param_groups.push_back(pg);
+    }
+  }
+  ZPS_RETURN_IF_ERROR(IntList(f, "param_group", &s->param_group, 1 << 20));
+  ZPS_RETURN_IF_ERROR(IntList(f, "frozen", &s->frozen, 1));
+  if (const Json* ls = f.Get("lr_schedule")) ZPS_RETURN_IF_ERROR(ScheduleFromJson(*ls, &s->lr_schedule));
   ZPS_ASSIGN_OR_RETURN(s->mode, server::ParseReductionMode(reduction));
   ZPS_ASSIGN_OR_RETURN(s->grad_dtype, ParseDType(grad));
   ZPS_ASSIGN_OR_RETURN(s->serving_dtype, ParseDType(serving));

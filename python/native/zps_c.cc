@@ -251,8 +251,7 @@ int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (grad == nullptr && numel > 0) return zps::InvalidArgument("null gradient");
-    if (micro != 0) return zps::Unimplemented("micro-batch pushes need gradient accumulation");
-    return c->client->PushGrad(param, step, {grad, numel});
+    return c->client->PushGrad(param, step, {grad, numel}, micro);
   });
 }
 

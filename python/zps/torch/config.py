@@ -259,9 +259,6 @@ def load(config):
 
     if c.chunk_elems % 64:
         raise _bad("zps.chunk_elems", "must be a multiple of 64")
-    if c.gradient_accumulation_steps != 1:
-        raise _bad("gradient_accumulation_steps", "accumulation over micro-batches needs the "
-                   "servers' accumulation support (issue 9, item 4), which this build lacks")
     # DeepSpeed counts the prefetch and live-parameter budgets in elements.
     esize = 4 if c.serving() == "fp32" else 2
     if c.prefetch_elems:

@@ -138,6 +138,7 @@ class Engine:
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
                              cfg.persistence_threshold, pieces)
         self.res.step = self.global_step
+        self.micro = 0
         module_params = collections.OrderedDict()
         for m in module.modules():
             module_params[m] = [(n, by_param[id(p)]) for n, p in m._parameters.items()
@@ -149,21 +150,23 @@ class Engine:
 
     # ---- setup ----
     def _job(self, cfg, zparams, group_of, groups):
-        if any(g != groups[0] for g in groups[1:]) or any(not zp.trainable for zp in zparams):
-            need = "parameter groups with different lr or weight decay" \
-                if len(set(groups)) > 1 else "frozen parameters"
-            raise ZpsError("UNIMPLEMENTED", f"{need} need the servers' per-group optimizer "
-                           "(issue 9, item 4), which this build lacks")
+        """The job description for the C API (python/native/job_json.cc reads exactly these)."""
+        shard = {"reduction": cfg.reduction, "world_size": self.world,
+                 "grad_dtype": cfg.grad_dtype(), "serving_dtype": cfg.serving(),
+                 "accumulation_steps": cfg.gradient_accumulation_steps}
+        if len(groups) > 1 or groups[0] != (cfg.lr, cfg.weight_decay):
+            shard["param_groups"] = [{"lr": lr, "weight_decay": wd} for lr, wd in groups]
+            shard["param_group"] = group_of
+        if any(not zp.trainable for zp in zparams):
+            shard["frozen"] = [0 if zp.trainable else 1 for zp in zparams]
         if cfg.schedule.type:
-            raise ZpsError("UNIMPLEMENTED", "scheduler needs the servers' learning-rate schedule "
-                           "(issue 9, item 4), which this build lacks")
-        lr, wd = groups[0]
+            shard["lr_schedule"] = {"type": cfg.schedule.type, **cfg.schedule.params}
         return {
             "params": [{"name": zp.names[0], "shape": list(zp.shape) or [1]} for zp in zparams],
             "chunk_elems": cfg.chunk_elems,
             "num_shards": self._num_shards(cfg),
-            "optimizer": {"type": cfg.optimizer, "lr": lr, "beta1": cfg.betas[0],
-                          "beta2": cfg.betas[1], "eps": cfg.eps, "weight_decay": wd,
+            "optimizer": {"type": cfg.optimizer, "lr": cfg.lr, "beta1": cfg.betas[0],
+                          "beta2": cfg.betas[1], "eps": cfg.eps, "weight_decay": cfg.weight_decay,
                           "bias_correction": cfg.bias_correction, "momentum": cfg.momentum,
                           "nesterov": cfg.nesterov},
             "commit": {"max_grad_norm": cfg.gradient_clipping,
@@ -172,8 +175,7 @@ class Engine:
                        "initial_loss_scale": cfg.initial_loss_scale,
                        "scale_window": cfg.loss_scale_window,
                        "min_loss_scale": cfg.min_loss_scale},
-            "shard": {"reduction": cfg.reduction, "world_size": self.world,
-                      "grad_dtype": cfg.grad_dtype(), "serving_dtype": cfg.serving()},
+            "shard": shard,
         }
 
     def _num_shards(self, cfg):
@@ -251,18 +253,30 @@ class Engine:
             loss = loss * self.loss_scale
         loss.backward()
 
+    def is_gradient_accumulation_boundary(self):
+        return self.micro + 1 == self.config.gradient_accumulation_steps
+
     def step(self):
-        """Ends this rank's step: pushes what is left, waits for the servers' commit, and moves
-        to the next step. Returns a dict: step, skipped, grad_norm, loss_scale, grad_scale,
-        optimizer_step, checkpoint."""
+        """Ends this rank's micro-batch. At a gradient accumulation boundary (every call when
+        gradient_accumulation_steps is 1) it waits for the servers' commit and moves to the next
+        step, returning a dict: step, skipped, grad_norm, loss_scale, grad_scale,
+        optimizer_step, checkpoint, boundary. Between boundaries it returns {"step",
+        "boundary": False} once this micro-batch's gradients are on their way."""
         self.hooks.end_step()
         self.res.end_step()
+        if not self.is_gradient_accumulation_boundary():
+            self.micro += 1
+            self.res.micro = self.micro
+            return {"step": self.global_step, "boundary": False}
+        self.micro = 0
+        self.res.micro = 0
         self.client.flush()
         info = self.client.await_commit(self.global_step)
         self.client.end_step()
         out = {"step": info.step, "skipped": bool(info.skip), "grad_norm": info.global_norm,
                "loss_scale": info.loss_scale, "grad_scale": info.grad_scale,
-               "optimizer_step": info.optimizer_step, "checkpoint": bool(info.checkpoint)}
+               "optimizer_step": info.optimizer_step, "checkpoint": bool(info.checkpoint),
+               "boundary": True}
         self.loss_scale = info.next_loss_scale
         self.global_step += 1
         self.res.step = self.global_step

@@ -30,6 +30,7 @@ class Residency:
         self.by_param = by_param        # id(Parameter) -> ZParam
         self.serving_code = serving_code
         self.step = 0
+        self.micro = 0          # micro-batch of the step (gradient accumulation)
         self.live_bytes = 0
         self.peak_live_bytes = 0
         self.in_forward = 0
@@ -108,7 +109,7 @@ class Residency:
             elif g.dtype != torch.float32:
                 g = g.float()
             g = g.contiguous()
-        self.client.push_grad(zp.id, self.step, g.data_ptr(), zp.numel)
+        self.client.push_grad(zp.id, self.step, g.data_ptr(), zp.numel, self.micro)
         self.client.await_pushes_below(self.max_pending_pieces)
         zp.pushed = True
         p.grad = None
