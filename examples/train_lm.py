@@ -50,8 +50,10 @@ class ByteLM(nn.Module):
 
 
 def corpus():
-    data = b"".join(open(p, "rb").read() for p in sorted(glob.glob("/usr/share/common-licenses/*"))
-                    if os.path.isfile(p))
+    """Debian's license texts, or (on a machine without them) this repository's docs."""
+    files = sorted(glob.glob("/usr/share/common-licenses/*")) or sorted(
+        glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "*.md")))
+    data = b"".join(open(p, "rb").read() for p in files if os.path.isfile(p))
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
@@ -84,11 +86,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--config", help="a DeepSpeed-style JSON config (default: built in)")
     ap.add_argument("--plain", action="store_true", help="plain PyTorch (AdamW), no zps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.manual_seed(0)
-    model = ByteLM(args.d_model, args.layers, seq_len=args.seq_len)
+    model = ByteLM(args.d_model, args.layers, seq_len=args.seq_len).to(args.device)
     text = corpus()
     if args.plain:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
@@ -97,9 +100,13 @@ def main():
     else:
         engine = zt.initialize(model, args.config or default_config(args))
     step0 = engine.global_step if engine else 0
+    warmup = min(5, max(0, args.steps - step0 - 1))  # steps left out of the tokens/s figure
     t0, losses = time.monotonic(), []
     for step in range(step0, args.steps):
+        if step == step0 + warmup:
+            t0 = time.monotonic()
         x, y = batch(text, step, rank, world, args.batch, args.seq_len)
+        x, y = x.to(args.device), y.to(args.device)
         if engine:
             loss = F.cross_entropy(engine(x).reshape(-1, 256), y.reshape(-1))
             engine.backward(loss)
@@ -115,12 +122,18 @@ def main():
         if rank == 0 and (step % 10 == 0 or step + 1 == args.steps):
             extra = f" grad_norm {info['grad_norm']:.3f}" if info else ""
             print(f"step {step:4d} loss {losses[-1]:.4f}{extra}", flush=True)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     dt = time.monotonic() - t0
-    tokens = (args.steps - step0) * args.batch * args.seq_len * world
+    tokens = (args.steps - step0 - warmup) * args.batch * args.seq_len * world
     if rank == 0:
         k = max(1, len(losses) // 10)
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        print(json.dumps({"result": "train_lm", "world": world, "first_loss": first,
+        params = sum(p.numel() for p in model.parameters())
+        print(json.dumps({"result": "train_lm", "mode": "plain" if args.plain else "zps",
+                          "world": world, "params": params, "d_model": args.d_model,
+                          "layers": args.layers, "device": args.device, "batch": args.batch, "seq_len": args.seq_len,
+                          "threads": torch.get_num_threads(), "first_loss": first,
                           "last_loss": last, "tokens_per_s": tokens / dt, "seconds": dt}),
               flush=True)
     if engine:

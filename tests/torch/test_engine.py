@@ -230,3 +230,28 @@ def test_activation_checkpointing(config, reentrant):
         opt.step()
     for k, v in reference.state_dict().items():
         torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_host_staging_path_of_cuda_parameters_gives_the_same_bits(monkeypatch):
+    """CUDA parameters are filled by acquire + copy_ on the current stream + release; here that
+    path runs on CPU tensors (ZPS_TORCH_HOST_STAGING=1) and must match the direct path."""
+    results = []
+    for staged in ("0", "1"):
+        monkeypatch.setenv("ZPS_TORCH_HOST_STAGING", staged)
+        model = _mlp()
+        with zt.initialize(model, base_config()) as engine:
+            losses = train(engine, _data(32, 8, 4) * 4, F.mse_loss)
+            results.append((losses, engine.state_dict()))
+    assert results[0][0] == results[1][0]
+    for k in results[0][1]:
+        assert torch.equal(results[0][1][k], results[1][1][k])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_parameters_train(config):
+    model = _mlp().cuda()
+    with zt.initialize(model, config) as engine:
+        data = [(x.cuda(), y.cuda()) for x, y in _data(64, 8, 4)]
+        losses = train(engine, data * 20, F.mse_loss)
+        assert losses[-1] < losses[0]
+        assert all(p.is_cuda for p in model.parameters())

@@ -13,6 +13,8 @@
   of the step. Everything still held is released at the step's end (`Residency.end_step`).
 """
 
+import os
+
 import torch
 
 from zps._errors import ZpsError
@@ -34,6 +36,9 @@ class Residency:
         self.live_bytes = 0
         self.peak_live_bytes = 0
         self.in_forward = 0
+        # Tests: take CPU parameters through the host-staging path that CUDA parameters use
+        # (acquire, copy on the current stream, release), to exercise it without a GPU.
+        self.host_staging = os.environ.get("ZPS_TORCH_HOST_STAGING") == "1"
         for zp in zparams:
             zp.persistent = zp.numel < persistence_threshold
 
@@ -67,7 +72,8 @@ class Residency:
                 self.release([zp])
 
     def _fill(self, zps):
-        cpu = [zp for zp in zps if not zp.param.is_cuda]
+        staged = [zp for zp in zps if zp.param.is_cuda or self.host_staging]
+        cpu = [zp for zp in zps if not (zp.param.is_cuda or self.host_staging)]
         for zp in zps:
             zp.regrow()
             self.live_bytes += zp.nbytes
@@ -75,18 +81,20 @@ class Residency:
         if cpu:
             self.client.fetch_into([zp.id for zp in cpu], [zp.param.data_ptr() for zp in cpu],
                                    [zp.dtype_code for zp in cpu])
-        for zp in zps:
-            if zp.param.is_cuda:
-                # Staged on the host, then copied on the current stream (the CUDA backend of the
-                # collectives issue replaces this with pinned slots and a copy stream).
-                ptr, nbytes = self.client.acquire(zp.id)
-                try:
-                    src = host_view(ptr, nbytes, ZPS_TO_TORCH[self.serving_code])
-                    with torch.no_grad():
-                        zp.param.data.copy_(src.view(zp.shape))
+        for zp in staged:
+            # Staged on the host, then copied on the current stream (the CUDA backend of the
+            # collectives issue replaces this with pinned slots and a copy stream). The copy
+            # goes into .data, a tensor with its own version counter: the parameter's is not
+            # bumped. A copy from pageable memory returns once the host buffer has been read.
+            ptr, nbytes = self.client.acquire(zp.id)
+            try:
+                src = host_view(ptr, nbytes, ZPS_TO_TORCH[self.serving_code])
+                with torch.no_grad():
+                    zp.param.data.copy_(src.view(zp.shape))
+                if zp.param.is_cuda:
                     torch.cuda.current_stream(zp.param.device).synchronize()
-                finally:
-                    self.client.release(zp.id)
+            finally:
+                self.client.release(zp.id)
 
     # ---- gradients ----
     def on_accumulated(self, zp):

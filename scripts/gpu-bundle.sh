@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh needs on a GPU machine that has Python and torch but no Debian
+# packages (no UCX, RocksDB, liburing): zps-server and libzps_c.so from build/, stripped, with
+# the shared libraries they load (and, for zps-server, Debian's loader and C library, so it runs
+# whatever the host's glibc is). Into .gpu/ (ignored by git; carry it). Prints its size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -f build/lib/libzps_c.so && -x build/bin/zps-server ]] || ./scripts/build.sh
+out=.gpu
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib/ucx" "$out/sys"
+strip -o "$out/bin/zps-server" build/bin/zps-server
+strip -o "$out/lib/libzps_c.so" build/lib/libzps_c.so
+copy_deps() {  # $1 binary, $2 destination; skips the C library and the loader
+  ldd "$1" | awk '/=> \//{print $3}' | while read -r lib; do
+    case $(basename "$lib") in
+      libc.so.*|libm.so.*|ld-linux*|libpthread.so.*|libdl.so.*|librt.so.*) ;;
+      # The C++ runtime only for zps-server (sys/): on LD_LIBRARY_PATH it could shadow a newer
+      # one that the host's torch needs. libzps_c.so has its own linked in.
+      libstdc++.so.*|libgcc_s.so.*) cp -L "$lib" "$out/sys/";;
+      *) cp -L "$lib" "$2/";;
+    esac
+  done
+}
+copy_deps build/lib/libzps_c.so "$out/lib"
+copy_deps build/bin/zps-server "$out/lib"
+cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 "$out/lib/ucx/" 2>/dev/null || true
+# zps-server runs through Debian's own loader and libc (see gpu-check.sh).
+for f in /lib64/ld-linux-x86-64.so.2 /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/libm.so.6; do
+  cp -L "$f" "$out/sys/"
+done
+grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+du -sh "$out"

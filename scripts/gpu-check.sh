@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU check, in one call of at most 10 minutes on a machine with one NVIDIA GPU, Python and
+# torch 2.x, and none of Debian's packages: it runs from .gpu/ (scripts/gpu-bundle.sh, made on a
+# Debian build machine and carried over).
+#
+#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 30 MiB)
+#   scripts/gpu-check.sh                  # there (OUT=dir for the JSON results, default .gpu/out)
+#
+# It checks that a CUDA device is there (else says so and exits 0 with nothing measured), runs
+# the zps.torch CUDA tests, then trains the TransformerEncoder LM (examples/train_lm.py) on
+# CUDA through zps (embedded 2-shard cluster on loopback, parameters staged on the host and
+# copied on the current stream) and with plain torch holding the whole model on the GPU, for
+# two model sizes, and prints tokens/s and the ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/.gpu/out}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+[[ -d .gpu ]] || { echo "gpu-check: no .gpu/ bundle (run scripts/gpu-bundle.sh on the build machine)"; exit 1; }
+
+# The server runs through the carried loader and C library; the Python process uses the host's
+# C library and loads libzps_c.so (C++ runtime linked in) with the carried UCX beside it.
+cat > .gpu/bin/zps-server.sh <<SH
+#!/bin/sh
+exec "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$root/.gpu/sys:$root/.gpu/lib" \
+  "$root/.gpu/bin/zps-server" "\$@"
+SH
+chmod +x .gpu/bin/zps-server.sh
+export ZPS_SERVER=$root/.gpu/bin/zps-server.sh
+export ZPS_NATIVE_LIB=$root/.gpu/lib/libzps_c.so
+export LD_LIBRARY_PATH=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export UCX_MODULE_DIR=$root/.gpu/lib/ucx
+export PYTHONPATH=$root/python
+export ZPS_LOG_LEVEL=warning
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+$py -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.is_available() and torch.cuda.get_device_name(0))'
+"$ZPS_SERVER" --help >/dev/null && echo "zps-server runs from the bundle"
+if ! $py -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu-check: no CUDA device here; nothing measured"
+  exit 0
+fi
+
+echo "== zps.torch CUDA test"
+timeout 120 $py - <<'PY' | tee "$out/cuda-test.txt"
+import torch, torch.nn as nn, torch.nn.functional as F
+import zps.torch as zt
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 8)).cuda()
+x, y = torch.randn(128, 64, device="cuda"), torch.randn(128, 8, device="cuda")
+with zt.initialize(model, {"optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+                           "zps": {"shards": 2}}) as engine:
+    losses = []
+    for _ in range(30):
+        loss = F.mse_loss(engine(x), y); engine.backward(loss); engine.step()
+        losses.append(loss.item())
+    assert all(p.is_cuda for p in model.parameters())
+    assert losses[-1] < 0.5 * losses[0], losses
+    print(f"cuda training through zps: loss {losses[0]:.4f} -> {losses[-1]:.4f}: ok")
+PY
+
+echo "== TransformerEncoder LM on CUDA: zps against plain torch"
+for size in "512 4" "1024 8"; do
+  set -- $size
+  for mode in plain zps; do
+    extra=(); [[ $mode == plain ]] && extra=(--plain)
+    timeout 200 $py examples/train_lm.py --device cuda --steps 40 --batch 32 --seq-len 128 \
+      --d-model "$1" --layers "$2" --threads 8 --shards 2 "${extra[@]}" |
+      grep '^{"result"' | tee -a "$out/lm.jsonl"
+  done
+done
+$py - "$out/lm.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for key in sorted({(r["d_model"], r["layers"]) for r in rows}):
+    p = [r for r in rows if (r["d_model"], r["layers"]) == key and r["mode"] == "plain"][-1]
+    z = [r for r in rows if (r["d_model"], r["layers"]) == key and r["mode"] == "zps"][-1]
+    print(f"d_model {key[0]} x {key[1]} layers ({z['params']} params): plain {p['tokens_per_s']:.0f} "
+          f"tokens/s, zps {z['tokens_per_s']:.0f} tokens/s, ratio {z['tokens_per_s'] / p['tokens_per_s']:.2f}")
+PY
