@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""A model larger than the worker may hold: built inside zt.init (no parameter values in memory),
+trained for a few steps through zps, with the worker's resident parameter bytes and peak RSS
+printed at each step. The default is 64 Linear(4096, 4096) layers: 1.07 G parameters, 4.0 GiB
+of fp32 weights. The embedded shards spill their state beyond --memory-budget to disk.
+
+    PYTHONPATH=python /usr/bin/python3 examples/big_model.py            # scripts/bench-memory.sh
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import zps.torch as zt  # noqa: E402
+
+
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--memory-budget", type=int, default=3 << 30, help="per shard, bytes")
+    ap.add_argument("--max-live-bytes", type=int, default=256 << 20)
+    ap.add_argument("--prefetch-bytes", type=int, default=128 << 20)
+    ap.add_argument("--data-dir", default="", help="shards' data dir (default: a temp dir)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+           "gradient_clipping": 1.0,
+           "zps": {"shards": args.shards, "serving_dtype": "bf16",
+                   "memory_budget": args.memory_budget, "max_live_bytes": args.max_live_bytes,
+                   "prefetch_bytes": args.prefetch_bytes, "data_dir": args.data_dir,
+                   "op_timeout_s": 1800}}
+    t0 = time.monotonic()
+    torch.manual_seed(0)
+    with zt.init(cfg):
+        model = nn.Sequential(*[nn.Linear(args.hidden, args.hidden, bias=False)
+                                for _ in range(args.layers)])
+    params = sum(p.numel() for p in model.parameters())
+    print(f"built {params / 1e9:.2f} G parameters ({params * 4 / 2**30:.2f} GiB fp32) in "
+          f"{time.monotonic() - t0:.1f} s; RSS {rss_bytes() / 2**20:.0f} MiB", flush=True)
+    t1 = time.monotonic()
+    engine = zt.initialize(model, cfg)
+    print(f"initialized (uploaded) in {time.monotonic() - t1:.1f} s; RSS "
+          f"{rss_bytes() / 2**20:.0f} MiB, peak {peak_rss_bytes() / 2**20:.0f} MiB", flush=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, args.hidden, generator=g)
+    y = torch.randn(args.batch, args.hidden, generator=g)
+    largest = max(p.numel() * 4 for p in model.parameters())
+    rows = []
+    for step in range(args.steps):
+        ts = time.monotonic()
+        loss = F.mse_loss(engine(x), y)
+        engine.backward(loss)
+        info = engine.step()
+        st = engine.stats()
+        row = {"step": step, "loss": loss.item(), "grad_norm": info["grad_norm"],
+               "seconds": time.monotonic() - ts,
+               "resident_param_bytes": engine.resident_param_bytes(),
+               "param_peak_live_bytes": st["param_peak_live_bytes"],
+               "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
+        rows.append(row)
+        print(f"step {step}: loss {row['loss']:.5f}, {row['seconds']:.1f} s, resident parameter "
+              f"bytes {row['resident_param_bytes'] / 2**20:.0f} MiB (peak live "
+              f"{row['param_peak_live_bytes'] / 2**20:.0f} MiB, cap max_live_bytes "
+              f"{args.max_live_bytes / 2**20:.0f} + largest module {largest / 2**20:.0f} MiB), "
+              f"RSS {row['rss_bytes'] / 2**20:.0f} MiB, peak RSS "
+              f"{row['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+    engine.close()
+    print(json.dumps({"result": "big_model", "params": params, "fp32_bytes": params * 4,
+                      "peak_rss_bytes": peak_rss_bytes(), "max_live_bytes": args.max_live_bytes,
+                      "largest_module_bytes": largest, "steps": rows}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
