@@ -92,3 +92,41 @@ def test_resumed_job_takes_the_servers_values(tmp_path):
             for x, y in batches[3:]:
                 engine.backward(_loss(engine(x), y))
                 assert engine.step()["step"] >= 3
+
+
+def test_checkpoint_then_export_loads_into_the_unwrapped_model(tmp_path):
+    import pathlib
+    import subprocess
+    from zps.torch.export import state_dict_from_export
+    from zps.cluster import server_binary
+    torch.manual_seed(0)
+    model = Net()
+    cfg = base_config(serving_dtype="fp32", shards=2, data_dir=str(tmp_path / "cluster"))
+    with zt.initialize(model, cfg) as engine:
+        for i, (x, y) in enumerate(_batches(4)):
+            if i == 2:
+                engine.save_checkpoint()
+            engine.backward(_loss(engine(x), y))
+            info = engine.step()
+            if i == 2:
+                assert info["checkpoint"] and engine.last_checkpoint_step == 3
+        at_end = engine.state_dict()
+        dirs = [str(d / "checkpoints") for d in engine.cluster.data_dirs()]
+        ckpt = pathlib.Path(server_binary()).with_name("zps-ckpt")
+        out = tmp_path / "model.safetensors"
+        subprocess.run([str(ckpt), "export", "--data-dir", ",".join(dirs), "--out", str(out),
+                        "--step", "3"], check=True, capture_output=True)
+    plain = Net()
+    plain.load_state_dict(state_dict_from_export(plain, out))
+    assert plain.head.weight is plain.embed.weight
+    # The export is the state after step index 2 (version 3): one step before the end.
+    assert not torch.equal(plain.body[0].weight, at_end["body.0.weight"])
+    torch.manual_seed(0)
+    again = Net()
+    with zt.initialize(again, base_config(serving_dtype="fp32")) as engine:
+        for x, y in _batches(3):
+            engine.backward(_loss(engine(x), y))
+            engine.step()
+        three = engine.state_dict()
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, three[k]), k
