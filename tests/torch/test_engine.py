@@ -255,3 +255,22 @@ def test_cuda_parameters_train(config):
         losses = train(engine, data * 20, F.mse_loss)
         assert losses[-1] < losses[0]
         assert all(p.is_cuda for p in model.parameters())
+
+
+def test_resident_parameter_bytes_stay_within_max_live_plus_the_largest_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(128, 128) for _ in range(8)])
+    largest = (128 * 128 + 128) * 4
+    cfg = base_config(max_live_bytes=100_000, prefetch_bytes=70_000)
+    cfg["zero_optimization"] = {"stage3_param_persistence_threshold": 0}
+    seen = []
+    with zt.initialize(model, cfg) as engine:
+        for m in model:
+            m.register_forward_hook(lambda *a: seen.append(engine.resident_param_bytes()))
+        for x, y in _data(16, 128, 128) * 4:
+            engine.backward(F.mse_loss(engine(x), y))
+            seen.append(engine.resident_param_bytes())
+            engine.step()
+        assert engine.res.peak_live_bytes <= largest
+        assert max(seen) <= 100_000 + largest, (max(seen), seen)
+        assert engine.stats()["prefetches"] > 0
