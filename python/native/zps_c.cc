@@ -9,6 +9,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "job_json.h"
 #include "zps/common/dtype.h"
@@ -99,6 +102,63 @@ int zps_job_hash(const char* job_json, uint64_t* out) {
     ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
     *out = job.Hash();
     return zps::Status::Ok();
+  });
+}
+
+namespace {
+
+zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
+                                                 const std::string& token) {
+  auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 == endpoint.size()) {
+    return zps::InvalidArgument("endpoint " + endpoint + " is not host:port");
+  }
+  int port = 0;
+  for (char ch : endpoint.substr(colon + 1)) {
+    if (ch < '0' || ch > '9' || (port = port * 10 + (ch - '0')) > 65535) {
+      return zps::InvalidArgument("endpoint " + endpoint + " has a bad port");
+    }
+  }
+  zps::rpc::ClientOptions co;
+  co.host = endpoint.substr(0, colon);
+  co.port = static_cast<uint16_t>(port);
+  co.token = token;
+  co.role = zps::msg::kRoleTool;
+  co.name = "zps.torch";
+  return co;
+}
+
+}  // namespace
+
+int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_ms,
+                       uint32_t* out) {
+  return Guard([&]() -> zps::Status {
+    if (endpoint == nullptr || token == nullptr || out == nullptr || timeout_ms <= 0) {
+      return zps::InvalidArgument("bad argument");
+    }
+    ZPS_ASSIGN_OR_RETURN(auto co, ToolOptions(endpoint, token));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    zps::Status last;
+    while (true) {
+      auto rpc = zps::rpc::Client::Connect(co);
+      if (rpc.ok()) {
+        ZPS_ASSIGN_OR_RETURN(auto reply, (*rpc)->Call(zps::msg::kStatus, {},
+                                                      std::chrono::milliseconds(timeout_ms)));
+        auto doc = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(reply.data()),
+                                                     reply.size()),
+                                         nullptr, false);
+        if (doc.is_discarded() || !doc.contains("shards") || !doc["shards"].is_number_unsigned()) {
+          return zps::InvalidArgument("the coordinator's status has no shard count");
+        }
+        *out = doc["shards"].get<uint32_t>();
+        return zps::Status::Ok();
+      }
+      last = rpc.status();
+      if (last.code() != zps::Code::kUnavailable || std::chrono::steady_clock::now() >= deadline) {
+        return last;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   });
 }
 
@@ -292,15 +352,7 @@ int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (step == nullptr || timeout_ms <= 0) return zps::InvalidArgument("bad argument");
-    const std::string& ep = c->options.endpoint;
-    auto colon = ep.rfind(':');
-    if (colon == std::string::npos) return zps::InvalidArgument("endpoint " + ep + " has no port");
-    zps::rpc::ClientOptions co;
-    co.host = ep.substr(0, colon);
-    co.port = static_cast<uint16_t>(std::stoi(ep.substr(colon + 1)));
-    co.token = c->options.token;
-    co.role = zps::msg::kRoleTool;
-    co.name = "zps.torch";
+    ZPS_ASSIGN_OR_RETURN(auto co, ToolOptions(c->options.endpoint, c->options.token));
     ZPS_ASSIGN_OR_RETURN(auto rpc, zps::rpc::Client::Connect(co));
     ZPS_ASSIGN_OR_RETURN(auto reply,
                          rpc->Call(zps::msg::kCheckpointNow, {}, std::chrono::milliseconds(timeout_ms)));

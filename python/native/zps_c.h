@@ -88,6 +88,10 @@ ZPS_C_EXPORT const char* zps_code_name(int code);
 ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
 /* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid. */
 ZPS_C_EXPORT void zps_close(zps_client* c);
+/* Asks the coordinator at `endpoint` (host:port) how many shards its job has, with `token`,
+ * waiting up to timeout_ms for it to answer (a coordinator still starting is retried). */
+ZPS_C_EXPORT int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_ms,
+                                    uint32_t* out);
 /* The job's serialised JobSpec hash for `job_json` without connecting (for checks and tests). */
 ZPS_C_EXPORT int zps_job_hash(const char* job_json, uint64_t* out);
 

@@ -73,6 +73,8 @@ def lib():
         "zps_code_name": (ctypes.c_char_p, [c_int]),
         "zps_connect": (c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(c_p)]),
         "zps_close": (None, [c_p]),
+        "zps_cluster_shards": (c_int, [ctypes.c_char_p, ctypes.c_char_p, c_i64,
+                                       ctypes.POINTER(c_u32)]),
         "zps_job_hash": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_u64)]),
         "zps_job_info_get": (c_int, [c_p, ctypes.POINTER(JobInfo)]),
         "zps_stats_get": (c_int, [c_p, ctypes.POINTER(Stats)]),
@@ -104,6 +106,14 @@ def check(rc):
     if rc != 0:
         L = lib()
         raise ZpsError(L.zps_code_name(rc).decode(), L.zps_last_error().decode())
+
+
+def cluster_shards(endpoint, token, timeout_ms):
+    """The shard count of the job the coordinator at `endpoint` serves."""
+    out = ctypes.c_uint32()
+    check(lib().zps_cluster_shards(endpoint.encode(), token.encode(), timeout_ms,
+                                   ctypes.byref(out)))
+    return out.value
 
 
 def job_hash(job_json):

@@ -71,7 +71,7 @@ def test_resumed_job_takes_the_servers_values(tmp_path):
     with LocalCluster(shards=2) as cluster:
         token = tmp_path / "token"
         token.write_text(cluster.token)
-        cfg = {"zps": {"endpoint": cluster.endpoint, "token_file": str(token), "shards": 2,
+        cfg = {"zps": {"endpoint": cluster.endpoint, "token_file": str(token),
                        "serving_dtype": "fp32"}}
         torch.manual_seed(0)
         first = Net()

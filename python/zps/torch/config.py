@@ -120,6 +120,8 @@ class Config:
     op_timeout_s: float = 300.0
     connect_timeout_s: float = 60.0
     server_threads: int = 0
+    shards_given: bool = False
+    endpoint_given: bool = False
 
     def serving(self):
         if self.serving_dtype:
@@ -240,6 +242,7 @@ def load(config):
     if z is not None:
         c.endpoint = z.get("endpoint", "", str)
         c.token_file = z.get("token_file", "", str)
+        c.shards_given = z.has("shards")
         c.shards = z.get("shards", c.shards, int, 1, 256)
         c.ucx_tls = z.get("ucx_tls", "", str)
         c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum"])

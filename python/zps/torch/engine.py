@@ -109,16 +109,19 @@ class Engine:
                     resize_storage(p.data, 0)
             zparams.append(zp)
         self.zparams = zparams
-        self.job = self._job(cfg, zparams, group_of, groups)
         endpoint, token = self._endpoint(cfg)
-        options = {"endpoint": endpoint, "token": token, "rank": self.rank,
-                   "ucx_tls": cfg.ucx_tls,
-                   "op_timeout_ms": int(cfg.op_timeout_s * 1000),
-                   "connect_timeout_ms": int(cfg.connect_timeout_s * 1000),
-                   "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes}
         try:
+            if cfg.endpoint_given and not cfg.shards_given:  # the servers know their count
+                cfg.shards = _native.cluster_shards(endpoint, token,
+                                                    int(cfg.connect_timeout_s * 1000))
+            self.job = self._job(cfg, zparams, group_of, groups)
+            options = {"endpoint": endpoint, "token": token, "rank": self.rank,
+                       "ucx_tls": cfg.ucx_tls,
+                       "op_timeout_ms": int(cfg.op_timeout_s * 1000),
+                       "connect_timeout_ms": int(cfg.connect_timeout_s * 1000),
+                       "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes}
             self.client = _native.Client(json.dumps(options), json.dumps(self.job))
-        except ZpsError:
+        except BaseException:
             self._stop_cluster()
             raise
         info = self.client.info()
@@ -164,7 +167,7 @@ class Engine:
         return {
             "params": [{"name": zp.names[0], "shape": list(zp.shape) or [1]} for zp in zparams],
             "chunk_elems": cfg.chunk_elems,
-            "num_shards": self._num_shards(cfg),
+            "num_shards": cfg.shards,
             "optimizer": {"type": cfg.optimizer, "lr": cfg.lr, "beta1": cfg.betas[0],
                           "beta2": cfg.betas[1], "eps": cfg.eps, "weight_decay": cfg.weight_decay,
                           "bias_correction": cfg.bias_correction, "momentum": cfg.momentum,
@@ -178,13 +181,9 @@ class Engine:
             "shard": shard,
         }
 
-    def _num_shards(self, cfg):
-        if cfg.endpoint:
-            return int(os.environ.get("ZPS_SHARDS", cfg.shards))
-        return cfg.shards
-
     def _endpoint(self, cfg):
         endpoint = cfg.endpoint or os.environ.get("ZPS_ENDPOINT", "")
+        cfg.endpoint_given = bool(endpoint)
         if endpoint:
             token = os.environ.get("ZPS_TOKEN", "")
             token_file = cfg.token_file or os.environ.get("ZPS_TOKEN_FILE", "")
