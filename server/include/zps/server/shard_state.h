@@ -1,7 +1,7 @@
 // zps/server/shard_state.h — one shard's chunks and the synchronous step protocol, apart from
 // any wire. The UCX and RPC adapters call into it; tests drive it directly.
 //
-// Per chunk it keeps the fp32 master, Adam m and v, the 16-bit serving copy, a version, and the
+// Per chunk it keeps the fp32 master, Adam m and v, the serving copy, a version, and the
 // gradient slots of the step in progress:
 //   - server-sum: one fp32 slot per contributor (rank * k + micro, k = accumulation_steps; with
 //     k = 1 one per rank). ReduceStep sums them IN CONTRIBUTOR ORDER (acc = g0; acc += g1; ...),
