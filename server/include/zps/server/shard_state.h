@@ -128,7 +128,8 @@ struct ShardJob {
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
 /// (world_size, serving_dtype, accumulation_steps, param_groups[i].lr / .weight_decay,
 /// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
-Status ValidateShardJob(const ShardJob& job, const Layout& layout, const OptimizerConfig& optimizer);
+Status ValidateShardJob(const ShardJob& job, const Layout& layout,
+                        const OptimizerConfig& optimizer);
 
 struct PushRequest {
   int64_t step = 0;
