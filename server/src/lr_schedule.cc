@@ -29,8 +29,9 @@ Result<LrScheduleKind> ParseLrScheduleKind(std::string_view text) {
   if (text == "WarmupLR") return LrScheduleKind::kWarmupLR;
   if (text == "WarmupDecayLR") return LrScheduleKind::kWarmupDecayLR;
   if (text == "WarmupCosineLR") return LrScheduleKind::kWarmupCosineLR;
-  return InvalidArgument("lr schedule must be none, WarmupLR, WarmupDecayLR or WarmupCosineLR; got '" +
-                         std::string(text) + "'");
+  return InvalidArgument(
+      "lr schedule must be none, WarmupLR, WarmupDecayLR or WarmupCosineLR; got '" +
+      std::string(text) + "'");
 }
 
 Result<WarmupType> ParseWarmupType(std::string_view text) {

@@ -44,7 +44,8 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
   if (groups.empty()) groups.push_back({optimizer.lr, optimizer.weight_decay});
   for (size_t i = 0; i < groups.size(); ++i) {
     const ParamGroup& g = groups[i];
-    const std::string name = job.param_groups.empty() ? "optimizer" : "param_groups[" + std::to_string(i) + "]";
+    const std::string name =
+        job.param_groups.empty() ? "optimizer" : "param_groups[" + std::to_string(i) + "]";
     if (!std::isfinite(g.lr) || !(g.lr >= 0.0f)) {
       return InvalidArgument(name + ".lr must be finite and >= 0");
     }

@@ -54,6 +54,13 @@ struct TrainOptions {
   double weight_decay = 0.0;       // Default: 0.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
   double max_grad_norm = 1.0;      // Default: 1.0 (0 = no clipping).
+  // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
+  // warmup_max_lr = --lr), WarmupDecayLR (the same, then linear decay to 0 at total-num-steps)
+  // or WarmupCosineLR (ratio of --lr; DeepSpeed's default ratios).
+  std::string lr_schedule = "none";  // Default: none (constant --lr).
+  int64_t warmup_num_steps = 1000;   // Default: 1000 (DeepSpeed's).
+  int64_t total_num_steps = 0;       // Default: 0 = --steps.
+  std::string warmup_type = "log";   // Default: log (DeepSpeed's).
   bool loss_scaling = false;       // Default: false. fp16 dynamic loss scaling (fp16 grads).
   double initial_loss_scale = 65536.0;  // Default: 2^16.
   std::string grad_dtype = "";     // Default: fp32, or fp16 with loss scaling.
@@ -98,6 +105,12 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("beta2", "Adam beta2", &o.beta2);
   f.Add("eps", "Adam epsilon", &o.eps);
   f.Add("max-grad-norm", "global gradient-norm clip (0 = off)", &o.max_grad_norm);
+  f.Add("lr-schedule", "servers' lr schedule: none, WarmupLR, WarmupDecayLR or WarmupCosineLR",
+        &o.lr_schedule);
+  f.Add("warmup-num-steps", "lr schedule warmup updates", &o.warmup_num_steps, 1, INT64_MAX / 2);
+  f.Add("total-num-steps", "lr schedule total updates (0 = --steps)", &o.total_num_steps, 0,
+        INT64_MAX / 2);
+  f.Add("warmup-type", "lr schedule warmup: log or linear", &o.warmup_type);
   f.Add("loss-scaling", "fp16 dynamic loss scaling (pushes fp16 gradients)", &o.loss_scaling);
   f.Add("initial-loss-scale", "first loss scale with --loss-scaling", &o.initial_loss_scale);
   f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
@@ -150,6 +163,14 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
   job.optimizer.beta2 = static_cast<float>(o.beta2);
   job.optimizer.eps = static_cast<float>(o.eps);
   job.optimizer.weight_decay = static_cast<float>(o.weight_decay);
+  server::LrScheduleConfig& ls = job.shard.lr_schedule;
+  ZPS_ASSIGN_OR_RETURN(ls.kind, server::ParseLrScheduleKind(o.lr_schedule));
+  ZPS_ASSIGN_OR_RETURN(ls.warmup_type, server::ParseWarmupType(o.warmup_type));
+  ls.warmup_num_steps = o.warmup_num_steps;
+  ls.total_num_steps = o.total_num_steps > 0 ? o.total_num_steps : o.steps;
+  ls.warmup_min_lr = 0.0;
+  ls.warmup_max_lr = o.lr;
+  if (ls.kind == server::LrScheduleKind::kNone) ls = {};  // the job spec stays version 1
   job.commit.max_grad_norm = o.max_grad_norm;
   job.commit.grad_divisor = o.world_size;
   job.commit.dynamic_loss_scale = o.loss_scaling;
@@ -172,6 +193,7 @@ Status RunReference(const TrainOptions& o) {
   ro.commit = job.commit;
   ro.world = o.world_size;
   ro.serving_dtype = job.shard.serving_dtype;
+  ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
   ro.inject_overflow_step = o.inject_overflow_step;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));

@@ -17,6 +17,7 @@ Status ReferenceOptions::Validate() const {
       serving_dtype != DType::kBF16)
     return InvalidArgument("reference: serving_dtype must be fp16, bf16 or fp32");
   if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
+  ZPS_RETURN_IF_ERROR(lr_schedule.Validate());
   ZPS_RETURN_IF_ERROR(optimizer.Validate());
   return commit.Validate();
 }
@@ -185,6 +186,8 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
   // 6: the update.
   if (!res.decision.skip) {
     ++optimizer_step_;
+    const server::LrSchedule schedule(options_.lr_schedule);
+    const float lr = schedule.LrFor(optimizer_step_ - 1, options_.optimizer.lr);
     for (uint32_t c = 0; c < chunks; ++c) {
       const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
       server::ChunkState st{
@@ -193,6 +196,7 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
       up.step = optimizer_step_;
       up.grad_scale = res.decision.grad_scale;
       up.out_dtype = options_.serving_dtype;
+      up.lr = lr;
       if (options_.serving_dtype == DType::kF32) {
         up.out32 = {reinterpret_cast<float*>(serving_.data()) + begin, n};
       } else {

@@ -201,6 +201,8 @@ TEST_F(BadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
       {"wrong dtype", {s, 0, 0, 0, 0, 16, 1, DType::kBF16}, 16, Code::kInvalidArgument},
       {"wrong size", {s, 0, 0, 0, 0, 16, 1, DType::kF16}, 15, Code::kInvalidArgument},
       {"rank out of range", {s, 0, 0, 0, 0, 16, 7, DType::kF16}, 16, Code::kInvalidArgument},
+      // The raw peer's session is rank 1's: it may not push as rank 0.
+      {"another session's rank", {s, 0, 0, 0, 0, 16, 0, DType::kF16}, 16, Code::kInvalidArgument},
       {"stale step", {s, 0, -2, 0, 0, 16, 1, DType::kF16}, 16, Code::kFailedPrecondition},
       {"future step", {s, 0, 3, 0, 0, 16, 1, DType::kF16}, 16, Code::kFailedPrecondition},
       {"wrong session token", {s ^ 0x5555, 0, 0, 0, 0, 16, 1, DType::kF16}, 16,

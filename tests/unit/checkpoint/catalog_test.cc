@@ -69,5 +69,40 @@ TEST(CoordinatorCatalog, JobSpecRoundTrip) {
   EXPECT_EQ(got->Hash(), spec.Hash());
 }
 
+// A job with the optimizer surface (job spec version 2) survives the catalog, after a reopen too:
+// a restarted coordinator gives the shards the same groups, frozen set, schedule and accumulation.
+TEST(CoordinatorCatalog, JobSpecWithOptimizerSurfaceSurvivesAReopen) {
+  TempDir dir;
+  JobSpec spec;
+  spec.layout = SmallLayout(2);
+  spec.shard.world_size = 2;
+  spec.shard.serving_dtype = DType::kF32;
+  spec.shard.accumulation_steps = 3;
+  spec.shard.param_groups = {{2e-3f, 0.05f}, {1e-4f, 0.0f}};
+  spec.shard.param_group.assign(spec.layout.num_params(), 1);
+  spec.shard.param_group[0] = 0;
+  spec.shard.frozen.assign(spec.layout.num_params(), 0);
+  spec.shard.frozen.back() = 1;
+  spec.shard.lr_schedule.kind = LrScheduleKind::kWarmupDecayLR;
+  spec.shard.lr_schedule.total_num_steps = 500;
+  spec.shard.lr_schedule.warmup_num_steps = 20;
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  {
+    auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
+    ASSERT_TRUE(cat.ok());
+    ASSERT_TRUE((*cat)->PutJobSpec(spec).ok());
+  }
+  auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
+  ASSERT_TRUE(cat.ok());
+  auto got = (*cat)->GetJobSpec();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->Hash(), spec.Hash());
+  EXPECT_EQ(got->Serialize(), spec.Serialize());
+  EXPECT_EQ(got->shard.lr_schedule, spec.shard.lr_schedule);
+  EXPECT_EQ(got->shard.frozen, spec.shard.frozen);
+  EXPECT_EQ(got->shard.param_groups, spec.shard.param_groups);
+  EXPECT_EQ(got->shard.accumulation_steps, 3u);
+}
+
 }  // namespace
 }  // namespace zps::server::testing

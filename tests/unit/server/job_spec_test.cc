@@ -1,11 +1,11 @@
 // JobSpec: the versioned encoding (version 1 for specs without the optimizer-surface fields,
 // byte for byte as before; version 2 with them), round trips, and validation naming the field.
-#include "zps/server/job.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+
+#include "zps/server/job.h"
 
 namespace zps::server {
 namespace {

@@ -28,16 +28,16 @@ TEST(LrSchedule, WarmupCosineRatioTimesEachGroupsLr) {
   const LrSchedule s(Cosine(WarmupType::kLinear));
   const float base = 0.002f;
   const double b = static_cast<double>(base);
-  EXPECT_EQ(s.LrAt(0, b), 0.0);                      // iteration -1: DeepSpeed's initial lr is 0
-  EXPECT_EQ(s.LrAt(1, b), b * 0.1);                  // iteration 0: warmup_min_ratio
-  EXPECT_EQ(s.LrAt(6, b), b * (0.1 + (5.0 / 10.0) * (1.0 - 0.1)));    // iteration 5 of 10
+  EXPECT_EQ(s.LrAt(0, b), 0.0);      // iteration -1: DeepSpeed's initial lr is 0
+  EXPECT_EQ(s.LrAt(1, b), b * 0.1);  // iteration 0: warmup_min_ratio
+  EXPECT_EQ(s.LrAt(6, b), b * (0.1 + (5.0 / 10.0) * (1.0 - 0.1)));  // iteration 5 of 10
   const double end_warm = 0.01 + (1.0 - 0.01) * ((1.0 + std::cos(kPi * (1.0 / 90.0))) / 2.0);
-  EXPECT_EQ(s.LrAt(11, b), b * end_warm);            // iteration 10: first cosine step
+  EXPECT_EQ(s.LrAt(11, b), b * end_warm);  // iteration 10: first cosine step
   const double mid = 0.01 + (1.0 - 0.01) * ((1.0 + std::cos(kPi * (46.0 / 90.0))) / 2.0);
-  EXPECT_EQ(s.LrAt(56, b), b * mid);                 // iteration 55
-  EXPECT_EQ(s.LrAt(101, b), b * (0.01 + (1.0 - 0.01) * 0.0));               // iteration 100: the floor
-  EXPECT_EQ(s.LrAt(5000, b), s.LrAt(101, b));              // and it stays there
-  EXPECT_EQ(s.LrFor(56, base), static_cast<float>(b * mid));  // one rounding to float
+  EXPECT_EQ(s.LrAt(56, b), b * mid);                           // iteration 55
+  EXPECT_EQ(s.LrAt(101, b), b * (0.01 + (1.0 - 0.01) * 0.0));  // iteration 100: the floor
+  EXPECT_EQ(s.LrAt(5000, b), s.LrAt(101, b));                  // and it stays there
+  EXPECT_EQ(s.LrFor(56, base), static_cast<float>(b * mid));   // one rounding to float
   // The ratio scales every group: another base lr, the same ratio.
   EXPECT_EQ(s.LrAt(56, 1.0), mid);
 }
@@ -58,11 +58,11 @@ TEST(LrSchedule, WarmupLRIsAbsoluteAndIgnoresTheGroupLr) {
   c.warmup_type = WarmupType::kLinear;
   const LrSchedule s(c);
   const double d = 1e-3 - 1e-5;
-  EXPECT_EQ(s.LrAt(0, 0.5), 1e-5);               // iteration -1: min_lrs
-  EXPECT_EQ(s.LrAt(1, 0.5), 1e-5 + d * 0.0);     // iteration 0
-  EXPECT_EQ(s.LrAt(3, 0.5), 1e-5 + d * 0.5);     // iteration 2 of 4
-  EXPECT_EQ(s.LrAt(5, 0.5), 1e-5 + d * 1.0);     // iteration 4: warmup done
-  EXPECT_EQ(s.LrAt(999, 7.0), 1e-5 + d * 1.0);   // constant after, whatever the group lr
+  EXPECT_EQ(s.LrAt(0, 0.5), 1e-5);              // iteration -1: min_lrs
+  EXPECT_EQ(s.LrAt(1, 0.5), 1e-5 + d * 0.0);    // iteration 0
+  EXPECT_EQ(s.LrAt(3, 0.5), 1e-5 + d * 0.5);    // iteration 2 of 4
+  EXPECT_EQ(s.LrAt(5, 0.5), 1e-5 + d * 1.0);    // iteration 4: warmup done
+  EXPECT_EQ(s.LrAt(999, 7.0), 1e-5 + d * 1.0);  // constant after, whatever the group lr
   c.warmup_type = WarmupType::kLog;
   const LrSchedule l(c);
   EXPECT_EQ(l.LrAt(3, 0.5), 1e-5 + d * ((1.0 / std::log(4.0)) * std::log(3.0)));
@@ -77,11 +77,11 @@ TEST(LrSchedule, WarmupDecayLRDecaysLinearlyToZero) {
   c.total_num_steps = 20;
   c.warmup_type = WarmupType::kLinear;
   const LrSchedule s(c);
-  EXPECT_EQ(s.LrAt(3, 1.0), 0.01 * (2.0 / 4.0));           // warmup, iteration 2
-  EXPECT_EQ(s.LrAt(5, 1.0), 0.01 * (16.0 / 16.0));         // iteration 4: (20 - 4) / (20 - 4)
-  EXPECT_EQ(s.LrAt(11, 1.0), 0.01 * (10.0 / 16.0));        // iteration 10
-  EXPECT_EQ(s.LrAt(21, 1.0), 0.0);                         // iteration 20
-  EXPECT_EQ(s.LrAt(30, 1.0), 0.0);                         // clamped at 0
+  EXPECT_EQ(s.LrAt(3, 1.0), 0.01 * (2.0 / 4.0));     // warmup, iteration 2
+  EXPECT_EQ(s.LrAt(5, 1.0), 0.01 * (16.0 / 16.0));   // iteration 4: (20 - 4) / (20 - 4)
+  EXPECT_EQ(s.LrAt(11, 1.0), 0.01 * (10.0 / 16.0));  // iteration 10
+  EXPECT_EQ(s.LrAt(21, 1.0), 0.0);                   // iteration 20
+  EXPECT_EQ(s.LrAt(30, 1.0), 0.0);                   // clamped at 0
 }
 
 TEST(LrSchedule, WarmupStepsBelowTwoActAsTwo) {

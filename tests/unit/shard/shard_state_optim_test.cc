@@ -75,10 +75,11 @@ void DirectUpdate(const OptimizerConfig& base, float lr, float wd, std::vector<f
   UpdateParams up;
   up.step = step;
   up.grad_scale = scale;
-  ASSERT_TRUE((*opt)->Update({{master.data() + begin, n}, {m.data() + begin, n},
-                              {v.data() + begin, n}},
-                             {grad.data() + begin, DType::kF32, n}, up)
-                  .ok());
+  ASSERT_TRUE(
+      (*opt)
+          ->Update({{master.data() + begin, n}, {m.data() + begin, n}, {v.data() + begin, n}},
+                   {grad.data() + begin, DType::kF32, n}, up)
+          .ok());
 }
 
 void Commit(ShardState& s, int64_t step, int64_t optimizer_step, float scale, bool skip = false) {
@@ -119,14 +120,14 @@ TEST(ShardStateFp32Serving, ServesTheMasterBitsAfterInitUpdateAndRestore) {
   // A restore recomputes the copy from the loaded master.
   const auto loaded = Values(kN, 9, 2.0f);
   ASSERT_TRUE((*s)->ResetTo(
-                     5,
-                     [&](uint32_t, std::span<float> ms, std::span<float> m, std::span<float> v) {
-                       std::copy(loaded.begin(), loaded.end(), ms.begin());
-                       std::fill(m.begin(), m.end(), 0.0f);
-                       std::fill(v.begin(), v.end(), 0.0f);
-                       return Status::Ok();
-                     },
-                     Unavailable("test"))
+                      5,
+                      [&](uint32_t, std::span<float> ms, std::span<float> m, std::span<float> v) {
+                        std::copy(loaded.begin(), loaded.end(), ms.begin());
+                        std::fill(m.begin(), m.end(), 0.0f);
+                        std::fill(v.begin(), v.end(), 0.0f);
+                        return Status::Ok();
+                      },
+                      Unavailable("test"))
                   .ok());
   got = FetchBytes(**s, 0, 0, kN, 5);
   EXPECT_EQ(0, std::memcmp(got.data(), loaded.data(), got.size()));
@@ -188,7 +189,7 @@ TEST(ShardStateFrozen, FrozenParameterIsServedButNeverPushedOrUpdated) {
   auto m1 = (*s)->MasterOf(0);
   ASSERT_TRUE(m1.ok());
   EXPECT_EQ(0, std::memcmp(m1->data() + 64, master0.data() + 64, (kN - 64) * 4));  // b
-  EXPECT_NE(0, std::memcmp(m1->data(), master0.data(), 60 * 4));            // a was trained
+  EXPECT_NE(0, std::memcmp(m1->data(), master0.data(), 60 * 4));                   // a was trained
   EXPECT_EQ(FetchBytes(**s, 0, 64, 40, 1), serving_b0);
 }
 
@@ -241,13 +242,15 @@ TEST(ShardStateSchedule, ScheduledLrPerUpdateMatchesDirectUpdates) {
       if (i >= 0 && i < 2) ratio = 0.25 + (static_cast<double>(i) / 2.0) * (1.0 - 0.25);
       if (i >= 2) {
         const double progress = std::min(1.0, static_cast<double>(i - 2 + 1) / 4.0);
-        ratio = 0.0001 + (1.0 - 0.0001) * ((1.0 + std::cos(3.14159265358979323846 * progress)) / 2.0);
+        ratio =
+            0.0001 + (1.0 - 0.0001) * ((1.0 + std::cos(3.14159265358979323846 * progress)) / 2.0);
       }
-      EXPECT_EQ(sched.LrFor(applied, 0.01f), static_cast<float>(static_cast<double>(0.01f) * ratio));
+      EXPECT_EQ(sched.LrFor(applied, 0.01f),
+                static_cast<float>(static_cast<double>(0.01f) * ratio));
       DirectUpdate(opt, sched.LrFor(applied, 0.01f), 0.0f, master, m, v, g, 0, 64, applied + 1,
                    1.0f);
-      DirectUpdate(opt, sched.LrFor(applied, 0.004f), 0.0f, master, m, v, g, 64, kN,
-                   applied + 1, 1.0f);
+      DirectUpdate(opt, sched.LrFor(applied, 0.004f), 0.0f, master, m, v, g, 64, kN, applied + 1,
+                   1.0f);
       ++applied;
     }
     auto got = (*s)->MasterOf(0);
@@ -277,7 +280,8 @@ TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
     for (size_t i = 0; i < 100; ++i) sum[i] = ((g[0][i] + g[1][i]) + g[2][i]) + g[3][i];
     if (mode == ReductionMode::kServerSum) {
       for (uint32_t c : {3u, 1u, 0u, 2u}) {  // arrival order does not matter
-        ASSERT_TRUE(Push(**a, {0, 0, 0, 100, c, DType::kF32, std::nullopt, c / 2}, g[c].data()).ok());
+        ASSERT_TRUE(
+            Push(**a, {0, 0, 0, 100, c, DType::kF32, std::nullopt, c / 2}, g[c].data()).ok());
       }
     } else {
       // Pre-reduced: micro m's slot is g_m0 + g_m1 summed by the workers; rank 0 pushes [0, 50)
@@ -287,10 +291,12 @@ TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
         m0[i] = g[0][i] + g[1][i];
         m1[i] = g[2][i] + g[3][i];
       }
-      ASSERT_TRUE(Push(**a, {0, 0, 50, 50, 3, DType::kF32}, m1.data() + 50).ok());  // rank 1 micro 1
-      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 0, DType::kF32}, m0.data()).ok());        // rank 0 micro 0
-      ASSERT_TRUE(Push(**a, {0, 0, 50, 50, 2, DType::kF32}, m0.data() + 50).ok());  // rank 1 micro 0
-      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 1, DType::kF32}, m1.data()).ok());        // rank 0 micro 1
+      ASSERT_TRUE(
+          Push(**a, {0, 0, 50, 50, 3, DType::kF32}, m1.data() + 50).ok());    // rank 1 micro 1
+      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 0, DType::kF32}, m0.data()).ok());  // rank 0 micro 0
+      ASSERT_TRUE(
+          Push(**a, {0, 0, 50, 50, 2, DType::kF32}, m0.data() + 50).ok());    // rank 1 micro 0
+      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 1, DType::kF32}, m1.data()).ok());  // rank 0 micro 1
       for (size_t i = 0; i < 100; ++i) sum[i] = m0[i] + m1[i];
     }
     ASSERT_TRUE(Push(**b, {0, 0, 0, 100, 0, DType::kF32}, sum.data()).ok());

@@ -47,13 +47,13 @@ struct LrScheduleConfig {
   double warmup_min_lr = 0.0;    // Default: 0. Finite, >= 0.
   double warmup_max_lr = 0.001;  // Default: 0.001. Finite, >= 0.
   // All warmup kinds. DeepSpeed uses max(2, warmup_num_steps) (so does zps).
-  int64_t warmup_num_steps = 1000;        // Default: 1000. >= 1.
+  int64_t warmup_num_steps = 1000;            // Default: 1000. >= 1.
   WarmupType warmup_type = WarmupType::kLog;  // Default: log
   // WarmupDecayLR, WarmupCosineLR:
   int64_t total_num_steps = 0;  // Default: 0 (must be set, >= 1, for those kinds).
   // WarmupCosineLR:
-  double warmup_min_ratio = 0.0;   // Default: 0. Finite, >= 0.
-  double cos_min_ratio = 0.0001;   // Default: 0.0001. Finite, >= 0.
+  double warmup_min_ratio = 0.0;  // Default: 0. Finite, >= 0.
+  double cos_min_ratio = 0.0001;  // Default: 0.0001. Finite, >= 0.
 
   Status Validate() const;
   /// The largest factor (absolute lr for WarmupLR/WarmupDecayLR, ratio for WarmupCosineLR, 1 for

@@ -1,7 +1,7 @@
 // zps/server/shard_state.h — one shard's chunks and the synchronous step protocol, apart from
 // any wire. The UCX and RPC adapters call into it; tests drive it directly.
 //
-// Per chunk it keeps the fp32 master, Adam m and v, the 16-bit serving copy, a version, and the
+// Per chunk it keeps the fp32 master, Adam m and v, the serving copy, a version, and the
 // gradient slots of the step in progress:
 //   - server-sum: one fp32 slot per contributor (rank * k + micro, k = accumulation_steps; with
 //     k = 1 one per rank). ReduceStep sums them IN CONTRIBUTOR ORDER (acc = g0; acc += g1; ...),
@@ -128,7 +128,8 @@ struct ShardJob {
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
 /// (world_size, serving_dtype, accumulation_steps, param_groups[i].lr / .weight_decay,
 /// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
-Status ValidateShardJob(const ShardJob& job, const Layout& layout, const OptimizerConfig& optimizer);
+Status ValidateShardJob(const ShardJob& job, const Layout& layout,
+                        const OptimizerConfig& optimizer);
 
 struct PushRequest {
   int64_t step = 0;

@@ -21,7 +21,8 @@
 //   6. If skipped: nothing changes (master, m, v, serving, optimizer step count). Otherwise
 //      optimizer_step += 1 (1-based count of applied updates) and per chunk:
 //      Optimizer::Update({master_c, m_c, v_c}, {acc_c, fp32},
-//                        {optimizer_step, decision.grad_scale, serving_dtype, serving_c}).
+//                        {optimizer_step, decision.grad_scale, serving_dtype, serving_c,
+//                         lr = LrSchedule(lr_schedule).LrFor(optimizer_step - 1, optimizer.lr)}).
 //   7. step += 1 (the version the next fetches ask for).
 // Initial state: master = InitParam(decl, model seed) at each parameter's offset, padding 0;
 // m = v = 0; serving = ConvertF32ToBF16 (or ToF16, or a copy for fp32) of the whole master.
@@ -39,6 +40,7 @@
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_pool.h"
+#include "zps/server/lr_schedule.h"
 #include "zps/server/optimizer.h"
 #include "zps/server/step_commit.h"
 #include "zps/train/model.h"
@@ -52,6 +54,8 @@ struct ReferenceOptions {
   int world = 1;                       // Default: 1. Ranks per step.
   DType serving_dtype = DType::kBF16;  // Default: bf16. kF16, kBF16 or kF32 (a copy of master).
   DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16 or kBF16.
+  /// The servers' lr schedule (one group: optimizer.lr). Default: none.
+  server::LrScheduleConfig lr_schedule;
   int64_t inject_overflow_step = -1;   // Default: -1 = never. 0-based step index.
 
   Status Validate() const;
