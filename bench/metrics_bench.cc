@@ -41,8 +41,9 @@ double Rep(int threads, int64_t ops, const std::function<void(int64_t)>& update)
       while (!go.load()) std::this_thread::yield();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < ops; ++i) update(i);
-      ns[t] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0)
-                  .count() / static_cast<double>(ops);
+      ns[t] =
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+          static_cast<double>(ops);
     });
   }
   while (ready.load() < threads) std::this_thread::yield();
@@ -81,7 +82,8 @@ int Run(int argc, char** argv) {
       {"counter_inc", [&](int64_t) { cc.Inc(4096); }},
       {"gauge_inc", [&](int64_t) { gg.Inc(); }},
       // Durations spread over the buckets a request sees (25 us .. ~1.6 ms).
-      {"histogram_observe", [&](int64_t i) { hh.Observe(25e-6 * static_cast<double>(1 + (i & 63))); }},
+      {"histogram_observe",
+       [&](int64_t i) { hh.Observe(25e-6 * static_cast<double>(1 + (i & 63))); }},
       {"observe_since", [&](int64_t) { hh.ObserveSince(start); }},
   };
   size_t b = 0;
@@ -98,9 +100,10 @@ int Run(int argc, char** argv) {
       for (int r = 0; r < o.reps; ++r) v.push_back(Rep(static_cast<int>(*n), o.ops, update));
       std::sort(v.begin(), v.end());
       if (o.json) {
-        std::printf("{\"bench\":\"metrics\",\"op\":\"%s\",\"threads\":%lld,\"ns_per_op\":%.2f,"
-                    "\"best_ns_per_op\":%.2f,\"reps\":%zu}\n",
-                    name, static_cast<long long>(*n), v[v.size() / 2], v.front(), v.size());
+        std::printf(
+            "{\"bench\":\"metrics\",\"op\":\"%s\",\"threads\":%lld,\"ns_per_op\":%.2f,"
+            "\"best_ns_per_op\":%.2f,\"reps\":%zu}\n",
+            name, static_cast<long long>(*n), v[v.size() / 2], v.front(), v.size());
       } else {
         std::printf("metrics %-18s threads %3lld  median %8.2f ns/op  best %8.2f ns/op\n", name,
                     static_cast<long long>(*n), v[v.size() / 2], v.front());

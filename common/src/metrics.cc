@@ -84,12 +84,9 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return b;
 }
 
-
 // ---- handles ------------------------------------------------------------------------------------
 
-uint64_t Histogram::Count() const {
-  return cell_ ? cell_->Collect().histogram.sample_count : 0;
-}
+uint64_t Histogram::Count() const { return cell_ ? cell_->Collect().histogram.sample_count : 0; }
 
 double Histogram::Sum() const { return cell_ ? cell_->Collect().histogram.sample_sum : 0.0; }
 
@@ -152,7 +149,8 @@ Result<Histogram> HistogramFamily::Add(const LabelValues& values) {
 
 // Throw: a name registered twice is a bug here (Reserve refuses it first), never a silent merge.
 Registry::Registry()
-    : registry_(std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+    : registry_(
+          std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
 
 Registry::~Registry() = default;
 
@@ -161,7 +159,8 @@ Status Registry::Reserve(const std::string& name, const std::vector<std::string>
   if (!ValidMetricName(name)) return InvalidArgument("'" + name + "' is not a metric name");
   for (size_t i = 0; i < label_names.size(); ++i) {
     const std::string& l = label_names[i];
-    if (!ValidLabelName(l)) return InvalidArgument("'" + l + "' is not a label name (" + name + ")");
+    if (!ValidLabelName(l))
+      return InvalidArgument("'" + l + "' is not a label name (" + name + ")");
     if (type == Type::kHistogram && l == "le") {
       return InvalidArgument("histogram " + name + " may not have a label named le");
     }

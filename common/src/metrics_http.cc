@@ -139,8 +139,9 @@ Result<std::unique_ptr<Exporter>> Exporter::Start(const ExporterOptions& options
   if (registry == nullptr) return InvalidArgument("metrics exporter without a registry");
   if (options.max_request_bytes < 64 || options.max_connections == 0 ||
       options.request_timeout_ms <= 0) {
-    return InvalidArgument("metrics exporter: max_request_bytes >= 64, max_connections >= 1 and "
-                           "request_timeout_ms > 0 are required");
+    return InvalidArgument(
+        "metrics exporter: max_request_bytes >= 64, max_connections >= 1 and "
+        "request_timeout_ms > 0 are required");
   }
   // CivetWeb's listening_ports syntax: a.b.c.d:port or [v6]:port.
   std::string listen;
@@ -164,12 +165,14 @@ Result<std::unique_ptr<Exporter>> Exporter::Start(const ExporterOptions& options
   const std::string threads = std::to_string(options.max_connections);
   const std::string max_request = std::to_string(options.max_request_bytes);
   const std::string timeout = std::to_string(options.request_timeout_ms);
+  // clang-format off
   const char* config[] = {"listening_ports",    listen.c_str(),
                           "num_threads",        threads.c_str(),
                           "max_request_size",   max_request.c_str(),
                           "request_timeout_ms", timeout.c_str(),
                           "enable_keep_alive",  "no",
                           nullptr};
+  // clang-format on
   mg_callbacks callbacks{};
   callbacks.log_message = &Impl::LogMessage;
   callbacks.init_thread = &Impl::InitThread;
