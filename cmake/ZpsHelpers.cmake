@@ -1,5 +1,6 @@
 # zps_cc_library / zps_cc_binary / zps_cc_test: every target gets the same shape.
 # Modelled on Abseil's absl_cc_library.
+include(GNUInstallDirs)
 
 function(zps_set_global_flags)
   set(warn -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wno-missing-field-initializers)
@@ -27,24 +28,38 @@ function(zps_set_global_flags)
 endfunction()
 
 # zps_cc_library(NAME common SRCS a.cc b.cc DEPS Threads::Threads [PUBLIC_DEPS ...])
-# Creates target zps_<NAME> with alias zps::<NAME>; public headers in <dir>/include.
+# Creates target zps_<NAME> with alias zps::<NAME>; public headers in <dir>/include. The library
+# and its headers are installed (lib/, include/zps/<dir>/) and exported as zps::<NAME> in the
+# zps CMake package (cmake/zpsConfig.cmake.in; find_package(zps CONFIG)).
 function(zps_cc_library)
   cmake_parse_arguments(Z "" "NAME" "SRCS;DEPS;PUBLIC_DEPS" ${ARGN})
   add_library(zps_${Z_NAME} STATIC ${Z_SRCS})
   add_library(zps::${Z_NAME} ALIAS zps_${Z_NAME})
-  target_include_directories(zps_${Z_NAME} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+  target_include_directories(zps_${Z_NAME}
+                             PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+                                    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                              PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
   target_link_libraries(zps_${Z_NAME} PUBLIC ${Z_PUBLIC_DEPS} PRIVATE ${Z_DEPS})
   target_compile_options(zps_${Z_NAME} PRIVATE ${ZPS_WARNINGS})
-  set_target_properties(zps_${Z_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set_target_properties(zps_${Z_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME ${Z_NAME})
+  install(TARGETS zps_${Z_NAME} EXPORT zpsTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  endif()
 endfunction()
 
-# zps_cc_binary(NAME zps-server SRCS main.cc DEPS zps::server)
+# zps_cc_binary(NAME zps-server SRCS main.cc DEPS zps::server [NO_INSTALL])
+# Programs are installed into bin/ unless NO_INSTALL.
 function(zps_cc_binary)
-  cmake_parse_arguments(Z "" "NAME" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(Z "NO_INSTALL" "NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${Z_NAME} ${Z_SRCS})
   target_link_libraries(${Z_NAME} PRIVATE ${Z_DEPS})
   target_compile_options(${Z_NAME} PRIVATE ${ZPS_WARNINGS})
+  if(NOT Z_NO_INSTALL)
+    install(TARGETS ${Z_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
 endfunction()
 
 # zps_cc_test(NAME common SRCS a_test.cc DEPS zps::common [LABELS unit gpu] [ISA_MATRIX])

@@ -11,6 +11,8 @@ PACKAGES=(
   librocksdb-dev                 # catalog and checkpoints
   liburing-dev                   # NVMe tier
   nlohmann-json3-dev             # config files and JSON output
+  prometheus-cpp-dev             # metrics: registry, handles, text format (TextSerializer)
+  libcivetweb-dev                # HTTP server for /metrics, /healthz, /readyz
   libgtest-dev libgmock-dev      # unit tests
   fio                            # disk ceiling beside the NVMe benchmarks
   python3 python3-numpy          # small test helpers (safetensors reader, bench drivers)

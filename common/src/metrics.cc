@@ -1,10 +1,15 @@
-// zps::metrics — registry, handles and the text exposition format (0.0.4). The HTTP exporter is
-// in metrics_http.cc.
+// zps::metrics — the registry and handles over prometheus-cpp, and the text exposition format
+// through prometheus::TextSerializer. The HTTP exporter is in metrics_http.cc.
 #include "zps/common/metrics.h"
+
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <exception>
+#include <sstream>
+#include <unordered_map>
 
 #include "zps/common/logging.h"
 
@@ -38,46 +43,6 @@ bool ValidLabelName(std::string_view n) {
     if (!ok) return false;
   }
   return true;
-}
-
-// Writes `name{l1="v1",l2="v2"[,extra_name="extra_value"]} `.
-void WriteSeries(std::string& out, std::string_view name, const std::vector<std::string>& names,
-                 const LabelValues& values, std::string_view extra_name = {},
-                 std::string_view extra_value = {}) {
-  out += name;
-  if (!names.empty() || !extra_name.empty()) {
-    out += '{';
-    bool first = true;
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (!first) out += ',';
-      first = false;
-      out += names[i];
-      out += "=\"";
-      out += Escape(values[i]);
-      out += '"';
-    }
-    if (!extra_name.empty()) {
-      if (!first) out += ',';
-      out += extra_name;
-      out += "=\"";
-      out += extra_value;
-      out += '"';
-    }
-    out += '}';
-  }
-  out += ' ';
-}
-
-void WriteHeader(std::string& out, const Family& f, std::string_view type) {
-  out += "# HELP ";
-  out += f.name();
-  out += ' ';
-  out += Escape(f.help(), /*help=*/true);
-  out += "\n# TYPE ";
-  out += f.name();
-  out += ' ';
-  out += type;
-  out += '\n';
 }
 
 }  // namespace
@@ -121,126 +86,81 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 
 // ---- handles ------------------------------------------------------------------------------------
 
-internal::HistogramCell::HistogramCell(const std::vector<double>* b)
-    : bounds(b), buckets(new std::atomic<uint64_t>[b->size() + 1]) {
-  for (size_t i = 0; i <= b->size(); ++i) buckets[i].store(0, std::memory_order_relaxed);
-}
+uint64_t Histogram::Count() const { return cell_ ? cell_->Collect().histogram.sample_count : 0; }
 
-void Gauge::SetToCurrentTime() const {
-  Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
-void Histogram::Observe(double v) const {
-  if (cell_ == nullptr) return;
-  const std::vector<double>& b = *cell_->bounds;
-  // First bound >= v (bucket "le" is inclusive); NaN lands in +Inf.
-  size_t i = std::isnan(v) ? b.size()
-                           : static_cast<size_t>(std::lower_bound(b.begin(), b.end(), v) - b.begin());
-  cell_->buckets[i].fetch_add(1, std::memory_order_relaxed);
-  cell_->sum.fetch_add(v, std::memory_order_relaxed);
-}
+double Histogram::Sum() const { return cell_ ? cell_->Collect().histogram.sample_sum : 0.0; }
 
 std::vector<uint64_t> Histogram::BucketCounts() const {
   if (cell_ == nullptr) return {};
-  std::vector<uint64_t> out(cell_->bounds->size() + 1);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = cell_->buckets[i].load(std::memory_order_relaxed);
+  const prometheus::ClientMetric m = cell_->Collect();
+  std::vector<uint64_t> out;
+  out.reserve(m.histogram.bucket.size() + 1);
+  uint64_t previous = 0;
+  for (const auto& b : m.histogram.bucket) {
+    out.push_back(b.cumulative_count - previous);
+    previous = b.cumulative_count;
+  }
+  if (m.histogram.bucket.empty() || !std::isinf(m.histogram.bucket.back().upper_bound)) {
+    out.push_back(m.histogram.sample_count - previous);  // +Inf, when not listed
+  }
   return out;
 }
 
-uint64_t Histogram::Count() const {
-  uint64_t n = 0;
-  for (uint64_t c : BucketCounts()) n += c;
-  return n;
-}
-
-double Histogram::Sum() const { return cell_ ? cell_->sum.load(std::memory_order_relaxed) : 0.0; }
-
 // ---- families -----------------------------------------------------------------------------------
 
-Status Family::CheckValues(const LabelValues& values) const {
+Result<prometheus::Labels> Family::ToLabels(const LabelValues& values) const {
   if (values.size() != label_names_.size()) {
     return InvalidArgument("metric " + name_ + " has " + std::to_string(label_names_.size()) +
                            " labels, got " + std::to_string(values.size()) + " values");
   }
-  return Status::Ok();
+  prometheus::Labels labels;
+  for (size_t i = 0; i < values.size(); ++i) labels.emplace(label_names_[i], values[i]);
+  return labels;
 }
 
 Result<Counter> CounterFamily::Add(const LabelValues& values) {
-  ZPS_RETURN_IF_ERROR(CheckValues(values));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = children_[values];
-  if (!slot) slot = std::make_unique<std::atomic<uint64_t>>(0);
-  return Counter(slot.get());
-}
-
-void CounterFamily::Serialize(std::string& out) const {
-  WriteHeader(out, *this, "counter");
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [values, cell] : children_) {
-    WriteSeries(out, name_, label_names_, values);
-    out += std::to_string(cell->load(std::memory_order_relaxed));
-    out += '\n';
+  ZPS_ASSIGN_OR_RETURN(prometheus::Labels labels, ToLabels(values));
+  try {
+    return Counter(&family_->Add(labels));
+  } catch (const std::exception& e) {
+    return Internal("metric " + name_ + ": prometheus-cpp: " + e.what());
   }
 }
 
 Result<Gauge> GaugeFamily::Add(const LabelValues& values) {
-  ZPS_RETURN_IF_ERROR(CheckValues(values));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = children_[values];
-  if (!slot) slot = std::make_unique<std::atomic<double>>(0.0);
-  return Gauge(slot.get());
-}
-
-void GaugeFamily::Serialize(std::string& out) const {
-  WriteHeader(out, *this, "gauge");
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [values, cell] : children_) {
-    WriteSeries(out, name_, label_names_, values);
-    out += FormatValue(cell->load(std::memory_order_relaxed));
-    out += '\n';
+  ZPS_ASSIGN_OR_RETURN(prometheus::Labels labels, ToLabels(values));
+  try {
+    return Gauge(&family_->Add(labels));
+  } catch (const std::exception& e) {
+    return Internal("metric " + name_ + ": prometheus-cpp: " + e.what());
   }
 }
 
 Result<Histogram> HistogramFamily::Add(const LabelValues& values) {
-  ZPS_RETURN_IF_ERROR(CheckValues(values));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = children_[values];
-  if (!slot) slot = std::make_unique<internal::HistogramCell>(&bounds_);
-  return Histogram(slot.get());
-}
-
-void HistogramFamily::Serialize(std::string& out) const {
-  WriteHeader(out, *this, "histogram");
-  const std::string bucket = name_ + "_bucket", sum = name_ + "_sum", count = name_ + "_count";
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [values, cell] : children_) {
-    // Read each bucket once; the cumulative counts and _count come from the same snapshot, so
-    // they are monotonic and +Inf equals _count even while observations race with the scrape.
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i <= bounds_.size(); ++i) {
-      cumulative += cell->buckets[i].load(std::memory_order_relaxed);
-      WriteSeries(out, bucket, label_names_, values, "le",
-                  i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf");
-      out += std::to_string(cumulative);
-      out += '\n';
-    }
-    WriteSeries(out, sum, label_names_, values);
-    out += FormatValue(cell->sum.load(std::memory_order_relaxed));
-    out += '\n';
-    WriteSeries(out, count, label_names_, values);
-    out += std::to_string(cumulative);
-    out += '\n';
+  ZPS_ASSIGN_OR_RETURN(prometheus::Labels labels, ToLabels(values));
+  try {
+    return Histogram(&family_->Add(labels, bounds_));
+  } catch (const std::exception& e) {
+    return Internal("metric " + name_ + ": prometheus-cpp: " + e.what());
   }
 }
 
 // ---- registry -----------------------------------------------------------------------------------
+
+// Throw: a name registered twice is a bug here (Reserve refuses it first), never a silent merge.
+Registry::Registry()
+    : registry_(
+          std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+
+Registry::~Registry() = default;
 
 Status Registry::Reserve(const std::string& name, const std::vector<std::string>& label_names,
                          Type type) {
   if (!ValidMetricName(name)) return InvalidArgument("'" + name + "' is not a metric name");
   for (size_t i = 0; i < label_names.size(); ++i) {
     const std::string& l = label_names[i];
-    if (!ValidLabelName(l)) return InvalidArgument("'" + l + "' is not a label name (" + name + ")");
+    if (!ValidLabelName(l))
+      return InvalidArgument("'" + l + "' is not a label name (" + name + ")");
     if (type == Type::kHistogram && l == "le") {
       return InvalidArgument("histogram " + name + " may not have a label named le");
     }
@@ -263,24 +183,42 @@ Status Registry::Reserve(const std::string& name, const std::vector<std::string>
   return Status::Ok();
 }
 
+namespace {
+// prometheus-cpp's registration throws std::invalid_argument; Reserve has refused everything that
+// would, so this is a guard, not a path.
+template <typename Builder>
+auto RegisterWith(Builder builder, const std::string& name, const std::string& help,
+                  prometheus::Registry& registry) -> decltype(&builder.Register(registry)) {
+  return &builder.Name(name).Help(Escape(help, /*help=*/true)).Register(registry);
+}
+}  // namespace
+
 Result<CounterFamily*> Registry::AddCounter(std::string name, std::string help,
                                             std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kCounter));
-  auto* f = new CounterFamily(std::move(name), std::move(help), Type::kCounter,
-                              std::move(label_names));
-  families_.emplace_back(f);
-  return f;
+  try {
+    auto* pf = RegisterWith(prometheus::BuildCounter(), name, help, *registry_);
+    auto* f = new CounterFamily(std::move(name), std::move(help), std::move(label_names), pf);
+    families_.emplace_back(f);
+    return f;
+  } catch (const std::exception& e) {
+    return Internal("metric " + name + ": prometheus-cpp: " + e.what());
+  }
 }
 
 Result<GaugeFamily*> Registry::AddGauge(std::string name, std::string help,
                                         std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kGauge));
-  auto* f = new GaugeFamily(std::move(name), std::move(help), Type::kGauge,
-                            std::move(label_names));
-  families_.emplace_back(f);
-  return f;
+  try {
+    auto* pf = RegisterWith(prometheus::BuildGauge(), name, help, *registry_);
+    auto* f = new GaugeFamily(std::move(name), std::move(help), std::move(label_names), pf);
+    families_.emplace_back(f);
+    return f;
+  } catch (const std::exception& e) {
+    return Internal("metric " + name + ": prometheus-cpp: " + e.what());
+  }
 }
 
 Result<HistogramFamily*> Registry::AddHistogram(std::string name, std::string help,
@@ -294,18 +232,64 @@ Result<HistogramFamily*> Registry::AddHistogram(std::string name, std::string he
   }
   std::lock_guard<std::mutex> lock(mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kHistogram));
-  auto* f = new HistogramFamily(std::move(name), std::move(help), std::move(label_names),
-                                std::move(bounds));
-  families_.emplace_back(f);
-  return f;
+  try {
+    auto* pf = RegisterWith(prometheus::BuildHistogram(), name, help, *registry_);
+    auto* f = new HistogramFamily(std::move(name), std::move(help), std::move(label_names),
+                                  std::move(bounds), pf);
+    families_.emplace_back(f);
+    return f;
+  } catch (const std::exception& e) {
+    return Internal("metric " + name + ": prometheus-cpp: " + e.what());
+  }
+}
+
+std::vector<prometheus::MetricFamily> Registry::Collect() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<prometheus::MetricFamily> collected;
+  try {
+    collected = registry_->Collect();
+  } catch (const std::exception& e) {
+    ZPS_LOG(ERROR) << "metrics: prometheus-cpp Collect: " << e.what();
+    return {};
+  }
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < collected.size(); ++i) by_name.emplace(collected[i].name, i);
+  std::vector<prometheus::MetricFamily> out;
+  out.reserve(collected.size());
+  for (const auto& f : families_) {
+    auto it = by_name.find(f->name());
+    if (it == by_name.end()) continue;
+    prometheus::MetricFamily& mf = collected[it->second];
+    const auto& names = f->label_names();
+    for (auto& m : mf.metric) {  // labels in declared order (prometheus-cpp sorts them by name)
+      std::vector<prometheus::ClientMetric::Label> ordered;
+      ordered.reserve(m.label.size());
+      for (const auto& n : names) {
+        for (auto& l : m.label) {
+          if (l.name == n) ordered.push_back(std::move(l));
+        }
+      }
+      m.label = std::move(ordered);
+    }
+    std::sort(mf.metric.begin(), mf.metric.end(),
+              [](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+                return std::lexicographical_compare(
+                    a.label.begin(), a.label.end(), b.label.begin(), b.label.end(),
+                    [](const auto& x, const auto& y) { return x.value < y.value; });
+              });
+    out.push_back(std::move(mf));
+  }
+  return out;
 }
 
 std::string Registry::Serialize() const {
-  std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
-  out.reserve(families_.size() * 256);
-  for (const auto& f : families_) f->Serialize(out);
-  return out;
+  const std::vector<prometheus::MetricFamily> families = Collect();
+  try {
+    return prometheus::TextSerializer().Serialize(families);
+  } catch (const std::exception& e) {
+    ZPS_LOG(ERROR) << "metrics: prometheus-cpp TextSerializer: " << e.what();
+    return {};
+  }
 }
 
 }  // namespace zps::metrics

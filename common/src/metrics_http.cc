@@ -1,31 +1,32 @@
-// zps::metrics::Exporter — a minimal HTTP/1.1 server (Boost.Asio, one io thread) for /metrics,
-// /healthz and /readyz. One request per connection: read the head (bounded), answer, close.
+// zps::metrics::Exporter — /metrics, /healthz and /readyz on one port, served by CivetWeb (Debian's
+// libcivetweb-dev; its C API, which throws nothing). prometheus-cpp's own Exposer cannot serve
+// the probes (it has no custom handlers), so this is CivetWeb directly with the registry's
+// TextSerializer output.
 //
-// Lifetime: Sessions are shared_ptrs held by their outstanding async operations; Stop() closes the
-// acceptor and every open socket, then the io thread runs out of work and is joined. All session
-// state lives on the one io thread, so nothing here needs a lock except the sessions set, which
-// Stop reaches from outside through a post.
-#include <atomic>
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-// Asio uses std::atomic_thread_fence, which GCC warns about under -fsanitize=thread.
-#pragma GCC diagnostic ignored "-Wtsan"
-#endif
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
+// CivetWeb owns the sockets and its threads (a master thread accepting, `max_connections` worker
+// threads each serving one connection at a time); it parses the request, bounds the head
+// (max_request_size) and the time to send it (request_timeout_ms), and answers what it cannot
+// parse with a 4xx itself. One handler, registered for every URI, routes the rest. Everything it
+// calls into may throw (the probes, the serializer's allocations): it catches and answers 500, so
+// no exception crosses into CivetWeb's C frames.
+#include <arpa/inet.h>
+#include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include <boost/asio.hpp>
-#include <memory>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
 
 #include "zps/common/logging.h"
 #include "zps/common/metrics.h"
 
 namespace zps::metrics {
-
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-using boost::system::error_code;
 
 namespace {
 
@@ -33,37 +34,12 @@ struct Reply {
   int code = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
-  bool head = false;
   bool allow_header = false;
 };
 
-const char* Reason(int code) {
-  switch (code) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 431: return "Request Header Fields Too Large";
-    case 503: return "Service Unavailable";
-    default: return "Error";
-  }
-}
-
-std::string Render(const Reply& r) {
-  std::string out = "HTTP/1.1 " + std::to_string(r.code) + " " + Reason(r.code) + "\r\n";
-  out += "Content-Type: " + r.content_type + "\r\n";
-  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
-  if (r.allow_header) out += "Allow: GET, HEAD\r\n";
-  out += "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
-  if (!r.head) out += r.body;
-  return out;
-}
-
-Reply ProbeReply(const Probe& p, bool head) {
+Reply ProbeReply(const Probe& p) {
   Status s = p ? p() : Status::Ok();
   Reply r;
-  r.head = head;
   if (s.ok()) {
     r.body = "ok\n";
   } else {
@@ -73,138 +49,85 @@ Reply ProbeReply(const Probe& p, bool head) {
   return r;
 }
 
+void Send(mg_connection* conn, const Reply& r, bool head) {
+  mg_response_header_start(conn, r.code);
+  mg_response_header_add(conn, "Content-Type", r.content_type.c_str(), -1);
+  mg_response_header_add(conn, "Content-Length", std::to_string(r.body.size()).c_str(), -1);
+  mg_response_header_add(conn, "Cache-Control", "no-store", -1);
+  if (r.allow_header) mg_response_header_add(conn, "Allow", "GET, HEAD", -1);
+  mg_response_header_send(conn);
+  if (!head && !r.body.empty()) mg_write(conn, r.body.data(), r.body.size());
+}
+
+// CivetWeb's library-wide state: initialised once, never torn down (other users may share it).
+void InitCivetWebOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { mg_init_library(0); });
+}
+
 }  // namespace
 
 struct Exporter::Impl {
-  Impl(ExporterOptions o, const Registry* reg, Probe live, Probe ready)
-      : opts(std::move(o)), registry(reg), liveness(std::move(live)),
-        readiness(std::move(ready)), acceptor(io) {}
-
-  class Session;
-  void Accept();
-  Reply Handle(std::string_view head);
-
-  const ExporterOptions opts;
-  const Registry* registry;
-  const Probe liveness, readiness;
-  asio::io_context io;
-  tcp::acceptor acceptor;
-  std::thread thread;
+  ExporterOptions opts;
+  const Registry* registry = nullptr;
+  Probe liveness, readiness;
+  mg_context* ctx = nullptr;  // owned; mg_stop in Stop
   uint16_t bound_port = 0;
   std::atomic<bool> stopped{false};
-  std::unordered_set<std::shared_ptr<Session>> sessions;  // io thread only
-};
 
-class Exporter::Impl::Session : public std::enable_shared_from_this<Session> {
- public:
-  Session(Impl* impl, tcp::socket sock)
-      : impl_(impl), sock_(std::move(sock)), timer_(sock_.get_executor()),
-        buf_(impl->opts.max_request_bytes) {}
-
-  void Start() {
-    timer_.expires_after(std::chrono::milliseconds(impl_->opts.request_timeout_ms));
-    timer_.async_wait([self = shared_from_this()](const error_code& ec) {
-      if (!ec) self->Close();  // too slow: drop it
-    });
-    asio::async_read_until(sock_, buf_, "\r\n\r\n",
-                           [self = shared_from_this()](const error_code& ec, size_t n) {
-                             self->OnHead(ec, n);
-                           });
-  }
-
-  void Close() {
-    error_code ignored;
-    timer_.cancel();
-    sock_.shutdown(tcp::socket::shutdown_both, ignored);
-    sock_.close(ignored);
-    impl_->sessions.erase(shared_from_this());
-  }
-
- private:
-  void OnHead(const error_code& ec, size_t n) {
-    if (ec == asio::error::not_found) {  // the head outgrew max_request_bytes
+  Reply Route(const mg_request_info& ri) const {
+    const std::string_view method = ri.request_method ? ri.request_method : "";
+    const std::string_view uri = ri.local_uri ? ri.local_uri : "";  // without the query
+    if (method != "GET" && method != "HEAD") {
       Reply r;
-      r.code = 431;
-      r.body = "request head over " + std::to_string(impl_->opts.max_request_bytes) + " bytes\n";
-      return Send(Render(r));
+      r.code = 405;
+      r.body = "only GET and HEAD\n";
+      r.allow_header = true;
+      return r;
     }
-    if (ec) return Close();  // eof, reset, or closed by the timer or Stop
-    std::string head(asio::buffers_begin(buf_.data()), asio::buffers_begin(buf_.data()) + n);
-    Send(Render(impl_->Handle(head)));
+    if (uri == "/metrics") {
+      Reply r;
+      r.content_type = std::string(kTextContentType);
+      r.body = registry->Serialize();
+      return r;
+    }
+    if (uri == "/healthz") return ProbeReply(liveness);
+    if (uri == "/readyz") return ProbeReply(readiness);
+    Reply r;
+    r.code = 404;
+    r.body = "not found: try /metrics, /healthz or /readyz\n";
+    return r;
   }
 
-  void Send(std::string bytes) {
-    out_ = std::move(bytes);
-    asio::async_write(sock_, asio::buffer(out_),
-                      [self = shared_from_this()](const error_code&, size_t) { self->Close(); });
+  static int Handle(mg_connection* conn, void* cbdata) {
+    const auto* self = static_cast<const Impl*>(cbdata);
+    const mg_request_info* ri = mg_get_request_info(conn);
+    if (ri == nullptr) return 0;
+    const bool head = ri->request_method != nullptr && std::strcmp(ri->request_method, "HEAD") == 0;
+    Reply r;
+    try {
+      r = self->Route(*ri);
+    } catch (const std::exception& e) {
+      ZPS_LOG(ERROR) << "metrics exporter: " << e.what();
+      r = Reply{};
+      r.code = 500;
+      r.body = "internal error\n";
+    }
+    Send(conn, r, head);
+    return r.code;
   }
 
-  Impl* impl_;
-  tcp::socket sock_;
-  asio::steady_timer timer_;
-  asio::streambuf buf_;
-  std::string out_;
+  static int LogMessage(const mg_connection*, const char* message) {
+    ZPS_LOG(DEBUG) << "metrics exporter (civetweb): " << message;
+    return 1;  // handled: CivetWeb writes nothing itself
+  }
+
+  static void* InitThread(const mg_context* ctx, int /*thread_type*/) {
+    const auto* self = static_cast<const Impl*>(mg_get_user_data(ctx));
+    if (self != nullptr) log::SetThreadName(self->opts.thread_name);
+    return nullptr;
+  }
 };
-
-Reply Exporter::Impl::Handle(std::string_view head) {
-  Reply bad;
-  bad.code = 400;
-  bad.body = "malformed request\n";
-  // Request line: METHOD SP TARGET SP HTTP/1.x CRLF
-  size_t eol = head.find("\r\n");
-  std::string_view line = head.substr(0, eol);
-  size_t sp1 = line.find(' ');
-  if (sp1 == std::string_view::npos) return bad;
-  size_t sp2 = line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos) {
-    return bad;
-  }
-  std::string_view method = line.substr(0, sp1);
-  std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  std::string_view version = line.substr(sp2 + 1);
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") return bad;
-  if (target.empty() || target[0] != '/') return bad;
-  if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-  const bool head_only = method == "HEAD";
-  if (method != "GET" && !head_only) {
-    Reply r;
-    r.code = 405;
-    r.body = "only GET and HEAD\n";
-    r.allow_header = true;
-    return r;
-  }
-  if (target == "/metrics") {
-    Reply r;
-    r.content_type = std::string(kTextContentType);
-    r.body = registry->Serialize();
-    r.head = head_only;
-    return r;
-  }
-  if (target == "/healthz") return ProbeReply(liveness, head_only);
-  if (target == "/readyz") return ProbeReply(readiness, head_only);
-  Reply r;
-  r.code = 404;
-  r.body = "not found: try /metrics, /healthz or /readyz\n";
-  r.head = head_only;
-  return r;
-}
-
-void Exporter::Impl::Accept() {
-  acceptor.async_accept([this](const error_code& ec, tcp::socket sock) {
-    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) {
-      if (sessions.size() >= opts.max_connections) {
-        error_code ignored;
-        sock.close(ignored);
-      } else {
-        auto s = std::make_shared<Session>(this, std::move(sock));
-        sessions.insert(s);
-        s->Start();
-      }
-    }
-    Accept();
-  });
-}
 
 Exporter::Exporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -216,36 +139,66 @@ Result<std::unique_ptr<Exporter>> Exporter::Start(const ExporterOptions& options
   if (registry == nullptr) return InvalidArgument("metrics exporter without a registry");
   if (options.max_request_bytes < 64 || options.max_connections == 0 ||
       options.request_timeout_ms <= 0) {
-    return InvalidArgument("metrics exporter: max_request_bytes >= 64, max_connections >= 1 and "
-                           "request_timeout_ms > 0 are required");
+    return InvalidArgument(
+        "metrics exporter: max_request_bytes >= 64, max_connections >= 1 and "
+        "request_timeout_ms > 0 are required");
   }
-  auto impl = std::make_unique<Impl>(options, registry, std::move(liveness), std::move(readiness));
-  error_code ec;
-  auto addr = asio::ip::make_address(options.bind_address, ec);
-  if (ec) return InvalidArgument("metrics bind address '" + options.bind_address + "': " + ec.message());
-  tcp::endpoint ep(addr, options.port);
-  impl->acceptor.open(ep.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(ep, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return IoError("metrics endpoint " + options.bind_address + ":" +
-                   std::to_string(options.port) + ": " + ec.message());
+  // CivetWeb's listening_ports syntax: a.b.c.d:port or [v6]:port.
+  std::string listen;
+  in_addr v4{};
+  in6_addr v6{};
+  if (inet_pton(AF_INET, options.bind_address.c_str(), &v4) == 1) {
+    listen = options.bind_address + ":" + std::to_string(options.port);
+  } else if (inet_pton(AF_INET6, options.bind_address.c_str(), &v6) == 1) {
+    listen = "[" + options.bind_address + "]:" + std::to_string(options.port);
+  } else {
+    return InvalidArgument("metrics bind address '" + options.bind_address +
+                           "' is not an IPv4 or IPv6 address");
   }
-  impl->bound_port = impl->acceptor.local_endpoint().port();
-  impl->Accept();
-  Impl* raw = impl.get();
-  impl->thread = std::thread([raw] {
-    log::SetThreadName(raw->opts.thread_name);
-    for (;;) {
-      try {
-        raw->io.run();
-        break;
-      } catch (const std::exception& e) {  // a bug in a handler; keep serving
-        ZPS_LOG(ERROR) << "metrics exporter: " << e.what();
-      }
-    }
-  });
+
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  impl->registry = registry;
+  impl->liveness = std::move(liveness);
+  impl->readiness = std::move(readiness);
+
+  const std::string threads = std::to_string(options.max_connections);
+  const std::string max_request = std::to_string(options.max_request_bytes);
+  const std::string timeout = std::to_string(options.request_timeout_ms);
+  // clang-format off
+  const char* config[] = {"listening_ports",    listen.c_str(),
+                          "num_threads",        threads.c_str(),
+                          "max_request_size",   max_request.c_str(),
+                          "request_timeout_ms", timeout.c_str(),
+                          "enable_keep_alive",  "no",
+                          nullptr};
+  // clang-format on
+  mg_callbacks callbacks{};
+  callbacks.log_message = &Impl::LogMessage;
+  callbacks.init_thread = &Impl::InitThread;
+  mg_init_data init{};
+  init.callbacks = &callbacks;
+  init.user_data = impl.get();
+  init.configuration_options = config;
+  char error_text[256] = {0};
+  mg_error_data error{};
+  error.text = error_text;
+  error.text_buffer_size = sizeof(error_text);
+
+  InitCivetWebOnce();
+  impl->ctx = mg_start2(&init, &error);
+  if (impl->ctx == nullptr) {
+    return IoError("metrics endpoint " + listen + ": " +
+                   (error_text[0] != 0 ? std::string(error_text) : "civetweb failed to start"));
+  }
+  mg_set_request_handler(impl->ctx, "/", &Impl::Handle, impl.get());
+  mg_server_port ports[4] = {};
+  const int n = mg_get_server_ports(impl->ctx, 4, ports);
+  if (n < 1 || ports[0].port <= 0) {
+    mg_stop(impl->ctx);
+    return IoError("metrics endpoint " + listen + ": no listening port");
+  }
+  impl->bound_port = static_cast<uint16_t>(ports[0].port);
   ZPS_LOG(INFO) << "metrics on http://" << options.bind_address << ":" << impl->bound_port
                 << "/metrics";
   return std::unique_ptr<Exporter>(new Exporter(std::move(impl)));
@@ -254,13 +207,47 @@ Result<std::unique_ptr<Exporter>> Exporter::Start(const ExporterOptions& options
 void Exporter::Stop() {
   Impl* d = impl_.get();
   if (d->stopped.exchange(true)) return;
-  asio::post(d->io, [d] {
-    error_code ignored;
-    d->acceptor.close(ignored);
-    auto open = d->sessions;  // Close() erases from the set
-    for (auto& s : open) s->Close();
+  if (d->ctx == nullptr) return;
+  // mg_stop raises CivetWeb's stop flag and joins its threads, but its accept loop polls the
+  // listener in 2 s quanta and checks the flag only between polls. A connection of our own wakes
+  // that poll, so Stop takes milliseconds, not up to 2 s. (A worker thread idling on a client's
+  // connection still sees the flag only at its next quantum.)
+  std::atomic<bool> done{false};
+  std::thread stopper([d, &done] {
+    mg_stop(d->ctx);  // closes the listener and connections, joins the threads
+    done = true;
   });
-  if (d->thread.joinable()) d->thread.join();
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (d->opts.bind_address.find(':') != std::string::npos) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(d->bound_port);
+    if (inet_pton(AF_INET6, d->opts.bind_address.c_str(), &a->sin6_addr) != 1 ||
+        IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr)) {
+      a->sin6_addr = in6addr_loopback;
+    }
+    len = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(d->bound_port);
+    if (inet_pton(AF_INET, d->opts.bind_address.c_str(), &a->sin_addr) != 1 ||
+        a->sin_addr.s_addr == htonl(INADDR_ANY)) {
+      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    len = sizeof(*a);
+  }
+  for (int i = 0; i < 200 && !done; ++i) {  // at most ~2 s, as without the wake-up
+    int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
+      ::close(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stopper.join();
+  d->ctx = nullptr;
 }
 
 uint16_t Exporter::port() const { return impl_->bound_port; }

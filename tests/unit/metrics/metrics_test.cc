@@ -1,4 +1,6 @@
-// Registry, handles and the text exposition format.
+// Registry, handles and the text exposition format (prometheus-cpp's TextSerializer underneath:
+// histograms come as _count, _sum, then the buckets, and NaN as "Nan", which Prometheus and
+// promtool read case-insensitively).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,7 +52,7 @@ TEST(Metrics, GaugeAndValues) {
   g.Set(std::numeric_limits<double>::infinity());
   EXPECT_NE(r.Serialize().find("g +Inf\n"), std::string::npos);
   g.Set(std::nan(""));
-  EXPECT_NE(r.Serialize().find("g NaN\n"), std::string::npos);
+  EXPECT_NE(r.Serialize().find("g Nan\n"), std::string::npos);
   g.SetToCurrentTime();
   EXPECT_GT(g.Value(), 1.6e9);
   EXPECT_EQ(FormatValue(0.1), "0.1");
@@ -72,19 +74,20 @@ TEST(Metrics, HistogramBucketsSumCount) {
   EXPECT_EQ(h.BucketCounts(), (std::vector<uint64_t>{2, 1, 1, 1}));
   EXPECT_EQ(r.Serialize(),
             "# HELP h_seconds h\n# TYPE h_seconds histogram\n"
+            "h_seconds_count{op=\"push\"} 5\n"
+            "h_seconds_sum{op=\"push\"} 104.6\n"
             "h_seconds_bucket{op=\"push\",le=\"0.1\"} 2\n"
             "h_seconds_bucket{op=\"push\",le=\"1\"} 3\n"
             "h_seconds_bucket{op=\"push\",le=\"10\"} 4\n"
-            "h_seconds_bucket{op=\"push\",le=\"+Inf\"} 5\n"
-            "h_seconds_sum{op=\"push\"} 104.6\n"
-            "h_seconds_count{op=\"push\"} 5\n");
+            "h_seconds_bucket{op=\"push\",le=\"+Inf\"} 5\n");
 }
 
 TEST(Metrics, HistogramWithoutLabels) {
   Registry r;
   Histogram h = *(*r.AddHistogram("h", "h", {}, {1}))->Add({});
   h.Observe(2);
-  EXPECT_NE(r.Serialize().find("h_bucket{le=\"+Inf\"} 1\nh_sum 2\nh_count 1\n"), std::string::npos);
+  EXPECT_NE(r.Serialize().find("h_count 1\nh_sum 2\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\n"),
+            std::string::npos);
 }
 
 TEST(Metrics, RegistrationErrors) {

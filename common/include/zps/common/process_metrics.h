@@ -11,7 +11,8 @@
 // A default-constructed ProcessMetrics has detached handles (every operation is a no-op): what a
 // library uses when its caller gave it no registry.
 //
-// Thread-safety: as the handles (metrics.h): any thread, lock-free.
+// Thread-safety: as the handles (metrics.h): any thread; counters and gauges are lock-free,
+// histograms take prometheus-cpp's per-histogram mutex.
 #pragma once
 
 #include <array>
