@@ -348,6 +348,18 @@ int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out) {
   });
 }
 
+int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, size_t len) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (buf == nullptr || len == 0) return zps::InvalidArgument("null buffer");
+    ZPS_ASSIGN_OR_RETURN(auto reply, c->client->CallShard(ordinal, zps::msg::kStatus, {}));
+    if (reply.size() + 1 > len) return zps::OutOfRange("status does not fit the buffer");
+    std::memcpy(buf, reply.data(), reply.size());
+    buf[reply.size()] = '\0';
+    return zps::Status::Ok();
+  });
+}
+
 int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));

@@ -128,6 +128,9 @@ ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);
 ZPS_C_EXPORT int zps_flush(zps_client* c);
 /* The coordinator's decision for `step` (bounded by op_timeout). */
 ZPS_C_EXPORT int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out);
+/* Shard `ordinal`'s status document (docs/protocol.md, Status), as JSON text into buf (at most
+ * len bytes with the terminating NUL; OUT_OF_RANGE if it does not fit). */
+ZPS_C_EXPORT int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, size_t len);
 /* Asks the coordinator for a checkpoint at the next step boundary and waits (up to timeout_ms)
  * until it is complete on every shard; *step is its step. */
 ZPS_C_EXPORT int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step);

@@ -89,6 +89,7 @@ def lib():
         "zps_flush": (c_int, [c_p]),
         "zps_await_pushes_below": (c_int, [c_p, c_u64]),
         "zps_await_commit": (c_int, [c_p, c_i64, ctypes.POINTER(CommitInfo)]),
+        "zps_shard_status": (c_int, [c_p, c_u32, ctypes.c_char_p, ctypes.c_size_t]),
         "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
     }
     for name, (res, args) in sigs.items():
@@ -188,6 +189,13 @@ class Client:
         out = CommitInfo()
         check(self._L.zps_await_commit(self._h, step, ctypes.byref(out)))
         return out
+
+    def shard_status(self, ordinal=0):
+        """Shard `ordinal`'s status document (a dict)."""
+        import json
+        buf = ctypes.create_string_buffer(1 << 16)
+        check(self._L.zps_shard_status(self._h, ordinal, buf, len(buf)))
+        return json.loads(buf.value.decode())
 
     def checkpoint_now(self, timeout_ms):
         out = ctypes.c_int64()

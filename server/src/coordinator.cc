@@ -286,6 +286,11 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
   ZPS_LOG(INFO) << "checkpoint requested: at the end of step " << step_;
 }
 
+size_t Coordinator::checkpoint_waiters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checkpoint_waiters_.size();
+}
+
 msg::JobPhase Coordinator::phase() const {
   std::lock_guard<std::mutex> lock(mu_);
   return phase_;

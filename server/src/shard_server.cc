@@ -610,6 +610,7 @@ std::string ShardServer::Impl::StatusJson() {
     j["coordinator_step"] = coordinator->step();
     j["coordinator_epoch"] = coordinator->epoch();
     j["coordinator_phase"] = static_cast<int>(coordinator->phase());
+    j["checkpoint_waiters"] = coordinator->checkpoint_waiters();
   }
   {
     std::lock_guard<std::mutex> lock(mu);

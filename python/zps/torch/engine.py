@@ -334,9 +334,20 @@ class Engine:
             except ZpsError as e:
                 result["error"] = e
 
+        waiting = self.client.shard_status(0).get("checkpoint_waiters", 0)
         self._checkpoint_result = result
         self._checkpoint_thread = threading.Thread(target=run, name="zps-checkpoint", daemon=True)
         self._checkpoint_thread.start()
+        # Return once the coordinator holds the request, so that it is for this step for sure
+        # (the step may commit as soon as its gradients are in, before step() is called).
+        deadline = time.monotonic() + self.config.op_timeout_s
+        while self._checkpoint_thread.is_alive() and time.monotonic() < deadline:
+            if self.client.shard_status(0).get("checkpoint_waiters", 0) > waiting:
+                return
+            time.sleep(0.002)
+        if not self._checkpoint_thread.is_alive() and "error" in result:
+            self._checkpoint_thread = None
+            raise result["error"]
 
     def _finish_checkpoint(self, wait):
         t = self._checkpoint_thread

@@ -118,6 +118,8 @@ class Coordinator {
   void AwaitCommit(int64_t step, CommitCallback cb);
 
   int64_t step() const;
+  /// Checkpoint requests waiting (RequestCheckpoint) for the end of the step in progress.
+  size_t checkpoint_waiters() const;
   /// Fails every waiter. Idempotent.
   void Shutdown(const Status& reason);
 
