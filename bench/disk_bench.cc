@@ -50,14 +50,14 @@ Result<double> Pass(server::IoEngine& io, const SpillFile& file, const AlignedBu
       ++issued;
     }
     ZPS_ASSIGN_OR_RETURN(auto c, io.Wait());
-    if (c.res < 0) return server::IoStatus("disk bench i/o at block " + std::to_string(c.tag), -c.res);
+    if (c.res < 0) return ErrnoError("disk bench i/o at block " + std::to_string(c.tag), -c.res);
     if (static_cast<uint64_t>(c.res) != block) {
       return IoError("short i/o at block " + std::to_string(c.tag));
     }
     ++done;
   }
   if (op == IoRequest::Op::kWrite && ::fdatasync(file.fd()) != 0) {
-    return server::IoStatus("fdatasync " + file.path(), errno);
+    return ErrnoError("fdatasync " + file.path(), errno);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

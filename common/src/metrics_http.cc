@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "zps/common/scoped_fd.h"
 #include "zps/common/logging.h"
 #include "zps/common/metrics.h"
 
@@ -239,11 +240,8 @@ void Exporter::Stop() {
     len = sizeof(*a);
   }
   for (int i = 0; i < 200 && !done; ++i) {  // at most ~2 s, as without the wake-up
-    int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0) {
-      (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
-      ::close(fd);
-    }
+    ScopedFd fd(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (fd.valid()) (void)::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   stopper.join();

@@ -58,6 +58,9 @@ Status Cancelled(std::string msg) { return {Code::kCancelled, std::move(msg)}; }
 Status ErrnoError(std::string_view what, int err) {
   char buf[256];
   const char* text = strerror_r(err, buf, sizeof(buf));
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    return ResourceExhausted(std::string(what) + ": disk full (" + text + ")");
+  }
   return IoError(std::string(what) + ": " + text);
 }
 

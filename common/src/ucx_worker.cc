@@ -98,15 +98,15 @@ Status Worker::Init() {
 
   st = ucp_worker_get_efd(raw, &worker_fd_);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_efd");
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd_ < 0) return ErrnoError("epoll_create1", errno);
-  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (event_fd_ < 0) return ErrnoError("eventfd", errno);
-  for (int fd : {worker_fd_, event_fd_}) {
+  epoll_fd_ = ScopedFd(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd_.valid()) return ErrnoError("epoll_create1", errno);
+  event_fd_ = ScopedFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!event_fd_.valid()) return ErrnoError("eventfd", errno);
+  for (int fd : {worker_fd_, event_fd_.get()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoError("epoll_ctl", errno);
+    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoError("epoll_ctl", errno);
   }
   return Status::Ok();
 }
@@ -129,8 +129,8 @@ Worker::~Worker() {
   eps_.clear();
   abandoned_.clear();
   handlers_.clear();
-  if (epoll_fd_ >= 0) close(epoll_fd_);
-  if (event_fd_ >= 0) close(event_fd_);
+  epoll_fd_ = ScopedFd();
+  event_fd_ = ScopedFd();
 }
 
 Status Worker::SetAmHandler(uint16_t id, AmHandler handler) {
@@ -255,7 +255,7 @@ void Worker::SleepOnEvents() {
   if (any_peer_pid_.load(std::memory_order_relaxed)) {
     timeout_ms = static_cast<int>(std::max<int64_t>(1, options_.peer_check_interval.count()));
   }
-  int n = epoll_wait(epoll_fd_, events, 2, timeout_ms);
+  int n = epoll_wait(epoll_fd_.get(), events, 2, timeout_ms);
   if (n < 0 && errno != EINTR) {
     ZPS_LOG(WARNING) << ErrnoError("epoll_wait", errno).ToString();
   }
@@ -265,14 +265,14 @@ void Worker::SleepOnEvents() {
     wake_pending_ = false;
   }
   uint64_t value = 0;
-  while (read(event_fd_, &value, sizeof(value)) > 0) {
+  while (read(event_fd_.get(), &value, sizeof(value)) > 0) {
   }
   wakeups_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Worker::Wake() {
   uint64_t one = 1;
-  ssize_t n = write(event_fd_, &one, sizeof(one));
+  ssize_t n = write(event_fd_.get(), &one, sizeof(one));
   (void)n;  // EAGAIN means the counter is already non-zero: the loop wakes anyway
 }
 

@@ -12,17 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "zps/common/logging.h"
+#include "zps/common/scoped_fd.h"
 #include "zps/server/checkpoint.h"
 
 namespace zps::server {
 namespace {
-
-Status FileError(std::string_view what, int err) {
-  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
-    return ResourceExhausted(std::string(what) + ": " + std::strerror(err));
-  }
-  return ErrnoError(what, err);
-}
 
 // Owns the output descriptor and the temporary name until Finish() renames it into place.
 class OutputFile {
@@ -31,12 +25,12 @@ class OutputFile {
     auto f = std::unique_ptr<OutputFile>(new OutputFile());
     f->path_ = path;
     f->tmp_ = path + ".tmp";
-    f->fd_ = ::open(f->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f->fd_ < 0) return FileError("create " + f->tmp_, errno);
+    f->fd_ = ScopedFd(::open(f->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!f->fd_.valid()) return ErrnoError("create " + f->tmp_, errno);
     return f;
   }
   ~OutputFile() {
-    if (fd_ >= 0) ::close(fd_);
+    fd_ = ScopedFd();
     if (!done_) ::unlink(tmp_.c_str());
   }
   OutputFile(const OutputFile&) = delete;
@@ -45,9 +39,9 @@ class OutputFile {
   Status Write(const void* data, size_t n) {
     const auto* p = static_cast<const char*>(data);
     while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
+      ssize_t w = ::write(fd_.get(), p, n);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return FileError("write " + tmp_, errno);
+      if (w < 0) return ErrnoError("write " + tmp_, errno);
       p += w;
       n -= static_cast<size_t>(w);
       written_ += static_cast<uint64_t>(w);
@@ -55,13 +49,9 @@ class OutputFile {
     return Status::Ok();
   }
   Status Finish() {
-    if (::fsync(fd_) != 0) return FileError("fsync " + tmp_, errno);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      return FileError("close " + tmp_, errno);
-    }
-    fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return FileError("rename to " + path_, errno);
+    if (::fsync(fd_.get()) != 0) return ErrnoError("fsync " + tmp_, errno);
+    if (fd_.Close() != 0) return ErrnoError("close " + tmp_, errno);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return ErrnoError("rename to " + path_, errno);
     done_ = true;
     return Status::Ok();
   }
@@ -70,7 +60,7 @@ class OutputFile {
  private:
   OutputFile() = default;
   std::string path_, tmp_;
-  int fd_ = -1;
+  ScopedFd fd_;
   bool done_ = false;
   uint64_t written_ = 0;
 };

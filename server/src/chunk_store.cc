@@ -301,7 +301,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
                      std::to_string(k.serving_off)
                : " state (" + state_file_->path() + ", record at " + std::to_string(k.state_off)) +
           ")";
-      s.err = done.res < 0 ? IoStatus(what, -done.res)
+      s.err = done.res < 0 ? ErrnoError(what, -done.res)
                            : IoError(what + ": short transfer of " + std::to_string(done.res) +
                                      " of " + std::to_string(len) + " bytes");
       s.err_serving = serving;
@@ -464,7 +464,7 @@ Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t of
     if (done.res != static_cast<int32_t>(len) && err.ok()) {
       const std::string w =
           what + " (" + file.path() + ", record at " + std::to_string(offset) + ")";
-      err = done.res < 0 ? IoStatus(w, -done.res)
+      err = done.res < 0 ? ErrnoError(w, -done.res)
                          : IoError(w + ": short transfer of " + std::to_string(done.res) + " of " +
                                    std::to_string(len) + " bytes");
       q.clear();

@@ -1,4 +1,4 @@
-// nvme.cc — ScopedFd, SpillFile, AlignedBufferPool and the io_uring engine.
+// nvme.cc — SpillFile, AlignedBufferPool and the io_uring engine.
 #include "zps/server/nvme.h"
 
 #include <fcntl.h>
@@ -16,24 +16,6 @@
 
 namespace zps::server {
 
-Status IoStatus(std::string_view what, int err) {
-  if (err == ENOSPC || err == EDQUOT) {
-    return ResourceExhausted(std::string(what) + ": disk full (" + std::strerror(err) + ")");
-  }
-  return ErrnoError(what, err);
-}
-
-ScopedFd::~ScopedFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-ScopedFd& ScopedFd::operator=(ScopedFd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.Release();
-  }
-  return *this;
-}
 
 // ---------------------------------------------------------------------------------------------
 // SpillFile
@@ -56,7 +38,7 @@ Result<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
     fd = ::open(f->path_.c_str(), base_flags | O_DIRECT, 0600);
     if (fd < 0) {
       const int err = errno;
-      if (err != EINVAL) return IoStatus("open " + f->path_, err);
+      if (err != EINVAL) return ErrnoError("open " + f->path_, err);
       ::unlink(f->path_.c_str());  // open may have created it before refusing O_DIRECT
       if (!options.allow_buffered_fallback) {
         return FailedPrecondition("the filesystem of spill directory '" + dir +
@@ -70,7 +52,7 @@ Result<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
   }
   if (buffered) {
     fd = ::open(f->path_.c_str(), base_flags, 0600);
-    if (fd < 0) return IoStatus("open " + f->path_, errno);
+    if (fd < 0) return ErrnoError("open " + f->path_, errno);
     f->direct_ = false;
   }
   f->fd_ = ScopedFd(fd);
@@ -80,7 +62,7 @@ Result<std::unique_ptr<SpillFile>> SpillFile::Create(const std::string& dir,
       const int err = errno;
       ::unlink(f->path_.c_str());
       f->remove_on_close_ = false;
-      return IoStatus("fallocate " + std::to_string(bytes) + " bytes for " + f->path_, err)
+      return ErrnoError("fallocate " + std::to_string(bytes) + " bytes for " + f->path_, err)
           .WithContext("spill file");
     }
   }
@@ -135,14 +117,14 @@ class UringEngine final : public IoEngine {
       params.sq_thread_idle = 50;
     }
     int rc = io_uring_queue_init_params(o.depth, &e->ring_, &params);
-    if (rc < 0) return IoStatus("io_uring_queue_init", -rc);
+    if (rc < 0) return ErrnoError("io_uring_queue_init", -rc);
     e->ring_ok_ = true;
     e->depth_ = o.depth;
     if (!o.fixed_buffers.empty()) {
       std::vector<iovec> iov;
       for (auto b : o.fixed_buffers) iov.push_back({b.data(), b.size()});
       rc = io_uring_register_buffers(&e->ring_, iov.data(), static_cast<unsigned>(iov.size()));
-      if (rc < 0) return IoStatus("io_uring_register_buffers", -rc);
+      if (rc < 0) return ErrnoError("io_uring_register_buffers", -rc);
       e->fixed_ = o.fixed_buffers;
     }
     return std::unique_ptr<IoEngine>(std::move(e));
@@ -193,7 +175,7 @@ class UringEngine final : public IoEngine {
     while (queued_ > 0) {
       int rc = io_uring_submit(&ring_);
       if (rc == -EINTR || rc == -EAGAIN) continue;
-      if (rc < 0) return IoStatus("io_uring_submit", -rc);
+      if (rc < 0) return ErrnoError("io_uring_submit", -rc);
       queued_ -= std::min<uint32_t>(queued_, static_cast<uint32_t>(rc));
       if (rc == 0) break;
     }
@@ -208,7 +190,7 @@ class UringEngine final : public IoEngine {
     do {
       rc = io_uring_wait_cqe(&ring_, &cqe);
     } while (rc == -EINTR);
-    if (rc < 0) return IoStatus("io_uring_wait_cqe", -rc);
+    if (rc < 0) return ErrnoError("io_uring_wait_cqe", -rc);
     IoCompletion c{io_uring_cqe_get_data64(cqe), cqe->res};
     io_uring_cqe_seen(&ring_, cqe);
     --in_flight_;

@@ -19,25 +19,24 @@
 #include <thread>
 #include <vector>
 
+#include "zps/common/scoped_fd.h"
+
 namespace zps::train {
 namespace {
 
 std::atomic<int> g_signal{0};
 
 Result<uint16_t> FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket", errno);
+  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoError("socket", errno);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    int e = errno;
-    ::close(fd);
-    return ErrnoError("bind", e);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return ErrnoError("bind", errno);
   }
-  ::close(fd);
   return ntohs(a.sin_port);
 }
 
@@ -59,11 +58,10 @@ Result<Child> Spawn(const std::string& name, const std::vector<std::string>& arg
   if (pid == 0) {
     ::setpgid(0, 0);  // a terminal's ^C reaches only us; we stop the children in order
     if (!log_path.empty()) {
-      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, STDERR_FILENO);
-        if (name.rfind("worker-0", 0) != 0) ::dup2(fd, STDOUT_FILENO);
-        ::close(fd);
+      ScopedFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+      if (log.valid()) {
+        ::dup2(log.get(), STDERR_FILENO);
+        if (name.rfind("worker-0", 0) != 0) ::dup2(log.get(), STDOUT_FILENO);
       }
     }
     ::execv(argv[0], argv.data());

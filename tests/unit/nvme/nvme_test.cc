@@ -21,10 +21,11 @@ std::string SpillDir() {
   return dir;
 }
 
-TEST(IoStatus, DiskFullIsResourceExhaustedOtherwiseIoError) {
-  EXPECT_EQ(IoStatus("write x", ENOSPC).code(), Code::kResourceExhausted);
-  EXPECT_EQ(IoStatus("write x", EDQUOT).code(), Code::kResourceExhausted);
-  Status st = IoStatus("read y", EIO);
+TEST(ErrnoError, DiskFullIsResourceExhaustedOtherwiseIoError) {
+  EXPECT_EQ(ErrnoError("write x", ENOSPC).code(), Code::kResourceExhausted);
+  EXPECT_EQ(ErrnoError("write x", EFBIG).code(), Code::kResourceExhausted);
+  EXPECT_EQ(ErrnoError("write x", EDQUOT).code(), Code::kResourceExhausted);
+  Status st = ErrnoError("read y", EIO);
   EXPECT_EQ(st.code(), Code::kIoError);
   EXPECT_NE(st.message().find("read y"), std::string::npos);
 }
@@ -109,7 +110,7 @@ TEST(UringEngine, BadFdIsACompletionError) {
   auto c = (*eng)->Wait();
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->res, -EBADF);
-  EXPECT_EQ(IoStatus("read", -c->res).code(), Code::kIoError);
+  EXPECT_EQ(ErrnoError("read", -c->res).code(), Code::kIoError);
 }
 
 TEST(UringEngine, BadDepth) {

@@ -80,7 +80,9 @@ Status IoError(std::string msg);
 Status Unimplemented(std::string msg);
 Status Internal(std::string msg);
 Status Cancelled(std::string msg);
-/// An I/O error built from errno: "what: strerror(err)".
+/// The one conversion of an errno value (positive) to a Status: ENOSPC, EDQUOT and EFBIG are
+/// ResourceExhausted ("what: disk full (strerror)"); anything else is IoError
+/// ("what: strerror").
 Status ErrnoError(std::string_view what, int err);
 
 /// A value of type T, or a non-OK Status.

@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "zps/common/scoped_fd.h"
 #include "zps/common/status.h"
 #include "zps/common/ucx/handles.h"
 
@@ -395,8 +396,8 @@ class Worker {
   WorkerOptions options_;
   WorkerPtr worker_;
   std::vector<std::byte> address_;
-  int epoll_fd_ = -1;
-  int event_fd_ = -1;
+  ScopedFd epoll_fd_;
+  ScopedFd event_fd_;
   int worker_fd_ = -1;
 
   std::atomic<State> state_{State::kCreated};

@@ -18,35 +18,13 @@
 #include <string_view>
 #include <vector>
 
+#include "zps/common/scoped_fd.h"
 #include "zps/common/status.h"
 
 namespace zps::server {
 
-/// The one conversion of a kernel error to a Status. `err` is a positive errno value.
-/// ENOSPC and EDQUOT -> ResourceExhausted ("disk full"); anything else -> IoError.
-Status IoStatus(std::string_view what, int err);
-
-/// An owned file descriptor. Move-only; closes on destruction.
-class ScopedFd {
- public:
-  ScopedFd() = default;
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd();
-  ScopedFd(ScopedFd&& o) noexcept : fd_(o.Release()) {}
-  ScopedFd& operator=(ScopedFd&& o) noexcept;
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+// Kernel errors become Status through zps::ErrnoError (common/status.h), descriptors are owned
+// by zps::ScopedFd (common/scoped_fd.h).
 
 /// Alignment of every O_DIRECT buffer, offset and length (covers 512- and 4096-byte sectors).
 inline constexpr size_t kDirectAlign = 4096;
