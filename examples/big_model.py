@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A model larger than the worker may hold: built inside zt.init (no parameter values in memory),
 trained for a few steps through zps, with the worker's resident parameter bytes and peak RSS
-printed at each step. The default is 64 Linear(4096, 4096) layers: 1.07 G parameters, 4.0 GiB
-of fp32 weights. The embedded shards spill their state beyond --memory-budget to disk.
+printed at each step. The default is 64 residual blocks x + tanh(Linear(4096, 4096)(x)): 1.07 G
+parameters, 4.0 GiB of fp32 weights. The embedded shards spill their state beyond --memory-budget to disk.
 
     PYTHONPATH=python /usr/bin/python3 examples/big_model.py            # scripts/bench-memory.sh
 """
@@ -20,6 +20,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import zps.torch as zt  # noqa: E402
+
+
+class Block(nn.Module):
+    """A residual block: x + tanh(fc(x)), so the signal and the gradients reach every layer."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.fc = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
 
 
 def rss_bytes():
@@ -48,7 +59,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
            "gradient_clipping": 1.0,
            "zps": {"shards": args.shards, "serving_dtype": "bf16",
                    "memory_budget": args.memory_budget, "max_live_bytes": args.max_live_bytes,
@@ -57,8 +68,7 @@ def main():
     t0 = time.monotonic()
     torch.manual_seed(0)
     with zt.init(cfg):
-        model = nn.Sequential(*[nn.Linear(args.hidden, args.hidden, bias=False)
-                                for _ in range(args.layers)])
+        model = nn.Sequential(*[Block(args.hidden) for _ in range(args.layers)])
     params = sum(p.numel() for p in model.parameters())
     print(f"built {params / 1e9:.2f} G parameters ({params * 4 / 2**30:.2f} GiB fp32) in "
           f"{time.monotonic() - t0:.1f} s; RSS {rss_bytes() / 2**20:.0f} MiB", flush=True)
@@ -70,16 +80,25 @@ def main():
     x = torch.randn(args.batch, args.hidden, generator=g)
     y = torch.randn(args.batch, args.hidden, generator=g)
     largest = max(p.numel() * 4 for p in model.parameters())
+    peak = [0]
+
+    def sample(*_):  # the resident parameter bytes, sampled after every block's forward
+        peak[0] = max(peak[0], engine.resident_param_bytes())
+
+    for m in model:
+        m.register_forward_hook(sample)
     rows = []
     for step in range(args.steps):
         ts = time.monotonic()
+        peak[0] = 0
         loss = F.mse_loss(engine(x), y)
         engine.backward(loss)
+        sample()
         info = engine.step()
         st = engine.stats()
         row = {"step": step, "loss": loss.item(), "grad_norm": info["grad_norm"],
                "seconds": time.monotonic() - ts,
-               "resident_param_bytes": engine.resident_param_bytes(),
+               "resident_param_bytes": peak[0],
                "param_peak_live_bytes": st["param_peak_live_bytes"],
                "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
         rows.append(row)
