@@ -39,35 +39,7 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
   static constexpr int kShards = 2;
 
   void SetUp() override {
-    char tmpl[] = "/tmp/zps-dead-shard-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    token_file_ = dir_ + "/token";
-    FILE* f = std::fopen(token_file_.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs(kToken, f);
-    std::fclose(f);
-    std::vector<uint16_t> ports;
-    for (int i = 0; i < kShards; ++i) {
-      ports.push_back(FreePort());
-      ASSERT_NE(ports.back(), 0);
-    }
-    endpoint_ = "127.0.0.1:" + std::to_string(ports[0]);
-    for (int i = 0; i < kShards; ++i) {
-      std::vector<std::string> args = {ZPS_SERVER_BIN,
-                                       "--ordinal=" + std::to_string(i),
-                                       "--shards=" + std::to_string(kShards),
-                                       "--port=" + std::to_string(ports[i]),
-                                       "--bind=127.0.0.1",
-                                       "--token-file=" + token_file_,
-                                       "--metrics-port=0",
-                                       "--threads=1",
-                                       "--log-level=warning",
-                                       "--ucx-tls=" + GetParam()};
-      if (i > 0) args.push_back("--coordinator=" + endpoint_);
-      shards_.push_back(std::make_unique<ShardProcess>(args));
-      ASSERT_TRUE(shards_.back()->started());
-    }
+    ASSERT_TRUE(cluster_.Start(kShards, GetParam(), kToken, "zps-dead-shard"));
 
     // Four one-chunk parameters over the two shards; world size 1, server-sum.
     auto layout = Layout::Build({{"a", {1024}}, {"b", {1024}}, {"c", {1024}}, {"d", {1024}}},
@@ -75,7 +47,7 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(layout.ok()) << layout.status().ToString();
     server::JobSpec job{*layout, {}, {}, {}};
     worker::WorkerOptions wo;
-    wo.endpoint = endpoint_;
+    wo.endpoint = cluster_.endpoint;
     wo.token = kToken;
     wo.ucx_tls = GetParam();
     wo.connect_timeout = 60s;
@@ -96,9 +68,7 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
 
   void TearDown() override {
     client_.reset();  // must not hang on the dead shard either
-    shards_.clear();
-    std::remove(token_file_.c_str());
-    ::rmdir(dir_.c_str());
+    cluster_.shards.clear();
   }
 
   /// A parameter held (whole) by shard `ordinal`.
@@ -120,8 +90,7 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
         << "'" << s.message() << "' does not name " << names;
   }
 
-  std::string dir_, token_file_, endpoint_;
-  std::vector<std::unique_ptr<ShardProcess>> shards_;
+  LocalShards cluster_;
   std::unique_ptr<worker::Client> client_;
 };
 
@@ -135,7 +104,7 @@ TEST_P(DeadShardTest, KilledShardFailsEveryWait) {
   ASSERT_TRUE(client_->PushGrad(survivor, 0, grad).ok());
   ASSERT_TRUE(client_->FlushPushes().ok());
 
-  shards_[1]->Kill();
+  cluster_.shards[1]->Kill();
 
   ExpectUnavailable(parked.Wait(client_->op_timeout()).status(), "shard 1");
   ExpectUnavailable(client_->Fetch(victim, 0).status(), "shard 1");
@@ -158,7 +127,7 @@ TEST_P(DeadShardTest, KilledCoordinatorFailsEveryWait) {
   // AwaitCommit(0) long-polls the coordinator: no gradient was pushed, so it waits.
   std::thread killer([&] {
     std::this_thread::sleep_for(200ms);
-    shards_[0]->Kill();
+    cluster_.shards[0]->Kill();
   });
   auto commit = client_->AwaitCommit(0);
   killer.join();

@@ -40,46 +40,15 @@ std::vector<float> Values(size_t n, uint32_t seed, float scale) {
 class OptimizerSurfaceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/zps-optimizer-surface-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    token_file_ = dir_ + "/token";
-    FILE* f = std::fopen(token_file_.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs(kToken, f);
-    std::fclose(f);
-    std::vector<uint16_t> ports;
-    for (int i = 0; i < kShards; ++i) {
-      ports.push_back(FreePort());
-      ASSERT_NE(ports.back(), 0);
-    }
-    endpoint_ = "127.0.0.1:" + std::to_string(ports[0]);
-    for (int i = 0; i < kShards; ++i) {
-      std::vector<std::string> args = {ZPS_SERVER_BIN,
-                                       "--ordinal=" + std::to_string(i),
-                                       "--shards=" + std::to_string(kShards),
-                                       "--port=" + std::to_string(ports[i]),
-                                       "--bind=127.0.0.1",
-                                       "--token-file=" + token_file_,
-                                       "--metrics-port=0",
-                                       "--threads=1",
-                                       "--log-level=warning",
-                                       "--ucx-tls=" + GetParam()};
-      if (i > 0) args.push_back("--coordinator=" + endpoint_);
-      shards_.push_back(std::make_unique<ShardProcess>(args));
-      ASSERT_TRUE(shards_.back()->started());
-    }
+    ASSERT_TRUE(cluster_.Start(kShards, GetParam(), kToken, "zps-optimizer-surface"));
   }
 
   void TearDown() override {
     clients_.clear();
-    shards_.clear();
-    std::remove(token_file_.c_str());
-    ::rmdir(dir_.c_str());
+    cluster_.shards.clear();
   }
 
-  std::string dir_, token_file_, endpoint_;
-  std::vector<std::unique_ptr<ShardProcess>> shards_;
+  LocalShards cluster_;
   std::vector<std::unique_ptr<worker::Client>> clients_;
 };
 
@@ -105,7 +74,7 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
   const auto spec = job.Serialize();
   for (uint32_t r = 0; r < kWorld; ++r) {
     worker::WorkerOptions wo;
-    wo.endpoint = endpoint_;
+    wo.endpoint = cluster_.endpoint;
     wo.token = kToken;
     wo.rank = r;
     wo.ucx_tls = GetParam();

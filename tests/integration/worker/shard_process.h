@@ -10,23 +10,26 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "zps/common/scoped_fd.h"
 
 namespace zps {
 
 inline uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
+  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     return 0;
   }
-  ::close(fd);
   return ntohs(a.sin_port);
 }
 
@@ -56,6 +59,52 @@ class ShardProcess {
 
  private:
   pid_t pid_ = -1;
+};
+
+/// N zps-server children on loopback (shard 0 the coordinator), with a token file in a temp dir;
+/// all killed, and the files removed, on destruction.
+struct LocalShards {
+  std::string dir, token_file, endpoint;
+  std::vector<std::unique_ptr<ShardProcess>> shards;
+
+  /// False when a step failed (no temp dir, no free port, a fork failed).
+  bool Start(int n, const std::string& tls, const char* token, const std::string& name) {
+    std::string tmpl = "/tmp/" + name + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return false;
+    dir = tmpl;
+    token_file = dir + "/token";
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    if (f == nullptr) return false;
+    std::fputs(token, f);
+    std::fclose(f);
+    std::vector<uint16_t> ports;
+    for (int i = 0; i < n; ++i) {
+      ports.push_back(FreePort());
+      if (ports.back() == 0) return false;
+    }
+    endpoint = "127.0.0.1:" + std::to_string(ports[0]);
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> args = {ZPS_SERVER_BIN,
+                                       "--ordinal=" + std::to_string(i),
+                                       "--shards=" + std::to_string(n),
+                                       "--port=" + std::to_string(ports[i]),
+                                       "--bind=127.0.0.1",
+                                       "--token-file=" + token_file,
+                                       "--metrics-port=0",
+                                       "--threads=1",
+                                       "--log-level=warning",
+                                       "--ucx-tls=" + tls};
+      if (i > 0) args.push_back("--coordinator=" + endpoint);
+      shards.push_back(std::make_unique<ShardProcess>(args));
+      if (!shards.back()->started()) return false;
+    }
+    return true;
+  }
+  ~LocalShards() {
+    shards.clear();
+    if (!token_file.empty()) std::remove(token_file.c_str());
+    if (!dir.empty()) ::rmdir(dir.c_str());
+  }
 };
 
 }  // namespace zps
