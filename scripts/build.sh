@@ -4,7 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${ZPS_BUILD_DIR:-build}
 JOBS=${ZPS_JOBS:-$(nproc)}
+# ccache, when present; paths below the checkout are hashed relative to it, so a fresh clone
+# elsewhere on the same machine reuses the cache.
 launcher=()
-command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null 2>&1; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+fi
 cmake -S . -B "$BUILD_DIR" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=${ZPS_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
