@@ -59,7 +59,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
            "gradient_clipping": 1.0,
            "zps": {"shards": args.shards, "serving_dtype": "bf16",
                    "memory_budget": args.memory_budget, "max_live_bytes": args.max_live_bytes,
