@@ -8,7 +8,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/zps-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
 for f in bin/zps-server bin/zps-ckpt include/zps/worker/client.h include/zps/common/status.h \
-         lib/libzps_worker.a lib/libzps_common.a lib/cmake/zps/zpsConfig.cmake \
+         lib/libzps_worker.a lib/libzps_base.a lib/libzps_wire.a lib/libzps_metrics.a \
+         lib/cmake/zps/zpsConfig.cmake \
          lib/cmake/zps/zpsTargets.cmake; do
   [[ -e "$tmp/prefix/$f" ]] || { echo "install.consumer: $f not installed" >&2; exit 1; }
 done
