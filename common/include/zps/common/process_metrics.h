@@ -1,6 +1,6 @@
 // zps/common/process_metrics.h — the metrics of docs/metrics.md that shards and workers share,
 // resolved into handles at start-up. The shard adds its own (optimizer, memory, checkpoint, NVMe,
-// connected workers) in server/src/shard_server.cc.
+// connected workers) in server/src/shard/shard_server.cc.
 //
 //   metrics::Registry reg;
 //   ZPS_ASSIGN_OR_RETURN(auto pm, metrics::ProcessMetrics::Create(reg, "shard"));
