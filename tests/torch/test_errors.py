@@ -119,3 +119,27 @@ def test_wrong_token_is_refused_and_changes_nothing(tmp_path):
             after = engine.state_dict()
             for k in before:
                 assert torch.equal(before[k], after[k])
+
+
+def test_a_shard_lost_mid_training_is_an_error_not_a_hang(tmp_path):
+    with LocalCluster(shards=2) as cluster:
+        token = tmp_path / "token"
+        token.write_text(cluster.token)
+        model = _model()
+        cfg = {"zps": {"endpoint": cluster.endpoint, "token_file": str(token),
+                       "op_timeout_s": 20},
+               "zero_optimization": {"stage3_param_persistence_threshold": 0}}
+        with zt.initialize(model, cfg) as engine:
+            x = torch.randn(2, 4)
+            engine.backward(engine(x).sum())
+            engine.step()
+            cluster.kill_shard(1)
+            with pytest.raises(zt.ZpsError) as e:
+                for _ in range(3):
+                    engine.backward(engine(x).sum())
+                    engine.step()
+            assert e.value.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), e.value
+            # Either the lost shard is named, or the coordinator says the job is recovering.
+            assert "shard 1" in str(e.value) or "recovering" in str(e.value), e.value
+            engine.res.release_all()
+            assert engine.res.live_bytes == 0

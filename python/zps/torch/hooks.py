@@ -35,7 +35,6 @@ class Residency:
         self.micro = 0          # micro-batch of the step (gradient accumulation)
         self.live_bytes = 0
         self.peak_live_bytes = 0
-        self.in_forward = 0
         # Tests: take CPU parameters through the host-staging path that CUDA parameters use
         # (acquire, copy on the current stream, release), to exercise it without a GPU.
         self.host_staging = os.environ.get("ZPS_TORCH_HOST_STAGING") == "1"
@@ -72,12 +71,22 @@ class Residency:
                 self.release([zp])
 
     def _fill(self, zps):
-        staged = [zp for zp in zps if zp.param.is_cuda or self.host_staging]
-        cpu = [zp for zp in zps if not (zp.param.is_cuda or self.host_staging)]
+        """Regrows and fills `zps` (none of them live); on error frees them again and raises."""
         for zp in zps:
             zp.regrow()
             self.live_bytes += zp.nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        try:
+            self._fetch(zps)
+        except BaseException:
+            for zp in zps:
+                zp.free()
+                self.live_bytes -= zp.nbytes
+            raise
+
+    def _fetch(self, zps):
+        staged = [zp for zp in zps if zp.param.is_cuda or self.host_staging]
+        cpu = [zp for zp in zps if not (zp.param.is_cuda or self.host_staging)]
         if cpu:
             self.client.fetch_into([zp.id for zp in cpu], [zp.param.data_ptr() for zp in cpu],
                                    [zp.dtype_code for zp in cpu])
