@@ -187,10 +187,8 @@ Status DecodeErrorPayload(std::span<const std::byte> payload) {
   if (!msg.ok()) return Internal("malformed error reply: " + msg.status().message());
   Status end = r.ExpectEnd("error reply");
   if (!end.ok()) return Internal("malformed error reply: " + end.message());
-  if (*code == 0 || *code > static_cast<uint32_t>(Code::kCancelled)) {
-    return Internal("error reply with unknown code " + std::to_string(*code) + ": " + *msg);
-  }
-  return Status(static_cast<Code>(*code), std::move(*msg));
+  if (*code == 0) return Internal("error reply with code 0 (OK): " + *msg);
+  return StatusFromCode(*code, std::move(*msg), "error reply");
 }
 
 }  // namespace zps

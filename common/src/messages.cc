@@ -350,11 +350,7 @@ Result<ChunkCrcs> ChunkCrcs::Decode(std::span<const std::byte> b) {
 }
 
 Status StatusFromWire(uint32_t code, std::string message) {
-  if (code == 0) return Status::Ok();
-  if (code > static_cast<uint32_t>(Code::kCancelled)) {
-    return Internal("peer sent unknown error code " + std::to_string(code) + ": " + message);
-  }
-  return Status(static_cast<Code>(code), std::move(message));
+  return StatusFromCode(code, std::move(message), "peer reply");
 }
 
 // ---- durability ----

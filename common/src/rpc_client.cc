@@ -20,6 +20,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "asio_status.h"
 #include "rpc_internal.h"
 #include "zps/common/frame.h"
 #include "zps/common/logging.h"
@@ -121,14 +122,14 @@ Status Client::Impl::ConnectSocket(const ClientOptions& o) {
           if (st->finished) return;
           if (ec) {
             timer.cancel();
-            st->Finish(Unavailable("resolve " + where + ": " + ec.message()));
+            st->Finish(internal::FromAsio("resolve " + where, ec));
             return;
           }
           asio::async_connect(sock, results, [this, st](const error_code& e, const tcp::endpoint&) {
             if (st->finished) return;
             timer.cancel();
             if (e) {
-              st->Finish(Unavailable("connect to " + where + ": " + e.message()));
+              st->Finish(internal::FromAsio("connect to " + where, e));
               return;
             }
             error_code ignored;
@@ -252,7 +253,7 @@ void Client::Impl::WriteNext() {
   asio::async_write(sock, asio::buffer(outq.front()), [this](const error_code& ec, size_t) {
     if (closed) return;
     if (ec) {
-      DoClose(Unavailable("connection to " + where + " lost while writing: " + ec.message()));
+      DoClose(internal::FromAsio("connection to " + where + " lost while writing", ec));
       return;
     }
     outq.pop_front();

@@ -24,6 +24,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "asio_status.h"
 #include "rpc_internal.h"
 #include "zps/common/frame.h"
 #include "zps/common/logging.h"
@@ -493,23 +494,22 @@ Result<std::unique_ptr<Server>> Server::Create(ServerOptions opts) {
   error_code ec;
   auto addr = asio::ip::make_address(opts.bind_address, ec);
   if (ec) {
-    return InvalidArgument("rpc server: bad bind address '" + opts.bind_address +
-                           "': " + ec.message());
+    return internal::FromAsio("rpc server: bad bind address '" + opts.bind_address + "'", ec);
   }
   auto impl = std::make_shared<Impl>(opts);
   impl->self = impl;
   tcp::endpoint ep(addr, opts.port);
   std::string where = opts.bind_address + ":" + std::to_string(opts.port);
   impl->acceptor.open(ep.protocol(), ec);
-  if (ec) return IoError("rpc server: open socket for " + where + ": " + ec.message());
+  if (ec) return internal::FromAsio("rpc server: open socket for " + where, ec);
   impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (ec) return IoError("rpc server: SO_REUSEADDR on " + where + ": " + ec.message());
+  if (ec) return internal::FromAsio("rpc server: SO_REUSEADDR on " + where, ec);
   impl->acceptor.bind(ep, ec);
-  if (ec) return IoError("rpc server: bind " + where + ": " + ec.message());
+  if (ec) return internal::FromAsio("rpc server: bind " + where, ec);
   impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return IoError("rpc server: listen on " + where + ": " + ec.message());
+  if (ec) return internal::FromAsio("rpc server: listen on " + where, ec);
   impl->port = impl->acceptor.local_endpoint(ec).port();
-  if (ec) return IoError("rpc server: local_endpoint: " + ec.message());
+  if (ec) return internal::FromAsio("rpc server: local_endpoint", ec);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

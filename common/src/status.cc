@@ -55,6 +55,15 @@ Status Unimplemented(std::string msg) { return {Code::kUnimplemented, std::move(
 Status Internal(std::string msg) { return {Code::kInternal, std::move(msg)}; }
 Status Cancelled(std::string msg) { return {Code::kCancelled, std::move(msg)}; }
 
+Status StatusFromCode(uint32_t code, std::string message, std::string_view what) {
+  if (code == 0) return Status::Ok();
+  if (code > static_cast<uint32_t>(Code::kCancelled)) {
+    return Internal(std::string(what) + " with unknown error code " + std::to_string(code) + ": " +
+                    message);
+  }
+  return Status(static_cast<Code>(code), std::move(message));
+}
+
 Status ErrnoError(std::string_view what, int err) {
   char buf[256];
   const char* text = strerror_r(err, buf, sizeof(buf));

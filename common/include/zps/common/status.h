@@ -84,6 +84,10 @@ Status Cancelled(std::string msg);
 /// ResourceExhausted ("what: disk full (strerror)"); anything else is IoError
 /// ("what: strerror").
 Status ErrnoError(std::string_view what, int err);
+/// The one conversion of a code received from a peer (a reply on either plane, a stored
+/// result) to a Status: 0 is OK, a known code keeps its message, an unknown one is Internal
+/// naming it (`what` says where it came from, e.g. "error reply").
+Status StatusFromCode(uint32_t code, std::string message, std::string_view what = "peer");
 
 /// A value of type T, or a non-OK Status.
 template <typename T>
