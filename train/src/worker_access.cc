@@ -5,8 +5,9 @@
 
 namespace zps::train {
 
-WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch)
-    : client_(client), prefetcher_(client, prefetch) {}
+WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
+                           worker::Collectives* reduce)
+    : client_(client), prefetcher_(client, prefetch), reduce_(reduce) {}
 
 void WorkerAccess::BeginStep(int64_t step, bool inject_overflow) {
   step_ = step;
@@ -41,6 +42,18 @@ void WorkerAccess::Release(std::span<const uint32_t> ids) {
 }
 
 Status WorkerAccess::PushGrad(uint32_t param_id, std::span<const float> grad) {
+  if (reduce_ != nullptr) {
+    // pre-reduced: sum over the ranks first, then push only this rank's (summed) slice.
+    scratch_.assign(grad.begin(), grad.end());
+    if (inject_ && param_id == 0 && !scratch_.empty()) {
+      scratch_[0] = std::numeric_limits<float>::infinity();
+    }
+    ZPS_RETURN_IF_ERROR(reduce_->ReduceScatter(scratch_));
+    const worker::SliceRange mine =
+        worker::RankSlice(scratch_.size(), reduce_->world_size(), reduce_->rank());
+    return client_->PushGradRange(param_id, step_, mine.begin,
+                                  std::span<const float>(scratch_).subspan(mine.begin, mine.length));
+  }
   if (inject_ && param_id == 0 && !grad.empty()) {
     std::vector<float> copy(grad.begin(), grad.end());
     copy[0] = std::numeric_limits<float>::infinity();

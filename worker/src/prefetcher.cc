@@ -1,6 +1,7 @@
 #include "zps/worker/prefetcher.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "zps/common/logging.h"
 
@@ -35,7 +36,14 @@ Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version) {
   Key key{param, version};
   auto it = entries_.find(key);
   if (it != entries_.end()) return it->second;
-  Entry e{client_->FetchAsync(param, version), nullptr, ParamBytes(param), 0, ++clock_};
+  auto fetch = [&] {
+    Collectives* g = options_.gather;
+    if (g == nullptr || g->world_size() == 1) return client_->FetchAsync(param, version);
+    const SliceRange mine =
+        RankSlice(client_->layout().param_numel(param), g->world_size(), g->rank());
+    return client_->FetchAsync(param, mine.begin, mine.length, version);
+  };
+  Entry e{fetch(), nullptr, ParamBytes(param), 0, ++clock_};
   live_bytes_ += e.bytes;
   return entries_.emplace(key, std::move(e)).first->second;
 }
@@ -65,6 +73,9 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
     if (!e.buffer) {
       auto t0 = std::chrono::steady_clock::now();
       auto r2 = e.op.Wait(client_->op_timeout());
+      if (r2.ok() && options_.gather != nullptr && options_.gather->world_size() > 1) {
+        r2 = Gather(**r2);
+      }
       stats_.wait += std::chrono::steady_clock::now() - t0;
       if (!r2.ok()) {
         live_bytes_ -= e.bytes;
@@ -80,6 +91,29 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   }
   PrefetchAhead();
   return out;
+}
+
+Result<std::shared_ptr<const ParamBuffer>> Prefetcher::Gather(const ParamBuffer& slice) {
+  Collectives* g = options_.gather;
+  const uint64_t numel = client_->layout().param_numel(slice.param);
+  const size_t esize = DTypeSize(slice.dtype);
+  const size_t block = SliceElems(numel, g->world_size()) * esize;
+  // One block per rank; this rank's slice at its place, the tail past numel left as padding.
+  auto mem = std::make_shared<std::vector<std::byte>>(block * g->world_size());
+  if (!slice.bytes().empty()) {
+    std::memcpy(mem->data() + block * g->rank(), slice.bytes().data(), slice.bytes().size());
+  }
+  ZPS_RETURN_IF_ERROR(g->AllGather(*mem, block));
+  ++stats_.gathers;
+  auto out = std::make_shared<ParamBuffer>();
+  out->param = slice.param;
+  out->version = slice.version;
+  out->dtype = slice.dtype;
+  std::byte* raw = mem->data();
+  out->memory = DeviceBuffer(raw, numel * esize, [mem = std::move(mem)](std::byte*) mutable {
+    mem.reset();
+  });
+  return std::shared_ptr<const ParamBuffer>(std::move(out));
 }
 
 void Prefetcher::PrefetchAhead() {

@@ -16,7 +16,12 @@ namespace zps::train {
 
 class WorkerAccess final : public ParamAccess {
  public:
-  WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch);
+  /// `reduce` (not owned; null = server-sum): the `pre-reduced` mode. Each gradient is
+  /// reduce-scattered among the ranks and this rank pushes only its slice
+  /// worker::RankSlice(numel, world, rank), already summed. `prefetch.gather` selects the
+  /// bandwidth-centric fetch strategy (zps/worker/prefetcher.h).
+  WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
+               worker::Collectives* reduce = nullptr);
 
   /// Starts step `step` (fetches ask for version >= step; pushes carry `step`).
   /// `inject_overflow`: replace element 0 of parameter 0's gradient with +Inf (test hook,
@@ -36,6 +41,8 @@ class WorkerAccess final : public ParamAccess {
   int64_t step_ = 0;
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
+  worker::Collectives* reduce_ = nullptr;
+  std::vector<float> scratch_;  // pre-reduced: the gradient being reduce-scattered
 };
 
 }  // namespace zps::train

@@ -1,0 +1,219 @@
+// The coordinator's key-value rendezvous (KvSet/KvGet) and the Gloo collectives built on it,
+// against a real zps-server process (shard 0 = the coordinator) on loopback: real Gloo over tcp,
+// one GlooCollectives per rank, the ranks as threads of this process.
+//
+//   - CoordinatorKv: set/get, a get parked until another connection sets the key, a wait that
+//     expires, bounds and a wrong token;
+//   - ReduceScatter, AllGather and AllReduce at world sizes 1 to 4 with sizes not divisible by
+//     the world size (1, 7, 1023, 4099 elements): integer-valued inputs (exact in any summation
+//     order) checked against the expected sums on every rank's slice (RankSlice);
+//   - determinism: the same random inputs reduce-scatter to the same bits twice.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zps/worker/collectives.h"
+#include "zps/worker/coordinator_kv.h"
+#include "zps/worker/gloo_collectives.h"
+#include "shard_process.h"
+
+namespace zps {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr char kToken[] = "collectives-test-token";
+
+class CollectivesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/zps-collectives-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = new std::string(tmpl);
+    const std::string token_file = *dir_ + "/token";
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(kToken, f);
+    std::fclose(f);
+    const uint16_t port = FreePort();
+    ASSERT_NE(port, 0);
+    endpoint_ = new std::string("127.0.0.1:" + std::to_string(port));
+    shard_ = new ShardProcess({ZPS_SERVER_BIN, "--ordinal=0", "--shards=1",
+                               "--port=" + std::to_string(port), "--bind=127.0.0.1",
+                               "--token-file=" + token_file, "--metrics-port=0", "--threads=1",
+                               "--log-level=warning", "--ucx-tls=tcp"});
+    ASSERT_TRUE(shard_->started());
+  }
+  static void TearDownTestSuite() {
+    delete shard_;
+    std::string cmd = "rm -rf " + *dir_;
+    (void)std::system(cmd.c_str());
+    delete dir_;
+    delete endpoint_;
+  }
+
+  static Result<std::unique_ptr<worker::CoordinatorKv>> Kv(std::string token = kToken) {
+    return worker::CoordinatorKv::Connect(
+        {.endpoint = *endpoint_, .token = std::move(token), .rank = 0, .connect_timeout = 20s});
+  }
+
+  // Runs fn(rank, collectives) on `world` threads, each with its own communicator.
+  static void RunRanks(uint32_t world, const std::string& prefix,
+                       const std::function<void(uint32_t, worker::Collectives&)>& fn) {
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        worker::GlooOptions o;
+        o.endpoint = *endpoint_;
+        o.token = kToken;
+        o.rank = r;
+        o.world_size = world;
+        o.prefix = prefix;
+        o.hostname = "127.0.0.1";
+        o.timeout = 60s;
+        auto c = worker::GlooCollectives::Create(o);
+        ASSERT_TRUE(c.ok()) << "rank " << r << ": " << c.status().ToString();
+        EXPECT_EQ((*c)->rank(), r);
+        EXPECT_EQ((*c)->world_size(), world);
+        fn(r, **c);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  static std::string* dir_;
+  static std::string* endpoint_;
+  static ShardProcess* shard_;
+};
+std::string* CollectivesTest::dir_ = nullptr;
+std::string* CollectivesTest::endpoint_ = nullptr;
+ShardProcess* CollectivesTest::shard_ = nullptr;
+
+std::vector<std::byte> Bytes(std::string_view s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
+  auto a = Kv();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = Kv();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE((*a)->Set("kv-test/x", Bytes("hello")).ok());
+  auto v = (*b)->Get("kv-test/x", 0ms);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, Bytes("hello"));
+  EXPECT_NE((*a)->generation(), 0u);
+  EXPECT_EQ((*a)->generation(), (*b)->generation());
+
+  // A get parked until another connection sets the key.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(200ms);
+    EXPECT_TRUE((*a)->Set("kv-test/later", Bytes("late")).ok());
+  });
+  auto late = (*b)->Get("kv-test/later", 10000ms);
+  setter.join();
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(*late, Bytes("late"));
+
+  EXPECT_EQ((*b)->Get("kv-test/never", 100ms).status().code(), Code::kDeadlineExceeded);
+  EXPECT_EQ((*b)->Get("kv-test/never", 0ms).status().code(), Code::kNotFound);
+  EXPECT_EQ((*a)->Set("", Bytes("x")).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*a)->Set(std::string(600, 'k'), Bytes("x")).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*a)->Set("kv-test/big", std::vector<std::byte>((1u << 20) + 1)).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(Kv("wrong-token").status().code(), Code::kUnauthenticated);
+}
+
+// Integer-valued inputs: rank r's element i is (r + 1) * 1000 + i % 97, exact in any order.
+float Input(uint32_t r, uint64_t i) { return static_cast<float>((r + 1) * 1000 + i % 97); }
+float Sum(uint32_t world, uint64_t i) {
+  float s = 0;
+  for (uint32_t r = 0; r < world; ++r) s += Input(r, i);
+  return s;
+}
+
+TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
+  for (uint32_t world = 1; world <= 4; ++world) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    RunRanks(world, "ops-w" + std::to_string(world),
+             [&](uint32_t r, worker::Collectives& c) {
+      for (uint64_t n : {uint64_t{1}, uint64_t{7}, uint64_t{1023}, uint64_t{4099}}) {
+        // Reduce-scatter: this rank's slice holds the sum.
+        std::vector<float> buf(n);
+        for (uint64_t i = 0; i < n; ++i) buf[i] = Input(r, i);
+        Status s = c.ReduceScatter(buf);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        const worker::SliceRange mine = worker::RankSlice(n, world, r);
+        for (uint64_t i = mine.begin; i < mine.begin + mine.length; ++i) {
+          ASSERT_EQ(buf[i], Sum(world, i)) << "rank " << r << " n " << n << " i " << i;
+        }
+        // All-gather of byte blocks (the slices of a padded 2-byte array).
+        const size_t block = worker::SliceElems(n, world) * 2;
+        std::vector<std::byte> g(block * world, std::byte{0});
+        for (size_t k = 0; k < block; ++k) g[r * block + k] = static_cast<std::byte>((r * 31 + k) & 0xff);
+        s = c.AllGather(g, block);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (uint32_t q = 0; q < world; ++q) {
+          for (size_t k = 0; k < block; ++k) {
+            ASSERT_EQ(g[q * block + k], static_cast<std::byte>((q * 31 + k) & 0xff));
+          }
+        }
+        EXPECT_EQ(c.AllGather(std::span<std::byte>(g).subspan(1), block).code(),
+                  Code::kInvalidArgument);
+        // All-reduce: the whole sum everywhere.
+        for (uint64_t i = 0; i < n; ++i) buf[i] = Input(r, i);
+        s = c.AllReduce(buf);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], Sum(world, i));
+      }
+    });
+  }
+}
+
+TEST_F(CollectivesTest, ReduceScatterIsDeterministic) {
+  constexpr uint32_t kWorld = 3;
+  constexpr uint64_t kN = 10007;
+  std::vector<std::vector<uint32_t>> bits(2 * kWorld);
+  for (int run = 0; run < 2; ++run) {
+    RunRanks(kWorld, "det-run" + std::to_string(run), [&](uint32_t r, worker::Collectives& c) {
+      std::mt19937 gen(1234 + r);
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      std::vector<float> buf(kN);
+      for (auto& x : buf) x = d(gen);
+      ASSERT_TRUE(c.ReduceScatter(buf).ok());
+      const auto mine = worker::RankSlice(kN, kWorld, r);
+      std::vector<uint32_t>& out = bits[run * kWorld + r];
+      out.resize(mine.length);
+      std::memcpy(out.data(), buf.data() + mine.begin, mine.length * 4);
+    });
+  }
+  for (uint32_t r = 0; r < kWorld; ++r) EXPECT_EQ(bits[r], bits[kWorld + r]) << "rank " << r;
+}
+
+TEST(RankSlice, CoversEveryElementOnce) {
+  for (uint64_t n : {0, 1, 2, 3, 5, 64, 1023}) {
+    for (uint32_t w = 1; w <= 5; ++w) {
+      uint64_t next = 0;
+      for (uint32_t r = 0; r < w; ++r) {
+        const auto s = worker::RankSlice(n, w, r);
+        ASSERT_EQ(s.begin, next) << n << " " << w << " " << r;
+        ASSERT_LE(s.length, worker::SliceElems(n, w));
+        next = s.begin + s.length;
+      }
+      EXPECT_EQ(next, n);
+      EXPECT_EQ(worker::PaddedCount(n, w) % w, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zps
