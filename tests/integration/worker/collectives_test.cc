@@ -21,6 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "zps/common/config.h"
+#include "zps/common/messages.h"
+#include "zps/common/rpc.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/coordinator_kv.h"
 #include "zps/worker/gloo_collectives.h"
@@ -131,6 +134,24 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   EXPECT_EQ((*a)->Set("kv-test/big", std::vector<std::byte>((1u << 20) + 1)).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(Kv("wrong-token").status().code(), Code::kUnauthenticated);
+
+  // A malformed request gets a typed error and the connection stays.
+  auto hp = SplitHostPort(*endpoint_);
+  ASSERT_TRUE(hp.ok());
+  auto raw = rpc::Client::Connect({hp->first, hp->second, kToken, msg::kRoleTool, 0, "raw", {}, 5000});
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  const std::vector<std::byte> junk(5, std::byte{0xff});
+  EXPECT_EQ((*raw)->Call(msg::kKvSet, junk, 5s).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*raw)->Call(msg::kKvGet, junk, 5s).status().code(), Code::kInvalidArgument);
+  // A generation that is not the current one: rebuild.
+  msg::KvGet stale{(*a)->generation() + 5, "kv-test/x", 0};
+  EXPECT_EQ((*raw)->Call(msg::kKvGet, stale.Encode(), 5s).status().code(), Code::kUnavailable);
+  msg::KvGet ok{0, "kv-test/x", 0};
+  auto okr = (*raw)->Call(msg::kKvGet, ok.Encode(), 5s);
+  ASSERT_TRUE(okr.ok()) << okr.status().ToString();
+  auto decoded = msg::KvReply::Decode(*okr);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->value, Bytes("hello"));
 }
 
 // Integer-valued inputs: rank r's element i is (r + 1) * 1000 + i % 97, exact in any order.

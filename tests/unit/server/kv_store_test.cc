@@ -145,5 +145,41 @@ TEST(KvStore, DestructionCancelsWaiters) {
   EXPECT_EQ(b.Wait().status().code(), Code::kCancelled);
 }
 
+TEST(KvMessages, RoundTripAndBounds) {
+  msg::KvSet set{7, "gloo/0", Bytes("addr")};
+  auto s2 = msg::KvSet::Decode(set.Encode());
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(s2->generation, 7u);
+  EXPECT_EQ(s2->key, "gloo/0");
+  EXPECT_EQ(s2->value, Bytes("addr"));
+  msg::KvGet get{0, "gloo/1", 1500};
+  auto g2 = msg::KvGet::Decode(get.Encode());
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(g2->wait_ms, 1500u);
+  msg::KvReply reply{3, Bytes("v")};
+  auto r2 = msg::KvReply::Decode(reply.Encode());
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->generation, 3u);
+  EXPECT_EQ(r2->value, Bytes("v"));
+
+  EXPECT_EQ(msg::KvSet::Decode(msg::KvSet{0, "", {}}.Encode()).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(msg::KvSet::Decode(msg::KvSet{0, std::string(msg::kMaxKvKeyBytes + 1, 'k'), {}}.Encode())
+                .status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(msg::KvSet::Decode(
+                msg::KvSet{0, "k", std::vector<std::byte>(msg::kMaxKvValueBytes + 1)}.Encode())
+                .status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(msg::KvGet::Decode(msg::KvGet{0, "k", msg::kMaxKvWaitMs + 1}.Encode()).status().code(),
+            Code::kInvalidArgument);
+  auto trailing = get.Encode();
+  trailing.push_back(std::byte{0});
+  EXPECT_EQ(msg::KvGet::Decode(trailing).status().code(), Code::kInvalidArgument);
+  auto shortened = set.Encode();
+  shortened.pop_back();
+  EXPECT_EQ(msg::KvSet::Decode(shortened).status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace zps::server
