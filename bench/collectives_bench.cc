@@ -42,16 +42,19 @@ int RunCollectivesBench(int argc, char** argv) {
   auto token = ReadTokenFile(o.token_file);
   if (!token.ok()) return Fail("collectives", token.status());
   const size_t n = o.bytes / 4;
-  const auto prefix = "bench/gloo/" + std::to_string(
-      std::chrono::steady_clock::now().time_since_epoch().count());
-  struct Times { double allreduce = 0, reduce_scatter = 0, all_gather = 0; };
+  const auto prefix =
+      "bench/gloo/" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  struct Times {
+    double allreduce = 0, reduce_scatter = 0, all_gather = 0;
+  };
   std::vector<Times> times(o.world);
   std::vector<Status> errors(o.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < o.world; ++r) {
     threads.emplace_back([&, r] {
-      worker::GlooOptions go{o.endpoint, *token, static_cast<uint32_t>(r),
-                             static_cast<uint32_t>(o.world), prefix, o.hostname};
+      worker::GlooOptions go{
+          o.endpoint, *token,    static_cast<uint32_t>(r), static_cast<uint32_t>(o.world),
+          prefix,     o.hostname};
       auto c = worker::GlooCollectives::Create(go);
       if (!c.ok()) {
         errors[r] = c.status();
@@ -87,10 +90,11 @@ int RunCollectivesBench(int argc, char** argv) {
     worst.reduce_scatter = std::max(worst.reduce_scatter, t.reduce_scatter);
     worst.all_gather = std::max(worst.all_gather, t.all_gather);
   }
-  std::printf("{\"world\": %d, \"bytes\": %llu, \"iters\": %d, \"allreduce_s\": %.6f, "
-              "\"reduce_scatter_s\": %.6f, \"all_gather_s\": %.6f}\n",
-              o.world, static_cast<unsigned long long>(n * 4), o.iters, worst.allreduce,
-              worst.reduce_scatter, worst.all_gather);
+  std::printf(
+      "{\"world\": %d, \"bytes\": %llu, \"iters\": %d, \"allreduce_s\": %.6f, "
+      "\"reduce_scatter_s\": %.6f, \"all_gather_s\": %.6f}\n",
+      o.world, static_cast<unsigned long long>(n * 4), o.iters, worst.allreduce,
+      worst.reduce_scatter, worst.all_gather);
   return 0;
 }
 

@@ -122,7 +122,8 @@ void KvStore::Get(uint64_t generation, const std::string& key, std::chrono::mill
       now = it->second;
     } else if (wait.count() > 0) {
       if (waiters_.size() >= opts_.max_waiters) {
-        now = ResourceExhausted(std::to_string(waiters_.size()) + " kv gets are waiting, the bound");
+        now =
+            ResourceExhausted(std::to_string(waiters_.size()) + " kv gets are waiting, the bound");
       } else {
         const uint64_t id = next_waiter_++;
         waiters_[id] = Waiter{id, key, Clock::now() + wait, std::move(cb)};
@@ -164,7 +165,8 @@ void KvStore::TimerLoop() {
     }
     if (expired.empty()) continue;
     lock.unlock();
-    for (auto& [key, cb] : expired) cb(DeadlineExceeded("kv key '" + key + "' was not set in time"));
+    for (auto& [key, cb] : expired)
+      cb(DeadlineExceeded("kv key '" + key + "' was not set in time"));
     lock.lock();
   }
 }

@@ -22,8 +22,9 @@ Result<std::unique_ptr<CoordinatorKv>> CoordinatorKv::Connect(const CoordinatorK
   Status last = Unavailable("no attempt");
   auto backoff = 50ms;
   do {
-    rpc::ClientOptions co{hp.first, hp.second, o.token, msg::kRoleTool, o.rank,
-                          "kv-" + std::to_string(o.rank), {}, 5000};
+    rpc::ClientOptions co{
+        hp.first, hp.second, o.token, msg::kRoleTool, o.rank, "kv-" + std::to_string(o.rank),
+        {},       5000};
     auto c = rpc::Client::Connect(co);
     if (c.ok()) return std::unique_ptr<CoordinatorKv>(new CoordinatorKv(std::move(*c), o.endpoint));
     last = c.status();

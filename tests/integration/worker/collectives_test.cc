@@ -8,6 +8,8 @@
 //     the world size (1, 7, 1023, 4099 elements): integer-valued inputs (exact in any summation
 //     order) checked against the expected sums on every rank's slice (RankSlice);
 //   - determinism: the same random inputs reduce-scatter to the same bits twice.
+#include "zps/worker/collectives.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,13 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "shard_process.h"
 #include "zps/common/config.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
-#include "zps/worker/collectives.h"
 #include "zps/worker/coordinator_kv.h"
 #include "zps/worker/gloo_collectives.h"
-#include "shard_process.h"
 
 namespace zps {
 namespace {
@@ -138,7 +139,8 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   // A malformed request gets a typed error and the connection stays.
   auto hp = SplitHostPort(*endpoint_);
   ASSERT_TRUE(hp.ok());
-  auto raw = rpc::Client::Connect({hp->first, hp->second, kToken, msg::kRoleTool, 0, "raw", {}, 5000});
+  auto raw =
+      rpc::Client::Connect({hp->first, hp->second, kToken, msg::kRoleTool, 0, "raw", {}, 5000});
   ASSERT_TRUE(raw.ok()) << raw.status().ToString();
   const std::vector<std::byte> junk(5, std::byte{0xff});
   EXPECT_EQ((*raw)->Call(msg::kKvSet, junk, 5s).status().code(), Code::kInvalidArgument);
@@ -165,8 +167,7 @@ float Sum(uint32_t world, uint64_t i) {
 TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
   for (uint32_t world = 1; world <= 4; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
-    RunRanks(world, "ops-w" + std::to_string(world),
-             [&](uint32_t r, worker::Collectives& c) {
+    RunRanks(world, "ops-w" + std::to_string(world), [&](uint32_t r, worker::Collectives& c) {
       for (uint64_t n : {uint64_t{1}, uint64_t{7}, uint64_t{1023}, uint64_t{4099}}) {
         // Reduce-scatter: this rank's slice holds the sum.
         std::vector<float> buf(n);
@@ -180,7 +181,8 @@ TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
         // All-gather of byte blocks (the slices of a padded 2-byte array).
         const size_t block = worker::SliceElems(n, world) * 2;
         std::vector<std::byte> g(block * world, std::byte{0});
-        for (size_t k = 0; k < block; ++k) g[r * block + k] = static_cast<std::byte>((r * 31 + k) & 0xff);
+        for (size_t k = 0; k < block; ++k)
+          g[r * block + k] = static_cast<std::byte>((r * 31 + k) & 0xff);
         s = c.AllGather(g, block);
         ASSERT_TRUE(s.ok()) << s.ToString();
         for (uint32_t q = 0; q < world; ++q) {

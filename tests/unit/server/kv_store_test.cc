@@ -164,12 +164,15 @@ TEST(KvMessages, RoundTripAndBounds) {
 
   EXPECT_EQ(msg::KvSet::Decode(msg::KvSet{0, "", {}}.Encode()).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(msg::KvSet::Decode(msg::KvSet{0, std::string(msg::kMaxKvKeyBytes + 1, 'k'), {}}.Encode())
-                .status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      msg::KvSet::Decode(msg::KvSet{0, std::string(msg::kMaxKvKeyBytes + 1, 'k'), {}}.Encode())
+          .status()
+          .code(),
+      Code::kInvalidArgument);
   EXPECT_EQ(msg::KvSet::Decode(
                 msg::KvSet{0, "k", std::vector<std::byte>(msg::kMaxKvValueBytes + 1)}.Encode())
-                .status().code(),
+                .status()
+                .code(),
             Code::kInvalidArgument);
   EXPECT_EQ(msg::KvGet::Decode(msg::KvGet{0, "k", msg::kMaxKvWaitMs + 1}.Encode()).status().code(),
             Code::kInvalidArgument);

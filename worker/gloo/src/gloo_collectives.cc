@@ -1,11 +1,5 @@
 #include "zps/worker/gloo_collectives.h"
 
-#include <algorithm>
-#include <cstring>
-#include <exception>
-#include <mutex>
-#include <vector>
-
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/common/error.h>
@@ -13,6 +7,12 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <vector>
 
 #include "zps/common/logging.h"
 #include "zps/worker/coordinator_kv.h"
@@ -40,7 +40,8 @@ class KvStoreAdapter final : public gloo::rendezvous::Store {
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   // The base class ignores the timeout: every wait here is bounded.
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     const auto bound = std::min(timeout, timeout_);
     for (const auto& k : keys) Check(kv_->Get(prefix_ + "/" + k, bound).status());
   }
@@ -132,8 +133,8 @@ Result<std::unique_ptr<GlooCollectives>> GlooCollectives::Create(const GlooOptio
       gloo::transport::tcp::attr attr;
       attr.hostname = d->opts.hostname;
       d->device = gloo::transport::tcp::CreateDevice(attr);
-      d->context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(d->opts.rank),
-                                                               static_cast<int>(d->opts.world_size));
+      d->context = std::make_shared<gloo::rendezvous::Context>(
+          static_cast<int>(d->opts.rank), static_cast<int>(d->opts.world_size));
       d->context->setTimeout(d->opts.timeout);
       d->context->connectFullMesh(*d->store, d->device);
     }));

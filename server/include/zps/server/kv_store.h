@@ -31,9 +31,9 @@
 namespace zps::server {
 
 struct KvStoreOptions {
-  size_t max_keys = 65536;            // Default: 64 Ki keys per generation.
+  size_t max_keys = 65536;              // Default: 64 Ki keys per generation.
   size_t max_bytes = size_t{64} << 20;  // Default: 64 MiB of values per generation.
-  size_t max_waiters = 65536;         // Default: 64 Ki parked Gets.
+  size_t max_waiters = 65536;           // Default: 64 Ki parked Gets.
 };
 
 class KvStore {
