@@ -69,6 +69,7 @@ struct TrainOptions {
   std::string serving_dtype = "";  // Default: bf16, or fp16 with loss scaling.
   std::string reduction = "server-sum";  // Default: server-sum.
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
+  uint64_t bucket_bytes = 16ull << 20;  // Default: 16 MiB of fp32 gradient per reduce-scatter.
   std::string gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
   uint64_t chunk_elems = 256u << 10;  // Default: 256 Ki elements (1 MiB of fp32) per chunk.
   int64_t inject_overflow_step = -1;  // Default: never.
@@ -128,6 +129,10 @@ void Register(Flags& f, TrainOptions& o) {
         "direct (every rank fetches whole parameters) or bandwidth-centric (each rank fetches its "
         "slice, the ranks all-gather with Gloo)",
         &o.fetch_strategy);
+  f.AddBytes("bucket-bytes",
+             "pre-reduced: fp32 gradient bytes gathered (in push order) into one reduce-scatter; "
+             "0 = one per parameter; the same on every rank",
+             &o.bucket_bytes);
   f.Add("gloo-hostname",
         "address this rank's Gloo tcp device binds and advertises (default: 127.0.0.1 when the "
         "endpoint is on loopback, else the host name)",
@@ -365,7 +370,8 @@ Status RunWorker(const TrainOptions& o) {
     worker::PrefetchOptions po{o.prefetch_bytes, o.max_live_bytes};
     if (bandwidth_centric) po.gather = collectives.get();
     access_ptr = std::make_unique<WorkerAccess>(client.get(), po,
-                                                pre_reduced ? collectives.get() : nullptr);
+                                                pre_reduced ? collectives.get() : nullptr,
+                                                o.bucket_bytes / sizeof(float));
     eval_ptr = std::make_unique<WorkerAccess>(
         client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
     return Status::Ok();
@@ -404,6 +410,7 @@ Status RunWorker(const TrainOptions& o) {
       access.EndStep();
       if (!r.ok()) return r.status();
       out = *r;
+      ZPS_RETURN_IF_ERROR(access.FlushGradients());
       ZPS_RETURN_IF_ERROR(client->FlushPushes());
       ZPS_ASSIGN_OR_RETURN(commit, client->AwaitCommit(step));
       return Status::Ok();

@@ -9,6 +9,8 @@
 #   C  = B again                        determinism: the same bits (every chunk's CRC)
 #   D  pre-reduced, direct              the fetch strategy changes no value: CRCs of B
 #   E  server-sum,  bandwidth-centric   CRCs of A
+#   F  pre-reduced, direct, one reduce-scatter per parameter (--bucket-bytes 0; B-E use the
+#      default 16 MiB buckets, one per step here): ingress 1x, losses as A's
 # and checks, from the shards' zps_push_bytes_total / zps_fetch_bytes_total:
 #   - ingress: pre-reduced pushes 1x the model per step (A: WORLD x), exactly
 #     (params x 4 B x steps, plus rank 0's initial values);
@@ -38,8 +40,10 @@ metric() {  # port name -> value
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
 }
 
-run() {  # name reduction fetch-strategy
+run() {  # name reduction fetch-strategy [extra zps-train flags...]
   local name=$1 red=$2 fs=$3 dir="$work/$1"
+  shift 3
+  local more=("$@")
   mkdir -p "$dir"
   local cport=() mport=() spids=()
   for i in 0 1; do cport[$i]=$(free_port); mport[$i]=$(free_port); done
@@ -56,7 +60,7 @@ run() {  # name reduction fetch-strategy
     local extra=()
     [[ $r -eq 0 ]] && extra=(--print-crcs)
     "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
-      --rank "$r" --reduction "$red" --fetch-strategy "$fs" "${model[@]}" "${extra[@]}" \
+      --rank "$r" --reduction "$red" --fetch-strategy "$fs" "${model[@]}" "${more[@]}" "${extra[@]}" \
       > "$dir/rank$r.out" 2>&1 &
     wpids+=($!); pids+=($!)
   done
@@ -85,6 +89,7 @@ run B pre-reduced bandwidth-centric
 run C pre-reduced bandwidth-centric
 run D pre-reduced direct
 run E server-sum bandwidth-centric
+run F pre-reduced direct --bucket-bytes 0
 
 fail() { echo "FAIL: $*"; exit 1; }
 [[ $(wc -l < "$work/A/crc") -ge 4 ]] || fail "expected CRCs of at least 4 chunks"
@@ -104,6 +109,7 @@ model_bytes=$((params * 4))
 want_pre=$((model_bytes * (steps + 1)))          # initial values + 1x per step
 want_sum=$((model_bytes * (world * steps + 1)))  # initial values + WORLD x per step
 [[ $(cat "$work/D/push") -eq $want_pre ]] || fail "pre-reduced ingress $(cat "$work/D/push") != $want_pre"
+[[ $(cat "$work/F/push") -eq $want_pre ]] || fail "pre-reduced (per parameter) ingress $(cat "$work/F/push") != $want_pre"
 [[ $(cat "$work/A/push") -eq $want_sum ]] || fail "server-sum ingress $(cat "$work/A/push") != $want_sum"
 echo "ingress per step: pre-reduced $((($(cat "$work/D/push") - model_bytes) / steps)) B (1x the" \
      "model's $model_bytes B), server-sum $((($(cat "$work/A/push") - model_bytes) / steps)) B"
@@ -119,7 +125,7 @@ print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {rati
 sys.exit(0 if abs(ratio - w) < 1e-9 else 1)
 PY
 
-python3 - "$work/A/rank0.out" "$work/B/rank0.out" <<'PY' || fail "server-sum and pre-reduced disagree"
+python3 - "$work/A/rank0.out" "$work/B/rank0.out" "$work/F/rank0.out" <<'PY' || fail "server-sum and pre-reduced disagree"
 import re, sys
 def losses(path):
     out = []
@@ -129,10 +135,10 @@ def losses(path):
         m = re.match(r"held-out loss (\S+) -> (\S+)", line)
         if m: out += [float(m.group(1)), float(m.group(2))]
     return out
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert len(a) == len(b) and a, (a, b)
-worst = max(abs(x - y) for x, y in zip(a, b))
-print(f"server-sum vs pre-reduced: {len(a)} losses, largest difference {worst:.2e} (tolerance 2e-3)")
+a, b, f = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[3])
+assert len(a) == len(b) == len(f) and a, (a, b, f)
+worst = max(max(abs(x - y) for x, y in zip(a, b)), max(abs(x - y) for x, y in zip(a, f)))
+print(f"server-sum vs pre-reduced (bucketed and per parameter): {len(a)} losses, largest difference {worst:.2e} (tolerance 2e-3)")
 sys.exit(0 if worst <= 2e-3 else 1)
 PY
 echo "PASS"
