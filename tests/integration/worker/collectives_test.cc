@@ -27,6 +27,8 @@
 #include "zps/common/config.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/server/job.h"
+#include "zps/worker/client.h"
 #include "zps/worker/coordinator_kv.h"
 #include "zps/worker/gloo_collectives.h"
 
@@ -220,6 +222,64 @@ TEST_F(CollectivesTest, ReduceScatterIsDeterministic) {
     });
   }
   for (uint32_t r = 0; r < kWorld; ++r) EXPECT_EQ(bits[r], bits[kWorld + r]) << "rank " << r;
+}
+
+// The Client's ranged fetch and push (what bandwidth-centric and pre-reduced are built on),
+// without Gloo: one rank of a pre-reduced job with fp32 serving copies pushes a gradient in two
+// disjoint ranges, a third overlapping one is refused, and ranged fetches read sub-ranges.
+// (Last in this suite: it registers the server's one job.)
+TEST_F(CollectivesTest, ZRangedFetchAndPush) {
+  auto layout = Layout::Build({{"a", {1000}}, {"b", {37}}},
+                              {.chunk_elems = 512, .align_elems = 64, .num_shards = 1});
+  ASSERT_TRUE(layout.ok());
+  server::JobSpec job{*layout, {}, {}, {}};
+  job.shard.mode = server::ReductionMode::kPreReduced;
+  job.shard.serving_dtype = DType::kF32;
+  job.optimizer.kind = server::OptimizerKind::kSgd;
+  job.commit.max_grad_norm = 0;
+  ASSERT_TRUE(job.Validate().ok());
+  worker::WorkerOptions wo;
+  wo.endpoint = *endpoint_;
+  wo.token = kToken;
+  wo.ucx_tls = "tcp";
+  wo.op_timeout = 60s;
+  auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  worker::Client& cl = **c;
+  for (uint32_t p = 0; p < 2; ++p) {
+    std::vector<float> v(cl.layout().param_numel(p));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+    ASSERT_TRUE(cl.PushInitial(p, v).ok());
+  }
+  ASSERT_TRUE(cl.FlushPushes().ok());
+  // A range across the chunk boundary of "a" (elements 500..524 span chunks 0 and 1).
+  auto r = cl.FetchAsync(0, 500, 25, 0).Wait(60s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->begin, 500u);
+  ASSERT_EQ((*r)->bytes().size(), 25u * 4);
+  const auto* f = reinterpret_cast<const float*>((*r)->bytes().data());
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(f[i], 500.0f + i);
+  auto empty = cl.FetchAsync(1, 37, 0, 0).Wait(60s);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE((*empty)->bytes().empty());
+  EXPECT_EQ(cl.FetchAsync(1, 30, 8, 0).Wait(60s).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(cl.FetchAsync(5, 0, 1, 0).Wait(60s).status().code(), Code::kOutOfRange);
+
+  // Step 0: each parameter's gradient in two disjoint ranges covers it; the step commits.
+  std::vector<float> g(1000, 1.0f);
+  EXPECT_EQ(cl.PushGradRange(1, 0, 30, std::span<const float>(g).first(8)).code(),
+            Code::kOutOfRange);
+  ASSERT_TRUE(cl.PushGradRange(0, 0, 0, std::span<const float>(g).first(600)).ok());
+  ASSERT_TRUE(cl.PushGradRange(0, 0, 600, std::span<const float>(g).first(400)).ok());
+  ASSERT_TRUE(cl.PushGradRange(1, 0, 0, std::span<const float>(g).first(37)).ok());
+  ASSERT_TRUE(cl.FlushPushes().ok());
+  auto commit = cl.AwaitCommit(0);
+  ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+  EXPECT_FALSE(commit->skip);
+  // Step 1: an overlapping range is a duplicate in pre-reduced mode.
+  ASSERT_TRUE(cl.PushGradRange(1, 1, 0, std::span<const float>(g).first(20)).ok());
+  ASSERT_TRUE(cl.PushGradRange(1, 1, 10, std::span<const float>(g).first(5)).ok());
+  EXPECT_EQ(cl.FlushPushes().code(), Code::kAlreadyExists);
 }
 
 TEST(RankSlice, CoversEveryElementOnce) {
