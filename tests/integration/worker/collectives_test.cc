@@ -134,7 +134,7 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   EXPECT_EQ((*b)->Get("kv-test/never", 0ms).status().code(), Code::kNotFound);
   EXPECT_EQ((*a)->Set("", Bytes("x")).code(), Code::kInvalidArgument);
   EXPECT_EQ((*a)->Set(std::string(600, 'k'), Bytes("x")).code(), Code::kInvalidArgument);
-  EXPECT_EQ((*a)->Set("kv-test/big", std::vector<std::byte>((1u << 20) + 1)).code(),
+  EXPECT_EQ((*a)->Set("kv-test/big", std::vector<std::byte>((4u << 20) + 1)).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(Kv("wrong-token").status().code(), Code::kUnauthenticated);
 

@@ -272,7 +272,7 @@ struct CheckpointDone {
 
 /// Bounds of the coordinator's key-value store (validated by the decoders and the store).
 inline constexpr size_t kMaxKvKeyBytes = 512;
-inline constexpr size_t kMaxKvValueBytes = 1u << 20;      // 1 MiB per value
+inline constexpr size_t kMaxKvValueBytes = 4u << 20;      // 4 MiB per value
 inline constexpr uint32_t kMaxKvWaitMs = 10 * 60 * 1000;  // 10 min per KvGet
 
 /// Sets `key` to `value` in the store of `generation` (0 = the current one). Keys live in one

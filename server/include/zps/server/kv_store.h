@@ -32,7 +32,8 @@ namespace zps::server {
 
 struct KvStoreOptions {
   size_t max_keys = 65536;              // Default: 64 Ki keys per generation.
-  size_t max_bytes = size_t{64} << 20;  // Default: 64 MiB of values per generation.
+  // Gloo's full-mesh rendezvous stores world^2 x 192 B: 1 GiB covers about 2,300 ranks.
+  size_t max_bytes = size_t{1} << 30;  // Default: 1 GiB of values per generation.
   size_t max_waiters = 65536;           // Default: 64 Ki parked Gets.
 };
 

@@ -46,7 +46,7 @@ class CoordinatorKv {
   CoordinatorKv(const CoordinatorKv&) = delete;
   CoordinatorKv& operator=(const CoordinatorKv&) = delete;
 
-  /// Sets `key` (1..512 bytes) to `value` (at most 1 MiB). Errors: InvalidArgument (sizes),
+  /// Sets `key` (1..512 bytes) to `value` (at most 4 MiB). Errors: InvalidArgument (sizes),
   /// ResourceExhausted (the store's bounds), Unavailable (the generation ended, the coordinator
   /// lost), DeadlineExceeded.
   Status Set(const std::string& key, std::span<const std::byte> value);
