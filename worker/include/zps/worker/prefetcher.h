@@ -34,8 +34,8 @@ struct PrefetchOptions {
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB of fetched buffers held.
   /// The `bandwidth-centric` fetch strategy when set: this rank fetches only its slice
   /// RankSlice(numel, world, rank) of each parameter from the shards (ahead, along the trace, as
-  /// in `direct`), and Acquire all-gathers the slices among the ranks the first time a buffer is
-  /// waited for. Every rank must then acquire the same parameters in the same order (the same
+  /// in `direct`), and each Acquire all-gathers, in one collective, the slices of its
+  /// parameters that are not gathered yet (a layer's parameters in one go). Every rank must then acquire the same parameters in the same order (the same
   /// model), and use the same budgets, so that the all-gathers match. Not owned; must outlive
   /// the Prefetcher. Default: null = `direct` (each rank fetches whole parameters).
   Collectives* gather = nullptr;
@@ -46,7 +46,7 @@ struct PrefetchStats {
   uint64_t hits = 0;             // already fetched or in flight when acquired
   uint64_t prefetches = 0;       // fetches started ahead of use
   uint64_t trace_rebuilds = 0;
-  uint64_t gathers = 0;          // bandwidth-centric: slices all-gathered into whole parameters
+  uint64_t gathers = 0;          // bandwidth-centric: parameters all-gathered from slices
   std::chrono::nanoseconds wait{0};  // time Acquire spent waiting for data
 };
 
@@ -76,11 +76,12 @@ class Prefetcher {
     int refs = 0;
     uint64_t last_use = 0;
   };
-  using Key = std::pair<uint32_t, int64_t>;  // (param, version)
 
   Entry& Start(uint32_t param, int64_t version);
-  // bandwidth-centric: the whole parameter from this rank's fetched slice and the others'.
-  Result<std::shared_ptr<const ParamBuffer>> Gather(const ParamBuffer& slice);
+  using Key = std::pair<uint32_t, int64_t>;  // (param, version)
+  // bandwidth-centric: waits for this rank's slices of `keys` and all-gathers them (one
+  // collective) into whole parameters, set as the entries' buffers.
+  Status Gather(const std::vector<Key>& keys);
   void PrefetchAhead();
   void Evict();
   uint64_t ParamBytes(uint32_t param) const;
