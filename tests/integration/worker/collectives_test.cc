@@ -224,6 +224,33 @@ TEST_F(CollectivesTest, ReduceScatterIsDeterministic) {
   for (uint32_t r = 0; r < kWorld; ++r) EXPECT_EQ(bits[r], bits[kWorld + r]) << "rank " << r;
 }
 
+// A rank that goes away (its communicator destroyed: process exit, re-join) fails the others'
+// collectives with an error soon, not at the 60 s timeout and not a hang.
+TEST_F(CollectivesTest, LostPeerFailsTheCollective) {
+  std::vector<std::unique_ptr<worker::GlooCollectives>> comms(2);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = worker::GlooCollectives::Create({*endpoint_, kToken, r, 2, "lost-peer", "127.0.0.1", 60s});
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      comms[r] = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(300ms);
+    comms[1].reset();
+  });
+  std::vector<float> buf(1 << 16, 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = comms[0]->AllReduce(buf);
+  leaver.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.code(), Code::kDeadlineExceeded) << s.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << s.ToString();
+}
+
 // The Client's ranged fetch and push (what bandwidth-centric and pre-reduced are built on),
 // without Gloo: one rank of a pre-reduced job with fp32 serving copies pushes a gradient in two
 // disjoint ranges, a third overlapping one is refused, and ranged fetches read sub-ranges.
