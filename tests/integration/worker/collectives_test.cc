@@ -303,7 +303,11 @@ TEST_F(CollectivesTest, ZRangedFetchAndPush) {
   auto commit = cl.AwaitCommit(0);
   ASSERT_TRUE(commit.ok()) << commit.status().ToString();
   EXPECT_FALSE(commit->skip);
-  // Step 1: an overlapping range is a duplicate in pre-reduced mode.
+  // Step 1 (once the shard published version 1): an overlapping range is a duplicate in
+  // pre-reduced mode.
+  auto v1 = cl.FetchAsync(1, 0, 37, 1).Wait(60s);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_GE((*v1)->version, 1);
   ASSERT_TRUE(cl.PushGradRange(1, 1, 0, std::span<const float>(g).first(20)).ok());
   ASSERT_TRUE(cl.PushGradRange(1, 1, 10, std::span<const float>(g).first(5)).ok());
   EXPECT_EQ(cl.FlushPushes().code(), Code::kAlreadyExists);
