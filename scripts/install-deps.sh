@@ -10,6 +10,7 @@ PACKAGES=(
   libucx-dev ucx-utils           # data plane, and ucx_perftest for the transport ceiling
   librocksdb-dev                 # catalog and checkpoints
   liburing-dev                   # NVMe tier
+  libgloo-dev                    # CPU collectives (pre-reduced pushes, bandwidth-centric fetch)
   nlohmann-json3-dev             # config files and JSON output
   prometheus-cpp-dev             # metrics: registry, handles, text format (TextSerializer)
   libcivetweb-dev                # HTTP server for /metrics, /healthz, /readyz

@@ -453,4 +453,68 @@ Result<CheckpointDone> CheckpointDone::Decode(std::span<const std::byte> b) {
   return m;
 }
 
+namespace {
+Status CheckKvKey(const std::string& key) {
+  if (key.empty()) return InvalidArgument("kv key is empty");
+  return Status::Ok();
+}
+}  // namespace
+
+std::vector<std::byte> KvSet::Encode() const {
+  ByteWriter w;
+  w.U64(generation);
+  w.Str(key);
+  w.Blob(value);
+  return w.Take();
+}
+Result<KvSet> KvSet::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  KvSet m;
+  ZPS_ASSIGN_OR_RETURN(m.generation, r.U64("generation"));
+  ZPS_ASSIGN_OR_RETURN(m.key, r.Str("key", kMaxKvKeyBytes));
+  ZPS_RETURN_IF_ERROR(CheckKvKey(m.key));
+  ZPS_ASSIGN_OR_RETURN(auto v, r.Blob("value", kMaxKvValueBytes));
+  m.value.assign(v.begin(), v.end());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("KvSet"));
+  return m;
+}
+
+std::vector<std::byte> KvGet::Encode() const {
+  ByteWriter w;
+  w.U64(generation);
+  w.Str(key);
+  w.U32(wait_ms);
+  return w.Take();
+}
+Result<KvGet> KvGet::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  KvGet m;
+  ZPS_ASSIGN_OR_RETURN(m.generation, r.U64("generation"));
+  ZPS_ASSIGN_OR_RETURN(m.key, r.Str("key", kMaxKvKeyBytes));
+  ZPS_RETURN_IF_ERROR(CheckKvKey(m.key));
+  ZPS_ASSIGN_OR_RETURN(m.wait_ms, r.U32("wait_ms"));
+  if (m.wait_ms > kMaxKvWaitMs) {
+    return InvalidArgument("kv wait of " + std::to_string(m.wait_ms) + " ms is over the bound of " +
+                           std::to_string(kMaxKvWaitMs));
+  }
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("KvGet"));
+  return m;
+}
+
+std::vector<std::byte> KvReply::Encode() const {
+  ByteWriter w;
+  w.U64(generation);
+  w.Blob(value);
+  return w.Take();
+}
+Result<KvReply> KvReply::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  KvReply m;
+  ZPS_ASSIGN_OR_RETURN(m.generation, r.U64("generation"));
+  ZPS_ASSIGN_OR_RETURN(auto v, r.Blob("value", kMaxKvValueBytes));
+  m.value.assign(v.begin(), v.end());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("KvReply"));
+  return m;
+}
+
 }  // namespace zps::msg

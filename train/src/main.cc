@@ -33,6 +33,8 @@
 #include "zps/train/reference.h"
 #include "zps/train/worker_access.h"
 #include "zps/worker/client.h"
+#include "zps/worker/collectives.h"
+#include "zps/worker/gloo_collectives.h"
 #include "local_cluster.h"
 
 namespace zps::train {
@@ -66,6 +68,9 @@ struct TrainOptions {
   std::string grad_dtype = "";     // Default: fp32, or fp16 with loss scaling.
   std::string serving_dtype = "";  // Default: bf16, or fp16 with loss scaling.
   std::string reduction = "server-sum";  // Default: server-sum.
+  std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
+  uint64_t bucket_bytes = 16ull << 20;  // Default: 16 MiB of fp32 gradient per reduce-scatter.
+  std::string gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
   uint64_t chunk_elems = 256u << 10;  // Default: 256 Ki elements (1 MiB of fp32) per chunk.
   int64_t inject_overflow_step = -1;  // Default: never.
   uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB.
@@ -116,7 +121,22 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
         &o.grad_dtype);
   f.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", &o.serving_dtype);
-  f.Add("reduction", "server-sum or pre-reduced", &o.reduction);
+  f.Add("reduction",
+        "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
+        "reduce-scatter each gradient with Gloo; each pushes its slice)",
+        &o.reduction);
+  f.Add("fetch-strategy",
+        "direct (every rank fetches whole parameters) or bandwidth-centric (each rank fetches its "
+        "slice, the ranks all-gather with Gloo)",
+        &o.fetch_strategy);
+  f.AddBytes("bucket-bytes",
+             "pre-reduced: fp32 gradient bytes gathered (in push order) into one reduce-scatter; "
+             "0 = one per parameter; the same on every rank",
+             &o.bucket_bytes);
+  f.Add("gloo-hostname",
+        "address this rank's Gloo tcp device binds and advertises (default: 127.0.0.1 when the "
+        "endpoint is on loopback, else the host name)",
+        &o.gloo_hostname);
   f.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", &o.chunk_elems);
   f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step", &o.inject_overflow_step, -1, INT64_MAX);
   f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)", &o.prefetch_bytes);
@@ -299,13 +319,46 @@ Status RunWorker(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
   const bool lead = o.rank == 0;
 
+  if (o.fetch_strategy != "direct" && o.fetch_strategy != "bandwidth-centric") {
+    return InvalidArgument("--fetch-strategy must be direct or bandwidth-centric, not '" +
+                           o.fetch_strategy + "'");
+  }
+  const bool pre_reduced = job.shard.mode == server::ReductionMode::kPreReduced;
+  const bool bandwidth_centric = o.fetch_strategy == "bandwidth-centric";
+  std::string gloo_host = o.gloo_hostname;
+  if (gloo_host.empty()) {
+    auto hp = SplitHostPort(o.endpoint);
+    if (hp.ok() && (hp->first == "localhost" || hp->first.rfind("127.", 0) == 0)) {
+      gloo_host = "127.0.0.1";
+    }
+  }
+
   std::unique_ptr<worker::Client> client;
+  std::unique_ptr<worker::Collectives> collectives;
   std::unique_ptr<WorkerAccess> access_ptr;
+  std::unique_ptr<WorkerAccess> eval_ptr;  // rank 0's evaluation: direct fetches, no collectives
   // (Re)joins the job; a job starting over (resume step 0) gets rank 0's initial values.
   auto join = [&]() -> Status {
+    eval_ptr.reset();
     access_ptr.reset();
+    collectives.reset();
     client.reset();
     ZPS_ASSIGN_OR_RETURN(client, worker::Client::Connect(wo, spec, job.Hash()));
+    if ((pre_reduced || bandwidth_centric) && o.world_size > 1) {
+      // One communicator per join: the kv generation (the coordinator's epoch) and the resume
+      // step scope its rendezvous keys, so a rebuilt one never meets stale addresses.
+      worker::GlooOptions go;
+      go.endpoint = o.endpoint;
+      go.token = o.token;
+      go.rank = static_cast<uint32_t>(o.rank);
+      go.world_size = static_cast<uint32_t>(o.world_size);
+      go.prefix = "zps-train/gloo/resume" + std::to_string(client->resume_step());
+      go.hostname = gloo_host;
+      go.timeout = wo.op_timeout;
+      ZPS_ASSIGN_OR_RETURN(collectives, worker::GlooCollectives::Create(go));
+    } else if (pre_reduced || bandwidth_centric) {
+      collectives = std::make_unique<worker::LocalCollectives>();
+    }
     if (client->resume_step() == 0 && lead) {
       for (uint32_t p = 0; p < model->num_params(); ++p) {
         std::vector<float> values(client->layout().param_numel(p));
@@ -314,7 +367,12 @@ Status RunWorker(const TrainOptions& o) {
       }
       ZPS_RETURN_IF_ERROR(client->FlushPushes());
     }
-    access_ptr = std::make_unique<WorkerAccess>(
+    worker::PrefetchOptions po{o.prefetch_bytes, o.max_live_bytes};
+    if (bandwidth_centric) po.gather = collectives.get();
+    access_ptr = std::make_unique<WorkerAccess>(client.get(), po,
+                                                pre_reduced ? collectives.get() : nullptr,
+                                                o.bucket_bytes / sizeof(float));
+    eval_ptr = std::make_unique<WorkerAccess>(
         client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
     return Status::Ok();
   };
@@ -323,7 +381,7 @@ Status RunWorker(const TrainOptions& o) {
   const int64_t start = client->resume_step();
   double eval_start = std::nan("");
   if (lead && start == 0) {
-    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *access_ptr, *loader, 0));
+    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *eval_ptr, *loader, 0));
     std::printf("rank 0: %llu parameters, %u chunks on %d shards; held-out loss at start %.4f\n",
                 static_cast<unsigned long long>(CountParams(o.model)), client->layout().num_chunks(),
                 o.shards, eval_start);
@@ -352,6 +410,7 @@ Status RunWorker(const TrainOptions& o) {
       access.EndStep();
       if (!r.ok()) return r.status();
       out = *r;
+      ZPS_RETURN_IF_ERROR(access.FlushGradients());
       ZPS_RETURN_IF_ERROR(client->FlushPushes());
       ZPS_ASSIGN_OR_RETURN(commit, client->AwaitCommit(step));
       return Status::Ok();
@@ -416,12 +475,13 @@ Status RunWorker(const TrainOptions& o) {
                 static_cast<long long>(o.steps - start), total, step_time_sum / std::max<size_t>(1, losses.size()),
                 first / std::max<size_t>(1, k), last / std::max<size_t>(1, k), k);
     std::printf("prefetch: %llu acquires, %llu hits, %llu fetched ahead, %llu trace rebuilds, "
-                "%.2fs waiting for data\n",
+                "%llu gathered, %.2fs waiting for data\n",
                 static_cast<unsigned long long>(ps.acquires), static_cast<unsigned long long>(ps.hits),
                 static_cast<unsigned long long>(ps.prefetches),
                 static_cast<unsigned long long>(ps.trace_rebuilds),
+                static_cast<unsigned long long>(ps.gathers),
                 std::chrono::duration<double>(ps.wait).count());
-    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *access_ptr, *loader, o.steps));
+    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *eval_ptr, *loader, o.steps));
     if (!std::isnan(eval_start)) {
       std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
                   100.0 * (eval_start - eval_end) / eval_start);

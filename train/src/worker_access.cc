@@ -1,15 +1,38 @@
 #include "zps/train/worker_access.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
 namespace zps::train {
 
-WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch)
-    : client_(client), prefetcher_(client, prefetch) {}
+WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
+                           worker::Collectives* reduce, uint64_t bucket_elems)
+    : client_(client), prefetcher_(client, prefetch), reduce_(reduce), bucket_elems_(bucket_elems) {}
+
+Status WorkerAccess::FlushGradients() {
+  if (reduce_ == nullptr || entries_.empty()) return Status::Ok();
+  ZPS_RETURN_IF_ERROR(reduce_->ReduceScatter(bucket_));
+  const worker::SliceRange mine =
+      worker::RankSlice(bucket_.size(), reduce_->world_size(), reduce_->rank());
+  const uint64_t mine_end = mine.begin + mine.length;
+  for (const BucketEntry& e : entries_) {
+    // The part of this parameter inside this rank's slice of the bucket: one contiguous range.
+    const uint64_t b = std::max(e.offset, mine.begin);
+    const uint64_t end = std::min(e.offset + e.numel, mine_end);
+    if (b >= end) continue;
+    ZPS_RETURN_IF_ERROR(client_->PushGradRange(
+        e.param, step_, b - e.offset, std::span<const float>(bucket_).subspan(b, end - b)));
+  }
+  bucket_.clear();
+  entries_.clear();
+  return Status::Ok();
+}
 
 void WorkerAccess::BeginStep(int64_t step, bool inject_overflow) {
   step_ = step;
+  bucket_.clear();  // left over from a failed step
+  entries_.clear();
   inject_ = inject_overflow;
   prefetcher_.BeginStep(step);
 }
@@ -41,6 +64,18 @@ void WorkerAccess::Release(std::span<const uint32_t> ids) {
 }
 
 Status WorkerAccess::PushGrad(uint32_t param_id, std::span<const float> grad) {
+  if (reduce_ != nullptr) {
+    // pre-reduced: into the bucket; a full bucket is summed over the ranks and this rank pushes
+    // its slice of it.
+    const uint64_t offset = bucket_.size();
+    bucket_.insert(bucket_.end(), grad.begin(), grad.end());
+    if (inject_ && param_id == 0 && !grad.empty()) {
+      bucket_[offset] = std::numeric_limits<float>::infinity();
+    }
+    entries_.push_back({param_id, offset, grad.size()});
+    if (bucket_.size() >= bucket_elems_) return FlushGradients();
+    return Status::Ok();
+  }
   if (inject_ && param_id == 0 && !grad.empty()) {
     std::vector<float> copy(grad.begin(), grad.end());
     copy[0] = std::numeric_limits<float>::infinity();

@@ -192,8 +192,11 @@ struct Client::Impl {
   Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
   Status ConnectShards();
   // `micro` in [0, job.accumulation_steps): the contributor index sent is rank * k + micro.
+  // Elements [begin, begin + length) of the parameter (length UINT64_MAX: to its end); `data`
+  // holds them from its start.
   Status SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                  std::shared_ptr<const void> owner, bool in_arena, uint32_t micro);
+                  std::shared_ptr<const void> owner, bool in_arena, uint32_t micro,
+                  uint64_t begin = 0, uint64_t length = UINT64_MAX);
   Status CheckMicro(uint32_t micro) const {
     if (micro < job.accumulation_steps) return Status::Ok();
     return InvalidArgument("micro-batch " + std::to_string(micro) + " of a job with " +
@@ -451,17 +454,37 @@ uint64_t Client::fetched_bytes() const { return impl_->fetched.load(); }
 uint64_t Client::pushed_bytes() const { return impl_->pushed.load(); }
 
 FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
+  if (param >= impl_->layout->num_params()) {
+    auto st = std::make_shared<FetchOp::State>();
+    st->buffer = std::make_shared<ParamBuffer>();
+    st->buffer->param = param;
+    st->error = OutOfRange("parameter id " + std::to_string(param) + " out of range");
+    return FetchOp(st);
+  }
+  return FetchAsync(param, 0, impl_->layout->param_numel(param), min_version);
+}
+
+FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version) {
   auto st = std::make_shared<FetchOp::State>();
   st->buffer = std::make_shared<ParamBuffer>();
   st->buffer->param = param;
+  st->buffer->begin = begin;
   st->buffer->dtype = impl_->job.serving_dtype;
-  auto pieces = impl_->layout->Pieces(param);
+  if (length == 0) {  // an empty slice (a rank beyond a small parameter's last element)
+    if (param >= impl_->layout->num_params() || begin > impl_->layout->param_numel(param)) {
+      st->error = OutOfRange("parameter " + std::to_string(param) + " range at " +
+                             std::to_string(begin));
+    }
+    st->version = min_version;
+    return FetchOp(st);
+  }
+  auto pieces = impl_->layout->Pieces(param, begin, length);
   if (!pieces.ok()) {
     st->error = pieces.status();
     return FetchOp(st);
   }
   const size_t esize = DTypeSize(impl_->job.serving_dtype);
-  const size_t bytes = impl_->layout->param_numel(param) * esize;
+  const size_t bytes = length * esize;
   if (impl_->device == nullptr) {
     auto mem = impl_->host_params.Acquire(bytes);
     std::byte* raw = mem.get();
@@ -483,7 +506,7 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
     impl_->pm.inflight[metrics::kFetch].Inc();
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      impl_->fetches[req] = {st, p.param_offset * esize, p.length * esize, shard,
+      impl_->fetches[req] = {st, (p.param_offset - begin) * esize, p.length * esize, shard,
                              Impl::Clock::now()};
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
@@ -505,9 +528,12 @@ Result<std::shared_ptr<const ParamBuffer>> Client::Fetch(uint32_t param, int64_t
 }
 
 Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
-                              std::shared_ptr<const void> owner, bool in_arena, uint32_t micro) {
+                              std::shared_ptr<const void> owner, bool in_arena, uint32_t micro,
+                              uint64_t begin, uint64_t length) {
   ZPS_RETURN_IF_ERROR(CheckMicro(micro));
-  ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param));
+  if (param >= layout->num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  if (length == UINT64_MAX) length = layout->param_numel(param) - begin;
+  ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param, begin, length));
   const uint32_t contributor = opts.rank * job.accumulation_steps + micro;
   const size_t esize = DTypeSize(dtype);
   {
@@ -525,7 +551,7 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     }
     msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, contributor,
                       dtype};
-    std::span<const std::byte> bytes(data + p.param_offset * esize, p.length * esize);
+    std::span<const std::byte> bytes(data + (p.param_offset - begin) * esize, p.length * esize);
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
     auto on_sent = [this, req](Status s) {
@@ -611,6 +637,32 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
   const bool in_arena = impl_->push_arena != nullptr &&
                         impl_->push_arena->region().Contains(grad.data(), grad.size());
   return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena, micro);
+}
+
+Status Client::PushGradRange(uint32_t param, int64_t step, uint64_t begin,
+                             std::span<const float> grad, uint32_t micro) {
+  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
+  const Layout& l = *impl_->layout;
+  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  if (begin > l.param_numel(param) || grad.size() > l.param_numel(param) - begin) {
+    return OutOfRange("gradient range [" + std::to_string(begin) + ", +" +
+                      std::to_string(grad.size()) + ") of '" + l.spec(param).name + "' (" +
+                      std::to_string(l.param_numel(param)) + " elements)");
+  }
+  if (grad.empty()) return Status::Ok();
+  const DType dt = impl_->job.grad_dtype;
+  bool in_arena = false;
+  auto data = impl_->AcquireStaging(grad.size() * DTypeSize(dt), &in_arena);
+  if (dt == DType::kF32) {
+    std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
+  } else {
+    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
+    if (dt == DType::kF16) ConvertF32ToF16(grad, out);
+    else ConvertF32ToBF16(grad, out);
+  }
+  const std::byte* bytes = data.get();
+  return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro, begin,
+                         grad.size());
 }
 
 std::shared_ptr<std::byte[]> Client::AllocatePushBuffer(size_t bytes) {

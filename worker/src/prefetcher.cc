@@ -1,6 +1,7 @@
 #include "zps/worker/prefetcher.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "zps/common/logging.h"
 
@@ -35,7 +36,14 @@ Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version) {
   Key key{param, version};
   auto it = entries_.find(key);
   if (it != entries_.end()) return it->second;
-  Entry e{client_->FetchAsync(param, version), nullptr, ParamBytes(param), 0, ++clock_};
+  auto fetch = [&] {
+    Collectives* g = options_.gather;
+    if (g == nullptr || g->world_size() == 1) return client_->FetchAsync(param, version);
+    const SliceRange mine =
+        RankSlice(client_->layout().param_numel(param), g->world_size(), g->rank());
+    return client_->FetchAsync(param, mine.begin, mine.length, version);
+  };
+  Entry e{fetch(), nullptr, ParamBytes(param), 0, ++clock_};
   live_bytes_ += e.bytes;
   return entries_.emplace(key, std::move(e)).first->second;
 }
@@ -44,7 +52,38 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
     std::span<const uint32_t> ids) {
   std::vector<std::shared_ptr<const ParamBuffer>> out;
   out.reserve(ids.size());
-  for (uint32_t id : ids) {
+  const uint32_t num_params = client_->layout().num_params();
+  std::vector<char> hits(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) hits[i] = entries_.count({ids[i], step_}) > 0;
+  if (options_.gather != nullptr && options_.gather->world_size() > 1 &&
+      std::all_of(ids.begin(), ids.end(), [&](uint32_t id) { return id < num_params; })) {
+    // bandwidth-centric: every parameter of this Acquire that is not gathered yet, in one
+    // all-gather (the same set on every rank: the same calls in the same order).
+    std::vector<Key> pending;
+    for (uint32_t id : ids) {
+      const Entry& e = Start(id, step_);
+      if (!e.buffer && std::find(pending.begin(), pending.end(), Key{id, step_}) == pending.end()) {
+        pending.emplace_back(id, step_);
+      }
+    }
+    if (!pending.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s = Gather(pending);
+      stats_.wait += std::chrono::steady_clock::now() - t0;
+      if (!s.ok()) {
+        for (const Key& k : pending) {
+          auto it = entries_.find(k);
+          if (it != entries_.end() && !it->second.buffer && it->second.refs == 0) {
+            live_bytes_ -= it->second.bytes;
+            entries_.erase(it);
+          }
+        }
+        return s;
+      }
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t id = ids[i];
     ++stats_.acquires;
     recording_.push_back(id);
     if (following_) {
@@ -55,14 +94,13 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
         ZPS_LOG(DEBUG) << "access order changed at position " << cursor_ << "; rebuilding trace";
       }
     }
-    if (id >= client_->layout().num_params()) {
+    if (id >= num_params) {
       Release({ids.data(), out.size()});
       return OutOfRange("parameter id " + std::to_string(id));
     }
-    const bool hit = entries_.count({id, step_}) > 0;
-    if (hit) ++stats_.hits;
+    if (hits[i]) ++stats_.hits;
     Entry& e = Start(id, step_);
-    if (!e.buffer) {
+    if (!e.buffer) {  // direct (bandwidth-centric buffers were gathered above)
       auto t0 = std::chrono::steady_clock::now();
       auto r2 = e.op.Wait(client_->op_timeout());
       stats_.wait += std::chrono::steady_clock::now() - t0;
@@ -80,6 +118,54 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   }
   PrefetchAhead();
   return out;
+}
+
+Status Prefetcher::Gather(const std::vector<Key>& keys) {
+  Collectives* g = options_.gather;
+  const uint32_t world = g->world_size();
+  struct Item {
+    Entry* entry;
+    std::shared_ptr<const ParamBuffer> slice;
+    uint64_t numel;
+    size_t slice_bytes;  // padded: SliceElems(numel, world) x esize
+    size_t offset;       // in each rank's block
+  };
+  std::vector<Item> items;
+  size_t block = 0;
+  for (const Key& k : keys) {
+    Entry& e = entries_.at(k);
+    ZPS_ASSIGN_OR_RETURN(auto slice, e.op.Wait(client_->op_timeout()));
+    const uint64_t numel = client_->layout().param_numel(k.first);
+    const size_t sb = SliceElems(numel, world) * DTypeSize(slice->dtype);
+    items.push_back({&e, slice, numel, sb, block});
+    block += sb;
+  }
+  // Rank q's block: its slice of every parameter, back to back (each padded to SliceElems).
+  std::vector<std::byte> all(block * world);
+  for (const Item& it : items) {
+    if (!it.slice->bytes().empty()) {
+      std::memcpy(all.data() + block * g->rank() + it.offset, it.slice->bytes().data(),
+                  it.slice->bytes().size());
+    }
+  }
+  ZPS_RETURN_IF_ERROR(g->AllGather(all, block));
+  for (const Item& it : items) {
+    auto mem = std::make_shared<std::vector<std::byte>>(it.slice_bytes * world);
+    for (uint32_t q = 0; q < world; ++q) {
+      std::memcpy(mem->data() + it.slice_bytes * q, all.data() + block * q + it.offset,
+                  it.slice_bytes);
+    }
+    auto out = std::make_shared<ParamBuffer>();
+    out->param = it.slice->param;
+    out->version = it.slice->version;
+    out->dtype = it.slice->dtype;
+    std::byte* raw = mem->data();
+    out->memory = DeviceBuffer(raw, it.numel * DTypeSize(it.slice->dtype),
+                               [mem = std::move(mem)](std::byte*) mutable { mem.reset(); });
+    it.entry->buffer = std::move(out);
+    ++stats_.gathers;
+  }
+  return Status::Ok();
 }
 
 void Prefetcher::PrefetchAhead() {

@@ -21,6 +21,7 @@
 #include "zps/common/ucx.h"
 #include "zps/server/checkpoint_catalog.h"
 #include "zps/server/coordinator.h"
+#include "zps/server/kv_store.h"
 #include "zps/server/job.h"
 #include "zps/server/shard_state.h"
 #include "shard_driver.h"
@@ -194,6 +195,7 @@ struct ShardServer::Impl {
   std::unique_ptr<rpc::Server> rpc;
   std::unique_ptr<CoordinatorCatalog> catalog;  // coordinator with --data-dir; before coordinator
   std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<KvStore> kv;  // the coordinator's rendezvous store (KvSet/KvGet)
   std::unique_ptr<ShardState> state;          // set once by the driver, before state_ptr
   std::atomic<ShardState*> state_ptr{nullptr};
   std::unique_ptr<ShardDriver> drv;           // the step driver's logic (shard_driver.cc)
@@ -290,6 +292,10 @@ struct ShardServer::Impl {
   void SetupCoordinatorRpcs();
   void SetupDataPlane();
   void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
+  void SetupKvRpcs();          // coordinator: the collectives' rendezvous (KvSet/KvGet)
+  // The KV generation a request names (0 = current), after moving the store to the
+  // coordinator's epoch + 1. Errors: Unavailable while the job recovers.
+  Result<uint64_t> KvGeneration(uint64_t asked);
   void DriverLoop();
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
                   std::span<const std::byte> data, bool rma,
@@ -598,6 +604,41 @@ void ShardServer::Impl::SetupDurabilityRpcs() {
   });
 }
 
+// ---- coordinator: key-value rendezvous (docs/protocol.md, "Key-value rendezvous") ------------
+
+Result<uint64_t> ShardServer::Impl::KvGeneration(uint64_t asked) {
+  if (coordinator->phase() == msg::JobPhase::kRecovering) {
+    return Unavailable("the job is recovering; rendezvous again after re-joining");
+  }
+  kv->Advance(coordinator->epoch() + 1);
+  return asked == 0 ? kv->generation() : asked;
+}
+
+void ShardServer::Impl::SetupKvRpcs() {
+  rpc->Register(msg::kKvSet, Timed([this](const rpc::Peer&, std::span<const std::byte> p,
+                                          rpc::Responder r) {
+    auto m = msg::KvSet::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    auto g = KvGeneration(m->generation);
+    if (!g.ok()) return r.Error(g.status());
+    Status s = kv->Set(*g, m->key, std::move(m->value));
+    if (!s.ok()) return r.Error(s);
+    r.Reply(msg::KvReply{*g, {}}.Encode());
+  }));
+  rpc->Register(msg::kKvGet, [this](const rpc::Peer&, std::span<const std::byte> p,
+                                    rpc::Responder r) {
+    auto m = msg::KvGet::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    auto g = KvGeneration(m->generation);
+    if (!g.ok()) return r.Error(g.status());
+    kv->Get(*g, m->key, std::chrono::milliseconds(m->wait_ms),
+            [r, g = *g, poll = LongPoll()](const Result<std::vector<std::byte>>& v) mutable {
+              if (!v.ok()) return r.Error(v.status());
+              r.Reply(msg::KvReply{g, *v}.Encode());
+            });
+  });
+}
+
 std::string ShardServer::Impl::StatusJson() {
   nlohmann::json j;
   j["ordinal"] = opts.ordinal;
@@ -735,6 +776,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
       co.catalog = impl->catalog.get();
     }
     impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards), co);
+    impl->kv = std::make_unique<KvStore>();
     ZPS_RETURN_IF_ERROR(impl->coordinator->LoadCatalog());
   }
   Impl* d = impl.get();
@@ -772,6 +814,7 @@ Status ShardServer::Start() {
   if (d->coordinator) {
     d->SetupCoordinatorRpcs();
     d->SetupDurabilityRpcs();
+    d->SetupKvRpcs();
   }
   d->rpc->Register(msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>,
                                               rpc::Responder r) {

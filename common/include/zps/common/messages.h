@@ -29,6 +29,9 @@ enum RpcType : uint16_t {
   kCheckpointReport = 20,  ///< shard -> coordinator: CheckpointReport; reply empty
   kShardSync = 21,         ///< shard -> coordinator: ShardSync; reply ShardSyncReply
   kCheckpointNow = 22,     ///< tool -> coordinator: empty; reply CheckpointDone (long-poll)
+  // Rendezvous for the workers' collectives (docs/protocol.md, "Key-value rendezvous").
+  kKvSet = 30,  ///< worker/tool -> coordinator: KvSet; reply KvReply (empty value)
+  kKvGet = 31,  ///< worker/tool -> coordinator: KvGet; reply KvReply (long-poll until set)
 };
 
 /// Asks a shard for the CRC32C of every local chunk's state once it reached `min_version`
@@ -263,6 +266,42 @@ struct CheckpointDone {
   uint32_t shards = 0;
   std::vector<std::byte> Encode() const;
   static Result<CheckpointDone> Decode(std::span<const std::byte> b);
+};
+
+// ---- key-value rendezvous (control plane) ----
+
+/// Bounds of the coordinator's key-value store (validated by the decoders and the store).
+inline constexpr size_t kMaxKvKeyBytes = 512;
+inline constexpr size_t kMaxKvValueBytes = 4u << 20;      // 4 MiB per value
+inline constexpr uint32_t kMaxKvWaitMs = 10 * 60 * 1000;  // 10 min per KvGet
+
+/// Sets `key` to `value` in the store of `generation` (0 = the current one). Keys live in one
+/// generation of the job: the coordinator's epoch + 1, so a rollback or a recovery starts an
+/// empty store and a communicator built before it cannot meet one built after.
+struct KvSet {
+  uint64_t generation = 0;
+  std::string key;               // 1..kMaxKvKeyBytes
+  std::vector<std::byte> value;  // 0..kMaxKvValueBytes
+  std::vector<std::byte> Encode() const;
+  static Result<KvSet> Decode(std::span<const std::byte> b);
+};
+
+/// Waits up to `wait_ms` (<= kMaxKvWaitMs; 0 = do not wait) for `key` in `generation` (0 = the
+/// current one) and returns its value.
+struct KvGet {
+  uint64_t generation = 0;
+  std::string key;
+  uint32_t wait_ms = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<KvGet> Decode(std::span<const std::byte> b);
+};
+
+/// The answer to KvSet (value empty) and KvGet: the generation that served it.
+struct KvReply {
+  uint64_t generation = 0;
+  std::vector<std::byte> value;
+  std::vector<std::byte> Encode() const;
+  static Result<KvReply> Decode(std::span<const std::byte> b);
 };
 
 }  // namespace zps::msg

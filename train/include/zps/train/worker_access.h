@@ -16,13 +16,27 @@ namespace zps::train {
 
 class WorkerAccess final : public ParamAccess {
  public:
-  WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch);
+  /// `reduce` (not owned; null = server-sum): the `pre-reduced` mode. Each gradient is
+  /// reduce-scattered among the ranks and this rank pushes only its slice
+  /// worker::RankSlice(numel, world, rank), already summed. `prefetch.gather` selects the
+  /// bandwidth-centric fetch strategy (zps/worker/prefetcher.h).
+  ///
+  /// `bucket_elems` (pre-reduced only): gradients are gathered, in push order, into a bucket of
+  /// at least this many fp32 elements before one reduce-scatter covers them all (RankSlice of the
+  /// bucket; this rank then pushes the part of each parameter inside its slice); 0 = one
+  /// reduce-scatter per parameter. Every rank must use the same value. The last, partial bucket
+  /// goes out at FlushGradients.
+  WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
+               worker::Collectives* reduce = nullptr, uint64_t bucket_elems = 0);
 
   /// Starts step `step` (fetches ask for version >= step; pushes carry `step`).
   /// `inject_overflow`: replace element 0 of parameter 0's gradient with +Inf (test hook,
   /// mirroring ReferenceOptions::inject_overflow_step).
   void BeginStep(int64_t step, bool inject_overflow);
   void EndStep() { prefetcher_.EndStep(); }
+  /// pre-reduced: reduce-scatters and pushes what is left in the bucket (call after the step's
+  /// last PushGrad, before Client::FlushPushes). Errors: from the collective or the push.
+  Status FlushGradients();
 
   Result<std::vector<std::span<const float>>> Acquire(std::span<const uint32_t> ids) override;
   void Release(std::span<const uint32_t> ids) override;
@@ -36,6 +50,17 @@ class WorkerAccess final : public ParamAccess {
   int64_t step_ = 0;
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
+  worker::Collectives* reduce_ = nullptr;
+  uint64_t bucket_elems_ = 0;
+  // pre-reduced: the bucket being filled (gradients back to back, in push order) and where each
+  // parameter's gradient sits in it.
+  struct BucketEntry {
+    uint32_t param = 0;
+    uint64_t offset = 0;
+    uint64_t numel = 0;
+  };
+  std::vector<float> bucket_;
+  std::vector<BucketEntry> entries_;
 };
 
 }  // namespace zps::train

@@ -65,10 +65,11 @@ struct WorkerOptions {
   const metrics::ProcessMetrics* metrics = nullptr;
 };
 
-/// A fetched parameter: numel elements of the serving dtype (bf16, fp16, or fp32: numel x 4
+/// A fetched parameter (or, from a ranged fetch, elements [begin, begin + n) of it): n elements of the serving dtype (bf16, fp16, or fp32: numel x 4
 /// bytes), at `version` or newer.
 struct ParamBuffer {
   uint32_t param = 0;
+  uint64_t begin = 0;  // first element held (0 for a whole parameter; a ranged fetch's begin)
   int64_t version = -1;
   DType dtype = DType::kBF16;
   DeviceBuffer memory;
@@ -118,6 +119,10 @@ class Client {
   /// Starts fetching parameter `param` at version >= min_version from the shards that hold it.
   /// Errors are reported by the returned op's Wait (OutOfRange for a bad id).
   FetchOp FetchAsync(uint32_t param, int64_t min_version);
+  /// Starts fetching elements [begin, begin + length) of parameter `param` (a bandwidth-centric
+  /// rank's slice): the buffer holds `length` elements, `begin` is recorded in it. length 0 gives
+  /// a completed op with an empty buffer. Errors (by Wait): OutOfRange for a bad id or range.
+  FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version);
   /// FetchAsync + Wait(op_timeout).
   Result<std::shared_ptr<const ParamBuffer>> Fetch(uint32_t param, int64_t min_version);
 
@@ -132,6 +137,12 @@ class Client {
   /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
                      uint32_t micro);
+  /// Sends elements [begin, begin + grad.size()) of the gradient of `param` (fp32, converted to
+  /// the job's grad dtype; copied before returning): a pre-reduced rank's slice, already summed
+  /// over the ranks. An empty `grad` sends nothing. Errors: OutOfRange (id or range),
+  /// InvalidArgument (micro); an earlier push's failure.
+  Status PushGradRange(uint32_t param, int64_t step, uint64_t begin, std::span<const float> grad,
+                       uint32_t micro = 0);
   /// As PushGradRaw without the copy: `grad` (numel x the job's grad dtype bytes) is sent from
   /// where it is (by RMA when it lies in a buffer from AllocatePushBuffer and pushes go by RMA). The Client holds `owner` until every piece is acknowledged or failed; the
   /// caller must not change the bytes before FlushPushes (or AwaitPushesBelow) says they are

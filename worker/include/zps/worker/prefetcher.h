@@ -25,12 +25,20 @@
 
 #include "zps/common/status.h"
 #include "zps/worker/client.h"
+#include "zps/worker/collectives.h"
 
 namespace zps::worker {
 
 struct PrefetchOptions {
   uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB in flight ahead; 0 = no prefetch.
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB of fetched buffers held.
+  /// The `bandwidth-centric` fetch strategy when set: this rank fetches only its slice
+  /// RankSlice(numel, world, rank) of each parameter from the shards (ahead, along the trace, as
+  /// in `direct`), and each Acquire all-gathers, in one collective, the slices of its
+  /// parameters that are not gathered yet (a layer's parameters in one go). Every rank must then acquire the same parameters in the same order (the same
+  /// model), and use the same budgets, so that the all-gathers match. Not owned; must outlive
+  /// the Prefetcher. Default: null = `direct` (each rank fetches whole parameters).
+  Collectives* gather = nullptr;
 };
 
 struct PrefetchStats {
@@ -38,6 +46,7 @@ struct PrefetchStats {
   uint64_t hits = 0;             // already fetched or in flight when acquired
   uint64_t prefetches = 0;       // fetches started ahead of use
   uint64_t trace_rebuilds = 0;
+  uint64_t gathers = 0;          // bandwidth-centric: parameters all-gathered from slices
   std::chrono::nanoseconds wait{0};  // time Acquire spent waiting for data
 };
 
@@ -48,8 +57,8 @@ class Prefetcher {
   /// Starts step `step`: parameters are needed at version >= step.
   void BeginStep(int64_t step);
   /// Returns one buffer per id (in order), fetching what is not live yet, then prefetches ahead.
-  /// Errors: from the fetch (Unavailable, DeadlineExceeded, OutOfRange...). On error nothing
-  /// stays acquired.
+  /// Errors: from the fetch (Unavailable, DeadlineExceeded, OutOfRange...), or from the
+  /// all-gather (bandwidth-centric). On error nothing stays acquired.
   Result<std::vector<std::shared_ptr<const ParamBuffer>>> Acquire(std::span<const uint32_t> ids);
   /// Ends the use of `ids` (the buffers may be kept for reuse within the budget).
   void Release(std::span<const uint32_t> ids);
@@ -67,9 +76,12 @@ class Prefetcher {
     int refs = 0;
     uint64_t last_use = 0;
   };
-  using Key = std::pair<uint32_t, int64_t>;  // (param, version)
 
   Entry& Start(uint32_t param, int64_t version);
+  using Key = std::pair<uint32_t, int64_t>;  // (param, version)
+  // bandwidth-centric: waits for this rank's slices of `keys` and all-gathers them (one
+  // collective) into whole parameters, set as the entries' buffers.
+  Status Gather(const std::vector<Key>& keys);
   void PrefetchAhead();
   void Evict();
   uint64_t ParamBytes(uint32_t param) const;
