@@ -6,7 +6,6 @@
 #include <string_view>
 
 #include <boost/asio/error.hpp>
-#include <boost/system/errc.hpp>
 #include <boost/system/error_code.hpp>
 
 #include "zps/common/status.h"
