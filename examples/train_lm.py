@@ -70,7 +70,8 @@ def default_config(args):
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95],
                                                   "eps": 1e-8, "weight_decay": 0.0}},
         "gradient_clipping": 1.0,
-        "zps": {"shards": args.shards},
+        "zps": {"shards": args.shards, "reduction": args.reduction,
+                "fetch_strategy": args.fetch_strategy},
     }
 
 
@@ -87,6 +88,8 @@ def main():
     ap.add_argument("--config", help="a DeepSpeed-style JSON config (default: built in)")
     ap.add_argument("--plain", action="store_true", help="plain PyTorch (AdamW), no zps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--reduction", default="server-sum", choices=["server-sum", "pre-reduced"])
+    ap.add_argument("--fetch-strategy", default="direct", choices=["direct", "bandwidth-centric"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

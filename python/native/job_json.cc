@@ -244,6 +244,15 @@ Result<ConnectOptions> OptionsFromJson(std::string_view json) {
   o.worker.connect_timeout = std::chrono::milliseconds(connect_ms);
   ZPS_RETURN_IF_ERROR(f.Number("prefetch_bytes", &o.prefetch.prefetch_bytes, 0, 1e15));
   ZPS_RETURN_IF_ERROR(f.Number("max_live_bytes", &o.prefetch.max_live_bytes, 0, 1e15));
+  ZPS_RETURN_IF_ERROR(f.String("reduction", &o.reduction));
+  ZPS_RETURN_IF_ERROR(f.String("fetch_strategy", &o.fetch_strategy));
+  ZPS_RETURN_IF_ERROR(f.String("gloo_hostname", &o.gloo_hostname));
+  if (o.reduction != "server-sum" && o.reduction != "pre-reduced") {
+    return f.Bad("reduction", "server-sum or pre-reduced");
+  }
+  if (o.fetch_strategy != "direct" && o.fetch_strategy != "bandwidth-centric") {
+    return f.Bad("fetch_strategy", "direct or bandwidth-centric");
+  }
   ZPS_RETURN_IF_ERROR(f.Finish());
   return o;
 }

@@ -23,6 +23,14 @@ Result<server::JobSpec> JobFromJson(std::string_view json);
 struct ConnectOptions {
   worker::WorkerOptions worker;
   worker::PrefetchOptions prefetch;
+  /// Workers that reduce and gather among themselves (Gloo, rendezvous through the coordinator):
+  /// "server-sum" (none), or "pre-reduced" (reduce-scatter each gradient, push the own slice).
+  std::string reduction = "server-sum";  // Default: server-sum
+  /// "direct" (each rank fetches whole parameters) or "bandwidth-centric" (slice, all-gather).
+  std::string fetch_strategy = "direct";  // Default: direct
+  /// The address this rank's Gloo device binds and advertises. Default: "" = 127.0.0.1 for a
+  /// loopback endpoint, else the host name.
+  std::string gloo_hostname;
 };
 
 /// Errors: InvalidArgument for malformed JSON, an unknown key or a bad value.

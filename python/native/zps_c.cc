@@ -18,11 +18,15 @@
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
 #include "zps/worker/client.h"
+#include "zps/worker/collectives.h"
+#include "zps/worker/gloo_collectives.h"
 #include "zps/worker/prefetcher.h"
 
 struct zps_client {
   std::unique_ptr<zps::worker::Client> client;
   zps::worker::WorkerOptions options;
+  std::unique_ptr<zps::worker::Collectives> collectives;  // null: server-sum and direct
+  bool pre_reduced = false;
   std::mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
   std::unique_ptr<zps::worker::Prefetcher> prefetcher;
   std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held;  // by zps_acquire
@@ -173,6 +177,24 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
     auto c = std::make_unique<zps_client>();
     c->options = opts.worker;
     ZPS_ASSIGN_OR_RETURN(c->client, zps::worker::Client::Connect(opts.worker, spec, job.Hash()));
+    const uint32_t world = c->client->job().world_size;
+    c->pre_reduced = opts.reduction == "pre-reduced";
+    if (c->pre_reduced != (job.shard.mode == zps::server::ReductionMode::kPreReduced)) {
+      return zps::InvalidArgument("options.reduction and job.shard.reduction disagree");
+    }
+    if (world > 1 && (c->pre_reduced || opts.fetch_strategy == "bandwidth-centric")) {
+      zps::worker::GlooOptions go;
+      go.endpoint = opts.worker.endpoint;
+      go.token = opts.worker.token;
+      go.rank = opts.worker.rank;
+      go.world_size = world;
+      go.prefix = "zps.torch/gloo/resume" + std::to_string(c->client->resume_step());
+      go.hostname = opts.gloo_hostname;
+      if (go.hostname.empty() && go.endpoint.rfind("127.", 0) == 0) go.hostname = "127.0.0.1";
+      go.timeout = opts.worker.op_timeout;
+      ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
+      if (opts.fetch_strategy == "bandwidth-centric") opts.prefetch.gather = c->collectives.get();
+    }
     c->prefetcher = std::make_unique<zps::worker::Prefetcher>(c->client.get(), opts.prefetch);
     *out = c.release();
     return zps::Status::Ok();
@@ -306,12 +328,21 @@ int zps_release(zps_client* c, uint32_t param) {
   });
 }
 
-int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad, uint64_t numel,
+int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad, uint64_t numel,
                   uint32_t micro) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (grad == nullptr && numel > 0) return zps::InvalidArgument("null gradient");
-    return c->client->PushGrad(param, step, {grad, numel}, micro);
+    if (!c->pre_reduced || !c->collectives) {
+      return c->client->PushGrad(param, step, {grad, numel}, micro);
+    }
+    // pre-reduced: sum over the ranks in place, then push this rank's slice of the parameter.
+    ZPS_RETURN_IF_ERROR(c->collectives->ReduceScatter({grad, numel}));
+    const auto slice = zps::worker::RankSlice(numel, c->collectives->world_size(),
+                                              c->collectives->rank());
+    if (slice.length == 0) return zps::Status::Ok();
+    return c->client->PushGradRange(param, step, slice.begin,
+                                    {grad + slice.begin, slice.length}, micro);
   });
 }
 

@@ -118,9 +118,12 @@ ZPS_C_EXPORT int zps_acquire(zps_client* c, uint32_t param, const void** data, u
 ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
 
 /* Sends the fp32 gradient of `param` for `step` (numel elements) as micro-batch `micro` of this
- * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush. */
-ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, const float* grad, uint64_t numel,
-                  uint32_t micro);
+ * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush.
+ * With options.reduction "pre-reduced" (and more than one rank) it is a collective: every rank
+ * calls it for the same parameters in the same order; `grad` is overwritten by the
+ * reduce-scatter, and only this rank's slice (worker/collectives.h, RankSlice) is pushed. */
+ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad,
+                               uint64_t numel, uint32_t micro);
 /* Waits until fewer than `max_pending` push pieces are unacknowledged (bounds the memory the
  * pushes' copies hold); returns the first push error so far without clearing it. */
 ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);

@@ -43,3 +43,15 @@ def test_transformer_encoder_lm_trains(world):
             "--threads", "1")
     assert r["world"] == world
     assert r["last_loss"] < 0.8 * r["first_loss"], r
+
+
+def test_lm_with_workers_that_reduce_and_gather_among_themselves():
+    """2 ranks: pre-reduced (Gloo reduce-scatter, each rank pushes its slice) with
+    bandwidth-centric fetches (slice from the shards, Gloo all-gather), against server-sum with
+    direct fetches: the same training up to the order of the gradient sum."""
+    args = ("--steps", "20", "--batch", "8", "--d-model", "64", "--threads", "1")
+    base = run("train_lm.py", 2, *args)
+    coll = run("train_lm.py", 2, *args, "--reduction", "pre-reduced",
+               "--fetch-strategy", "bandwidth-centric")
+    assert coll["last_loss"] < 0.8 * coll["first_loss"], coll
+    assert abs(coll["last_loss"] - base["last_loss"]) <= 1e-3 * base["last_loss"], (coll, base)

@@ -108,7 +108,9 @@ class Config:
     token_file: str = ""
     shards: int = 2
     ucx_tls: str = ""
-    reduction: str = "server-sum"
+    reduction: str = "server-sum"     # or pre-reduced: the ranks reduce-scatter (Gloo) first
+    fetch_strategy: str = "direct"    # or bandwidth-centric: fetch a slice, all-gather
+    gloo_hostname: str = ""
     serving_dtype: str = ""           # "" = from fp16/bf16 (fp16, bf16), else bf16
     max_live_bytes: int = 1 << 30
     prefetch_bytes: int = 256 << 20
@@ -245,7 +247,10 @@ def load(config):
         c.shards_given = z.has("shards")
         c.shards = z.get("shards", c.shards, int, 1, 256)
         c.ucx_tls = z.get("ucx_tls", "", str)
-        c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum"])
+        c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum", "pre-reduced"])
+        c.fetch_strategy = z.get("fetch_strategy", c.fetch_strategy, str,
+                                 choices=["direct", "bandwidth-centric"])
+        c.gloo_hostname = z.get("gloo_hostname", "", str)
         c.serving_dtype = z.get("serving_dtype", "", str, choices=["bf16", "fp16", "fp32"])
         c.max_live_bytes = z.get("max_live_bytes", c.max_live_bytes, int, 0)
         c.prefetch_bytes = z.get("prefetch_bytes", c.prefetch_bytes, int, 0)

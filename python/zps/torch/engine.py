@@ -119,7 +119,9 @@ class Engine:
                        "ucx_tls": cfg.ucx_tls,
                        "op_timeout_ms": int(cfg.op_timeout_s * 1000),
                        "connect_timeout_ms": int(cfg.connect_timeout_s * 1000),
-                       "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes}
+                       "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes,
+                       "reduction": cfg.reduction, "fetch_strategy": cfg.fetch_strategy,
+                       "gloo_hostname": cfg.gloo_hostname}
             self.client = _native.Client(json.dumps(options), json.dumps(self.job))
         except BaseException:
             self._stop_cluster()
