@@ -1,6 +1,7 @@
 #include "zps/common/messages.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "zps/common/bytes.h"
 
@@ -11,6 +12,44 @@ constexpr uint32_t kMaxShards = 4096;
 constexpr size_t kMaxSpec = 512u << 20;
 constexpr uint32_t kMaxChunksPerReport = 1u << 24;
 }  // namespace
+
+std::vector<std::byte> ReadMasterRequest::Encode() const {
+  ByteWriter w;
+  w.I64(min_version);
+  w.U32(chunk);
+  w.U64(offset);
+  w.U64(length);
+  return w.Take();
+}
+Result<ReadMasterRequest> ReadMasterRequest::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ReadMasterRequest m;
+  ZPS_ASSIGN_OR_RETURN(m.min_version, r.I64("min_version"));
+  ZPS_ASSIGN_OR_RETURN(m.chunk, r.U32("chunk"));
+  ZPS_ASSIGN_OR_RETURN(m.offset, r.U64("offset"));
+  ZPS_ASSIGN_OR_RETURN(m.length, r.U64("length"));
+  if (m.length > kMaxReadMaster) return InvalidArgument("ReadMaster.length over the bound");
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ReadMasterRequest"));
+  return m;
+}
+
+std::vector<std::byte> MasterRange::Encode() const {
+  ByteWriter w;
+  w.I64(version);
+  w.Blob(std::as_bytes(std::span<const float>(values)));
+  return w.Take();
+}
+Result<MasterRange> MasterRange::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  MasterRange m;
+  ZPS_ASSIGN_OR_RETURN(m.version, r.I64("version"));
+  ZPS_ASSIGN_OR_RETURN(auto raw, r.Blob("values", kMaxReadMaster * sizeof(float)));
+  if (raw.size() % sizeof(float) != 0) return InvalidArgument("MasterRange.values not fp32");
+  m.values.resize(raw.size() / sizeof(float));
+  std::memcpy(m.values.data(), raw.data(), raw.size());
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("MasterRange"));
+  return m;
+}
 
 std::vector<std::byte> RegisterShard::Encode() const {
   ByteWriter w;

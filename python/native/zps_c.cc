@@ -3,6 +3,8 @@
 // its outputs only on success.
 #include "zps_c.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -375,6 +377,44 @@ int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out) {
     info.optimizer_step = ci.optimizer_step;
     info.checkpoint = ci.checkpoint ? 1 : 0;
     *out = info;
+    return zps::Status::Ok();
+  });
+}
+
+int zps_read_master(zps_client* c, uint32_t param, int64_t min_version, float* dst) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (dst == nullptr) return zps::InvalidArgument("null destination");
+    const zps::Layout& layout = c->client->layout();
+    ZPS_ASSIGN_OR_RETURN(auto pieces, layout.Pieces(param));
+    const auto deadline = std::chrono::steady_clock::now() + c->client->op_timeout();
+    for (const auto& piece : pieces) {
+      for (uint64_t done = 0; done < piece.length;) {
+        zps::msg::ReadMasterRequest req;
+        req.min_version = min_version;
+        req.chunk = piece.chunk;
+        req.offset = piece.chunk_offset + done;
+        req.length = std::min(piece.length - done, zps::msg::kMaxReadMaster);
+        auto reply = c->client->CallShard(layout.shard_of_chunk(piece.chunk),
+                                          zps::msg::kReadMaster, req.Encode());
+        if (!reply.ok()) {
+          // Unavailable: the shard has not published min_version yet; wait and ask again.
+          if (reply.status().code() != zps::Code::kUnavailable ||
+              std::chrono::steady_clock::now() >= deadline) {
+            return reply.status();
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          continue;
+        }
+        ZPS_ASSIGN_OR_RETURN(auto range, zps::msg::MasterRange::Decode(*reply));
+        if (range.values.size() != req.length) {
+          return zps::InvalidArgument("ReadMaster reply of the wrong length");
+        }
+        std::memcpy(dst + piece.param_offset + done, range.values.data(),
+                    req.length * sizeof(float));
+        done += req.length;
+      }
+    }
     return zps::Status::Ok();
   });
 }

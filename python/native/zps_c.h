@@ -131,6 +131,10 @@ ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);
 ZPS_C_EXPORT int zps_flush(zps_client* c);
 /* The coordinator's decision for `step` (bounded by op_timeout). */
 ZPS_C_EXPORT int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out);
+/* The fp32 master of `param` (numel floats into dst) from the shards that hold it, once they
+ * reached `min_version` (retried while they have not, up to op_timeout). Errors: OUT_OF_RANGE
+ * (id), DEADLINE_EXCEEDED, UNAVAILABLE. */
+ZPS_C_EXPORT int zps_read_master(zps_client* c, uint32_t param, int64_t min_version, float* dst);
 /* Shard `ordinal`'s status document (docs/protocol.md, Status), as JSON text into buf (at most
  * len bytes with the terminating NUL; OUT_OF_RANGE if it does not fit). */
 ZPS_C_EXPORT int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, size_t len);

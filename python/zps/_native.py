@@ -89,6 +89,7 @@ def lib():
         "zps_flush": (c_int, [c_p]),
         "zps_await_pushes_below": (c_int, [c_p, c_u64]),
         "zps_await_commit": (c_int, [c_p, c_i64, ctypes.POINTER(CommitInfo)]),
+        "zps_read_master": (c_int, [c_p, c_u32, c_i64, c_p]),
         "zps_shard_status": (c_int, [c_p, c_u32, ctypes.c_char_p, ctypes.c_size_t]),
         "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
     }
@@ -189,6 +190,9 @@ class Client:
         out = CommitInfo()
         check(self._L.zps_await_commit(self._h, step, ctypes.byref(out)))
         return out
+
+    def read_master(self, param, min_version, ptr):
+        check(self._L.zps_read_master(self._h, param, min_version, ptr))
 
     def shard_status(self, ordinal=0):
         """Shard `ordinal`'s status document (a dict)."""

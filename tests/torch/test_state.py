@@ -130,3 +130,20 @@ def test_checkpoint_then_export_loads_into_the_unwrapped_model(tmp_path):
         three = engine.state_dict()
     for k, v in plain.state_dict().items():
         assert torch.equal(v, three[k]), k
+
+
+def test_state_dict_is_the_fp32_masters_with_bf16_serving_copies():
+    torch.manual_seed(0)
+    model = Net()
+    with zt.initialize(model, base_config(serving_dtype="bf16")) as engine:
+        for x, y in _batches(3):
+            engine.backward(_loss(engine(x), y))
+            engine.step()
+        sd = engine.state_dict()
+        w = sd["body.0.weight"]
+        # The masters carry more than bf16's 8 bits of mantissa; the served copy does not.
+        assert not torch.equal(w, w.bfloat16().float())
+        served = torch.empty_like(w)
+        zp = engine.res.by_param[id(model.body[0].weight)]
+        engine.client.fetch_into([zp.id], [served.data_ptr()], [0])
+        assert torch.equal(served, w.bfloat16().float())

@@ -305,8 +305,9 @@ class Engine:
 
     def state_dict(self):
         """Full weights read from the servers, under exactly the keys of module.state_dict()
-        (buffers from the worker, a tied parameter under each of its names). With fp32 serving
-        copies these are the fp32 masters; with 16-bit copies, the served values widened."""
+        (buffers from the worker, a tied parameter under each of its names): the shards' fp32
+        masters at the current step, whatever the serving dtype, cast to each parameter's
+        dtype."""
         out = collections.OrderedDict()
         values = {}
         for key, t in self.module.state_dict(keep_vars=True).items():
@@ -316,7 +317,7 @@ class Engine:
                 continue
             if zp.id not in values:
                 v = torch.empty(zp.shape, dtype=torch.float32)
-                self.client.fetch_into([zp.id], [v.data_ptr()], [_native.F32])
+                self.client.read_master(zp.id, self.global_step, v.data_ptr())
                 values[zp.id] = v.to(zp.param.dtype)
             out[key] = values[zp.id]
         return out

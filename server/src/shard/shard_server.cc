@@ -840,6 +840,26 @@ Status ShardServer::Start() {
     }
     r.Reply(out.Encode());
   }));
+  d->rpc->Register(msg::kReadMaster, d->Timed([d](const rpc::Peer&, std::span<const std::byte> p,
+                                                  rpc::Responder r) {
+    auto m = msg::ReadMasterRequest::Decode(p);
+    if (!m.ok()) return r.Error(m.status());
+    ShardState* st = d->state_ptr.load();
+    if (st == nullptr) return r.Error(Unavailable("the shard has no job yet"));
+    msg::MasterRange out;
+    out.version = st->version();
+    if (out.version < m->min_version) {
+      return r.Error(Unavailable("shard at version " + std::to_string(out.version)));
+    }
+    auto master = st->MasterOf(m->chunk);  // OutOfRange for a chunk that is not local
+    if (!master.ok()) return r.Error(master.status());
+    if (m->offset > master->size() || m->length > master->size() - m->offset) {
+      return r.Error(OutOfRange("ReadMaster range past chunk " + std::to_string(m->chunk)));
+    }
+    out.values.assign(master->begin() + static_cast<ptrdiff_t>(m->offset),
+                      master->begin() + static_cast<ptrdiff_t>(m->offset + m->length));
+    r.Reply(out.Encode());
+  }));
   d->rpc->OnProtocolError([d](std::string_view kind) { d->sm.pm.ProtocolError(kind); });
   d->rpc->OnHello([d](const rpc::Peer& peer, std::span<const std::byte> extra)
                       -> Result<std::vector<std::byte>> {

@@ -9,6 +9,7 @@
 #include "rpc_internal.h"
 #include "zps/common/bytes.h"
 #include "zps/common/crc32c.h"
+#include "zps/common/messages.h"
 #include "zps/common/rpc.h"
 
 namespace zps {
@@ -175,3 +176,29 @@ TEST(Hello, ConstantTimeEquals) {
 
 }  // namespace
 }  // namespace zps
+
+
+TEST(Messages, ReadMasterRoundTripAndBounds) {
+  zps::msg::ReadMasterRequest q{7, 3, 64, 128};
+  auto back = zps::msg::ReadMasterRequest::Decode(q.Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->min_version, 7);
+  EXPECT_EQ(back->chunk, 3u);
+  EXPECT_EQ(back->offset, 64u);
+  EXPECT_EQ(back->length, 128u);
+  q.length = zps::msg::kMaxReadMaster + 1;
+  EXPECT_EQ(zps::msg::ReadMasterRequest::Decode(q.Encode()).status().code(),
+            zps::Code::kInvalidArgument);
+  auto bytes = q.Encode();
+  bytes.pop_back();
+  EXPECT_FALSE(zps::msg::ReadMasterRequest::Decode(bytes).ok());
+
+  zps::msg::MasterRange m{5, {1.5f, -2.0f, 3.25f}};
+  auto r = zps::msg::MasterRange::Decode(m.Encode());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->version, 5);
+  EXPECT_EQ(r->values, m.values);
+  auto odd = m.Encode();
+  odd[8] = std::byte{11};  // a blob length that is not a multiple of 4
+  EXPECT_FALSE(zps::msg::MasterRange::Decode(odd).ok());
+}

@@ -25,6 +25,7 @@ enum RpcType : uint16_t {
   kAwaitCommit = 14,    ///< worker -> coordinator: AwaitCommit; reply CommitInfo (long-poll)
   kStatus = 15,         ///< anyone -> any server: empty; reply: a JSON status document
   kChunkCrcs = 16,      ///< anyone -> shard: ChunkCrcsRequest; reply ChunkCrcs
+  kReadMaster = 17,     ///< worker/tool -> shard: ReadMasterRequest; reply MasterRange
   // Durability (docs/protocol.md, "Checkpoints and recovery").
   kCheckpointReport = 20,  ///< shard -> coordinator: CheckpointReport; reply empty
   kShardSync = 21,         ///< shard -> coordinator: ShardSync; reply ShardSyncReply
@@ -40,6 +41,27 @@ struct ChunkCrcsRequest {
   int64_t min_version = 0;
   std::vector<std::byte> Encode() const;
   static Result<ChunkCrcsRequest> Decode(std::span<const std::byte> b);
+};
+
+/// Asks a shard for elements [offset, offset+length) of a local chunk's fp32 master once the
+/// shard reached `min_version` (Unavailable while it has not: retry). length <= kMaxReadMaster.
+struct ReadMasterRequest {
+  int64_t min_version = 0;
+  uint32_t chunk = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::vector<std::byte> Encode() const;
+  static Result<ReadMasterRequest> Decode(std::span<const std::byte> b);
+};
+
+/// Most elements one ReadMaster may ask for (8 MiB of fp32, under the frame bound).
+inline constexpr uint64_t kMaxReadMaster = uint64_t{2} << 20;
+
+struct MasterRange {
+  int64_t version = 0;        // the shard's version the values are at
+  std::vector<float> values;
+  std::vector<std::byte> Encode() const;
+  static Result<MasterRange> Decode(std::span<const std::byte> b);
 };
 
 struct ChunkCrcs {
