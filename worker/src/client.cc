@@ -214,6 +214,20 @@ struct Client::Impl {
     *in_arena = false;
     return staging.Acquire(bytes);
   }
+  // `grad` converted to the job's grad dtype in a staging buffer (AcquireStaging).
+  std::shared_ptr<std::byte[]> StageGrad(std::span<const float> grad, bool* in_arena) {
+    const DType dt = job.grad_dtype;
+    // Not zero-initialised: every byte is written below.
+    auto data = AcquireStaging(grad.size() * DTypeSize(dt), in_arena);
+    if (dt == DType::kF32) {
+      std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
+    } else {
+      std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
+      if (dt == DType::kF16) ConvertF32ToF16(grad, out);
+      else ConvertF32ToBF16(grad, out);
+    }
+    return data;
+  }
 };
 
 // Payloads from this size up go by rendezvous, whatever UCX_RNDV_THRESH says.
@@ -586,16 +600,8 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
                            std::to_string(l.param_numel(param)));
   }
   const DType dt = impl_->job.grad_dtype;
-  // Not zero-initialised: every byte is written below.
   bool in_arena = false;
-  auto data = impl_->AcquireStaging(grad.size() * DTypeSize(dt), &in_arena);
-  if (dt == DType::kF32) {
-    std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
-  } else {
-    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
-    if (dt == DType::kF16) ConvertF32ToF16(grad, out);
-    else ConvertF32ToBF16(grad, out);
-  }
+  auto data = impl_->StageGrad(grad, &in_arena);
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro);
 }
@@ -652,14 +658,7 @@ Status Client::PushGradRange(uint32_t param, int64_t step, uint64_t begin,
   if (grad.empty()) return Status::Ok();
   const DType dt = impl_->job.grad_dtype;
   bool in_arena = false;
-  auto data = impl_->AcquireStaging(grad.size() * DTypeSize(dt), &in_arena);
-  if (dt == DType::kF32) {
-    std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
-  } else {
-    std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
-    if (dt == DType::kF16) ConvertF32ToF16(grad, out);
-    else ConvertF32ToBF16(grad, out);
-  }
+  auto data = impl_->StageGrad(grad, &in_arena);
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro, begin,
                          grad.size());
