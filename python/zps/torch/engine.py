@@ -282,7 +282,9 @@ class Engine:
         self.global_step += 1
         self.res.step = self.global_step
         self.client.begin_step(self.global_step)
-        self._finish_checkpoint(wait=False)
+        # The step that carries a checkpoint returns once it is durable on every shard (as
+        # documented); other steps only collect a result that is already there.
+        self._finish_checkpoint(wait=bool(info.checkpoint))
         if self.config.steps_per_print and self.global_step % self.config.steps_per_print == 0:
             now = time.monotonic()
             print(f"zps.torch rank {self.rank}: step {info.step} grad_norm {info.global_norm:.4g} "
@@ -356,8 +358,11 @@ class Engine:
         t = self._checkpoint_thread
         if t is None:
             return None
-        t.join(timeout=None if wait else 30.0)
+        t.join(timeout=self.config.op_timeout_s if wait else 0.0)
         if t.is_alive():
+            if wait:
+                raise ZpsError("DEADLINE_EXCEEDED", "the checkpoint of this step was not durable "
+                               f"on every shard within zps.op_timeout_s ({self.config.op_timeout_s} s)")
             return None
         self._checkpoint_thread = None
         result = self._checkpoint_result
