@@ -176,7 +176,9 @@ Status ShardFromJson(const Json& j, server::ShardJob* s) {
   std::string reduction = std::string(server::ReductionModeName(s->mode));
   std::string grad = std::string(DTypeName(s->grad_dtype));
   std::string serving = std::string(DTypeName(s->serving_dtype));
+  std::string update = std::string(server::UpdateModeName(s->update_mode));
   ZPS_RETURN_IF_ERROR(f.String("reduction", &reduction));
+  ZPS_RETURN_IF_ERROR(f.String("update", &update));
   ZPS_RETURN_IF_ERROR(f.Number("world_size", &s->world_size, 1, 65536));
   ZPS_RETURN_IF_ERROR(f.String("grad_dtype", &grad));
   ZPS_RETURN_IF_ERROR(f.String("serving_dtype", &serving));
@@ -198,6 +200,7 @@ Status ShardFromJson(const Json& j, server::ShardJob* s) {
   ZPS_RETURN_IF_ERROR(IntList(f, "frozen", &s->frozen, 1));
   if (const Json* ls = f.Get("lr_schedule")) ZPS_RETURN_IF_ERROR(ScheduleFromJson(*ls, &s->lr_schedule));
   ZPS_ASSIGN_OR_RETURN(s->mode, server::ParseReductionMode(reduction));
+  ZPS_ASSIGN_OR_RETURN(s->update_mode, server::ParseUpdateMode(update));
   ZPS_ASSIGN_OR_RETURN(s->grad_dtype, ParseDType(grad));
   ZPS_ASSIGN_OR_RETURN(s->serving_dtype, ParseDType(serving));
   return f.Finish();

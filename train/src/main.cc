@@ -68,6 +68,7 @@ struct TrainOptions {
   std::string grad_dtype = "";     // Default: fp32, or fp16 with loss scaling.
   std::string serving_dtype = "";  // Default: bf16, or fp16 with loss scaling.
   std::string reduction = "server-sum";  // Default: server-sum.
+  std::string update = "sync";     // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
   uint64_t bucket_bytes = 16ull << 20;  // Default: 16 MiB of fp32 gradient per reduce-scatter.
   std::string gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
@@ -125,6 +126,10 @@ void Register(Flags& f, TrainOptions& o) {
         "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
         "reduce-scatter each gradient with Gloo; each pushes its slice)",
         &o.reduction);
+  f.Add("update",
+        "the shards' update mode: sync (optimizer after the commit) or speculative (each chunk "
+        "as soon as its gradient is complete; bit-identical)",
+        &o.update);
   f.Add("fetch-strategy",
         "direct (every rank fetches whole parameters) or bandwidth-centric (each rank fetches its "
         "slice, the ranks all-gather with Gloo)",
@@ -173,6 +178,7 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
   server::JobSpec job{std::move(layout), {}, {}, {}};
   ZPS_ASSIGN_OR_RETURN(job.shard.mode, server::ParseReductionMode(o.reduction));
   job.shard.world_size = static_cast<uint32_t>(o.world_size);
+  ZPS_ASSIGN_OR_RETURN(job.shard.update_mode, server::ParseUpdateMode(o.update));
   std::string gd = o.grad_dtype.empty() ? (o.loss_scaling ? "fp16" : "fp32") : o.grad_dtype;
   std::string sd = o.serving_dtype.empty() ? (o.loss_scaling ? "fp16" : "bf16") : o.serving_dtype;
   ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(gd));

@@ -110,6 +110,8 @@ class Config:
     ucx_tls: str = ""
     reduction: str = "server-sum"     # or pre-reduced: the ranks reduce-scatter (Gloo) first
     fetch_strategy: str = "direct"    # or bandwidth-centric: fetch a slice, all-gather
+    update: str = "sync"              # or speculative: the shards update each chunk as soon as
+                                      # its gradient is complete (bit-identical to sync)
     gloo_hostname: str = ""
     serving_dtype: str = ""           # "" = from fp16/bf16 (fp16, bf16), else bf16
     max_live_bytes: int = 1 << 30
@@ -250,6 +252,7 @@ def load(config):
         c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum", "pre-reduced"])
         c.fetch_strategy = z.get("fetch_strategy", c.fetch_strategy, str,
                                  choices=["direct", "bandwidth-centric"])
+        c.update = z.get("update", c.update, str, choices=["sync", "speculative"])
         c.gloo_hostname = z.get("gloo_hostname", "", str)
         c.serving_dtype = z.get("serving_dtype", "", str, choices=["bf16", "fp16", "fp32"])
         c.max_live_bytes = z.get("max_live_bytes", c.max_live_bytes, int, 0)

@@ -159,6 +159,8 @@ class Engine:
         shard = {"reduction": cfg.reduction, "world_size": self.world,
                  "grad_dtype": cfg.grad_dtype(), "serving_dtype": cfg.serving(),
                  "accumulation_steps": cfg.gradient_accumulation_steps}
+        if cfg.update != "sync":
+            shard["update"] = cfg.update
         if len(groups) > 1 or groups[0] != (cfg.lr, cfg.weight_decay):
             shard["param_groups"] = [{"lr": lr, "weight_decay": wd} for lr, wd in groups]
             shard["param_group"] = group_of

@@ -10,6 +10,8 @@ constexpr uint32_t kJobMagic = 0x5a50534au;  // "ZPSJ"
 // defaults is written as version 1, byte for byte as before; both versions are read.
 constexpr uint32_t kJobVersion1 = 1;
 constexpr uint32_t kJobVersion2 = 2;
+// Version 3 appends ShardJob::update_mode (u8); written only when it is not sync.
+constexpr uint32_t kJobVersion3 = 3;
 constexpr size_t kMaxLayoutBytes = 512u << 20;
 constexpr uint32_t kMaxGroups = 65536;
 constexpr uint32_t kMaxParams = 1u << 24;
@@ -22,9 +24,10 @@ bool HasV2Fields(const ShardJob& s) {
 
 std::vector<std::byte> JobSpec::Serialize() const {
   ByteWriter w;
-  const bool v2 = HasV2Fields(shard);
+  const bool v3 = shard.update_mode != UpdateMode::kSync;
+  const bool v2 = v3 || HasV2Fields(shard);
   w.U32(kJobMagic);
-  w.U32(v2 ? kJobVersion2 : kJobVersion1);
+  w.U32(v3 ? kJobVersion3 : (v2 ? kJobVersion2 : kJobVersion1));
   w.Blob(layout.Serialize());
   w.U8(static_cast<uint8_t>(shard.mode));
   w.U32(shard.world_size);
@@ -59,6 +62,7 @@ std::vector<std::byte> JobSpec::Serialize() const {
     w.F64(ls.warmup_min_ratio);
     w.F64(ls.cos_min_ratio);
   }
+  if (v3) w.U8(static_cast<uint8_t>(shard.update_mode));
   return w.Take();
 }
 
@@ -67,9 +71,9 @@ Result<JobSpec> JobSpec::Deserialize(std::span<const std::byte> bytes) {
   ZPS_ASSIGN_OR_RETURN(uint32_t magic, r.U32("job.magic"));
   if (magic != kJobMagic) return InvalidArgument("not a zps job spec (bad magic)");
   ZPS_ASSIGN_OR_RETURN(uint32_t version, r.U32("job.version"));
-  if (version != kJobVersion1 && version != kJobVersion2) {
+  if (version != kJobVersion1 && version != kJobVersion2 && version != kJobVersion3) {
     return InvalidArgument("unsupported job spec version " + std::to_string(version) +
-                           " (this build reads 1 and 2)");
+                           " (this build reads 1 to 3)");
   }
   ZPS_ASSIGN_OR_RETURN(auto layout_bytes, r.Blob("job.layout", kMaxLayoutBytes));
   ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Deserialize(layout_bytes));
@@ -136,6 +140,13 @@ Result<JobSpec> JobSpec::Deserialize(std::span<const std::byte> bytes) {
     ZPS_ASSIGN_OR_RETURN(ls.total_num_steps, r.I64("job.lr_schedule.total_num_steps"));
     ZPS_ASSIGN_OR_RETURN(ls.warmup_min_ratio, r.F64("job.lr_schedule.warmup_min_ratio"));
     ZPS_ASSIGN_OR_RETURN(ls.cos_min_ratio, r.F64("job.lr_schedule.cos_min_ratio"));
+  }
+  if (version >= kJobVersion3) {
+    ZPS_ASSIGN_OR_RETURN(uint8_t um, r.U8("job.update_mode"));
+    if (um > static_cast<uint8_t>(UpdateMode::kSpeculative)) {
+      return InvalidArgument("job spec: update_mode " + std::to_string(um) + " is unknown");
+    }
+    j.shard.update_mode = static_cast<UpdateMode>(um);
   }
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("job spec"));
   ZPS_RETURN_IF_ERROR(j.Validate());

@@ -122,15 +122,28 @@ Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
 }
 
 Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& rs) {
+  return WriteVisited([&](const ShardState::ChunkVisitor& fn) { return state.VisitChunkState(fn); },
+                      rs, {});
+}
+
+Status ShardCheckpoints::WriteSnapshot(ShardState::Snapshot& snap, const msg::ResumeState& rs,
+                                       const std::function<void()>& after_first) {
+  return WriteVisited([&](const ShardState::ChunkVisitor& fn) { return snap.Visit(fn); }, rs,
+                      after_first);
+}
+
+Status ShardCheckpoints::WriteVisited(const Visit& visit, const msg::ResumeState& rs,
+                                      const std::function<void()>& after_first) {
   Status s = Ready(/*writable=*/true);
   if (!s.ok()) return s.WithContext("checkpoint store " + dir_);
-  s = WriteOnce(state, rs);
+  s = WriteOnce(visit, rs, after_first);
   if (s.ok() || s.code() == Code::kFailedPrecondition) return s;
   if (Status r = Reopen(); !r.ok()) ZPS_LOG(ERROR) << r.ToString();
   return s.WithContext("checkpoint store " + dir_);
 }
 
-Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeState& rs) {
+Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& rs,
+                                   const std::function<void()>& after_first) {
   auto writer = store_->BeginCheckpoint(rs.step);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
@@ -138,7 +151,7 @@ Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeSta
   }
   std::vector<float> zeros;
   bool first = true;
-  Status visited = state.VisitChunkState(
+  Status visited = visit(
       [&](uint32_t chunk, int64_t version, std::span<const float> master,
           std::span<const float> m, std::span<const float> v) -> Status {
         if (version != rs.step) {
@@ -149,7 +162,10 @@ Status ShardCheckpoints::WriteOnce(const ShardState& state, const msg::ResumeSta
         ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
                        v.size() == master.size() ? v : std::span<const float>(zeros)};
         ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
-        if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
+        if (first) {
+          MaybeCrashAt("checkpoint", rs.step);  // a write half done
+          if (after_first) after_first();
+        }
         first = false;
         return Status::Ok();
       });
@@ -324,6 +340,7 @@ Status ShardDriver::AwaitJob() {
                                  job.optimizer, host_.pool, spill);
   }
   ZPS_ASSIGN_OR_RETURN(auto st, std::move(created));
+  st->SetTestHook([](std::string_view point, int64_t step) { MaybeCrashAt(point, step); });
   job_ = job;
   state_ = host_.publish_state(std::move(st), job);
   ZPS_LOG(INFO) << "shard " << o.ordinal << " holds " << state_->chunk_ids().size() << " of "
@@ -349,7 +366,12 @@ Result<msg::ShardSyncReply> ShardDriver::Sync(bool ready) {
   return msg::ShardSyncReply::Decode(bytes);
 }
 
+ShardDriver::~ShardDriver() {
+  if (bg_ && bg_->thread.joinable()) bg_->thread.join();
+}
+
 Result<int64_t> ShardDriver::SyncToJob() {
+  FinishCheckpoint(true);  // a restore must not run beside the background writer
   const auto deadline = Clock::now() + std::chrono::seconds(host_.opts->step_timeout_s);
   for (;;) {
     if (host_.stopping()) return Cancelled("stopping");
@@ -481,16 +503,21 @@ Status ShardDriver::RunSteps(int64_t start) {
     resync_ = true;
     return why;
   };
+  state_->ArmSpeculation(Assumed(start, resume_.loss_scale, resume_.optimizer_step));
   for (int64_t step = start;; ++step) {
     const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);
     for (;;) {
-      Status w = state_->WaitForGradients(step, 500ms);
+      // While a checkpoint is written in the background, look at it often: its report is what
+      // a worker waiting for the checkpoint's durability waits for.
+      Status w = state_->WaitForGradients(step, bg_ ? 20ms : 500ms);
+      if (bg_) FinishCheckpoint(false);
       if (w.ok()) break;
       if (w.code() != Code::kDeadlineExceeded) return w;
       if (host_.stopping()) return Cancelled("stopping");
       auto r = Sync(false);
       if (!r.ok()) return resync(r.status());
       if (r->epoch != epoch_ || r->phase != msg::JobPhase::kRunning) {
+        FinishCheckpoint(true);  // a rollback restores through the store the writer uses
         return resync(Unavailable("the job is recovering (epoch " + std::to_string(r->epoch) + ")"));
       }
       if (Clock::now() > deadline) {
@@ -504,14 +531,20 @@ Status ShardDriver::RunSteps(int64_t start) {
     auto reply = Call(msg::kReport, rep.Encode(), std::chrono::seconds(o.step_timeout_s));
     if (!reply.ok()) {
       if (host_.stopping()) return Cancelled("stopping");
+      FinishCheckpoint(true);
       return resync(reply.status().WithContext("report of step " + std::to_string(step)));
     }
     ZPS_ASSIGN_OR_RETURN(msg::CommitInfo ci, msg::CommitInfo::Decode(*reply));
     MaybeCrashAt("update", step);  // decided, not applied here
-    if (ckpt_) ckpt_->Protect(ci.protect_checkpoint);
+    if (ckpt_ && bg_) {
+      pending_protect_ = ci.protect_checkpoint;  // the writer owns the store until it is done
+    } else if (ckpt_) {
+      ckpt_->Protect(ci.protect_checkpoint);
+    }
     const auto t_apply = Clock::now();
     const Status applied =
-        state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step});
+        state_->ApplyCommit({step, ci.skip, ci.grad_scale, ci.optimizer_step},
+                            Assumed(step + 1, ci.next_loss_scale, ci.optimizer_step));
     if (host_.storage_metrics) host_.storage_metrics();
     ZPS_RETURN_IF_ERROR(applied);
     const auto t_done = Clock::now();
@@ -522,8 +555,86 @@ Status ShardDriver::RunSteps(int64_t start) {
     host_.current_step->Set(static_cast<double>(step + 1));
     last_commit = t_done;
     ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
-    if (ci.checkpoint) CheckpointAndReport(step + 1);
+    if (bg_) FinishCheckpoint(false);
+    if (ci.checkpoint) StartCheckpoint(step + 1);
   }
+}
+
+CommitOrder ShardDriver::Assumed(int64_t step, double loss_scale, int64_t applied) const {
+  return {step, false, StepCommit::UnclippedScale(loss_scale, job_->commit.grad_divisor),
+          applied + 1};
+}
+
+void ShardDriver::StartCheckpoint(int64_t step) {
+  if (bg_) {
+    ZPS_LOG(WARNING) << "checkpoint of step " << step << " waits for the background write of "
+                     << "step " << bg_->step << " to commit (a checkpoint never starts before "
+                     << "the previous one committed)";
+    FinishCheckpoint(true);
+  }
+  if (!ckpt_ || host_.opts->checkpoint_mode != "background") {
+    CheckpointAndReport(step);
+    return;
+  }
+  auto snap = state_->BeginSnapshot();
+  if (!snap.ok()) {
+    ZPS_LOG(DEBUG) << "checkpoint of step " << step << " written synchronously: "
+                   << snap.status().ToString();
+    CheckpointAndReport(step);
+    return;
+  }
+  bg_ = std::make_unique<BackgroundWrite>();
+  bg_->snap = std::move(*snap);
+  bg_->step = step;
+  bg_->t0 = Clock::now();
+  BackgroundWrite* bg = bg_.get();
+  const msg::ResumeState rs = resume_;
+  ShardState* state = state_;
+  bg_->thread = std::thread([this, bg, rs, state] {
+    log::SetThreadName("zps-ckpt-write");
+    auto after_first = [bg, state] {
+      // Test kill point: die in the middle of the background write, once a later step has
+      // been applied (so the snapshot's copy-on-write has been exercised).
+      static const bool armed = [] {
+        const char* e = std::getenv("ZPS_TEST_CRASH_AT");
+        return e != nullptr && std::string_view(e).starts_with("checkpoint-background:");
+      }();
+      if (!armed) return;
+      const auto until = Clock::now() + 30s;
+      while (state->version() <= bg->step && Clock::now() < until) std::this_thread::sleep_for(5ms);
+      MaybeCrashAt("checkpoint-background", bg->step);
+    };
+    bg->result = ckpt_->WriteSnapshot(*bg->snap, rs, after_first);
+    bg->done.store(true, std::memory_order_release);
+  });
+}
+
+bool ShardDriver::FinishCheckpoint(bool wait) {
+  if (!bg_) return true;
+  if (!wait && !bg_->done.load(std::memory_order_acquire)) return false;
+  bg_->thread.join();
+  std::unique_ptr<BackgroundWrite> bg = std::move(bg_);
+  const Status& s = bg->result;
+  const double secs = std::chrono::duration<double>(Clock::now() - bg->t0).count();
+  if (pending_protect_) ckpt_->Protect(*pending_protect_);
+  pending_protect_.reset();
+  if (s.ok()) {
+    last_checkpoint_ = bg->step;
+    host_.checkpoint_duration->Observe(secs);
+    host_.checkpoint_last_success->SetToCurrentTime();
+    ZPS_LOG(INFO) << "checkpoint of step " << bg->step << " committed in " << secs
+                  << " s (written in the background; " << bg->snap->copied_on_write()
+                  << " chunks copied on write)";
+  } else {
+    ZPS_LOG(ERROR) << "checkpoint of step " << bg->step << " failed: " << s.ToString()
+                   << "; training continues, the recovery point stays the last checkpoint "
+                      "complete on every shard";
+  }
+  bg->snap.reset();
+  MaybeCrashAt("after-checkpoint", bg->step);  // committed here, not yet reported
+  Status r = ReportCheckpoints(std::make_pair(bg->step, s));
+  if (!r.ok()) ZPS_LOG(WARNING) << "checkpoint report not delivered: " << r.ToString();
+  return true;
 }
 
 void ShardDriver::CheckpointAndReport(int64_t step) {
@@ -551,6 +662,14 @@ void ShardDriver::CheckpointAndReport(int64_t step) {
 }
 
 Status ShardDriver::ShutdownCheckpoint() {
+  FinishCheckpoint(true);
+  if (state_ != nullptr && job_ && job_->shard.update_mode == UpdateMode::kSpeculative) {
+    const SpeculationStats ss = state_->speculation_stats();
+    ZPS_LOG(INFO) << "speculation totals: " << ss.published << " chunk updates published, "
+                  << ss.redone << " redone (clipped steps), " << ss.dropped
+                  << " dropped (skipped steps), " << ss.sync << " updated at the commit; "
+                  << ss.spares << " spare sets (" << ss.spare_bytes << " bytes)";
+  }
   if (!ckpt_ || state_ == nullptr || !synced_) return Status::Ok();
   const int64_t v = state_->version();
   if (v < 1 || v == last_checkpoint_ || resume_.step != v) return Status::Ok();

@@ -12,8 +12,11 @@
 // Run returned. ShardCheckpoints: one thread (the driver) at a time.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -32,7 +35,8 @@
 namespace zps::server {
 
 /// Test hook: ZPS_TEST_CRASH_AT=<point>:<step> makes the process SIGKILL itself when it reaches
-/// `point` at `step` (points: push, update, decide, checkpoint, after-checkpoint). Honest crash
+/// `point` at `step` (points: push, update, decide, checkpoint, after-checkpoint, speculate,
+/// checkpoint-background). Honest crash
 /// points for the recovery test; nothing happens when the variable is unset.
 void MaybeCrashAt(std::string_view point, int64_t step);
 
@@ -54,6 +58,11 @@ class ShardCheckpoints {
   /// FailedPrecondition, ResourceExhausted (disk full: the message names the directory),
   /// IoError.
   Status Write(const ShardState& state, const msg::ResumeState& rs);
+  /// As Write, from a snapshot (ShardState::BeginSnapshot) of step `rs.step`, on any one thread
+  /// while no other method runs. `after_first` (may be empty) runs after the first chunk is
+  /// added (the test kill point "checkpoint-background").
+  Status WriteSnapshot(ShardState::Snapshot& snap, const msg::ResumeState& rs,
+                       const std::function<void()>& after_first);
   /// Loads checkpoint `step` into `state` (ShardState::ResetTo). Errors: NotFound, DataLoss,
   /// IoError, InvalidArgument (a checkpoint of another layout).
   Result<msg::ResumeState> Restore(ShardState& state, int64_t step, const Status& reason);
@@ -71,7 +80,11 @@ class ShardCheckpoints {
   ShardCheckpoints(std::string dir, CheckpointOptions options,
                    std::unique_ptr<CheckpointStore> store)
       : dir_(std::move(dir)), options_(options), store_(std::move(store)) {}
-  Status WriteOnce(const ShardState& state, const msg::ResumeState& rs);
+  using Visit = std::function<Status(const ShardState::ChunkVisitor&)>;
+  Status WriteVisited(const Visit& visit, const msg::ResumeState& rs,
+                      const std::function<void()>& after_first);
+  Status WriteOnce(const Visit& visit, const msg::ResumeState& rs,
+                   const std::function<void()>& after_first);
   // Closes and opens the store (writable; read-only when that fails for lack of room, or none
   // when even that fails). Errors: from the writable open.
   Status Reopen();
@@ -114,6 +127,7 @@ struct DriverHost {
 class ShardDriver {
  public:
   ShardDriver(DriverHost host, std::unique_ptr<ShardCheckpoints> checkpoints);
+  ~ShardDriver();
   /// Runs until Stop (Cancelled) or a fatal error.
   Status Run();
   /// Closes the coordinator connection (waits in Run then fail at once). Any thread.
@@ -128,6 +142,15 @@ class ShardDriver {
   Result<int64_t> SyncToJob();
   Status RunSteps(int64_t start);
   void CheckpointAndReport(int64_t step);
+  // The checkpoint of `step` (the state's version): in the background when possible (a
+  // snapshot), else as CheckpointAndReport. Waits first for a background write still running
+  // (logged: a second checkpoint does not start before the first committed).
+  void StartCheckpoint(int64_t step);
+  // Reports a finished background write (`wait`: waits for one still running). Returns true
+  // when none is running any more.
+  bool FinishCheckpoint(bool wait);
+  // The speculation order assumed for `step` at `loss_scale` after `applied` updates.
+  CommitOrder Assumed(int64_t step, double loss_scale, int64_t applied) const;
   Status ReportCheckpoints(const std::optional<std::pair<int64_t, Status>>& result);
   // The restore of the recovery target `step` failed: on DataLoss or NotFound, reports the local
   // list without it (the coordinator then picks an older step); other errors are returned.
@@ -151,6 +174,17 @@ class ShardDriver {
   bool resync_ = false;      // RunSteps stopped for a recovery
   msg::ResumeState resume_;  // counters at state_'s version
   int64_t last_checkpoint_ = -1;
+  // The background checkpoint writer ("zps-ckpt-write"): at most one; joined by the driver.
+  struct BackgroundWrite {
+    std::thread thread;
+    std::shared_ptr<ShardState::Snapshot> snap;
+    int64_t step = 0;
+    std::chrono::steady_clock::time_point t0;
+    std::atomic<bool> done{false};
+    Status result;  // set before done
+  };
+  std::unique_ptr<BackgroundWrite> bg_;
+  std::optional<int64_t> pending_protect_;  // Protect deferred while bg_ runs
 };
 
 }  // namespace zps::server

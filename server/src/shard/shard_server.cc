@@ -64,12 +64,20 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
+  f.Add("checkpoint-mode",
+        "background (snapshot, written while later steps run) or sync (training waits for the "
+        "write)",
+        &checkpoint_mode);
   f.Add("checkpoint-direct-io",
         "O_DIRECT checkpoint writes and reads (the data dir's filesystem must support it)",
         &checkpoint_direct_io);
 }
 
 Status ShardServerOptions::Finalize() {
+  if (checkpoint_mode != "background" && checkpoint_mode != "sync") {
+    return InvalidArgument("--checkpoint-mode must be background or sync; got '" +
+                           checkpoint_mode + "'");
+  }
   if (!token_file.empty()) {
     ZPS_ASSIGN_OR_RETURN(token, ReadTokenFile(token_file));
   }

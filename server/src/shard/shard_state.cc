@@ -20,6 +20,17 @@ Result<ReductionMode> ParseReductionMode(std::string_view text) {
                          std::string(text) + "'");
 }
 
+std::string_view UpdateModeName(UpdateMode m) {
+  return m == UpdateMode::kSync ? "sync" : "speculative";
+}
+
+Result<UpdateMode> ParseUpdateMode(std::string_view text) {
+  if (text == "sync") return UpdateMode::kSync;
+  if (text == "speculative") return UpdateMode::kSpeculative;
+  return InvalidArgument("update mode must be sync or speculative; got '" + std::string(text) +
+                         "'");
+}
+
 Status ValidateShardJob(const ShardJob& job, const Layout& layout,
                         const OptimizerConfig& optimizer) {
   if (job.world_size == 0 || job.world_size > 65536) {
@@ -34,6 +45,9 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
     return InvalidArgument("accumulation_steps must be in [1, 1024] with world_size * "
                            "accumulation_steps <= 65536, got " +
                            std::to_string(job.accumulation_steps));
+  }
+  if (job.update_mode != UpdateMode::kSync && job.update_mode != UpdateMode::kSpeculative) {
+    return InvalidArgument("update_mode must be sync or speculative");
   }
   if (job.param_groups.size() > 65536) {
     return InvalidArgument("param_groups: at most 65536 groups");
@@ -171,8 +185,25 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     serving_off += serving_stride(c.size);
   }
   ZPS_RETURN_IF_ERROR(s->BuildRuns());
+  s->speculative_ = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
+  uint64_t spares = 0;  // spare sets for speculation with a store
   if (spilling) {
     ChunkStoreOptions so = *spill;
+    if (s->speculative_) {
+      // The spares count against the memory budget: a quarter of it (all chunks when there is
+      // no budget) is set aside for them, and the store gets the rest. Chunks beyond the spares
+      // are updated at the commit, as in sync mode.
+      uint64_t largest = 0;
+      for (const Chunk& c : s->chunks_) largest = std::max(largest, c.size);
+      const uint64_t moments = needs_v ? 2 : (needs_m ? 1 : 0);
+      const uint64_t set_bytes = AlignUp(largest * 4) * (1 + moments) + AlignUp(largest * sw * 2);
+      if (so.memory_budget == UINT64_MAX) {
+        spares = s->chunks_.size();
+      } else {
+        spares = std::min<uint64_t>(s->chunks_.size(), (so.memory_budget / 4) / set_bytes);
+        so.memory_budget -= spares * set_bytes;
+      }
+    }
     so.moments = needs_v ? 2 : (needs_m ? 1 : 0);
     so.serving_words = s->serving_words_;
     s->moments_ = so.moments;
@@ -207,6 +238,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
     if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
   }
+  if (s->speculative_) ZPS_RETURN_IF_ERROR(s->InitSpeculation(spares));
   return s;
 }
 
@@ -416,6 +448,11 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
         cv_.notify_all();
       }
     } else if (ChunkReady(*c)) {
+      if (speculative_ && c->spec == SpecPhase::kIdle) {
+        c->spec = SpecPhase::kQueued;
+        spec_q_.push_back(IndexOf(*c));
+        spec_cv_.notify_one();
+      }
       cv_.notify_all();
     }
   }
@@ -446,60 +483,81 @@ Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds time
 }
 
 Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int64_t step) {
+  std::vector<size_t> mine;  // chunks this thread reduces (not taken by the speculation thread)
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!StepReady(step)) {
       return FailedPrecondition("step " + std::to_string(step) + " is not complete on this shard");
     }
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      Chunk& c = chunks_[i];
+      if (c.spec == SpecPhase::kIdle || c.spec == SpecPhase::kQueued) {
+        c.spec = SpecPhase::kBusy;  // a queued entry is then skipped by the speculation thread
+        mine.push_back(i);
+      }
+    }
+    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    if (shutdown_) return shutdown_reason_;
+    ZPS_RETURN_IF_ERROR(spec_error_);
   }
   // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
+  for (size_t i : mine) {
+    Chunk& c = chunks_[i];
+    ZPS_ASSIGN_OR_RETURN(ChunkReport rep, ReduceChunk(c));
+    std::lock_guard<std::mutex> lock(mu_);
+    c.report = rep;
+    c.spec = SpecPhase::kReduced;
+  }
   std::vector<std::pair<uint32_t, ChunkReport>> out;
   out.reserve(chunks_.size());
-  for (Chunk& c : chunks_) {
-    float* acc = c.grads[0]->data();
-    for (size_t r = 1; r < c.grads.size(); ++r) {
-      const float* g = c.grads[r]->data();
-      for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
-    }
-    // Frozen parameters were never pushed: slot 0 may still hold their initial values. Zero
-    // them, so they add nothing to the norm (and nothing is read from them by the update).
-    for (const Chunk::Run& r : c.runs) {
-      if (r.frozen) std::fill(acc + r.begin, acc + r.end, 0.0f);
-    }
-    ZPS_ASSIGN_OR_RETURN(GradStats st,
-                         optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
-    out.emplace_back(c.id, ChunkReport{st.sum_squares, st.non_finite});
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Chunk& c : chunks_) out.emplace_back(c.id, c.report);
   return out;
 }
 
-Status ShardState::ApplyCommit(const CommitOrder& order) {
+Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrder> next) {
+  std::shared_ptr<Snapshot> snap;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!StepReady(order.step)) {
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
     }
+    for (const Chunk& c : chunks_) {
+      if (c.spec != SpecPhase::kReduced && c.spec != SpecPhase::kSpeculated) {
+        return FailedPrecondition("commit for step " + std::to_string(order.step) +
+                                  " before ReduceStep");
+      }
+    }
+    snap = snapshot_.lock();
   }
   const bool rewrite_serving = !order.skip && serving_in_store_;
-  if (!order.skip && store_) {
-    if (rewrite_serving) BeginServingRewrite();
-    Status st = StoreUpdate(order);
-    if (!st.ok() && rewrite_serving) EndServingRewrite(st);
-    ZPS_RETURN_IF_ERROR(st);
+  if (rewrite_serving) BeginServingRewrite();
+  Status st;
+  if (speculative_) {
+    st = ApplySpeculative(order);
+  } else if (!order.skip && store_) {
+    st = StoreUpdate(order);
   } else if (!order.skip) {
-    for (Chunk& c : chunks_) {
-      ZPS_RETURN_IF_ERROR(
-          UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order));
+    for (size_t i = 0; i < chunks_.size() && st.ok(); ++i) {
+      Chunk& c = chunks_[i];
+      if (snap) snap->Preserve(i);  // copy-on-write for a checkpoint still being written
+      st = UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
     }
   }
+  if (!st.ok() && rewrite_serving) EndServingRewrite(st);
+  ZPS_RETURN_IF_ERROR(st);
   std::vector<std::pair<Waiter, Status>> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Chunk& c : chunks_) {
       ResetCoverage(c);
+      if (store_ && c.spec == SpecPhase::kSpeculated) free_spares_.push_back(c.spare);
+      c.spec = SpecPhase::kIdle;
+      c.spare = -1;
       Publish(c, order.step + 1, ready);
     }
+    if (next && speculative_) armed_ = *next;
     if (rewrite_serving) {
       ++serving_gen_;  // even again, together with the new version
       reader_cv_.notify_all();
@@ -616,6 +674,7 @@ void ShardState::Shutdown(const Status& reason) {
   }
   cv_.notify_all();
   reader_cv_.notify_all();
+  spec_cv_.notify_all();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 

@@ -57,10 +57,21 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   }
   std::vector<Waiter> failed;
   Status slots;
+  std::shared_ptr<Snapshot> snap;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ++epoch_;
+    // The chunk being speculated reads the live state and the gradient slots: let it finish.
+    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    spec_q_.clear();
+    armed_.reset();
+    free_spares_.clear();
+    for (size_t k = 0; store_ && k < spares_.size(); ++k) free_spares_.push_back(static_cast<int>(k));
+    spec_error_ = Status::Ok();
+    snap = snapshot_.lock();
     for (Chunk& c : chunks_) {
+      c.spec = SpecPhase::kIdle;
+      c.spare = -1;
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
       ResetCoverage(c);
@@ -71,6 +82,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
   ZPS_RETURN_IF_ERROR(slots);
+  for (size_t i = 0; snap && i < chunks_.size(); ++i) snap->Preserve(i);
   if (serving_in_store_) BeginServingRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by

@@ -121,6 +121,7 @@ ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& j
 
 ShardState::~ShardState() {
   Shutdown(Cancelled("shard state destroyed"));
+  StopSpeculation();
   StopServingReader();
 }
 

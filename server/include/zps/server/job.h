@@ -24,9 +24,10 @@ struct JobSpec {
 
   /// Stable binary form, versioned: version 1 when every ShardJob field added in version 2
   /// (accumulation_steps, param_groups, param_group, frozen, lr_schedule) has its default (the
-  /// bytes of older builds), else version 2. docs/optimizer.md lists the fields.
+  /// bytes of older builds), else version 2; version 3 (version 2's fields, then update_mode)
+  /// when update_mode is not sync. docs/optimizer.md lists the fields.
   std::vector<std::byte> Serialize() const;
-  /// Reads versions 1 (new fields at their defaults) and 2, then Validate(). Errors:
+  /// Reads versions 1 (new fields at their defaults), 2 and 3, then Validate(). Errors:
   /// InvalidArgument (bad magic, unknown version, a truncated or malformed field, or Validate's).
   static Result<JobSpec> Deserialize(std::span<const std::byte> bytes);
   /// Hash of the serialised form: equal specs, equal hashes, on every process.

@@ -45,6 +45,10 @@ struct ShardServerOptions {
                                         // fetch staging buffers) spill to NVMe.
   std::string spill_dir;                // Default: "" = <data-dir>/spill. Where spill files go.
   int64_t checkpoint_every = 0;         // Default: 0 = never.
+  /// background: the checkpoint step is snapshotted (copy-on-write per chunk) and written by a
+  /// "zps-ckpt-write" thread while later steps run; a shard with a --memory-budget writes
+  /// synchronously. sync: written between steps, training waits (the earlier behaviour).
+  std::string checkpoint_mode = "background";  // Default: background.
   bool checkpoint_direct_io = false;    // Default: false. O_DIRECT checkpoint writes (flush) and
                                         // reads (needs a filesystem that supports it; faster on
                                         // NVMe, docs/benchmarks.md "Checkpoints").

@@ -89,6 +89,17 @@ enum class ReductionMode : uint8_t { kServerSum = 0, kPreReduced = 1 };
 std::string_view ReductionModeName(ReductionMode m);
 Result<ReductionMode> ParseReductionMode(std::string_view text);
 
+/// When a shard runs the optimizer (docs/architecture.md "The speculative step"):
+///   - sync: after the commit decision, over every chunk;
+///   - speculative: on each chunk as soon as its gradient is complete, into spare buffers,
+///     assuming no clip and no skip; the commit publishes the spare (the decided order is the
+///     assumed one), redoes the chunk from its untouched pre-update state (it clipped), or drops
+///     the spare (skip). Bit-identical to sync in every case.
+enum class UpdateMode : uint8_t { kSync = 0, kSpeculative = 1 };
+std::string_view UpdateModeName(UpdateMode m);
+/// "sync" or "speculative". Errors: InvalidArgument.
+Result<UpdateMode> ParseUpdateMode(std::string_view text);
+
 /// The step value of initial-value pushes.
 inline constexpr int64_t kInitStep = -1;
 
@@ -123,6 +134,8 @@ struct ShardJob {
   std::vector<uint8_t> frozen;                      // Default: empty
   /// The learning-rate schedule (zps/server/lr_schedule.h).
   LrScheduleConfig lr_schedule;                     // Default: none (constant)
+  /// When the optimizer runs (UpdateMode). Job spec version 3 when not sync.
+  UpdateMode update_mode = UpdateMode::kSync;       // Default: sync
 };
 
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
@@ -215,6 +228,19 @@ struct ShardStorageStats {
   uint64_t spilled_fetch_reads = 0;    // NVMe reads for them (the rest were cache hits)
 };
 
+/// Speculative updates (UpdateMode::kSpeculative), counted per chunk and commit since Create.
+struct SpeculationStats {
+  uint64_t published = 0;  // speculated, and the commit's order was the assumed one: published
+  uint64_t redone = 0;     // speculated, but the step clipped (another scale): redone at commit
+                           // from the untouched pre-update state
+  uint64_t dropped = 0;    // speculated, but the step was skipped (overflow): the spare dropped
+  uint64_t sync = 0;       // not speculated (no spare buffer free, not armed, or completed too
+                           // late): updated at commit as in sync mode
+  uint32_t in_flight = 0;  // chunks speculated now, waiting for the commit
+  uint32_t spares = 0;     // spare buffer sets (chunks that can be speculated in one step)
+  uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
+};
+
 /// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
 inline constexpr uint32_t kServingStagingBuffers = 4;
 
@@ -263,7 +289,36 @@ class ShardState {
   /// Errors: FailedPrecondition if the step is not complete.
   Result<std::vector<std::pair<uint32_t, ChunkReport>>> ReduceStep(int64_t step);
   /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
-  Status ApplyCommit(const CommitOrder& order);
+  /// Speculative mode: a chunk speculated with exactly `order` (step, grad_scale bits,
+  /// optimizer_step, not skipped) publishes its spare; any other speculated chunk is updated from
+  /// its live (pre-update) state as in sync mode, or left as it is when skipped. `next`: the
+  /// order to assume for step + 1 (ArmSpeculation), armed under the same lock as the publish so
+  /// that no chunk of step + 1 completes before it.
+  Status ApplyCommit(const CommitOrder& order, std::optional<CommitOrder> next = std::nullopt);
+
+  /// Speculative mode: chunks of `assumed.step` that complete from now on are updated at once
+  /// into spare buffers with `assumed` (the step's order if it neither clips nor skips). Any
+  /// other mode: ignored. Thread-safe; normally called by the driver after a restore, and by
+  /// ApplyCommit for the next step.
+  void ArmSpeculation(const CommitOrder& assumed);
+  SpeculationStats speculation_stats() const;
+  /// Test hook, called by the speculation thread after it speculated the first chunk of a step
+  /// ("speculate", step): the shard's named kill point inside speculation. Set before the first
+  /// push.
+  void SetTestHook(std::function<void(std::string_view point, int64_t step)> hook) {
+    test_hook_ = std::move(hook);
+  }
+
+  // ---- snapshots for checkpoints written in the background (shard_state_snapshot.cc) ----
+  class Snapshot;
+  /// Takes a consistent snapshot of every chunk's master, m and v at the current version,
+  /// copy-on-write per chunk: nothing is copied now; the first later change of a chunk (an
+  /// update, a publish, a rollback) first copies that chunk into the snapshot, unless the
+  /// snapshot's reader already took it. The snapshot's Visit may then run on another thread
+  /// while steps go on. One snapshot at a time. RAM state only (no store). Errors:
+  /// FailedPrecondition (a store, a snapshot still open, chunks at different versions or
+  /// uninitialised), ResourceExhausted.
+  Result<std::shared_ptr<Snapshot>> BeginSnapshot();
 
   /// Answers now if the chunk is at >= min_version, else when it gets there. A chunk whose
   /// serving copy is spilled is answered from the serving reader thread once its copy is read
@@ -318,6 +373,14 @@ class ShardState {
     FetchRequest req;
     FetchCallback cb;
   };
+  // A chunk's speculation (guarded by mu_): queued when its gradient completes, busy while the
+  // speculation thread (or ReduceStep) reduces and maybe updates it, then reduced (report valid)
+  // or speculated (report and spare valid).
+  enum class SpecPhase : uint8_t { kIdle, kQueued, kBusy, kReduced, kSpeculated };
+  struct Spare {  // the updated state of a speculated chunk, until the commit
+    AlignedBuffer<float> master, m, v;
+    AlignedBuffer<uint16_t> serving;  // serving_words_ words an element
+  };
   class ServingStaging;  // staging buffers + read cache of spilled serving copies
   struct Chunk {
     uint32_t id = 0;
@@ -341,6 +404,10 @@ class ShardState {
     std::vector<Run> runs;
     int64_t version = -1;
     std::vector<Waiter> waiters;
+    SpecPhase spec = SpecPhase::kIdle;  // guarded by mu_
+    ChunkReport report;                 // guarded by mu_; kReduced / kSpeculated
+    CommitOrder spec_order;             // guarded by mu_; kSpeculated
+    int spare = -1;                     // guarded by mu_; index into spares_ (kSpeculated)
   };
 
   ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job, ThreadPool* pool);
@@ -375,6 +442,18 @@ class ShardState {
   // The serving copy (serving_words_ words an element) of `master`.
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   Status BuildRuns();  // at Create: params_frozen, expected, runs of every chunk
+  // Speculation (shard_state_speculate.cc).
+  Status InitSpeculation(uint64_t spare_budget);  // at Create: spares, the thread
+  void StopSpeculation();
+  void SpeculationLoop();
+  // Sums the slots in contributor order into slot 0, zeroes frozen runs, computes the report.
+  Result<ChunkReport> ReduceChunk(Chunk& c) const;
+  // Copies the live state into `sp` and updates it with `order`.
+  Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
+  Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare (swap or store write)
+  Status ApplySpeculative(const CommitOrder& order);
+  static bool SameOrder(const CommitOrder& a, const CommitOrder& b);
+  void PreserveForSnapshot(const Chunk& c);  // shard_state_snapshot.cc; before changing c
   Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                         std::vector<float>& v) const;
   size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
@@ -414,6 +493,64 @@ class ShardState {
   Status serving_error_;               // guarded by mu_; a failed update pass: spilled fetches fail
   bool reader_stop_ = false;           // guarded by mu_
   std::condition_variable reader_cv_;  // the serving reader waits on it (with mu_)
+
+  // Speculation (UpdateMode::kSpeculative). Spares are per chunk without a store (spares_[i]
+  // belongs to chunks_[i]), else a pool of what fits in the budget (free_spares_).
+  bool speculative_ = false;
+  std::vector<Spare> spares_;
+  uint64_t spare_bytes_ = 0;
+  std::vector<int> free_spares_;              // guarded by mu_
+  std::deque<size_t> spec_q_;                 // guarded by mu_; chunk indices to speculate
+  std::optional<CommitOrder> armed_;          // guarded by mu_
+  bool spec_stop_ = false;                    // guarded by mu_
+  int spec_busy_ = 0;                         // guarded by mu_; chunks being reduced/speculated
+  std::condition_variable spec_cv_;           // the speculation thread waits on it (with mu_)
+  std::thread spec_thread_;                   // "zps-speculate"
+  SpeculationStats spec_stats_;               // guarded by mu_
+  Status spec_error_;                         // guarded by mu_; a failed reduction (ReduceStep)
+  std::function<void(std::string_view, int64_t)> test_hook_;
+  // The open snapshot of a background checkpoint (shard_state_snapshot.cc); guarded by mu_.
+  std::weak_ptr<Snapshot> snapshot_;
+};
+
+/// A consistent copy-on-write snapshot of a shard's master, m and v at one version
+/// (ShardState::BeginSnapshot), for a checkpoint written while later steps run. Chunks not yet
+/// changed since the snapshot are read from the live state; a step about to change one first
+/// copies it here (so its memory cost is at most one copy of the state, and only for chunks
+/// that change before the reader gets to them).
+/// Thread-safety: Visit on one thread at a time; Preserve (ShardState) from any. The
+/// ShardState must outlive the snapshot's Visit.
+class ShardState::Snapshot {
+ public:
+  int64_t version() const { return version_; }
+  /// Visits every chunk ascending, as ShardState::VisitChunkState, with the state as of the
+  /// snapshot; `fn` runs on the calling thread without ShardState's lock, spans valid during
+  /// the call. Call once. Errors: ResourceExhausted (a copy-on-write could not allocate),
+  /// whatever `fn` returns (the visit stops).
+  Status Visit(const ChunkVisitor& fn);
+  /// Chunks copied before the reader took them (the copy-on-write count).
+  uint64_t copied_on_write() const;
+
+  Snapshot(const ShardState* state, int64_t version);  // use ShardState::BeginSnapshot
+
+ private:
+  friend class ShardState;
+  enum class Phase : uint8_t { kLive, kCopied, kTaken };
+  struct Entry {
+    Phase phase = Phase::kLive;
+    AlignedBuffer<float> master, m, v;  // kCopied
+  };
+  void Preserve(size_t index);  // before chunk `index` changes
+  // Copies chunk `index`'s live state into the three buffers (sized here).
+  Status CopyLive(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
+                  AlignedBuffer<float>& v) const;
+
+  const ShardState* state_;
+  const int64_t version_;
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;  // guarded by mu_; per chunk (chunks_ order)
+  Status error_;                // guarded by mu_; a copy-on-write that failed
+  uint64_t cow_ = 0;            // guarded by mu_
 };
 
 }  // namespace zps::server

@@ -54,6 +54,12 @@ class StepCommit {
   /// Call config.Validate() first; an invalid config is a programming error here.
   explicit StepCommit(const CommitConfig& config);
 
+  /// The grad_scale Decide gives a step computed at `loss_scale` that does not clip: the value a
+  /// speculative update assumes (ShardState). The same double arithmetic, rounded once.
+  static float UnclippedScale(double loss_scale, double grad_divisor) {
+    return static_cast<float>(1.0 / (loss_scale * grad_divisor) * 1.0);
+  }
+
   /// The loss scale workers must use for the current step.
   double loss_scale() const { return loss_scale_; }
 

@@ -1,0 +1,98 @@
+// Copy-on-write snapshots of a shard's state for checkpoints written in the background. See
+// ShardState::Snapshot in shard_state.h. Lock order: ShardState::mu_ is never held while a
+// snapshot's mu_ is taken (ApplyCommit and ResetTo take the snapshot pointer first, then
+// release mu_ before Preserve).
+#include <cstring>
+
+#include "zps/server/shard_state.h"
+
+namespace zps::server {
+
+Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (store_) {
+    return FailedPrecondition("a shard with a memory budget (state in the spill store) writes "
+                              "its checkpoints synchronously");
+  }
+  if (snapshot_.lock()) return FailedPrecondition("a snapshot is still open");
+  if (chunks_.empty()) return FailedPrecondition("the shard holds no chunks");
+  const int64_t version = chunks_.front().version;
+  for (const Chunk& c : chunks_) {
+    if (c.version != version) {
+      return FailedPrecondition("chunks are at different versions (" + std::to_string(version) +
+                                " and " + std::to_string(c.version) + ")");
+    }
+  }
+  if (version < 0) return FailedPrecondition("the shard's chunks are not initialised yet");
+  auto snap = std::make_shared<Snapshot>(this, version);
+  snapshot_ = snap;
+  return snap;
+}
+
+ShardState::Snapshot::Snapshot(const ShardState* state, int64_t version)
+    : state_(state), version_(version), entries_(state->chunks_.size()) {}
+
+uint64_t ShardState::Snapshot::copied_on_write() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cow_;
+}
+
+Status ShardState::Snapshot::CopyLive(size_t index, AlignedBuffer<float>& master,
+                                      AlignedBuffer<float>& m, AlignedBuffer<float>& v) const {
+  const Chunk& c = state_->chunks_[index];
+  auto copy = [](const AlignedBuffer<float>& from, AlignedBuffer<float>& to) -> Status {
+    if (to.size() != from.size()) {
+      ZPS_ASSIGN_OR_RETURN(to, AlignedBuffer<float>::Allocate(from.size()));
+    }
+    if (from.size() > 0) std::memcpy(to.data(), from.data(), from.size() * sizeof(float));
+    return Status::Ok();
+  };
+  ZPS_RETURN_IF_ERROR(copy(c.master, master));
+  ZPS_RETURN_IF_ERROR(copy(c.m, m));
+  return copy(c.v, v);
+}
+
+void ShardState::Snapshot::Preserve(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[index];
+  if (e.phase != Phase::kLive) return;
+  e.phase = Phase::kCopied;
+  ++cow_;
+  if (Status s = CopyLive(index, e.master, e.m, e.v); !s.ok() && error_.ok()) {
+    error_ = s.WithContext("copy-on-write of chunk " + std::to_string(state_->chunks_[index].id) +
+                           " for the checkpoint of step " + std::to_string(version_));
+  }
+}
+
+Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
+  AlignedBuffer<float> master, m, v;  // the live chunk's copy, taken under mu_ (a bounce)
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const uint32_t id = state_->chunks_[i].id;
+    bool own = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ZPS_RETURN_IF_ERROR(error_);
+      Entry& e = entries_[i];
+      if (e.phase == Phase::kLive) {
+        // Copied under mu_, so a step that wants to change the chunk waits for the copy and
+        // then finds it taken.
+        ZPS_RETURN_IF_ERROR(CopyLive(i, master, m, v));
+        e.phase = Phase::kTaken;
+        own = true;
+      }
+    }
+    Entry& e = entries_[i];  // kCopied entries are not touched by Preserve any more
+    Status s = own ? fn(id, version_, master.span(), m.span(), v.span())
+                   : fn(id, version_, e.master.span(), e.m.span(), e.v.span());
+    if (!own) {
+      std::lock_guard<std::mutex> lock(mu_);
+      e.master = {};
+      e.m = {};
+      e.v = {};
+    }
+    ZPS_RETURN_IF_ERROR(s);
+  }
+  return Status::Ok();
+}
+
+}  // namespace zps::server

@@ -1,0 +1,265 @@
+// ShardState's speculative updates (UpdateMode::kSpeculative): a chunk is reduced and updated
+// into a spare as soon as its gradient is complete, assuming the step neither clips nor skips;
+// the commit publishes the spare, redoes the chunk from its live state, or drops the spare.
+// The live master, m, v and serving copy are never written before the commit, so the
+// "pre-update state" a redo starts from is simply the live one, and a skip restores nothing.
+// See shard_state.h and docs/architecture.md "The speculative step".
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "zps/common/logging.h"
+#include "zps/server/shard_state.h"
+
+namespace zps::server {
+
+bool ShardState::SameOrder(const CommitOrder& a, const CommitOrder& b) {
+  return a.step == b.step && !a.skip && !b.skip && a.optimizer_step == b.optimizer_step &&
+         std::bit_cast<uint32_t>(a.grad_scale) == std::bit_cast<uint32_t>(b.grad_scale);
+}
+
+Status ShardState::InitSpeculation(uint64_t spares) {
+  const uint64_t sw = serving_words_;
+  uint64_t largest = 0;
+  for (const Chunk& c : chunks_) largest = std::max(largest, c.size);
+  const size_t count = store_ ? static_cast<size_t>(std::min<uint64_t>(spares, chunks_.size()))
+                              : chunks_.size();
+  spares_.resize(count);
+  for (size_t k = 0; k < count; ++k) {
+    const uint64_t n = store_ ? largest : chunks_[k].size;
+    Spare& sp = spares_[k];
+    ZPS_ASSIGN_OR_RETURN(sp.master, AlignedBuffer<float>::Allocate(n));
+    if (moments_ >= 1 || (!store_ && chunks_[k].m.size() > 0)) {
+      ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
+    }
+    if (moments_ >= 2 || (!store_ && chunks_[k].v.size() > 0)) {
+      ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
+    }
+    ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
+    spare_bytes_ += (sp.master.size() + sp.m.size() + sp.v.size()) * sizeof(float) +
+                    sp.serving.size() * sizeof(uint16_t);
+    if (store_) free_spares_.push_back(static_cast<int>(k));
+  }
+  spec_stats_.spares = static_cast<uint32_t>(count);
+  spec_stats_.spare_bytes = spare_bytes_;
+  ZPS_LOG(INFO) << "shard " << ordinal_ << ": speculative updates: " << count << " of "
+                << chunks_.size() << " chunks can be speculated per step (" << spare_bytes_
+                << " bytes of spare buffers)";
+  spec_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "zps-speculate");
+    SpeculationLoop();
+  });
+  return Status::Ok();
+}
+
+void ShardState::StopSpeculation() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec_stop_ = true;
+  }
+  spec_cv_.notify_all();
+  if (spec_thread_.joinable()) spec_thread_.join();
+}
+
+void ShardState::ArmSpeculation(const CommitOrder& assumed) {
+  if (!speculative_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = assumed;
+}
+
+SpeculationStats ShardState::speculation_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SpeculationStats out = spec_stats_;
+  for (const Chunk& c : chunks_) out.in_flight += c.spec == SpecPhase::kSpeculated ? 1 : 0;
+  return out;
+}
+
+Result<ChunkReport> ShardState::ReduceChunk(Chunk& c) const {
+  float* acc = c.grads[0]->data();
+  for (size_t r = 1; r < c.grads.size(); ++r) {
+    const float* g = c.grads[r]->data();
+    for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
+  }
+  // Frozen parameters were never pushed: slot 0 may still hold their initial values. Zero
+  // them, so they add nothing to the norm (and nothing is read from them by the update).
+  for (const Chunk::Run& r : c.runs) {
+    if (r.frozen) std::fill(acc + r.begin, acc + r.end, 0.0f);
+  }
+  ZPS_ASSIGN_OR_RETURN(GradStats st,
+                       optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
+  return ChunkReport{st.sum_squares, st.non_finite};
+}
+
+Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order) {
+  const uint64_t n = c.size;
+  auto part = [n](AlignedBuffer<float>& b) {
+    return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
+  };
+  ChunkState st{part(sp.master), part(sp.m), part(sp.v)};
+  if (store_) {
+    ZPS_RETURN_IF_ERROR(CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master,
+                                                  moments_ >= 1 ? st.m : std::span<float>(),
+                                                  moments_ >= 2 ? st.v : std::span<float>())));
+  } else {
+    // The live state is read here while nothing writes it: only ApplyCommit and ResetTo do,
+    // and both wait for the speculation in progress first.
+    std::memcpy(st.master.data(), c.master.data(), n * sizeof(float));
+    if (!st.m.empty()) std::memcpy(st.m.data(), c.m.data(), n * sizeof(float));
+    if (!st.v.empty()) std::memcpy(st.v.data(), c.v.data(), n * sizeof(float));
+  }
+  return UpdateChunk(c, st, sp.serving.span().subspan(0, n * serving_words_), order);
+}
+
+void ShardState::SpeculationLoop() {
+  int64_t hooked = -1;  // the last step whose first speculated chunk called the test hook
+  for (;;) {
+    size_t i = 0;
+    std::optional<CommitOrder> order;
+    int spare = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      spec_cv_.wait(lock, [&] { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
+      if (spec_stop_ || shutdown_) return;
+      i = spec_q_.front();
+      spec_q_.pop_front();
+      Chunk& c = chunks_[i];
+      if (c.spec != SpecPhase::kQueued) continue;  // claimed by ReduceStep, or rolled back
+      c.spec = SpecPhase::kBusy;
+      ++spec_busy_;
+      if (armed_ && armed_->step == c.version) {
+        if (!store_) {
+          spare = static_cast<int>(i);
+        } else if (!free_spares_.empty()) {
+          spare = free_spares_.back();
+          free_spares_.pop_back();
+        }
+        if (spare >= 0) order = *armed_;
+      }
+    }
+    Chunk& c = chunks_[i];
+    Result<ChunkReport> rep = ReduceChunk(c);
+    Status st = rep.status();
+    bool speculated = false;
+    if (st.ok() && order) {
+      Status s = Speculate(c, spares_[spare], *order);
+      if (s.ok()) {
+        speculated = true;
+      } else {  // the chunk is updated at the commit instead
+        ZPS_LOG(WARNING) << "speculative update of chunk " << c.id << " failed ("
+                         << s.ToString() << "); it is updated at the commit";
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --spec_busy_;
+      if (!st.ok()) {
+        // A reduction cannot be repeated (it sums in place): the step fails at ReduceStep.
+        spec_error_ = st.WithContext("reducing chunk " + std::to_string(c.id));
+        c.spec = SpecPhase::kReduced;
+      } else {
+        c.report = *rep;
+        c.spec = speculated ? SpecPhase::kSpeculated : SpecPhase::kReduced;
+        if (speculated) {
+          c.spec_order = *order;
+          c.spare = spare;
+        }
+      }
+      if (!speculated && spare >= 0 && store_) free_spares_.push_back(spare);
+    }
+    cv_.notify_all();
+    if (speculated && order->step != hooked) {
+      hooked = order->step;
+      if (test_hook_) test_hook_("speculate", order->step);
+    }
+  }
+}
+
+Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
+  const uint64_t n = c.size;
+  const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
+  if (!store_) {
+    std::swap(c.master, sp.master);
+    std::swap(c.m, sp.m);
+    std::swap(c.v, sp.v);
+    std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
+    return Status::Ok();
+  }
+  auto part = [n](const AlignedBuffer<float>& b) {
+    return b.size() == 0 ? std::span<const float>() : b.span().subspan(0, n);
+  };
+  const uint32_t idx = static_cast<uint32_t>(IndexOf(c));
+  ZPS_RETURN_IF_ERROR(CountIo(store_->WriteChunk(idx, part(sp.master),
+                                                 moments_ >= 1 ? part(sp.m) : std::span<const float>(),
+                                                 moments_ >= 2 ? part(sp.v) : std::span<const float>())));
+  if (ServingSpilled(c)) return CountIo(store_->WriteServing(idx, serving));
+  std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
+  return Status::Ok();
+}
+
+Status ShardState::ApplySpeculative(const CommitOrder& order) {
+  std::vector<char> use(chunks_.size(), 0);
+  std::shared_ptr<Snapshot> snap;
+  uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snap = snapshot_.lock();
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      const Chunk& c = chunks_[i];
+      if (c.spec == SpecPhase::kSpeculated) {
+        if (order.skip) {
+          ++dropped;
+        } else if (SameOrder(c.spec_order, order)) {
+          use[i] = 1;
+          ++published;
+        } else {
+          ++redone;
+        }
+      } else if (!order.skip) {
+        ++sync;
+      }
+    }
+    spec_stats_.published += published;
+    spec_stats_.redone += redone;
+    spec_stats_.dropped += dropped;
+    spec_stats_.sync += sync;
+  }
+  if (redone > 0) {
+    ZPS_LOG(INFO) << "step " << order.step << " clipped (grad_scale " << order.grad_scale
+                  << "): " << redone << " speculated chunks redone from their pre-update state";
+  } else if (dropped > 0) {
+    ZPS_LOG(INFO) << "step " << order.step << " skipped: " << dropped
+                  << " speculated chunks dropped (their state is unchanged)";
+  }
+  if (order.skip) return Status::Ok();  // nothing live was written: nothing to restore
+  if (!store_) {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      Chunk& c = chunks_[i];
+      if (snap) snap->Preserve(i);
+      if (use[i]) {
+        ZPS_RETURN_IF_ERROR(PublishSpare(c, spares_[i]));
+      } else {
+        ZPS_RETURN_IF_ERROR(
+            UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order));
+      }
+    }
+    return Status::Ok();
+  }
+  std::vector<uint32_t> rest;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    if (use[i]) {
+      ZPS_RETURN_IF_ERROR(PublishSpare(chunks_[i], spares_[chunks_[i].spare]));
+    } else {
+      rest.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  if (rest.empty()) return Status::Ok();
+  PassOptions pass;
+  pass.serving = serving_in_store_;
+  return CountIo(store_->ForEachChunk(rest, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+    const Chunk& c = chunks_[i];
+    return UpdateChunk(c, {s.state.master, s.state.m, s.state.v},
+                       serving_in_store_ ? s.serving : c.serving, order);
+  }));
+}
+
+}  // namespace zps::server

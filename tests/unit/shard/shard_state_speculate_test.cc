@@ -1,0 +1,262 @@
+// Speculative updates (UpdateMode::kSpeculative) against sync ShardStates fed the same pushes
+// and orders: every outcome (published, clipped -> redone, skipped -> dropped) must leave the
+// same bits (chunk CRCs of master, m, v and serving copy); the redo must start from the
+// pre-update state; spares count against a memory budget; and copy-on-write snapshots keep the
+// bytes of their version while later steps run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "zps/server/shard_state.h"
+#include "zps/server/step_commit.h"
+
+namespace zps::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+// 1 shard, 8 chunks of 1024 elements (odd parameter sizes: padding, parameters across chunks).
+Layout SmallLayout() {
+  auto l = Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {1777}}, {"d", {10}}, {"e", {3000}}},
+                         {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
+  EXPECT_TRUE(l.ok());
+  return *l;
+}
+
+ShardJob Job(UpdateMode mode) {
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  job.accumulation_steps = 2;  // 4 contributors, summed in contributor order
+  job.param_groups = {{1e-2f, 0.1f}, {5e-3f, 0.0f}};
+  job.param_group = {0, 1, 0, 1, 0};
+  job.lr_schedule.kind = LrScheduleKind::kWarmupLR;
+  job.lr_schedule.warmup_min_lr = 1e-3;
+  job.lr_schedule.warmup_max_lr = 1e-2;
+  job.lr_schedule.warmup_num_steps = 5;
+  job.update_mode = mode;
+  return job;
+}
+
+std::string SpillDir() {
+  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
+  std::string dir = d != nullptr ? d : ::testing::TempDir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+// Pushes the same values to every state (initial values, or the gradients of every contributor).
+void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step, uint32_t seed,
+             float scale = 1e-2f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, step == kInitStep ? 0.5f : scale);
+  const uint32_t contributors = step == kInitStep ? 1 : 4;
+  for (uint32_t p = 0; p < layout.num_params(); ++p) {
+    auto pieces = layout.Pieces(p);
+    ASSERT_TRUE(pieces.ok());
+    for (const Piece& piece : *pieces) {
+      for (uint32_t r = 0; r < contributors; ++r) {
+        std::vector<float> v(piece.length);
+        for (auto& x : v) x = dist(rng);
+        for (ShardState* s : states) {
+          auto t = s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length,
+                                 step == kInitStep ? 0 : r, DType::kF32});
+          ASSERT_TRUE(t.ok()) << t.status().ToString();
+          std::memcpy(t->destination().data(), v.data(), t->destination().size());
+          ASSERT_TRUE(s->FinishPush(std::move(*t), Status::Ok()).ok());
+        }
+      }
+    }
+  }
+}
+
+// Waits until the speculation thread has speculated `n` chunks of the step in progress.
+void WaitSpeculated(const ShardState& s, uint32_t n) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (s.speculation_stats().in_flight < n && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(s.speculation_stats().in_flight, n);
+}
+
+void Commit(ShardState& s, const CommitOrder& order, std::optional<CommitOrder> next) {
+  ASSERT_TRUE(s.WaitForGradients(order.step, 1000ms).ok());
+  auto rep = s.ReduceStep(order.step);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_TRUE(s.ApplyCommit(order, next).ok());
+}
+
+void ExpectSame(const ShardState& a, const ShardState& b, int64_t step) {
+  for (uint32_t c : a.chunk_ids()) {
+    auto x = a.ChunkCrc(c);
+    auto y = b.ChunkCrc(c);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(*x, *y) << "chunk " << c << " after step " << step;
+  }
+  EXPECT_EQ(a.StateCrc(), b.StateCrc()) << "after step " << step;
+}
+
+constexpr double kDivisor = 4.0;  // world 2 x accumulation 2
+
+CommitOrder Assumed(int64_t step, int64_t applied) {
+  return {step, false, StepCommit::UnclippedScale(1.0, kDivisor), applied + 1};
+}
+
+TEST(ShardStateSpeculate, EveryOutcomeEqualsSync) {
+  const Layout layout = SmallLayout();
+  OptimizerConfig opt;  // AdamW, bias correction: the optimizer step counter matters
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
+  ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
+  const uint32_t n = static_cast<uint32_t>((*spec)->chunk_ids().size());
+  EXPECT_EQ((*spec)->speculation_stats().spares, n);
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 1);
+  (*spec)->ArmSpeculation(Assumed(0, 0));
+  // Per step: the decided order. Unclipped steps decide the assumed scale; step 1 and 4 clip
+  // (another scale); step 2 is skipped (the optimizer step does not advance).
+  int64_t applied = 0;
+  for (int64_t step = 0; step < 6; ++step) {
+    PushAll(layout, {sync->get(), spec->get()}, step, 100 + static_cast<uint32_t>(step));
+    WaitSpeculated(**spec, n);
+    CommitOrder order = Assumed(step, applied);
+    if (step == 1 || step == 4) order.grad_scale *= 0.37f;
+    if (step == 2) order.skip = true;
+    if (!order.skip) ++applied;
+    Commit(**sync, order, std::nullopt);
+    Commit(**spec, order, Assumed(step + 1, applied));
+    ExpectSame(**sync, **spec, step);
+  }
+  const SpeculationStats st = (*spec)->speculation_stats();
+  EXPECT_EQ(st.published, 3u * n);
+  EXPECT_EQ(st.redone, 2u * n);
+  EXPECT_EQ(st.dropped, 1u * n);
+  EXPECT_EQ(st.sync, 0u);
+  EXPECT_EQ(st.in_flight, 0u);
+}
+
+// The redo of a clipped step must start from the pre-update master, m and v: a redo that read
+// the speculated (already updated) state would apply the step twice, which this catches by
+// comparing with a sync state that applied it once.
+TEST(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
+  const Layout layout = SmallLayout();
+  OptimizerConfig opt;
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
+  ASSERT_TRUE(sync.ok() && spec.ok());
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 3);
+  const auto before = (*spec)->MasterOf(0);
+  ASSERT_TRUE(before.ok());
+  (*spec)->ArmSpeculation(Assumed(0, 0));
+  PushAll(layout, {sync->get(), spec->get()}, 0, 4, 1.0f);  // large: this step clips
+  WaitSpeculated(**spec, static_cast<uint32_t>((*spec)->chunk_ids().size()));
+  // Speculated, not published: the live state (and what MasterOf reads) is still version 0.
+  auto during = (*spec)->MasterOf(0);
+  ASSERT_TRUE(during.ok());
+  EXPECT_EQ(*during, *before);
+  CommitOrder clipped = Assumed(0, 0);
+  clipped.grad_scale *= 0.01f;
+  Commit(**sync, clipped, std::nullopt);
+  Commit(**spec, clipped, Assumed(1, 1));
+  ExpectSame(**sync, **spec, 0);
+  auto after = (*spec)->MasterOf(0);
+  ASSERT_TRUE(after.ok());
+  EXPECT_NE(*after, *before);
+  EXPECT_EQ((*spec)->speculation_stats().redone, (*spec)->chunk_ids().size());
+}
+
+// Not armed for the step (or no spare): the chunks are updated at the commit, as in sync mode.
+TEST(ShardStateSpeculate, UnarmedStepsAreUpdatedAtTheCommit) {
+  const Layout layout = SmallLayout();
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), OptimizerConfig{}, nullptr);
+  auto spec =
+      ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), OptimizerConfig{}, nullptr);
+  ASSERT_TRUE(sync.ok() && spec.ok());
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 5);
+  PushAll(layout, {sync->get(), spec->get()}, 0, 6);
+  Commit(**sync, Assumed(0, 0), std::nullopt);
+  Commit(**spec, Assumed(0, 0), std::nullopt);
+  ExpectSame(**sync, **spec, 0);
+  EXPECT_EQ((*spec)->speculation_stats().sync, (*spec)->chunk_ids().size());
+}
+
+// With a memory budget the spares are taken out of it (a quarter): here room for one set, so
+// one chunk a step is speculated and the others fall back to the commit; still the same bits.
+TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
+  const Layout layout = SmallLayout();
+  OptimizerConfig opt;
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
+  ASSERT_TRUE(sync.ok());
+  ChunkStoreOptions so;
+  // A state record of 1024 elements is 12 KiB, a spare set 12 KiB + 2 KiB: a quarter of 96 KiB
+  // holds one set; the other 82 KiB hold the pipeline's 5 buffers and one resident chunk, the
+  // other chunks spill.
+  so.memory_budget = 96 << 10;
+  so.spill_dir = SpillDir();
+  so.file_prefix = "shard-spec-test-" + std::to_string(::getpid());
+  so.serving_records = false;
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr, so);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const SpeculationStats st0 = (*spec)->speculation_stats();
+  EXPECT_EQ(st0.spares, 1u);
+  EXPECT_LT((*spec)->storage_stats().store.state_resident, (*spec)->chunk_ids().size());
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 7);
+  (*spec)->ArmSpeculation(Assumed(0, 0));
+  int64_t applied = 0;
+  for (int64_t step = 0; step < 4; ++step) {
+    PushAll(layout, {sync->get(), spec->get()}, step, 300 + static_cast<uint32_t>(step));
+    WaitSpeculated(**spec, 1);
+    CommitOrder order = Assumed(step, applied);
+    if (step == 2) order.grad_scale *= 0.5f;
+    ++applied;
+    Commit(**sync, order, std::nullopt);
+    Commit(**spec, order, Assumed(step + 1, applied));
+    ExpectSame(**sync, **spec, step);
+  }
+  const SpeculationStats st = (*spec)->speculation_stats();
+  EXPECT_EQ(st.published, 3u);
+  EXPECT_EQ(st.redone, 1u);
+  EXPECT_EQ(st.sync, 4u * ((*spec)->chunk_ids().size() - 1));
+}
+
+// A snapshot keeps the bytes of its version while steps change the state (copy-on-write), in
+// both update modes; a chunk the reader took before the step is not copied.
+TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
+  const Layout layout = SmallLayout();
+  for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
+    auto s = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    ASSERT_TRUE(s.ok());
+    PushAll(layout, {s->get()}, kInitStep, 9);
+    (*s)->ArmSpeculation(Assumed(0, 0));
+    PushAll(layout, {s->get()}, 0, 10);
+    Commit(**s, Assumed(0, 0), Assumed(1, 1));
+    std::vector<std::vector<float>> at1;
+    for (uint32_t c : (*s)->chunk_ids()) at1.push_back(*(*s)->MasterOf(c));
+    auto snap = (*s)->BeginSnapshot();
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    EXPECT_EQ((*s)->BeginSnapshot().status().code(), Code::kFailedPrecondition);  // one at a time
+    // The reader takes chunk 0 first, then a step changes every chunk, then the rest is read.
+    size_t visited = 0;
+    Status v = (*snap)->Visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
+                                  std::span<const float>, std::span<const float>) -> Status {
+      EXPECT_EQ(version, 1);
+      EXPECT_TRUE(std::equal(master.begin(), master.end(), at1[visited].begin()))
+          << "chunk " << chunk;
+      if (visited++ == 0) {
+        PushAll(layout, {s->get()}, 1, 11);
+        Commit(**s, Assumed(1, 1), Assumed(2, 2));
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(v.ok()) << v.ToString();
+    EXPECT_EQ(visited, at1.size());
+    EXPECT_EQ((*snap)->copied_on_write(), at1.size() - 1);
+    EXPECT_NE(*(*s)->MasterOf(0), at1[0]);  // the live state moved on
+    snap->reset();
+    EXPECT_TRUE((*s)->BeginSnapshot().ok());  // the first one is closed
+  }
+}
+
+}  // namespace
+}  // namespace zps::server
