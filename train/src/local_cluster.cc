@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -241,7 +242,8 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   }
   if (result.ok()) {
     std::printf("zps local cluster: all processes exited cleanly\n");
-    fs::remove_all(dir, ec);
+    // ZPS_KEEP_CLUSTER_LOGS (tests): the logs stay for the caller to read (and remove).
+    if (std::getenv("ZPS_KEEP_CLUSTER_LOGS") == nullptr) fs::remove_all(dir, ec);
   }
   return result;
 }

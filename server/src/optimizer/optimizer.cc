@@ -121,6 +121,19 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   if (config_.kind == OptimizerKind::kAdamW && static_cast<double>(lr_f) * wd_f > 1.0) {
     return InvalidArgument("adamw needs lr * weight_decay <= 1");
   }
+  if (params.source) {
+    ZPS_RETURN_IF_ERROR(CheckLen("source master", params.source->master.size(), n));
+    if (adam || has_momentum) ZPS_RETURN_IF_ERROR(CheckLen("source m", params.source->m.size(), n));
+    if (adam) ZPS_RETURN_IF_ERROR(CheckLen("source v", params.source->v.size(), n));
+    auto overlaps = [n](const float* a, const float* b) {
+      return a != nullptr && b != nullptr && a < b + n && b < a + n;
+    };
+    if (overlaps(params.source->master.data(), state.master.data()) ||
+        overlaps(params.source->m.data(), state.m.data()) ||
+        overlaps(params.source->v.data(), state.v.data())) {
+      return InvalidArgument("an out-of-place update's source overlaps its state");
+    }
+  }
   if (params.step < 1)
     return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
   if (!std::isfinite(params.grad_scale)) return InvalidArgument("grad_scale must be finite");
@@ -141,6 +154,11 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   a.v = adam ? state.v.data() : nullptr;
   a.out = a.has_out && !out_f32 ? params.out16.data() : nullptr;
   a.out32 = a.has_out && out_f32 ? params.out32.data() : nullptr;
+  if (params.source) {
+    a.src_master = params.source->master.data();
+    a.src_m = a.m != nullptr ? params.source->m.data() : nullptr;
+    a.src_v = a.v != nullptr ? params.source->v.data() : nullptr;
+  }
   a.grad_scale = params.grad_scale;
   a.lr = lr_f;
   a.momentum = config_.momentum;

@@ -30,6 +30,11 @@ struct KernelArgs {
   float* v = nullptr;
   uint16_t* out = nullptr;
   float* out32 = nullptr;
+  // Out of place (UpdateParams::source): master, m, v are read here and written above. Null:
+  // in place.
+  const float* src_master = nullptr;
+  const float* src_m = nullptr;
+  const float* src_v = nullptr;
 
   float grad_scale = 1.0f;
   // Adam/AdamW:

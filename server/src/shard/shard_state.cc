@@ -512,16 +512,31 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   out.reserve(chunks_.size());
   std::lock_guard<std::mutex> lock(mu_);
   for (const Chunk& c : chunks_) out.emplace_back(c.id, c.report);
+  // The chunks reduced here are speculated while the coordinator decides (late), so that the
+  // commit finds them done in the common case.
+  if (speculative_ && armed_ && armed_->step == step && !mine.empty()) {
+    for (size_t i : mine) {
+      chunks_[i].spec = SpecPhase::kQueuedLate;
+      spec_q_.push_back(i);
+    }
+    spec_cv_.notify_one();
+  }
   return out;
 }
 
 Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrder> next) {
   std::shared_ptr<Snapshot> snap;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!StepReady(order.step)) {
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
+    }
+    // A late speculation in progress finishes; those not started are updated here instead.
+    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    if (shutdown_) return shutdown_reason_;
+    for (Chunk& c : chunks_) {
+      if (c.spec == SpecPhase::kQueuedLate) c.spec = SpecPhase::kReduced;
     }
     for (const Chunk& c : chunks_) {
       if (c.spec != SpecPhase::kReduced && c.spec != SpecPhase::kSpeculated) {
@@ -557,6 +572,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
       c.spare = -1;
       Publish(c, order.step + 1, ready);
     }
+    spec_q_.clear();
     if (next && speculative_) armed_ = *next;
     if (rewrite_serving) {
       ++serving_gen_;  // even again, together with the new version

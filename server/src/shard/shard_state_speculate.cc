@@ -96,18 +96,18 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
   };
   ChunkState st{part(sp.master), part(sp.m), part(sp.v)};
-  if (store_) {
+  const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
+  if (store_) {  // read into the spare, updated there in place
     ZPS_RETURN_IF_ERROR(CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master,
                                                   moments_ >= 1 ? st.m : std::span<float>(),
                                                   moments_ >= 2 ? st.v : std::span<float>())));
-  } else {
-    // The live state is read here while nothing writes it: only ApplyCommit and ResetTo do,
-    // and both wait for the speculation in progress first.
-    std::memcpy(st.master.data(), c.master.data(), n * sizeof(float));
-    if (!st.m.empty()) std::memcpy(st.m.data(), c.m.data(), n * sizeof(float));
-    if (!st.v.empty()) std::memcpy(st.v.data(), c.v.data(), n * sizeof(float));
+    return UpdateChunk(c, st, serving, order);
   }
-  return UpdateChunk(c, st, sp.serving.span().subspan(0, n * serving_words_), order);
+  // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
+  // ResetTo do, and both wait for the speculation in progress first. No copy: the pass moves
+  // the same bytes as the synchronous update.
+  const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
+  return UpdateChunk(c, st, serving, order, &live);
 }
 
 void ShardState::SpeculationLoop() {
@@ -116,6 +116,7 @@ void ShardState::SpeculationLoop() {
     size_t i = 0;
     std::optional<CommitOrder> order;
     int spare = -1;
+    bool late = false;  // reduced already (its report is out): speculate only
     {
       std::unique_lock<std::mutex> lock(mu_);
       spec_cv_.wait(lock, [&] { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
@@ -123,7 +124,9 @@ void ShardState::SpeculationLoop() {
       i = spec_q_.front();
       spec_q_.pop_front();
       Chunk& c = chunks_[i];
-      if (c.spec != SpecPhase::kQueued) continue;  // claimed by ReduceStep, or rolled back
+      // Anything else: claimed by ReduceStep, taken back by ApplyCommit, or rolled back.
+      if (c.spec != SpecPhase::kQueued && c.spec != SpecPhase::kQueuedLate) continue;
+      late = c.spec == SpecPhase::kQueuedLate;
       c.spec = SpecPhase::kBusy;
       ++spec_busy_;
       if (armed_ && armed_->step == c.version) {
@@ -137,7 +140,7 @@ void ShardState::SpeculationLoop() {
       }
     }
     Chunk& c = chunks_[i];
-    Result<ChunkReport> rep = ReduceChunk(c);
+    Result<ChunkReport> rep = late ? Result<ChunkReport>(ChunkReport{}) : ReduceChunk(c);
     Status st = rep.status();
     bool speculated = false;
     if (st.ok() && order) {
@@ -157,7 +160,7 @@ void ShardState::SpeculationLoop() {
         spec_error_ = st.WithContext("reducing chunk " + std::to_string(c.id));
         c.spec = SpecPhase::kReduced;
       } else {
-        c.report = *rep;
+        if (!late) c.report = *rep;
         c.spec = speculated ? SpecPhase::kSpeculated : SpecPhase::kReduced;
         if (speculated) {
           c.spec_order = *order;

@@ -15,6 +15,11 @@
 #   corrupt-survivor   shard 1 dies at step 17; shard 0's checkpoint 15 (the coordinator's target,
 #                      complete on every shard) is corrupted while it runs: its restore meets
 #                      DATA_LOSS, it reports 15 unusable, and the job rolls back to 10.
+#   speculate          (with --update speculative) shard 1 dies inside the speculation of step
+#                      12: chunks updated into spares, the step not yet decided.
+#   checkpoint-background  shard 1 dies in the middle of its background write of checkpoint 10,
+#                      after it has applied step 10 (copy-on-write exercised); its newest
+#                      complete checkpoint is then 5.
 #   disk-full          shard 1's --data-dir is a small tmpfs that holds one checkpoint: from
 #                      checkpoint 10 on its checkpoints fail (disk full, logged with the directory),
 #                      none is counted complete, training goes on; then the coordinator shard dies
@@ -233,6 +238,8 @@ for s in "${sel[@]}"; do
     corrupt-restarted) scenario corrupt-restarted 1 push:17 "" corrupt_restarted check_corrupt_restarted ;;
     corrupt-survivor) scenario corrupt-survivor 1 push:17 "" corrupt_survivor check_corrupt_survivor ;;
     disk-full) scenario disk-full 0 push:17 mount_small_tmpfs "" check_disk_full ;;
+    speculate) scenario speculate 1 speculate:12 ;;
+    checkpoint-background) scenario checkpoint-background 1 checkpoint-background:10 ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done

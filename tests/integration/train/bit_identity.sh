@@ -5,6 +5,11 @@
 # serving copy. Usage: bit_identity.sh BIN_DIR [extra zps-train flags...]
 # The distributed run uses UCX over tcp, or BIT_IDENTITY_TLS (e.g. shm: posix,cma,self, which
 # fetches by RMA get from the shards' serving regions).
+# With --update speculative the reference is the synchronous computation, so a pass means the
+# speculative run ended bit-identical to --update sync; the shards' logs must then show that the
+# speculation ran: BIT_IDENTITY_EXPECT lists the outcomes that must each have happened at least
+# once (published, redone = a clipped step, dropped = a skipped step, sync = a chunk updated at
+# the commit, e.g. beyond the spares of a memory budget).
 set -euo pipefail
 bin=$1
 shift
@@ -17,7 +22,13 @@ echo "== reference: ${common[*]}"
 "$bin/zps-train" --mode reference "${common[@]}" | tee "$work/ref.out"
 tls=${BIT_IDENTITY_TLS:-tcp}
 echo "== distributed (2 shards x 2 workers, UCX $tls):"
-"$bin/zps-train" --mode local --ucx-tls "$tls" "${common[@]}" | tee "$work/dist.out"
+spec=0
+[[ " $* " == *" --update speculative "* ]] && spec=1
+if [[ $spec -eq 1 ]]; then
+  ZPS_KEEP_CLUSTER_LOGS=1 "$bin/zps-train" --mode local --ucx-tls "$tls" "${common[@]}" | tee "$work/dist.out"
+else
+  "$bin/zps-train" --mode local --ucx-tls "$tls" "${common[@]}" | tee "$work/dist.out"
+fi
 
 grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
 grep '^chunk_crc' "$work/dist.out" > "$work/dist.crc"
@@ -33,6 +44,32 @@ fi
 if [[ " $* " == *" --inject-overflow-step "* ]]; then
   for f in ref dist; do
     grep -q 'skipped' "$work/$f.out" || { echo "FAIL: the forced overflow did not skip a step ($f)"; exit 1; }
+  done
+fi
+if [[ $spec -eq 1 ]]; then
+  logs=$(sed -n 's/.*(logs in \(.*\))$/\1/p' "$work/dist.out" | head -1)
+  [[ -n $logs && -d $logs ]] || { echo "FAIL: no cluster log directory"; exit 1; }
+  totals=$(grep -h "speculation totals" "$logs"/shard-*.log || true)
+  rm -rf "$logs"
+  echo "$totals"
+  [[ $(wc -l <<< "$totals") -eq 2 ]] || { echo "FAIL: expected the speculation totals of 2 shards"; exit 1; }
+  for outcome in published ${BIT_IDENTITY_EXPECT:-}; do
+    sum=0
+    case $outcome in
+      published) re='([0-9]+) chunk updates published' ;;
+      redone) re='([0-9]+) redone' ;;
+      dropped) re='([0-9]+) dropped' ;;
+      sync) re='([0-9]+) updated at the commit' ;;
+      *) echo "unknown outcome $outcome"; exit 2 ;;
+    esac
+    while read -r line; do
+      [[ $line =~ $re ]] && sum=$(( sum + BASH_REMATCH[1] ))
+    done <<< "$totals"
+    if [[ $sum -eq 0 ]]; then
+      echo "FAIL: no chunk update was $outcome (the run did not exercise that path)"
+      exit 1
+    fi
+    echo "speculation: $sum chunk updates $outcome"
   done
 fi
 echo "PASS: $n chunks bit-identical"

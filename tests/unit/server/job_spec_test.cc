@@ -88,9 +88,29 @@ TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
     EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument) << cut;
   }
   auto b = bytes;
-  const uint32_t v3 = 3;
-  std::memcpy(b.data() + 4, &v3, 4);
+  const uint32_t v4 = 4;
+  std::memcpy(b.data() + 4, &v4, 4);
   EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument);
+}
+
+TEST(JobSpec, SpeculativeUpdateEncodesAsVersion3AndRoundTrips) {
+  for (JobSpec j : {Base(), Full()}) {
+    const uint64_t sync_hash = j.Hash();
+    j.shard.update_mode = UpdateMode::kSpeculative;
+    const auto bytes = j.Serialize();
+    EXPECT_EQ(VersionOf(bytes), 3u);
+    auto back = JobSpec::Deserialize(bytes);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->shard.update_mode, UpdateMode::kSpeculative);
+    EXPECT_EQ(back->Serialize(), bytes);
+    EXPECT_NE(j.Hash(), sync_hash);  // the mode is part of the job every process agrees on
+    auto bad = bytes;
+    bad.back() = std::byte{7};  // no such mode
+    EXPECT_EQ(JobSpec::Deserialize(bad).status().code(), Code::kInvalidArgument);
+  }
+  EXPECT_EQ(ParseUpdateMode("speculative").value(), UpdateMode::kSpeculative);
+  EXPECT_EQ(ParseUpdateMode("sync").value(), UpdateMode::kSync);
+  EXPECT_EQ(ParseUpdateMode("async").status().code(), Code::kInvalidArgument);
 }
 
 void ExpectInvalid(const JobSpec& j, std::string_view field) {

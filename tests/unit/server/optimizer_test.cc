@@ -286,6 +286,39 @@ TEST(Optimizer, BitIdenticalAcrossThreadCounts) {
   }
 }
 
+// An out-of-place update (UpdateParams::source: the speculative update's) gives the bits of
+// the in-place one, leaves its source unchanged, and refuses an overlapping source.
+TEST(Optimizer, OutOfPlaceEqualsInPlace) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  const size_t n = 65536 + 77;  // a tail too
+  for (const Case& cs : Cases()) {
+    State a = MakeState(n, DType::kBF16, 11);
+    State src = MakeState(n, DType::kBF16, 11);
+    State b = MakeState(n, DType::kBF16, 12);  // overwritten entirely
+    const State keep = MakeState(n, DType::kBF16, 11);
+    auto opt = Optimizer::Create(cs.config, nullptr, isa);
+    ASSERT_TRUE(opt.ok());
+    UpdateParams up;
+    up.step = 3;
+    up.grad_scale = 0.5f;
+    up.out16 = a.out;
+    ASSERT_TRUE((*opt)->Update({a.p, a.m, a.v}, Grad(a, DType::kF32, 0, n), up).ok());
+    up.out16 = b.out;
+    up.source = ConstChunkState{src.p, src.m, src.v};
+    ASSERT_TRUE((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up).ok());
+    EXPECT_EQ(std::memcmp(a.p.data(), b.p.data(), n * 4), 0) << cs.name;
+    if (!a.m.empty() && cs.config.kind != OptimizerKind::kSgd) {
+      EXPECT_EQ(std::memcmp(a.m.data(), b.m.data(), n * 4), 0) << cs.name;
+      EXPECT_EQ(std::memcmp(a.v.data(), b.v.data(), n * 4), 0) << cs.name;
+    }
+    EXPECT_EQ(a.out, b.out) << cs.name;
+    EXPECT_EQ(std::memcmp(src.p.data(), keep.p.data(), n * 4), 0) << cs.name;
+    up.source = ConstChunkState{b.p, b.m, b.v};
+    EXPECT_EQ((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up).code(),
+              Code::kInvalidArgument);
+  }
+}
+
 double RefSumSquares(const State& s, size_t n, float scale) {
   long double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += static_cast<long double>(s.g32[i]) * s.g32[i];

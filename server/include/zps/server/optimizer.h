@@ -74,6 +74,13 @@ struct GradView {
   size_t n = 0;
 };
 
+/// A read-only chunk state (the source of an out-of-place update).
+struct ConstChunkState {
+  std::span<const float> master;
+  std::span<const float> m;
+  std::span<const float> v;
+};
+
 struct UpdateParams {
   int64_t step = 1;            // 1-based step count after this update (drives bias correction).
   float grad_scale = 1.0f;     // Multiplies every gradient element before use.
@@ -84,6 +91,11 @@ struct UpdateParams {
   /// scheduled lr). Not set: the config's. The constants are folded exactly as for the config's.
   std::optional<float> lr;
   std::optional<float> weight_decay;
+  /// Out of place: the old master, m and v are read from here (same lengths as the state's,
+  /// not overlapping it) and the new ones written to the state; the source is not changed. The
+  /// same bits as copying the source into the state and updating in place. Not set (default):
+  /// in place.
+  std::optional<ConstChunkState> source;
 };
 
 struct GradStats {

@@ -376,7 +376,9 @@ class ShardState {
   // A chunk's speculation (guarded by mu_): queued when its gradient completes, busy while the
   // speculation thread (or ReduceStep) reduces and maybe updates it, then reduced (report valid)
   // or speculated (report and spare valid).
-  enum class SpecPhase : uint8_t { kIdle, kQueued, kBusy, kReduced, kSpeculated };
+  // kQueuedLate: reduced by ReduceStep (the step completed before the speculation thread got to
+  // it), queued to be speculated while the coordinator decides.
+  enum class SpecPhase : uint8_t { kIdle, kQueued, kBusy, kReduced, kSpeculated, kQueuedLate };
   struct Spare {  // the updated state of a speculated chunk, until the commit
     AlignedBuffer<float> master, m, v;
     AlignedBuffer<uint16_t> serving;  // serving_words_ words an element
@@ -437,8 +439,9 @@ class ShardState {
   Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
   Status StoreUpdate(const CommitOrder& order);
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
+  // `source` (out of place): the old state is read from there, `st` is written.
   Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
-                     const CommitOrder& order) const;
+                     const CommitOrder& order, const ConstChunkState* source = nullptr) const;
   // The serving copy (serving_words_ words an element) of `master`.
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   Status BuildRuns();  // at Create: params_frozen, expected, runs of every chunk

@@ -1,0 +1,361 @@
+// zps-bench overlap: the step time of --update sync against --update speculative, through a
+// real zps-server shard (in this process, the coordinator) and a worker Client on loopback,
+// beside two references measured in the same run: max(compute, pass) and compute + pass.
+//
+//   zps-bench overlap                          # 8 layers x 2 Mi elements, compute = the pass
+//   zps-bench overlap --compute-ms 200 --threads 2
+//
+// zps-bench checkpoint-stall: the step time while checkpoints are written, in the background
+// (--checkpoint-mode background) and synchronously (the earlier behaviour), beside the same run
+// without checkpoints.
+//
+//   zps-bench checkpoint-stall --dir /nvme/tmp --state-bytes 1GiB --every 4
+//
+// Method (both). One parameter per layer. A step: fetch every layer at version `step`
+// (forward, no compute), then backward from the last layer to the first: sleep compute/layers
+// ("GPU compute": the cores stay free for the shard), then push that layer's real fp32
+// gradient. The step time is the time from one step's last fetch to the next one's, so it holds
+// the compute, what the shard does after the last push (reduce, report, decide, update,
+// publish) and the fetches. The pass is measured in the same process before the runs: a sync
+// ShardState of the same layout and thread count, ReduceStep + ApplyCommit timed after all
+// gradients landed (the work a sync shard does after the last push), median of 3.
+// Modes (overlap): sync; speculative (no clipping: every speculated chunk is published);
+// speculative-clip (clipping fires on every step: every chunk is redone at the commit, the
+// worst case).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "zps/common/config.h"
+#include "zps/common/logging.h"
+#include "zps/common/thread_pool.h"
+#include "zps/server/job.h"
+#include "zps/server/shard_server.h"
+#include "zps/server/shard_state.h"
+#include "zps/worker/client.h"
+
+namespace zps::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kToken[] = "zps-bench-overlap";
+
+struct RigOptions {
+  int layers = 8;
+  uint64_t layer_elems = 2u << 20;
+  uint64_t chunk_elems = 0;  // 0 = layer_elems (one chunk a layer)
+  int threads = 1;
+  std::string tls = "tcp";
+  server::UpdateMode update = server::UpdateMode::kSync;
+  double max_grad_norm = 0.0;
+  std::string data_dir;
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_mode = "background";
+};
+
+Result<Layout> MakeLayout(const RigOptions& o) {
+  std::vector<ParamSpec> specs;
+  for (int i = 0; i < o.layers; ++i) {
+    specs.push_back({"layer" + std::to_string(i), {static_cast<int64_t>(o.layer_elems)}});
+  }
+  return Layout::Build(specs, {.chunk_elems = o.chunk_elems ? o.chunk_elems : o.layer_elems,
+                               .align_elems = 64,
+                               .num_shards = 1});
+}
+
+Result<server::JobSpec> MakeJob(const RigOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(Layout layout, MakeLayout(o));
+  server::JobSpec job{std::move(layout), {}, {}, {}};
+  job.shard.grad_dtype = DType::kF32;
+  job.shard.update_mode = o.update;
+  job.optimizer.kind = server::OptimizerKind::kAdamW;
+  job.optimizer.weight_decay = 0.01f;
+  job.commit.max_grad_norm = o.max_grad_norm;
+  ZPS_RETURN_IF_ERROR(job.Validate());
+  return job;
+}
+
+// The pass a sync shard runs after the last push: ReduceStep + ApplyCommit, median of 3.
+Result<double> MeasurePass(const RigOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
+  job.shard.update_mode = server::UpdateMode::kSync;
+  ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-pass", .threads = o.threads}));
+  ZPS_ASSIGN_OR_RETURN(auto st, server::ShardState::Create(job.layout, 0, job.shard,
+                                                           job.optimizer, pool.get()));
+  auto push_all = [&](int64_t step, float value) -> Status {
+    for (uint32_t c : st->chunk_ids()) {
+      // One push per parameter piece of the chunk.
+      for (uint32_t p = 0; p < job.layout.num_params(); ++p) {
+        ZPS_ASSIGN_OR_RETURN(auto pieces, job.layout.Pieces(p));
+        for (const Piece& piece : pieces) {
+          if (piece.chunk != c) continue;
+          ZPS_ASSIGN_OR_RETURN(auto t, st->BeginPush({step, c, piece.chunk_offset, piece.length,
+                                                      0, DType::kF32}));
+          auto dst = t.destination();
+          std::fill_n(reinterpret_cast<float*>(dst.data()), piece.length, value);
+          ZPS_RETURN_IF_ERROR(st->FinishPush(std::move(t), Status::Ok()));
+        }
+      }
+    }
+    return Status::Ok();
+  };
+  ZPS_RETURN_IF_ERROR(push_all(server::kInitStep, 0.5f));
+  std::vector<double> t;
+  for (int64_t step = 0; step < 4; ++step) {
+    ZPS_RETURN_IF_ERROR(push_all(step, 1e-3f));
+    const auto t0 = Clock::now();
+    ZPS_RETURN_IF_ERROR(st->ReduceStep(step).status());
+    ZPS_RETURN_IF_ERROR(st->ApplyCommit({step, false, 1.0f, step + 1}));
+    if (step > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Rig {
+  std::unique_ptr<server::ShardServer> server;
+  std::unique_ptr<worker::Client> client;  // destroyed first
+  ~Rig() {
+    client.reset();
+    if (server) server->Stop();
+  }
+};
+
+Result<std::unique_ptr<Rig>> StartRig(const RigOptions& o) {
+  auto rig = std::make_unique<Rig>();
+  server::ShardServerOptions so;
+  so.port = 0;
+  so.bind_address = "127.0.0.1";
+  so.token = kToken;
+  so.ucx_tls = o.tls;
+  so.metrics_port = 0;
+  so.optimizer_threads = o.threads;
+  so.data_dir = o.data_dir;
+  so.checkpoint_every = o.checkpoint_every;
+  so.checkpoint_mode = o.checkpoint_mode;
+  ZPS_ASSIGN_OR_RETURN(rig->server, server::ShardServer::Create(so));
+  ZPS_RETURN_IF_ERROR(rig->server->Start());
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
+  worker::WorkerOptions wo;
+  wo.endpoint = "127.0.0.1:" + std::to_string(rig->server->port());
+  wo.token = kToken;
+  wo.ucx_tls = o.tls;
+  ZPS_ASSIGN_OR_RETURN(rig->client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
+  std::vector<float> init(o.layer_elems, 0.5f);
+  for (int i = 0; i < o.layers; ++i) ZPS_RETURN_IF_ERROR(rig->client->PushInitial(i, init));
+  ZPS_RETURN_IF_ERROR(rig->client->FlushPushes());
+  return rig;
+}
+
+// Runs `steps` steps; returns the step times (last fetch to last fetch), steps[0] excluded.
+Result<std::vector<double>> RunSteps(worker::Client& c, const RigOptions& o, int64_t steps,
+                                     double compute_s) {
+  std::vector<float> grad(o.layer_elems, 1e-3f);
+  const auto per_layer = std::chrono::duration<double>(compute_s / o.layers);
+  std::vector<double> out;
+  Clock::time_point last{};
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<std::shared_ptr<const worker::ParamBuffer>> held;
+    std::vector<worker::FetchOp> ops;
+    for (int l = 0; l < o.layers; ++l) ops.push_back(c.FetchAsync(l, step));
+    for (auto& op : ops) {
+      ZPS_ASSIGN_OR_RETURN(auto buf, op.Wait(c.op_timeout()));
+      held.push_back(std::move(buf));
+    }
+    const auto fetched = Clock::now();
+    if (step > 0) out.push_back(std::chrono::duration<double>(fetched - last).count());
+    last = fetched;
+    held.clear();
+    for (int l = o.layers - 1; l >= 0; --l) {
+      std::this_thread::sleep_for(per_layer);
+      ZPS_RETURN_IF_ERROR(c.PushGrad(l, step, grad));
+    }
+    ZPS_RETURN_IF_ERROR(c.FlushPushes());
+  }
+  return out;
+}
+
+double Mean(const std::vector<double>& v, size_t from = 0, size_t to = SIZE_MAX) {
+  to = std::min(to, v.size());
+  if (from >= to) return 0.0;
+  return std::accumulate(v.begin() + from, v.begin() + to, 0.0) / (to - from);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- overlap -----------------------------------------------------------------------------
+
+struct OverlapOptions {
+  RigOptions rig;
+  double compute_ms = -1.0;  // Default: -1 = the measured pass.
+  int64_t steps = 12;        // Default: 12 (the first is not timed).
+  std::string modes = "sync,speculative,speculative-clip";
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+int RunOverlap(int argc, char** argv) {
+  OverlapOptions o;
+  Flags f("zps-bench overlap",
+          "Step time of sync vs speculative updates beside max(compute, pass) and compute + pass.");
+  f.Add("layers", "layers (one parameter each)", &o.rig.layers, 1, 4096);
+  f.AddBytes("layer-elems", "elements per layer", &o.rig.layer_elems);
+  f.AddBytes("chunk-elems", "elements per chunk (0 = one chunk a layer)", &o.rig.chunk_elems);
+  f.Add("threads", "the shard's optimizer threads", &o.rig.threads, 1, 256);
+  f.Add("tls", "UCX transports (tcp, shm)", &o.rig.tls);
+  f.Add("compute-ms", "emulated backward compute per step, ms (-1 = the measured pass)",
+        &o.compute_ms);
+  f.Add("steps", "steps per mode (the first is not timed)", &o.steps, 3, 100000);
+  f.Add("modes", "comma-separated: sync, speculative, speculative-clip", &o.modes);
+  auto parsed = f.Parse(argc, argv);
+  if (!parsed.ok()) return Fail("overlap", parsed.status());
+  if (*parsed == ParseOutcome::kHelpShown) return 0;
+  log::SetLevel(log::Level::kWarning);
+  auto pass = MeasurePass(o.rig);
+  if (!pass.ok()) return Fail("overlap", pass.status());
+  const double compute = o.compute_ms >= 0 ? o.compute_ms / 1000.0 : *pass;
+  const double mx = std::max(compute, *pass), sum = compute + *pass;
+  std::printf("overlap: %d layers x %llu elements (AdamW, %.0f MiB of state), %d optimizer "
+              "thread(s), ucx %s\n",
+              o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
+              o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 20), o.rig.threads,
+              o.rig.tls.c_str());
+  std::printf("references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
+              "compute + pass %.3f s\n",
+              compute, *pass, mx, sum);
+  for (const std::string& mode : Split(o.modes)) {
+    RigOptions r = o.rig;
+    if (mode == "sync") {
+      r.update = server::UpdateMode::kSync;
+    } else if (mode == "speculative" || mode == "speculative-clip") {
+      r.update = server::UpdateMode::kSpeculative;
+      if (mode == "speculative-clip") r.max_grad_norm = 1e-9;  // clips every step
+    } else {
+      return Fail("overlap", InvalidArgument("unknown mode '" + mode + "'"));
+    }
+    auto rig = StartRig(r);
+    if (!rig.ok()) return Fail("overlap", rig.status());
+    auto times = RunSteps(*(*rig)->client, r, o.steps, compute);
+    if (!times.ok()) return Fail("overlap", times.status());
+    const double med = Median(*times);
+    std::printf("%-17s step %.3f s (median of %zu; mean %.3f)  = %.2f x max(compute, pass), "
+                "%.2f x (compute + pass)\n",
+                mode.c_str(), med, times->size(), Mean(*times), med / mx, med / sum);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// ---- checkpoint-stall --------------------------------------------------------------------
+
+struct StallOptions {
+  RigOptions rig;
+  uint64_t state_bytes = 1ull << 30;  // Default: 1 GiB of master + m + v.
+  std::string dir;                    // Default: none (required); checkpoints go below it.
+  int64_t every = 4;                  // Default: a checkpoint every 4 steps.
+  int64_t steps = 17;                 // Default: 17 (checkpoints at 4, 8, 12, 16).
+  double compute_ms = -1.0;           // Default: -1 = the measured pass.
+};
+
+int RunStall(int argc, char** argv) {
+  StallOptions o;
+  o.rig.layers = 16;
+  Flags f("zps-bench checkpoint-stall",
+          "Step time while checkpoints are written: background vs sync vs none, same run.");
+  f.AddBytes("state-bytes", "fp32 master + m + v of the shard", &o.state_bytes);
+  f.Add("dir", "directory for the shards' --data-dir (required)", &o.dir);
+  f.Add("every", "checkpoint every N steps", &o.every, 1, 1000000);
+  f.Add("steps", "steps per mode (the first is not timed)", &o.steps, 3, 100000);
+  f.Add("layers", "layers (one parameter each)", &o.rig.layers, 1, 4096);
+  f.Add("threads", "the shard's optimizer threads", &o.rig.threads, 1, 256);
+  f.Add("tls", "UCX transports (tcp, shm)", &o.rig.tls);
+  f.Add("compute-ms", "emulated backward compute per step, ms (-1 = the measured pass)",
+        &o.compute_ms);
+  auto parsed = f.Parse(argc, argv);
+  if (!parsed.ok()) return Fail("checkpoint-stall", parsed.status());
+  if (*parsed == ParseOutcome::kHelpShown) return 0;
+  if (o.dir.empty()) return Fail("checkpoint-stall", InvalidArgument("--dir is required"));
+  log::SetLevel(log::Level::kWarning);
+  o.rig.layer_elems = std::max<uint64_t>(64, o.state_bytes / 12 / o.rig.layers / 64 * 64);
+  o.rig.chunk_elems = 4u << 20;
+  auto pass = MeasurePass(o.rig);
+  if (!pass.ok()) return Fail("checkpoint-stall", pass.status());
+  const double compute = o.compute_ms >= 0 ? o.compute_ms / 1000.0 : *pass;
+  std::printf("checkpoint-stall: %d layers x %llu elements (%.2f GiB of state), checkpoint "
+              "every %lld steps, compute %.3f s, pass %.3f s, ucx %s\n",
+              o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
+              o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 30), static_cast<long long>(o.every),
+              compute, *pass, o.rig.tls.c_str());
+  double base = 0.0;
+  for (const std::string mode : {"none", "sync", "background"}) {
+    RigOptions r = o.rig;
+    const std::string dir = o.dir + "/zps-stall-" + std::to_string(::getpid()) + "-" + mode;
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (mode != "none") {
+      r.data_dir = dir;
+      r.checkpoint_every = o.every;
+      r.checkpoint_mode = mode;
+    }
+    std::vector<double> times;
+    {
+      auto rig = StartRig(r);
+      if (!rig.ok()) return Fail("checkpoint-stall", rig.status());
+      auto t = RunSteps(*(*rig)->client, r, o.steps, compute);
+      if (!t.ok()) return Fail("checkpoint-stall", t.status());
+      times = std::move(*t);
+    }
+    std::filesystem::remove_all(dir, ec);
+    // times[i] is the step from the fetch of version i + 1 to that of version i + 2. The
+    // checkpoint of step k*every is ordered at the commit of step k*every - 1, which publishes
+    // version k*every: the steps after it (versions k*every .. k*every + every - 1) are the
+    // ones a checkpoint can slow down.
+    std::vector<double> during;
+    for (size_t i = 0; i < times.size(); ++i) {
+      const int64_t version = static_cast<int64_t>(i) + 1;
+      if (version >= o.every && version % o.every == 0) during.push_back(times[i]);
+    }
+    const double all = Mean(times);
+    if (mode == "none") base = all;
+    std::string line;
+    for (double t : times) line += " " + std::to_string(t).substr(0, 5);
+    std::printf("%-10s mean step %.3f s (%.2f x none)  first step after each checkpoint %.3f s "
+                "(%.2f x none); steps:%s\n",
+                mode.c_str(), all, base > 0 ? all / base : 1.0, Mean(during),
+                base > 0 ? Mean(during) / base : 1.0, line.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+ZPS_BENCH_SUBCOMMAND("overlap", "step time: sync vs speculative updates vs max/sum references",
+                     RunOverlap);
+ZPS_BENCH_SUBCOMMAND("checkpoint-stall",
+                     "step time while checkpoints are written (background vs sync vs none)",
+                     RunStall);
+
+}  // namespace zps::bench
