@@ -94,3 +94,29 @@ def test_schedule_keys_are_checked():
         after = engine.state_dict()
         for k in before:
             assert torch.equal(before[k], after[k])
+
+
+def test_speculative_update_gives_the_bits_of_sync():
+    """zps.update = "speculative": the shards update each chunk as its gradient completes; with
+    clipping on and a skipped fp16 step, the fp32 masters end bit-identical to zps.update =
+    "sync"."""
+    results = {}
+    for mode in ("sync", "speculative"):
+        cfg = base_config(serving_dtype="fp32", update=mode, shards=2, chunk_elems=64)
+        cfg["gradient_clipping"] = 0.5
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+        with zt.initialize(_net(), cfg) as engine:
+            skipped = []
+            for i, (x, y) in enumerate(_data(8)):
+                loss = F.mse_loss(engine(x), y)
+                engine.backward(loss * float("inf") if i == 3 else loss)
+                skipped.append(engine.step()["skipped"])
+            assert skipped == [i == 3 for i in range(8)]
+            results[mode] = engine.state_dict()
+    for k in results["sync"]:
+        assert torch.equal(results["sync"][k], results["speculative"][k]), k
+
+
+def test_update_mode_is_checked():
+    with pytest.raises(zt.ZpsError, match="zps.update"):
+        zt.initialize(_net(), base_config(update="async"))

@@ -64,6 +64,19 @@ void ShardState::Snapshot::Preserve(size_t index) {
   }
 }
 
+bool ShardState::Snapshot::Adopt(size_t index, AlignedBuffer<float>& master,
+                                 AlignedBuffer<float>& m, AlignedBuffer<float>& v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[index];
+  if (e.phase != Phase::kLive) return false;
+  e.phase = Phase::kCopied;
+  ++cow_;
+  e.master = std::move(master);
+  e.m = std::move(m);
+  e.v = std::move(v);
+  return true;
+}
+
 Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
   AlignedBuffer<float> master, m, v;  // the live chunk's copy, taken under mu_ (a bounce)
   for (size_t i = 0; i < entries_.size(); ++i) {

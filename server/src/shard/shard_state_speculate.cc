@@ -92,6 +92,11 @@ Result<ChunkReport> ShardState::ReduceChunk(Chunk& c) const {
 
 Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order) {
   const uint64_t n = c.size;
+  if (!store_ && sp.master.size() != n) {  // given to a checkpoint's snapshot (ApplySpeculative)
+    ZPS_ASSIGN_OR_RETURN(sp.master, AlignedBuffer<float>::Allocate(n));
+    if (c.m.size() > 0) ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
+    if (c.v.size() > 0) ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
+  }
   auto part = [n](AlignedBuffer<float>& b) {
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
   };
@@ -237,6 +242,17 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
   if (!store_) {
     for (size_t i = 0; i < chunks_.size(); ++i) {
       Chunk& c = chunks_[i];
+      if (use[i] && snap && snap->Adopt(i, c.master, c.m, c.v)) {
+        // A checkpoint still needs the pre-update state: it took the live buffers themselves;
+        // the spare's become the live ones, and the spare is allocated again by the next
+        // speculation of the chunk (off the critical path).
+        Spare& sp = spares_[i];
+        c.master = std::move(sp.master);
+        c.m = std::move(sp.m);
+        c.v = std::move(sp.v);
+        std::memcpy(c.serving.data(), sp.serving.data(), c.serving.size_bytes());
+        continue;
+      }
       if (snap) snap->Preserve(i);
       if (use[i]) {
         ZPS_RETURN_IF_ERROR(PublishSpare(c, spares_[i]));

@@ -544,6 +544,10 @@ class ShardState::Snapshot {
     AlignedBuffer<float> master, m, v;  // kCopied
   };
   void Preserve(size_t index);  // before chunk `index` changes
+  // Before chunk `index`'s buffers are replaced (a speculative publish): when the snapshot still
+  // needs the live state, takes the three buffers themselves (no copy) and returns true.
+  bool Adopt(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
+             AlignedBuffer<float>& v);
   // Copies chunk `index`'s live state into the three buffers (sized here).
   Status CopyLive(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
                   AlignedBuffer<float>& v) const;
