@@ -94,8 +94,12 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
   const uint64_t n = c.size;
   if (!store_ && sp.master.size() != n) {  // given to a checkpoint's snapshot (ApplySpeculative)
     ZPS_ASSIGN_OR_RETURN(sp.master, AlignedBuffer<float>::Allocate(n));
-    if (c.m.size() > 0) ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
-    if (c.v.size() > 0) ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
+    if (c.m.size() > 0) {
+      ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
+    }
+    if (c.v.size() > 0) {
+      ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
+    }
   }
   auto part = [n](AlignedBuffer<float>& b) {
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
