@@ -312,7 +312,7 @@ int RunStall(int argc, char** argv) {
   if (!parsed.ok()) return Fail("checkpoint-stall", parsed.status());
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   if (o.dir.empty()) return Fail("checkpoint-stall", InvalidArgument("--dir is required"));
-  log::SetLevel(log::Level::kWarning);
+  log::SetLevel(std::getenv("ZPS_BENCH_DEBUG") ? log::Level::kDebug : log::Level::kWarning);
   o.rig.layer_elems = std::max<uint64_t>(64, o.state_bytes / 12 / o.rig.layers / 64 * 64);
   o.rig.chunk_elems = 4u << 20;
   auto pass = MeasurePass(o.rig);

@@ -548,6 +548,11 @@ Status ShardDriver::RunSteps(int64_t start) {
     if (host_.storage_metrics) host_.storage_metrics();
     ZPS_RETURN_IF_ERROR(applied);
     const auto t_done = Clock::now();
+    if (bg_) {
+      ZPS_LOG(DEBUG) << "step " << step << " applied in "
+                     << std::chrono::duration<double>(t_done - t_apply).count()
+                     << " s while the checkpoint of step " << bg_->step << " is written";
+    }
     resume_ = {step + 1, ci.next_loss_scale, ci.good_steps, ci.optimizer_step};
     host_.optimizer_pass->Observe(std::chrono::duration<double>(t_done - t_apply).count());
     if (!ci.skip) host_.optimizer_bytes->Inc(optimizer_bytes_per_step);

@@ -556,7 +556,10 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
   } else if (!order.skip) {
     for (size_t i = 0; i < chunks_.size() && st.ok(); ++i) {
       Chunk& c = chunks_[i];
-      if (snap) snap->Preserve(i);  // copy-on-write for a checkpoint still being written
+      if (snap) {  // a checkpoint is still being written: it keeps the pre-update buffers
+        st = UpdateForSnapshot(i, *snap, order);
+        continue;
+      }
       st = UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
     }
   }

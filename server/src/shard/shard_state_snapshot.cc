@@ -8,6 +8,52 @@
 
 namespace zps::server {
 
+Result<AlignedBuffer<float>> ShardState::TakeBuffer(size_t n) {
+  if (n == 0) return AlignedBuffer<float>();
+  {
+    std::lock_guard<std::mutex> lock(buffers_mu_);
+    auto it = buffers_.find(n);
+    if (it != buffers_.end()) {
+      AlignedBuffer<float> b = std::move(it->second);
+      buffers_.erase(it);
+      return b;
+    }
+  }
+  return AlignedBuffer<float>::AllocateUninitialized(n);
+}
+
+void ShardState::GiveBuffer(AlignedBuffer<float> b) {
+  if (b.size() == 0) return;
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  buffers_.emplace(b.size(), std::move(b));
+}
+
+Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order) {
+  Chunk& c = chunks_[i];
+  ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> master, TakeBuffer(c.master.size()));
+  ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> m, TakeBuffer(c.m.size()));
+  ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> v, TakeBuffer(c.v.size()));
+  // The live state is not written (the reader may copy it meanwhile); the new state goes to the
+  // fresh buffers, which then replace it.
+  const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
+  Status s = UpdateChunk(c, {master.span(), m.span(), v.span()}, c.serving, order, &live);
+  if (!s.ok()) {
+    GiveBuffer(std::move(master));
+    GiveBuffer(std::move(m));
+    GiveBuffer(std::move(v));
+    return s;
+  }
+  if (!snap.Adopt(i, c.master, c.m, c.v)) {  // the reader took the chunk already
+    GiveBuffer(std::move(c.master));
+    GiveBuffer(std::move(c.m));
+    GiveBuffer(std::move(c.v));
+  }
+  c.master = std::move(master);
+  c.m = std::move(m);
+  c.v = std::move(v);
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   if (store_) {
@@ -29,7 +75,7 @@ Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
   return snap;
 }
 
-ShardState::Snapshot::Snapshot(const ShardState* state, int64_t version)
+ShardState::Snapshot::Snapshot(ShardState* state, int64_t version)
     : state_(state), version_(version), entries_(state->chunks_.size()) {}
 
 uint64_t ShardState::Snapshot::copied_on_write() const {
@@ -97,11 +143,11 @@ Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
     Entry& e = entries_[i];  // kCopied entries are not touched by Preserve any more
     Status s = own ? fn(id, version_, master.span(), m.span(), v.span())
                    : fn(id, version_, e.master.span(), e.m.span(), e.v.span());
-    if (!own) {
+    if (!own) {  // written: the kept buffers serve the next out-of-place update
       std::lock_guard<std::mutex> lock(mu_);
-      e.master = {};
-      e.m = {};
-      e.v = {};
+      state_->GiveBuffer(std::move(e.master));
+      state_->GiveBuffer(std::move(e.m));
+      state_->GiveBuffer(std::move(e.v));
     }
     ZPS_RETURN_IF_ERROR(s);
   }

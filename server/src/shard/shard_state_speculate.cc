@@ -93,13 +93,9 @@ Result<ChunkReport> ShardState::ReduceChunk(Chunk& c) const {
 Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order) {
   const uint64_t n = c.size;
   if (!store_ && sp.master.size() != n) {  // given to a checkpoint's snapshot (ApplySpeculative)
-    ZPS_ASSIGN_OR_RETURN(sp.master, AlignedBuffer<float>::Allocate(n));
-    if (c.m.size() > 0) {
-      ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
-    }
-    if (c.v.size() > 0) {
-      ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
-    }
+    ZPS_ASSIGN_OR_RETURN(sp.master, TakeBuffer(n));
+    ZPS_ASSIGN_OR_RETURN(sp.m, TakeBuffer(c.m.size()));
+    ZPS_ASSIGN_OR_RETURN(sp.v, TakeBuffer(c.v.size()));
   }
   auto part = [n](AlignedBuffer<float>& b) {
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
@@ -257,9 +253,10 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
         std::memcpy(c.serving.data(), sp.serving.data(), c.serving.size_bytes());
         continue;
       }
-      if (snap) snap->Preserve(i);
       if (use[i]) {
         ZPS_RETURN_IF_ERROR(PublishSpare(c, spares_[i]));
+      } else if (snap) {
+        ZPS_RETURN_IF_ERROR(UpdateForSnapshot(i, *snap, order));
       } else {
         ZPS_RETURN_IF_ERROR(
             UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order));

@@ -30,6 +30,20 @@ class AlignedBuffer {
     b.size_ = n;
     return b;
   }
+  /// As Allocate, without zeroing: the contents are unspecified (for buffers about to be
+  /// overwritten entirely). Errors: ResourceExhausted.
+  static Result<AlignedBuffer> AllocateUninitialized(size_t n) {
+    AlignedBuffer b;
+    if (n == 0) return b;
+    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) {
+      return ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes");
+    }
+    b.data_.reset(static_cast<T*>(p));
+    b.size_ = n;
+    return b;
+  }
   T* data() { return data_.get(); }
   const T* data() const { return data_.get(); }
   size_t size() const { return size_; }

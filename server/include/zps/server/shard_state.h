@@ -456,7 +456,13 @@ class ShardState {
   Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare (swap or store write)
   Status ApplySpeculative(const CommitOrder& order);
   static bool SameOrder(const CommitOrder& a, const CommitOrder& b);
-  void PreserveForSnapshot(const Chunk& c);  // shard_state_snapshot.cc; before changing c
+  // Buffers handed back by a snapshot once written, reused for the next out-of-place update
+  // while a snapshot is open (shard_state_snapshot.cc): no page faults, no zeroing.
+  Result<AlignedBuffer<float>> TakeBuffer(size_t n);
+  void GiveBuffer(AlignedBuffer<float> b);
+  // The sync update of chunk i while `snap` may still need its state: out of place into fresh
+  // buffers, then the old ones go to the snapshot (or back to the pool).
+  Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order);
   Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                         std::vector<float>& v) const;
   size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
@@ -514,6 +520,8 @@ class ShardState {
   std::function<void(std::string_view, int64_t)> test_hook_;
   // The open snapshot of a background checkpoint (shard_state_snapshot.cc); guarded by mu_.
   std::weak_ptr<Snapshot> snapshot_;
+  std::mutex buffers_mu_;  // a leaf lock
+  std::multimap<size_t, AlignedBuffer<float>> buffers_;  // guarded by buffers_mu_; by size
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
@@ -531,10 +539,10 @@ class ShardState::Snapshot {
   /// the call. Call once. Errors: ResourceExhausted (a copy-on-write could not allocate),
   /// whatever `fn` returns (the visit stops).
   Status Visit(const ChunkVisitor& fn);
-  /// Chunks copied before the reader took them (the copy-on-write count).
+  /// Chunks changed before the reader took them (kept for it: the copy-on-write count).
   uint64_t copied_on_write() const;
 
-  Snapshot(const ShardState* state, int64_t version);  // use ShardState::BeginSnapshot
+  Snapshot(ShardState* state, int64_t version);  // use ShardState::BeginSnapshot
 
  private:
   friend class ShardState;
@@ -552,7 +560,7 @@ class ShardState::Snapshot {
   Status CopyLive(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
                   AlignedBuffer<float>& v) const;
 
-  const ShardState* state_;
+  ShardState* state_;
   const int64_t version_;
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // guarded by mu_; per chunk (chunks_ order)
