@@ -289,8 +289,8 @@ struct StallOptions {
   RigOptions rig;
   uint64_t state_bytes = 1ull << 30;  // Default: 1 GiB of master + m + v.
   std::string dir;                    // Default: none (required); checkpoints go below it.
-  int64_t every = 4;                  // Default: a checkpoint every 4 steps.
-  int64_t steps = 17;                 // Default: 17 (checkpoints at 4, 8, 12, 16).
+  int64_t every = 16;                 // Default: a checkpoint every 16 steps.
+  int64_t steps = 34;                 // Default: 34 (checkpoints at 16 and 32).
   double compute_ms = -1.0;           // Default: -1 = the measured pass.
 };
 
@@ -343,23 +343,27 @@ int RunStall(int argc, char** argv) {
       times = std::move(t->step);
     }
     std::filesystem::remove_all(dir, ec);
-    // times[i] is the step from the fetch of version i + 1 to that of version i + 2. The
-    // checkpoint of step k*every is ordered at the commit of step k*every - 1, which publishes
-    // version k*every: the steps after it (versions k*every .. k*every + every - 1) are the
-    // ones a checkpoint can slow down.
-    std::vector<double> during;
+    // times[i] is step i: from its backward to the fetch of version i + 1. The checkpoint of
+    // step k*every is ordered at the commit of step k*every - 1, which publishes version
+    // k*every; the shard then writes it (sync) or snapshots it (background, or waits for the
+    // previous write first) before it takes step k*every's gradients: step k*every is where a
+    // synchronous checkpoint stalls; the later steps are the ones a background write runs
+    // beside.
+    std::vector<double> at, beside;
     for (size_t i = 0; i < times.size(); ++i) {
-      const int64_t version = static_cast<int64_t>(i) + 1;
-      if (version >= o.every && version % o.every == 0) during.push_back(times[i]);
+      const int64_t step = static_cast<int64_t>(i);
+      if (step < o.every) continue;
+      (step % o.every == 0 ? at : beside).push_back(times[i]);
     }
     const double all = Mean(times);
     if (mode == "none") base = all;
+    auto x = [&](double v) { return base > 0 ? v / base : 1.0; };
     std::string line;
     for (double t : times) line += " " + std::to_string(t).substr(0, 5);
-    std::printf("%-10s mean step %.3f s (%.2f x none)  first step after each checkpoint %.3f s "
-                "(%.2f x none); steps:%s\n",
-                mode.c_str(), all, base > 0 ? all / base : 1.0, Mean(during),
-                base > 0 ? Mean(during) / base : 1.0, line.c_str());
+    std::printf("%-10s mean step %.3f s (%.2f x none); at the checkpoint steps %.3f s (%.2f x); "
+                "the steps between %.3f s (%.2f x); steps:%s\n",
+                mode.c_str(), all, x(all), Mean(at), x(Mean(at)), Mean(beside), x(Mean(beside)),
+                line.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "checkpoint_db.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
@@ -127,6 +128,13 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& dir, const CheckpointOpt
   opt.rate_limiter = nullptr;
   opt.keep_log_file_num = 4;
   opt.max_manifest_file_size = 64ull << 20;
+  if (o.low_priority) {
+    rocksdb::Env* env = o.env != nullptr ? o.env : rocksdb::Env::Default();
+    for (auto pool : {rocksdb::Env::Priority::HIGH, rocksdb::Env::Priority::LOW}) {
+      rocksdb::Status ps = env->LowerThreadPoolCPUPriority(pool, rocksdb::CpuPriority::kIdle);
+      if (!ps.ok()) ZPS_LOG(DEBUG) << "checkpoint store: " << ps.ToString();
+    }
+  }
 
   auto out = std::unique_ptr<Db>(new Db());
   out->dir_ = dir;

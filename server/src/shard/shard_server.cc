@@ -773,7 +773,10 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   if (!options.data_dir.empty()) {
     ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(
         options.data_dir, {.direct_writes = options.checkpoint_direct_io,
-                           .direct_reads = options.checkpoint_direct_io}));
+                           .direct_reads = options.checkpoint_direct_io,
+                           // A background write frames on its own (niced) thread alone.
+                           .write_threads = options.checkpoint_mode == "background" ? 1 : 2,
+                           .low_priority = options.checkpoint_mode == "background"}));
   }
   if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
     CoordinatorOptions co;

@@ -74,6 +74,11 @@ struct CheckpointOptions {
   bool read_only = false;                      // Default: false — true for inspect/export
                                                // (works beside a live writer; sees state at
                                                // open). Writing calls return FailedPrecondition.
+  /// Default: false. true: the store's own threads (write_threads helpers, and RocksDB's
+  /// flush and compaction pools of its Env, process-wide) run at the lowest CPU priority, for a
+  /// checkpoint written in the background beside training: they then take the CPU the step
+  /// leaves idle.
+  bool low_priority = false;
   rocksdb::Env* env = nullptr;                 // Default: nullptr = rocksdb::Env::Default().
                                                // Tests inject faults here; not owned.
   /// Errors: InvalidArgument.
