@@ -313,7 +313,7 @@ class ShardState {
   class Snapshot;
   /// Takes a consistent snapshot of every chunk's master, m and v at the current version,
   /// copy-on-write per chunk: nothing is copied now; the first later change of a chunk (an
-  /// update, a publish, a rollback) first copies that chunk into the snapshot, unless the
+  /// update, a publish, a rollback) first hands that chunk's state to the snapshot, unless the
   /// snapshot's reader already took it. The snapshot's Visit may then run on another thread
   /// while steps go on. One snapshot at a time. RAM state only (no store). Errors:
   /// FailedPrecondition (a store, a snapshot still open, chunks at different versions or
@@ -526,9 +526,10 @@ class ShardState {
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
 /// (ShardState::BeginSnapshot), for a checkpoint written while later steps run. Chunks not yet
-/// changed since the snapshot are read from the live state; a step about to change one first
-/// copies it here (so its memory cost is at most one copy of the state, and only for chunks
-/// that change before the reader gets to them).
+/// changed since the snapshot are read from the live state; a step that changes one first
+/// gives its pre-update buffers here (the update runs out of place; a rollback copies), so its
+/// memory cost is at most one copy of the state, only for chunks that change before the
+/// reader gets to them; written buffers go back to the ShardState's pool.
 /// Thread-safety: Visit on one thread at a time; Preserve (ShardState) from any. The
 /// ShardState must outlive the snapshot's Visit.
 class ShardState::Snapshot {
