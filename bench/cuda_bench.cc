@@ -86,7 +86,8 @@ Status Measure(const Options& o, const char* op, Fn&& rep) {
 Status RunAll(const Options& o) {
   const uint64_t size = o.size;
   ZPS_ASSIGN_OR_RETURN(auto be, worker::CudaBackend::Create(
-                                    {.device = o.device, .slot_bytes = size * 2, .slots = 8,
+                                    {.device = o.device, .slot_bytes = 1 << 20,
+                                     .slots = static_cast<uint32_t>(std::max<uint64_t>(64, (size * 16) >> 20)),
                                      .max_inflight = 4}));
   std::vector<worker::DeviceBuffer> dev;
   for (int i = 0; i < o.params; ++i) {

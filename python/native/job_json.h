@@ -34,8 +34,8 @@ struct ConnectOptions {
   /// The CUDA device of this rank's parameters: >= 0 turns the CUDA backend on (pinned staging
   /// slots, copy stream; zps_fetch_to_device, zps_push_grad_device). Default: -1 = none.
   int cuda_device = -1;
-  size_t cuda_slot_bytes = size_t{64} << 20;  // Default: 64 MiB per pinned staging slot.
-  uint32_t cuda_slots = 8;                    // Default: 8 slots.
+  size_t cuda_slot_bytes = size_t{1} << 20;  // Default: 1 MiB per pinned staging slot.
+  uint32_t cuda_slots = 512;                 // Default: 512 slots (512 MiB pinned).
   /// Who reduce-scatters device gradients in pre-reduced mode: "auto" (NCCL with a CUDA device
   /// where NCCL loads, else Gloo on the host), "gloo" or "nccl" (an error where it does not
   /// load). Default: auto.

@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -37,40 +36,50 @@ class FakeEvents final : public CopyEvents {
 };
 
 struct Slots {
-  explicit Slots(size_t n, size_t bytes) : memory(n * bytes) {
-    std::vector<std::span<std::byte>> spans;
-    for (size_t i = 0; i < n; ++i) spans.emplace_back(memory.data() + i * bytes, bytes);
-    pool = std::make_unique<SlotPool>(std::move(spans));
+  Slots(size_t n, size_t bytes) : memory(n * bytes) {
+    pool = std::make_unique<SlotPool>(std::span<std::byte>(memory), bytes);
   }
-  // A slot as the backend hands it out: released to the pool when the last owner goes.
+  // A buffer as the backend hands it out: its run released to the pool when the last owner goes.
   std::shared_ptr<const void> Take(size_t bytes) {
-    auto i = pool->TryAcquire(bytes);
-    if (!i) return nullptr;
+    auto run = pool->TryAcquire(bytes);
+    if (!run) return nullptr;
     SlotPool* p = pool.get();
-    const size_t idx = *i;
-    return std::shared_ptr<const void>(p->slot(idx).data(), [p, idx](const void*) { p->Release(idx); });
+    const SlotPool::Run r = *run;
+    return std::shared_ptr<const void>(p->memory(r).data(), [p, r](const void*) { p->Release(r); });
   }
   std::vector<std::byte> memory;
   std::unique_ptr<SlotPool> pool;
 };
 
-TEST(SlotPoolTest, HandsOutEachSlotOnceAndRefusesWhatDoesNotFit) {
-  Slots s(3, 1024);
+TEST(SlotPoolTest, RunsOfContiguousSlotsFirstFit) {
+  Slots s(4, 1024);
+  EXPECT_EQ(s.pool->size(), 4u);
   EXPECT_EQ(s.pool->slot_bytes(), 1024u);
-  EXPECT_FALSE(s.pool->TryAcquire(1025).has_value());  // larger than a slot
-  std::vector<size_t> got;
-  for (int k = 0; k < 3; ++k) {
-    auto i = s.pool->TryAcquire(100);
-    ASSERT_TRUE(i.has_value());
-    got.push_back(*i);
-  }
+  auto a = s.pool->TryAcquire(100);  // one slot
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->first, 0u);
+  EXPECT_EQ(a->count, 1u);
+  auto b = s.pool->TryAcquire(2048);  // exactly two
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->first, 1u);
+  EXPECT_EQ(b->count, 2u);
+  EXPECT_EQ(s.pool->memory(*b).data(), s.memory.data() + 1024);
+  EXPECT_EQ(s.pool->memory(*b).size(), 2048u);
+  EXPECT_FALSE(s.pool->TryAcquire(1025).has_value());  // one slot left, two needed
+  auto c = s.pool->TryAcquire(0);  // an empty buffer still takes a slot
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->first, 3u);
   EXPECT_FALSE(s.pool->TryAcquire(1).has_value());  // every slot held
-  std::sort(got.begin(), got.end());
-  EXPECT_EQ(got, (std::vector<size_t>{0, 1, 2}));
-  s.pool->Release(1);
-  auto again = s.pool->TryAcquire(1024);
-  ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(*again, 1u);
+  EXPECT_EQ(s.pool->free_count(), 0u);
+  s.pool->Release(*a);
+  s.pool->Release(*c);
+  EXPECT_FALSE(s.pool->TryAcquire(2048).has_value()) << "slots 0 and 3 are not contiguous";
+  s.pool->Release(*b);
+  auto all = s.pool->TryAcquire(4096);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(all->first, 0u);
+  EXPECT_EQ(all->count, 4u);
+  EXPECT_FALSE(s.pool->TryAcquire(4097).has_value());  // larger than the whole pool
 }
 
 TEST(InflightCopiesTest, ASlotReturnsOnlyAfterItsCopyCompleted) {

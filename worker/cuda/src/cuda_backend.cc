@@ -85,7 +85,7 @@ class PinnedStaging final : public Device {
 struct CudaBackend::Impl {
   CudaOptions opts;
   const Api* api = nullptr;
-  std::vector<PinnedPtr> slot_memory;
+  PinnedPtr region{nullptr, PinnedDeleter{nullptr}};  // every slot, one allocation
   std::unique_ptr<SlotPool> pool;
   StreamPtr copy{nullptr, StreamDeleter{nullptr}};
   std::vector<EventPtr> events;
@@ -103,10 +103,10 @@ struct CudaBackend::Impl {
   }
   // A slot, or a pinned buffer of its own when none fits; freed or returned when dropped.
   Result<DeviceBuffer> Stage(size_t bytes) {
-    if (auto slot = pool->TryAcquire(bytes)) {
+    if (auto run = pool->TryAcquire(bytes)) {
       SlotPool* p = pool.get();
-      const size_t i = *slot;
-      return DeviceBuffer(p->slot(i).data(), bytes, [p, i](std::byte*) { p->Release(i); });
+      const SlotPool::Run r = *run;
+      return DeviceBuffer(p->memory(r).data(), bytes, [p, r](std::byte*) { p->Release(r); });
     }
     ZPS_RETURN_IF_ERROR(Use());
     void* mem = nullptr;
@@ -116,7 +116,7 @@ struct CudaBackend::Impl {
     if (overflow.fetch_add(1) == 0) {
       ZPS_LOG(INFO) << "cuda: a staging buffer of " << bytes << " bytes outside the "
                     << pool->size() << " slots of " << pool->slot_bytes()
-                    << " bytes (larger, or every slot held); counted in overflow_allocs";
+                    << " bytes (no run of free slots fits); counted in overflow_allocs";
     }
     const Api* a = api;
     return DeviceBuffer(static_cast<std::byte*>(mem), bytes,
@@ -163,12 +163,11 @@ Status PinnedStaging::AttachUcx(ucx::Context& context) {
   if (owner_->attached) {
     return FailedPrecondition("the CUDA staging slots are registered with another Client");
   }
-  std::vector<std::unique_ptr<ucx::MemoryRegion>> regions;
-  for (size_t i = 0; i < owner_->pool->size(); ++i) {
-    ZPS_ASSIGN_OR_RETURN(auto r, context.Register(owner_->pool->slot(i)));
-    regions.push_back(std::move(r));
-  }
-  owner_->regions = std::move(regions);
+  // One registration (ucp_mem_map) for the whole region: every slot is inside it.
+  const size_t n = owner_->pool->size();
+  ZPS_ASSIGN_OR_RETURN(auto r, context.Register(owner_->pool->memory({0, n})));
+  owner_->regions.clear();
+  owner_->regions.push_back(std::move(r));
   owner_->attached = true;
   return Status::Ok();
 }
@@ -210,16 +209,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptions& opti
                              "cudaEventCreateWithFlags");
     impl->events.emplace_back(e, EventDeleter{api});
   }
-  std::vector<std::span<std::byte>> spans;
-  for (uint32_t i = 0; i < options.slots; ++i) {
-    void* mem = nullptr;
-    ZPS_CUDA_RETURN_IF_ERROR(*api, api->HostAlloc(&mem, options.slot_bytes, cudaHostAllocPortable),
-                             "cudaHostAlloc of a " + std::to_string(options.slot_bytes) +
-                                 "-byte staging slot");
-    impl->slot_memory.emplace_back(static_cast<std::byte*>(mem), PinnedDeleter{api});
-    spans.emplace_back(static_cast<std::byte*>(mem), options.slot_bytes);
-  }
-  impl->pool = std::make_unique<SlotPool>(std::move(spans));
+  const size_t total = options.slot_bytes * options.slots;
+  void* mem = nullptr;
+  ZPS_CUDA_RETURN_IF_ERROR(*api, api->HostAlloc(&mem, total, cudaHostAllocPortable),
+                           "cudaHostAlloc of the " + std::to_string(total) +
+                               "-byte staging slots");
+  impl->region = PinnedPtr(static_cast<std::byte*>(mem), PinnedDeleter{api});
+  impl->pool = std::make_unique<SlotPool>(std::span<std::byte>(impl->region.get(), total),
+                                          options.slot_bytes);
   impl->event_ops = std::make_unique<CudaEvents>(api, &impl->events);
   impl->inflight = std::make_unique<InflightCopies>(impl->event_ops.get(), options.max_inflight);
   ZPS_LOG(INFO) << "cuda: device " << options.device << ", " << options.slots

@@ -20,10 +20,11 @@
 // the copy's event, so later work on `stream` sees the data and memory freed on `stream`
 // afterwards is not reused before the copy is done.
 //
-// Bounds: `slots` pinned slots of `slot_bytes`, allocated (cudaHostAlloc) at Create and
-// registered with the Client's UCX context (Device::AttachUcx). A fetch larger than a slot, or
-// arriving while every slot is held, gets a pinned buffer of its own (counted in
-// Stats::overflow_allocs; freed when released). At most `max_inflight` copies are in flight; a
+// Bounds: `slots` pinned slots of `slot_bytes` in one region, allocated (cudaHostAlloc) at
+// Create and registered with the Client's UCX context (Device::AttachUcx: one ucp_mem_map). A
+// buffer takes the first run of contiguous free slots that holds it; one that finds no such run
+// gets a pinned buffer of its own (counted in Stats::overflow_allocs; freed when released), so
+// staging never blocks. At most `max_inflight` copies are in flight; a
 // copy holds its source (the slot) until its event completes, so a slot is reused only then.
 //
 // Thread-safety: every method is thread-safe (copies are issued under one mutex). The backend
@@ -42,8 +43,8 @@ namespace zps::worker {
 
 struct CudaOptions {
   int device = 0;                         // Default: 0. The CUDA device ordinal.
-  size_t slot_bytes = size_t{64} << 20;   // Default: 64 MiB per pinned staging slot.
-  uint32_t slots = 8;                     // Default: 8 slots (512 MiB pinned).
+  size_t slot_bytes = size_t{1} << 20;    // Default: 1 MiB per pinned staging slot.
+  uint32_t slots = 512;                   // Default: 512 slots (512 MiB pinned).
   uint32_t max_inflight = 4;              // Default: 4 copies in flight on the copy stream.
 };
 

@@ -1,10 +1,10 @@
 // zps/worker/staging_slots.h — the device-independent logic of the CUDA backend's staging
-// (zps/worker/cuda_backend.h): a fixed pool of host slots and a bounded queue of copies in
-// flight, each tracked by an event. Kept free of CUDA so that it is tested without a GPU
+// (zps/worker/cuda_backend.h): a fixed pool of host slots (one region, first-fit runs of
+// contiguous slots) and a bounded queue of copies in flight, each tracked by an event. Kept free of CUDA so that it is tested without a GPU
 // (tests/unit/worker/staging_slots_test.cc, with a fake CopyEvents).
 //
-//   SlotPool pool(slot_spans);                    // the pinned slots, allocated at start
-//   auto slot = pool.TryAcquire(bytes);           // nullopt: too big, or every slot held
+//   SlotPool pool(region, slot_bytes);            // the pinned slots, allocated at start
+//   auto run = pool.TryAcquire(bytes);            // nullopt: no run of free slots fits
 //   InflightCopies q(&events, max_inflight);
 //   ZPS_ASSIGN_OR_RETURN(size_t ev, q.Acquire()); // waits for the oldest copy when q is full
 //   ... record the copy and event `ev` ...
@@ -31,39 +31,62 @@
 
 namespace zps::worker {
 
-/// Fixed host slots, all of one size, handed out whole.
+/// A fixed number of equal host slots in one contiguous region; a request takes the first run
+/// of contiguous free slots long enough for it (first fit), so small and large buffers share
+/// one pool and one UCX registration.
 class SlotPool {
  public:
-  /// `slots`: the memory of each slot (owned by the caller, outliving the pool).
-  explicit SlotPool(std::vector<std::span<std::byte>> slots) : slots_(std::move(slots)) {
-    for (size_t i = slots_.size(); i > 0; --i) free_.push_back(i - 1);
-  }
-  /// The index of a free slot of at least `bytes` bytes, or nullopt when every slot is held or
-  /// `bytes` exceeds the slot size (the caller then allocates outside the pool).
-  std::optional<size_t> TryAcquire(size_t bytes) {
+  /// A run of `count` contiguous slots starting at slot `first`.
+  struct Run {
+    size_t first = 0;
+    size_t count = 0;
+  };
+  /// `memory`: the region (owned by the caller, outliving the pool), cut into
+  /// memory.size() / slot_bytes slots of `slot_bytes` (> 0).
+  SlotPool(std::span<std::byte> memory, size_t slot_bytes)
+      : memory_(memory), slot_bytes_(slot_bytes), used_(memory.size() / slot_bytes, false) {}
+  /// The first run of free slots holding `bytes` (at least one slot), or nullopt when none is
+  /// free (the caller then allocates outside the pool).
+  std::optional<Run> TryAcquire(size_t bytes) {
+    const size_t need = bytes == 0 ? 1 : (bytes + slot_bytes_ - 1) / slot_bytes_;
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty() || bytes > slot_bytes()) return std::nullopt;
-    const size_t i = free_.back();
-    free_.pop_back();
-    return i;
+    size_t start = 0, len = 0;
+    for (size_t i = 0; i < used_.size(); ++i) {
+      if (used_[i]) {
+        len = 0;
+        continue;
+      }
+      if (len++ == 0) start = i;
+      if (len == need) {
+        for (size_t k = start; k < start + need; ++k) used_[k] = true;
+        free_ -= need;
+        return Run{start, need};
+      }
+    }
+    return std::nullopt;
   }
-  /// Returns slot `index` (acquired before) to the pool.
-  void Release(size_t index) {
+  /// Returns a run (from TryAcquire) to the pool.
+  void Release(Run run) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(index);
+    for (size_t k = run.first; k < run.first + run.count; ++k) used_[k] = false;
+    free_ += run.count;
   }
-  std::span<std::byte> slot(size_t index) const { return slots_[index]; }
-  size_t slot_bytes() const { return slots_.empty() ? 0 : slots_[0].size(); }
-  size_t size() const { return slots_.size(); }
+  std::span<std::byte> memory(Run run) const {
+    return memory_.subspan(run.first * slot_bytes_, run.count * slot_bytes_);
+  }
+  size_t slot_bytes() const { return slot_bytes_; }
+  size_t size() const { return used_.size(); }
   size_t free_count() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return free_.size();
+    return free_;
   }
 
  private:
-  const std::vector<std::span<std::byte>> slots_;
+  const std::span<std::byte> memory_;
+  const size_t slot_bytes_;
   mutable std::mutex mu_;
-  std::vector<size_t> free_;  // guarded by mu_: indices of free slots
+  std::vector<bool> used_;     // guarded by mu_
+  size_t free_ = used_.size();  // guarded by mu_
 };
 
 /// What InflightCopies needs of the events (cudaEvent_t in the backend, a fake in tests):
