@@ -3,7 +3,7 @@
 # torch 2.x, and none of Debian's packages: it runs from .gpu/ (scripts/gpu-bundle.sh, made on a
 # Debian build machine and carried over).
 #
-#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 30 MiB)
+#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 32 MiB)
 #   scripts/gpu-check.sh                  # there (OUT=dir for the JSON results, default .gpu/out)
 #
 # It checks that a CUDA device is there (else says so — "no CUDA device" — and exits 0 with
