@@ -44,12 +44,12 @@ using Clock = std::chrono::steady_clock;
 constexpr char kToken[] = "zps-bench-cuda";
 
 struct Options {
-  int device = 0;                     // Default: 0.
-  uint64_t size = 64ull << 20;        // Default: 64 MiB per parameter (and gradient).
-  int params = 8;                     // Default: 8.
-  int reps = 3;                       // Default: 3 (after one warm-up).
-  std::string tls = "tcp";            // Default: tcp.
-  bool json = false;                  // Default: false (a table).
+  int device = 0;               // Default: 0.
+  uint64_t size = 64ull << 20;  // Default: 64 MiB per parameter (and gradient).
+  int params = 8;               // Default: 8.
+  int reps = 3;                 // Default: 3 (after one warm-up).
+  std::string tls = "tcp";      // Default: tcp.
+  bool json = false;            // Default: false (a table).
 };
 
 double Since(Clock::time_point t0) {
@@ -60,13 +60,14 @@ void Print(const Options& o, const char* op, std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const double median = v[v.size() / 2], best = v.back();
   if (o.json) {
-    std::printf("{\"bench\":\"cuda\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
-                "\"params\":%d,\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu}\n",
-                op, o.tls.c_str(), static_cast<unsigned long long>(o.size), o.params, median,
-                best, v.size());
+    std::printf(
+        "{\"bench\":\"cuda\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
+        "\"params\":%d,\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu}\n",
+        op, o.tls.c_str(), static_cast<unsigned long long>(o.size), o.params, median, best,
+        v.size());
   } else {
-    std::printf("%-12s %-4s %10llu B x %d  median %7.3f GB/s  best %7.3f GB/s\n", op,
-                o.tls.c_str(), static_cast<unsigned long long>(o.size), o.params, median, best);
+    std::printf("%-12s %-4s %10llu B x %d  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
+                static_cast<unsigned long long>(o.size), o.params, median, best);
   }
   std::fflush(stdout);
 }
@@ -85,10 +86,12 @@ Status Measure(const Options& o, const char* op, Fn&& rep) {
 
 Status RunAll(const Options& o) {
   const uint64_t size = o.size;
-  ZPS_ASSIGN_OR_RETURN(auto be, worker::CudaBackend::Create(
-                                    {.device = o.device, .slot_bytes = 1 << 20,
-                                     .slots = static_cast<uint32_t>(std::max<uint64_t>(64, (size * 16) >> 20)),
-                                     .max_inflight = 4}));
+  ZPS_ASSIGN_OR_RETURN(
+      auto be, worker::CudaBackend::Create(
+                   {.device = o.device,
+                    .slot_bytes = 1 << 20,
+                    .slots = static_cast<uint32_t>(std::max<uint64_t>(64, (size * 16) >> 20)),
+                    .max_inflight = 4}));
   std::vector<worker::DeviceBuffer> dev;
   for (int i = 0; i < o.params; ++i) {
     ZPS_ASSIGN_OR_RETURN(auto d, be->AllocateDeviceMemory(size * 2));
@@ -130,9 +133,9 @@ Status RunAll(const Options& o) {
   for (int i = 0; i < o.params; ++i) {
     specs.push_back({"p" + std::to_string(i), {static_cast<int64_t>(elems)}});
   }
-  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(specs, {.chunk_elems = elems,
-                                                            .align_elems = 64,
-                                                            .num_shards = 1}));
+  ZPS_ASSIGN_OR_RETURN(
+      Layout layout,
+      Layout::Build(specs, {.chunk_elems = elems, .align_elems = 64, .num_shards = 1}));
   server::JobSpec job{std::move(layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kSgd;
   worker::WorkerOptions wo;
@@ -177,8 +180,8 @@ Status RunAll(const Options& o) {
         ZPS_RETURN_IF_ERROR(client->AwaitPushesBelow(2));
         if (from_device) {
           ZPS_ASSIGN_OR_RETURN(auto h, be->CopyToHost(dev[i].data(), grad_bytes, 0));
-          ZPS_RETURN_IF_ERROR(client->PushGrad(
-              i, step, {reinterpret_cast<const float*>(h.data()), elems}));
+          ZPS_RETURN_IF_ERROR(
+              client->PushGrad(i, step, {reinterpret_cast<const float*>(h.data()), elems}));
         } else {
           ZPS_RETURN_IF_ERROR(client->PushGrad(i, step, host_grad));
         }
@@ -192,8 +195,8 @@ Status RunAll(const Options& o) {
     // The device gradients: finite values, written once.
     for (int i = 0; i < o.params; ++i) {
       auto h = std::make_shared<std::vector<float>>(host_grad);
-      ZPS_RETURN_IF_ERROR(be->CopyToDevice(dev[i].data(), std::as_bytes(std::span<const float>(*h)),
-                                           h, 0));
+      ZPS_RETURN_IF_ERROR(
+          be->CopyToDevice(dev[i].data(), std::as_bytes(std::span<const float>(*h)), h, 0));
     }
     ZPS_RETURN_IF_ERROR(be->Synchronize());
     auto push_host = [&] { return push(false); };
@@ -201,9 +204,10 @@ Status RunAll(const Options& o) {
     ZPS_RETURN_IF_ERROR(Measure(o, "push_host", push_host));
     ZPS_RETURN_IF_ERROR(Measure(o, "push_d2h", push_d2h));
     const auto st = be->stats();
-    std::printf("{\"bench\":\"cuda\",\"stats\":{\"overflow_allocs\":%llu,\"inflight_waits\":%llu}}\n",
-                static_cast<unsigned long long>(st.overflow_allocs),
-                static_cast<unsigned long long>(st.inflight_waits));
+    std::printf(
+        "{\"bench\":\"cuda\",\"stats\":{\"overflow_allocs\":%llu,\"inflight_waits\":%llu}}\n",
+        static_cast<unsigned long long>(st.overflow_allocs),
+        static_cast<unsigned long long>(st.inflight_waits));
   }
   server->Stop();
   return Status::Ok();

@@ -28,7 +28,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaSetDevice(int device) {
   return device >= 0 && device < Devices() ? cudaSuccess : cudaErrorInvalidDevice;
 }
-const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
+const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake";
+}
 const char* cudaGetErrorString(cudaError_t) { return "fake CUDA runtime"; }
 cudaError_t cudaHostAlloc(void** p, size_t size, unsigned int) {
   *p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);

@@ -1,7 +1,8 @@
 // GPU tests of the CUDA backend and the NCCL collectives (ctest label `gpu`). Without a device
 // the program prints why and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE).
-// CI also runs it against tests/fakes/fake_cudart.cc (ZPS_CUDART; integration.worker_cuda_fake_runtime):
-// the backend's and the Client's logic around the runtime, not CUDA itself.
+// CI also runs it against tests/fakes/fake_cudart.cc (ZPS_CUDART;
+// integration.worker_cuda_fake_runtime): the backend's and the Client's logic around the runtime,
+// not CUDA itself.
 //
 //   - CudaBackend: bytes through a pinned slot to the device and back are the same bytes, with
 //     more copies than max_inflight queued at once (each held until its event completed);
@@ -39,7 +40,8 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(CudaBackendGpuTest, RoundTripThroughSlots) {
-  auto be = CudaBackend::Create({.device = 0, .slot_bytes = 1 << 20, .slots = 2, .max_inflight = 2});
+  auto be =
+      CudaBackend::Create({.device = 0, .slot_bytes = 1 << 20, .slots = 2, .max_inflight = 2});
   // Six 1 MiB copies through two slots, at most two in flight: the pool is exhausted after two
   // (the rest overflow), and every slot is free again once the copies completed.
   ASSERT_TRUE(be.ok()) << be.status().ToString();
@@ -49,7 +51,8 @@ TEST(CudaBackendGpuTest, RoundTripThroughSlots) {
   for (int k = 0; k < kCopies; ++k) {
     auto host = (*be)->staging()->Allocate(kBytes);
     ASSERT_TRUE(host.ok()) << host.status().ToString();
-    for (size_t i = 0; i < kBytes; ++i) host->data()[i] = static_cast<std::byte>((i * 7 + k) & 0xff);
+    for (size_t i = 0; i < kBytes; ++i)
+      host->data()[i] = static_cast<std::byte>((i * 7 + k) & 0xff);
     auto d = (*be)->AllocateDeviceMemory(kBytes);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     auto keep = std::make_shared<DeviceBuffer>(std::move(*host));
@@ -98,8 +101,8 @@ struct Cluster {
 TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
   Cluster cluster;
   ASSERT_TRUE(cluster.shard->started());
-  auto be = CudaBackend::Create({.device = 0, .slot_bytes = 256 << 10, .slots = 16,
-                                 .max_inflight = 2});
+  auto be =
+      CudaBackend::Create({.device = 0, .slot_bytes = 256 << 10, .slots = 16, .max_inflight = 2});
   ASSERT_TRUE(be.ok()) << be.status().ToString();
   // Two parameters: one within a slot, one spanning several (1.4 MB of bf16).
   const std::vector<int64_t> sizes = {5000, 700000};
@@ -162,12 +165,14 @@ TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
     auto dev = (*be)->AllocateDeviceMemory(g.size() * 4);
     ASSERT_TRUE(dev.ok());
     auto keep = std::make_shared<std::vector<float>>(g);
-    ASSERT_TRUE((*be)->CopyToDevice(dev->data(), std::as_bytes(std::span<const float>(*keep)),
-                                    keep, 0).ok());
+    ASSERT_TRUE(
+        (*be)
+            ->CopyToDevice(dev->data(), std::as_bytes(std::span<const float>(*keep)), keep, 0)
+            .ok());
     auto host = (*be)->CopyToHost(dev->data(), g.size() * 4, 0);
     ASSERT_TRUE(host.ok());
-    ASSERT_TRUE((*client)->PushGrad(p, 0, {reinterpret_cast<const float*>(host->data()),
-                                           g.size()}).ok());
+    ASSERT_TRUE(
+        (*client)->PushGrad(p, 0, {reinterpret_cast<const float*>(host->data()), g.size()}).ok());
   }
   ASSERT_TRUE((*client)->FlushPushes().ok());
   auto commit = (*client)->AwaitCommit(0);
@@ -200,13 +205,16 @@ TEST(NcclGpuTest, CollectivesAcrossDevices) {
     for (uint32_t r = 0; r < world; ++r) {
       ranks.emplace_back([&, r] {
         auto fail = [&](const std::string& m) { errors[r] = m; };
-        auto be = CudaBackend::Create({.device = static_cast<int>(r), .slot_bytes = 1 << 20,
-                                       .slots = 2, .max_inflight = 2});
+        auto be = CudaBackend::Create(
+            {.device = static_cast<int>(r), .slot_bytes = 1 << 20, .slots = 2, .max_inflight = 2});
         if (!be.ok()) return fail(be.status().ToString());
         auto c = NcclCollectives::Create({.endpoint = "127.0.0.1:" + std::to_string(port),
-                                          .token = "nccl-token", .rank = r, .world_size = world,
+                                          .token = "nccl-token",
+                                          .rank = r,
+                                          .world_size = world,
                                           .prefix = "nccl-test/" + std::to_string(world),
-                                          .device = static_cast<int>(r), .timeout = 60s});
+                                          .device = static_cast<int>(r),
+                                          .timeout = 60s});
         if (!c.ok()) return fail(c.status().ToString());
         std::vector<float> in(n);
         for (uint64_t i = 0; i < n; ++i) in[i] = static_cast<float>((i % 13) + r);
@@ -214,7 +222,9 @@ TEST(NcclGpuTest, CollectivesAcrossDevices) {
         if (!d.ok()) return fail(d.status().ToString());
         auto keep = std::make_shared<std::vector<float>>(in);
         if (auto s = (*be)->CopyToDevice(d->data(), std::as_bytes(std::span<const float>(*keep)),
-                                         keep, 0); !s.ok()) return fail(s.ToString());
+                                         keep, 0);
+            !s.ok())
+          return fail(s.ToString());
         if (auto s = (*be)->Synchronize(); !s.ok()) return fail(s.ToString());
         float* dev = reinterpret_cast<float*>(d->data());
         if (auto s = (*c)->ReduceScatter({dev, n}); !s.ok()) return fail(s.ToString());
@@ -249,7 +259,8 @@ TEST(NcclGpuTest, CollectivesAcrossDevices) {
       });
     }
     for (auto& t : ranks) t.join();
-    for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "world " << world << " rank " << r;
+    for (uint32_t r = 0; r < world; ++r)
+      EXPECT_EQ(errors[r], "") << "world " << world << " rank " << r;
   }
   (void)std::system(("rm -rf " + dir).c_str());
 }

@@ -66,7 +66,7 @@ TEST(SlotPoolTest, RunsOfContiguousSlotsFirstFit) {
   EXPECT_EQ(s.pool->memory(*b).data(), s.memory.data() + 1024);
   EXPECT_EQ(s.pool->memory(*b).size(), 2048u);
   EXPECT_FALSE(s.pool->TryAcquire(1025).has_value());  // one slot left, two needed
-  auto c = s.pool->TryAcquire(0);  // an empty buffer still takes a slot
+  auto c = s.pool->TryAcquire(0);                      // an empty buffer still takes a slot
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->first, 3u);
   EXPECT_FALSE(s.pool->TryAcquire(1).has_value());  // every slot held

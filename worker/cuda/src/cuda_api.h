@@ -50,11 +50,11 @@ Result<const Api*> LoadCudaApi();
 Status CudaStatus(const Api& api, cudaError_t e, std::string_view what);
 
 /// Calls CudaStatus and returns it from the enclosing function when it is not Ok.
-#define ZPS_CUDA_RETURN_IF_ERROR(api, call, what)                                  \
-  do {                                                                             \
-    const cudaError_t zps_cuda_err_ = (call);                                      \
-    if (zps_cuda_err_ != cudaSuccess) return ::zps::worker::cuda::CudaStatus((api), \
-                                                 zps_cuda_err_, (what));           \
+#define ZPS_CUDA_RETURN_IF_ERROR(api, call, what)                           \
+  do {                                                                      \
+    const cudaError_t zps_cuda_err_ = (call);                               \
+    if (zps_cuda_err_ != cudaSuccess)                                       \
+      return ::zps::worker::cuda::CudaStatus((api), zps_cuda_err_, (what)); \
   } while (false)
 
 }  // namespace zps::worker::cuda

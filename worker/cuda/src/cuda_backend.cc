@@ -95,12 +95,10 @@ struct CudaBackend::Impl {
   PinnedStaging staging{this};
   std::mutex ucx_mu;
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions;  // guarded by ucx_mu
-  bool attached = false;                                     // guarded by ucx_mu
+  bool attached = false;                                    // guarded by ucx_mu
   std::atomic<uint64_t> h2d{0}, d2h{0}, overflow{0};
 
-  Status Use() const {
-    return CudaStatus(*api, api->SetDevice(opts.device), "cudaSetDevice");
-  }
+  Status Use() const { return CudaStatus(*api, api->SetDevice(opts.device), "cudaSetDevice"); }
   // A slot, or a pinned buffer of its own when none fits; freed or returned when dropped.
   Result<DeviceBuffer> Stage(size_t bytes) {
     if (auto run = pool->TryAcquire(bytes)) {
@@ -110,8 +108,8 @@ struct CudaBackend::Impl {
     }
     ZPS_RETURN_IF_ERROR(Use());
     void* mem = nullptr;
-    ZPS_CUDA_RETURN_IF_ERROR(*api, api->HostAlloc(&mem, bytes == 0 ? 1 : bytes,
-                                                  cudaHostAllocPortable),
+    ZPS_CUDA_RETURN_IF_ERROR(*api,
+                             api->HostAlloc(&mem, bytes == 0 ? 1 : bytes, cudaHostAllocPortable),
                              "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
     if (overflow.fetch_add(1) == 0) {
       ZPS_LOG(INFO) << "cuda: a staging buffer of " << bytes << " bytes outside the "
@@ -212,8 +210,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptions& opti
   const size_t total = options.slot_bytes * options.slots;
   void* mem = nullptr;
   ZPS_CUDA_RETURN_IF_ERROR(*api, api->HostAlloc(&mem, total, cudaHostAllocPortable),
-                           "cudaHostAlloc of the " + std::to_string(total) +
-                               "-byte staging slots");
+                           "cudaHostAlloc of the " + std::to_string(total) + "-byte staging slots");
   impl->region = PinnedPtr(static_cast<std::byte*>(mem), PinnedDeleter{api});
   impl->pool = std::make_unique<SlotPool>(std::span<std::byte>(impl->region.get(), total),
                                           options.slot_bytes);
@@ -260,7 +257,8 @@ Result<DeviceBuffer> CudaBackend::AllocateDeviceMemory(size_t bytes) {
   const Api* api = impl_->api;
   ZPS_CUDA_RETURN_IF_ERROR(*api, api->Malloc(&p, bytes == 0 ? 1 : bytes),
                            "cudaMalloc of " + std::to_string(bytes) + " bytes");
-  return DeviceBuffer(static_cast<std::byte*>(p), bytes, [api](std::byte* q) { (void)api->Free(q); });
+  return DeviceBuffer(static_cast<std::byte*>(p), bytes,
+                      [api](std::byte* q) { (void)api->Free(q); });
 }
 
 uintptr_t CudaBackend::copy_stream() const {

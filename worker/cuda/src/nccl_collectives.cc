@@ -26,17 +26,18 @@ struct NcclCollectives::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;  // the communicator's own
   cudaEvent_t event = nullptr;
-  uintptr_t caller = 0;           // the caller's stream
-  void* scratch = nullptr;        // padded reduce-scatter buffer (device)
+  uintptr_t caller = 0;     // the caller's stream
+  void* scratch = nullptr;  // padded reduce-scatter buffer (device)
   size_t scratch_bytes = 0;
-  Status broken;                  // the error that aborted the communicator
+  Status broken;  // the error that aborted the communicator
 
   ~Impl() {
     if (comm != nullptr) {
       // Every op waited for its completion, so nothing is outstanding: destroy returns. After
       // an error the communicator was aborted already (comm reset to null).
       const ncclResult_t r = nc->CommDestroy(comm);
-      if (r != ncclSuccess) ZPS_LOG(WARNING) << NcclStatus(*nc, r, "ncclCommDestroy", nullptr).ToString();
+      if (r != ncclSuccess)
+        ZPS_LOG(WARNING) << NcclStatus(*nc, r, "ncclCommDestroy", nullptr).ToString();
     }
     if (scratch != nullptr) (void)cu->Free(scratch);
     if (event != nullptr) (void)cu->EventDestroy(event);
@@ -137,8 +138,8 @@ Result<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(const NcclOptio
     std::memcpy(id.internal, v.data(), sizeof(id.internal));
   }
   const std::byte one{1};
-  ZPS_RETURN_IF_ERROR(impl->kv->Set(options.prefix + "/arrived/" + std::to_string(options.rank),
-                                    {&one, 1}));
+  ZPS_RETURN_IF_ERROR(
+      impl->kv->Set(options.prefix + "/arrived/" + std::to_string(options.rank), {&one, 1}));
   for (uint32_t r = 0; r < options.world_size; ++r) {
     ZPS_RETURN_IF_ERROR(
         impl->kv->Get(options.prefix + "/arrived/" + std::to_string(r), options.timeout).status());
@@ -147,8 +148,8 @@ Result<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(const NcclOptio
                                  nc.CommInitRank(&impl->comm, static_cast<int>(options.world_size),
                                                  id, static_cast<int>(options.rank)),
                                  "ncclCommInitRank", nullptr));
-  ZPS_LOG(INFO) << "nccl: rank " << options.rank << " of " << options.world_size
-                << " on device " << options.device << " (" << options.prefix << ")";
+  ZPS_LOG(INFO) << "nccl: rank " << options.rank << " of " << options.world_size << " on device "
+                << options.device << " (" << options.prefix << ")";
   return std::unique_ptr<NcclCollectives>(new NcclCollectives(std::move(impl)));
 }
 
@@ -173,13 +174,14 @@ Status NcclCollectives::ReduceScatter(std::span<float> inout) {
     d.scratch_bytes = padded_bytes;
   }
   auto* buf = static_cast<float*>(d.scratch);
-  ZPS_CUDA_RETURN_IF_ERROR(*d.cu, d.cu->MemcpyAsync(buf, inout.data(), n * sizeof(float),
-                                                    cudaMemcpyDeviceToDevice, d.stream),
-                           "cudaMemcpyAsync");
+  ZPS_CUDA_RETURN_IF_ERROR(
+      *d.cu,
+      d.cu->MemcpyAsync(buf, inout.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, d.stream),
+      "cudaMemcpyAsync");
   if (padded_bytes > n * sizeof(float)) {
-    ZPS_CUDA_RETURN_IF_ERROR(*d.cu, d.cu->MemsetAsync(buf + n, 0, padded_bytes - n * sizeof(float),
-                                                      d.stream),
-                             "cudaMemsetAsync");
+    ZPS_CUDA_RETURN_IF_ERROR(
+        *d.cu, d.cu->MemsetAsync(buf + n, 0, padded_bytes - n * sizeof(float), d.stream),
+        "cudaMemsetAsync");
   }
   // In place: rank r's output is block r of the padded buffer, i.e. its RankSlice.
   float* mine = buf + static_cast<size_t>(d.opts.rank) * s;
@@ -187,9 +189,9 @@ Status NcclCollectives::ReduceScatter(std::span<float> inout) {
   if (r == ncclSuccess || r == ncclInProgress) {
     const SliceRange slice = RankSlice(n, world, d.opts.rank);
     if (slice.length > 0) {
-      const cudaError_t e = d.cu->MemcpyAsync(inout.data() + slice.begin, mine,
-                                              slice.length * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, d.stream);
+      const cudaError_t e =
+          d.cu->MemcpyAsync(inout.data() + slice.begin, mine, slice.length * sizeof(float),
+                            cudaMemcpyDeviceToDevice, d.stream);
       if (e != cudaSuccess) return d.Fail(CudaStatus(*d.cu, e, "cudaMemcpyAsync"));
     }
   }

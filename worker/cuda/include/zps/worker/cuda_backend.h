@@ -42,10 +42,10 @@
 namespace zps::worker {
 
 struct CudaOptions {
-  int device = 0;                         // Default: 0. The CUDA device ordinal.
-  size_t slot_bytes = size_t{1} << 20;    // Default: 1 MiB per pinned staging slot.
-  uint32_t slots = 512;                   // Default: 512 slots (512 MiB pinned).
-  uint32_t max_inflight = 4;              // Default: 4 copies in flight on the copy stream.
+  int device = 0;                       // Default: 0. The CUDA device ordinal.
+  size_t slot_bytes = size_t{1} << 20;  // Default: 1 MiB per pinned staging slot.
+  uint32_t slots = 512;                 // Default: 512 slots (512 MiB pinned).
+  uint32_t max_inflight = 4;            // Default: 4 copies in flight on the copy stream.
 };
 
 /// Whether device `device` can be used: Ok, or FailedPrecondition naming why not ("no CUDA

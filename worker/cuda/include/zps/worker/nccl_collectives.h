@@ -46,7 +46,7 @@ struct NcclOptions {
   /// Key prefix of this communicator's rendezvous (same on every rank; new per communicator).
   /// Default: "nccl".
   std::string prefix = "nccl";
-  int device = 0;           // Default: 0. The CUDA device this rank's buffers live on.
+  int device = 0;  // Default: 0. The CUDA device this rank's buffers live on.
   std::chrono::milliseconds timeout{300000};  // Default: 5 min for the rendezvous and each op.
 };
 

@@ -1,7 +1,8 @@
 // zps/worker/staging_slots.h — the device-independent logic of the CUDA backend's staging
 // (zps/worker/cuda_backend.h): a fixed pool of host slots (one region, first-fit runs of
-// contiguous slots) and a bounded queue of copies in flight, each tracked by an event. Kept free of CUDA so that it is tested without a GPU
-// (tests/unit/worker/staging_slots_test.cc, with a fake CopyEvents).
+// contiguous slots) and a bounded queue of copies in flight, each tracked by an event. Kept free of
+// CUDA so that it is tested without a GPU (tests/unit/worker/staging_slots_test.cc, with a fake
+// CopyEvents).
 //
 //   SlotPool pool(region, slot_bytes);            // the pinned slots, allocated at start
 //   auto run = pool.TryAcquire(bytes);            // nullopt: no run of free slots fits
@@ -85,7 +86,7 @@ class SlotPool {
   const std::span<std::byte> memory_;
   const size_t slot_bytes_;
   mutable std::mutex mu_;
-  std::vector<bool> used_;     // guarded by mu_
+  std::vector<bool> used_;      // guarded by mu_
   size_t free_ = used_.size();  // guarded by mu_
 };
 
