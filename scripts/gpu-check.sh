@@ -81,6 +81,12 @@ if [[ -x .gpu/bin/test_worker_cuda_gpu ]]; then
     .gpu/bin/test_worker_cuda_gpu | tail -5 || echo "gpu tests: FAILED"
 fi
 
+if $py -c 'import pytest' 2>/dev/null; then
+  echo "== tests/torch/test_cuda.py (the CUDA backend against host staging)"
+  (cd tests/torch && timeout 180 $py -m pytest -q -p no:cacheprovider test_cuda.py -rs) |
+    tail -8 || echo "test_cuda.py: FAILED"
+fi
+
 echo "== zps.torch CUDA test"
 timeout 120 $py - <<'PY' | tee "$out/cuda-test.txt"
 import torch, torch.nn as nn, torch.nn.functional as F

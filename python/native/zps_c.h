@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define ZPS_C_API_VERSION 1
+#define ZPS_C_API_VERSION 2  /* 2: the CUDA entry points (zps_cuda_available, ...) */
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))

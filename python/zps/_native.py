@@ -13,7 +13,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 1
+API_VERSION = 2
 
 
 class JobInfo(ctypes.Structure):
@@ -99,12 +99,14 @@ def lib():
                                          c_u64]),
         "zps_cuda_info": (c_int, [c_p, ctypes.c_char_p, ctypes.c_size_t]),
     }
+    # The version first: an older library lacks some of the entry points bound below.
+    L.zps_c_api_version.restype, L.zps_c_api_version.argtypes = c_int, []
+    if L.zps_c_api_version() != API_VERSION:
+        raise ZpsError("FAILED_PRECONDITION", f"{path} has C API version "
+                       f"{L.zps_c_api_version()}, this package needs {API_VERSION}: rebuild it")
     for name, (res, args) in sigs.items():
         fn = getattr(L, name)
         fn.restype, fn.argtypes = res, args
-    if L.zps_c_api_version() != API_VERSION:
-        raise ZpsError("FAILED_PRECONDITION", f"{path} has C API version "
-                       f"{L.zps_c_api_version()}, this package needs {API_VERSION}")
     _lib = L
     return L
 
