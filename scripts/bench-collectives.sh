@@ -3,16 +3,18 @@
 # pre-reduced and direct vs bandwidth-centric, WORLD ranks (default 4) x 2 shards, UCX and Gloo
 # over tcp loopback, with a Gloo all-reduce / reduce-scatter / all-gather of the same bytes (the
 # model's fp32 gradient) in the same run as the reference.
-#   scripts/bench-collectives.sh             # defaults: WORLD=4 STEPS=20 BUILD_DIR=build
+#   scripts/bench-collectives.sh             # defaults: WORLD=4 SHARDS=2 STEPS=20 BUILD_DIR=build
+#   WORLD=8 SHARDS=4 scripts/bench-collectives.sh --d-model 64   # the 8-rank x 4-shard job
 # Extra arguments go to every zps-train run (e.g. --d-model 256). Prints JSON lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 WORLD=${WORLD:-4}
+SHARDS=${SHARDS:-2}
 STEPS=${STEPS:-20}
 bin=$BUILD_DIR/bin
 [[ -x $bin/zps-train && -x $bin/zps-bench ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
-model=(--steps "$STEPS" --world-size "$WORLD" --shards 2 --log-every 100000 --ucx-tls tcp "$@")
+model=(--steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS" --log-every 100000 --ucx-tls tcp "$@")
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -24,9 +26,9 @@ metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {prin
 cport=() mport=() spids=()
 start_shards() {
   spids=()
-  for i in 0 1; do cport[$i]=$(free_port); mport[$i]=$(free_port); done
-  for i in 0 1; do
-    local args=(--ordinal "$i" --shards 2 --port "${cport[$i]}" --bind 127.0.0.1
+  for ((i = 0; i < SHARDS; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
+  for ((i = 0; i < SHARDS; i++)); do
+    local args=(--ordinal "$i" --shards "$SHARDS" --port "${cport[$i]}" --bind 127.0.0.1
                 --token-file "$work/token" --metrics-port "${mport[$i]}" --ucx-tls tcp
                 --log-level warning)
     [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${cport[0]}")
@@ -36,7 +38,7 @@ start_shards() {
 }
 stop_shards() { for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
 
-echo "# zps-train collectives: $WORLD ranks x 2 shards on $(nproc) cores ($(uname -m)), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# zps-train collectives: $WORLD ranks x $SHARDS shards on $(nproc) cores ($(uname -m)), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# options: ${model[*]}"
 params=""
 for combo in "server-sum direct" "pre-reduced direct" "server-sum bandwidth-centric" "pre-reduced bandwidth-centric"; do
@@ -50,7 +52,7 @@ for combo in "server-sum direct" "pre-reduced direct" "server-sum bandwidth-cent
   done
   for p in "${w[@]}"; do wait "$p" || { cat "$work"/rank*.out; exit 1; }; done
   push=0 fetch=0
-  for i in 0 1; do
+  for ((i = 0; i < SHARDS; i++)); do
     push=$((push + $(metric "${mport[$i]}" zps_push_bytes_total)))
     fetch=$((fetch + $(metric "${mport[$i]}" zps_fetch_bytes_total)))
   done

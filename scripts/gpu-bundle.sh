@@ -3,14 +3,19 @@
 # packages (no UCX, RocksDB, liburing): zps-server and libzps_c.so from build/, stripped, with
 # the shared libraries they load (and, for zps-server, Debian's loader and C library, so it runs
 # whatever the host's glibc is). Into .gpu/ (ignored by git; carry it). Prints its size.
+# zps-bench comes too (its `cuda` sub-command, run by gpu-check.sh), with the CUDA runtime
+# (libcudart.so.13, 0.7 MiB) that the CUDA backend opens with dlopen; NCCL (218 MiB) does not fit
+# the 64 MiB bundle: the backend takes the libnccl.so.2 that the machine's torch brings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ -f build/lib/libzps_c.so && -x build/bin/zps-server ]] || ./scripts/build.sh
+[[ -f build/lib/libzps_c.so && -x build/bin/zps-server && -x build/bin/zps-bench ]] || ./scripts/build.sh
 out=.gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib/ucx" "$out/sys"
 strip -o "$out/bin/zps-server" build/bin/zps-server
 strip -o "$out/lib/libzps_c.so" build/lib/libzps_c.so
+strip -o "$out/bin/zps-bench" build/bin/zps-bench
+[[ -x build/bin/test_worker_cuda_gpu ]] && strip -o "$out/bin/test_worker_cuda_gpu" build/bin/test_worker_cuda_gpu
 copy_deps() {  # $1 binary, $2 destination; skips the C library and the loader
   ldd "$1" | awk '/=> \//{print $3}' | while read -r lib; do
     case $(basename "$lib") in
@@ -24,10 +29,16 @@ copy_deps() {  # $1 binary, $2 destination; skips the C library and the loader
 }
 copy_deps build/lib/libzps_c.so "$out/lib"
 copy_deps build/bin/zps-server "$out/lib"
+copy_deps build/bin/zps-bench "$out/lib"
+cudart=${CUDA_HOME:-/usr/local/cuda}/lib64/libcudart.so.13
+[[ -f $cudart ]] && cp -L "$cudart" "$out/lib/"
 cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 "$out/lib/ucx/" 2>/dev/null || true
 # zps-server runs through Debian's own loader and libc (see gpu-check.sh).
 for f in /lib64/ld-linux-x86-64.so.2 /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/libm.so.6; do
   cp -L "$f" "$out/sys/"
 done
-grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+# (in a git worktree .git is a file: ask git where the exclude file is)
+exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 du -sh "$out"

@@ -3,14 +3,20 @@
 # torch 2.x, and none of Debian's packages: it runs from .gpu/ (scripts/gpu-bundle.sh, made on a
 # Debian build machine and carried over).
 #
-#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 30 MiB)
+#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 32 MiB)
 #   scripts/gpu-check.sh                  # there (OUT=dir for the JSON results, default .gpu/out)
 #
-# It checks that a CUDA device is there (else says so and exits 0 with nothing measured), runs
-# the zps.torch CUDA tests, then trains the TransformerEncoder LM (examples/train_lm.py) on
-# CUDA through zps (embedded 2-shard cluster on loopback, parameters staged on the host and
-# copied on the current stream) and with plain torch holding the whole model on the GPU, for
-# two model sizes, and prints tokens/s and the ratio.
+# It checks that a CUDA device is there (else says so — "no CUDA device" — and exits 0 with
+# nothing measured), then:
+#   1. zps-bench cuda: fetch throughput host -> device through a real shard and the CUDA
+#      backend (pinned UCX-registered slots, copy stream) beside cudaMemcpyAsync from pinned
+#      memory (the ceiling) in the same run; pushes device -> server beside pushes from host
+#      memory (cuda.jsonl);
+#   2. the GPU ctest program (test_worker_cuda_gpu, when bundled) and a zps.torch CUDA test that
+#      checks the backend carried the bytes (cuda_info);
+#   3. the TransformerEncoder LM (examples/train_lm.py) on CUDA through zps (embedded 2-shard
+#      cluster on loopback, the CUDA backend) and with plain torch holding the whole model on
+#      the GPU, for two model sizes: tokens/s and the ratio (lm.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,12 +27,16 @@ py=${PYTHON:-python3}
 
 # The server runs through the carried loader and C library; the Python process uses the host's
 # C library and loads libzps_c.so (C++ runtime linked in) with the carried UCX beside it.
-cat > .gpu/bin/zps-server.sh <<SH
+# The host's driver (libcuda.so.1) stays on the host's paths, after the carried ones.
+hostlibs=/usr/lib/x86_64-linux-gnu:/usr/lib64:/usr/local/cuda/lib64:/usr/local/cuda/compat
+for prog in zps-server zps-bench; do
+  cat > .gpu/bin/$prog.sh <<SH
 #!/bin/sh
-exec "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$root/.gpu/sys:$root/.gpu/lib" \
-  "$root/.gpu/bin/zps-server" "\$@"
+exec "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$root/.gpu/sys:$root/.gpu/lib:$hostlibs" \
+  "$root/.gpu/bin/$prog" "\$@"
 SH
-chmod +x .gpu/bin/zps-server.sh
+  chmod +x .gpu/bin/$prog.sh
+done
 export ZPS_SERVER=$root/.gpu/bin/zps-server.sh
 export ZPS_NATIVE_LIB=$root/.gpu/lib/libzps_c.so
 export LD_LIBRARY_PATH=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -36,11 +46,45 @@ export ZPS_LOG_LEVEL=warning
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-$py -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.is_available() and torch.cuda.get_device_name(0))'
+$py -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>/dev/null ||
+  echo "python: $($py --version 2>&1), no torch"
 "$ZPS_SERVER" --help >/dev/null && echo "zps-server runs from the bundle"
-if ! $py -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "gpu-check: no CUDA device here; nothing measured"
+bench=$root/.gpu/bin/zps-bench.sh
+echo "== zps-bench cuda"
+if [[ -x .gpu/bin/zps-bench ]]; then
+  bench_out=$(timeout 300 "$bench" cuda --json --size 64MiB --params 8 --reps 3)
+  echo "$bench_out" | tee "$out/cuda.jsonl"
+  if grep -q "no CUDA device" <<<"$bench_out"; then
+    echo "gpu-check: no CUDA device here; nothing measured"
+    exit 0
+  fi
+else
+  echo "zps-bench is not in the bundle (rebuild it with scripts/gpu-bundle.sh)"
+fi
+if ! $py -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "gpu-check: no CUDA device here (or no torch); nothing measured"
   exit 0
+fi
+$py - "$out/cuda.jsonl" <<'PY' || true
+import json, sys
+rows = {r["op"]: r for r in map(json.loads, open(sys.argv[1])) if "op" in r}
+def ratio(a, b):
+    if a in rows and b in rows:
+        print(f"{a} {rows[a]['gb_per_s']:.2f} GB/s against {b} {rows[b]['gb_per_s']:.2f} GB/s: "
+              f"{rows[a]['gb_per_s'] / rows[b]['gb_per_s']:.2f}")
+ratio("fetch_h2d", "h2d_ceiling"); ratio("fetch_h2d", "fetch_host")
+ratio("push_d2h", "push_host"); ratio("push_d2h", "d2h_ceiling")
+PY
+if [[ -x .gpu/bin/test_worker_cuda_gpu ]]; then
+  echo "== GPU tests (CUDA backend, NCCL)"
+  timeout 120 "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$root/.gpu/sys:$root/.gpu/lib:$hostlibs" \
+    .gpu/bin/test_worker_cuda_gpu | tail -5 || echo "gpu tests: FAILED"
+fi
+
+if $py -c 'import pytest' 2>/dev/null; then
+  echo "== tests/torch/test_cuda.py (the CUDA backend against host staging)"
+  (cd tests/torch && timeout 180 $py -m pytest -q -p no:cacheprovider test_cuda.py -rs) |
+    tail -8 || echo "test_cuda.py: FAILED"
 fi
 
 echo "== zps.torch CUDA test"
@@ -58,7 +102,9 @@ with zt.initialize(model, {"optimizer": {"type": "AdamW", "params": {"lr": 3e-3}
         losses.append(loss.item())
     assert all(p.is_cuda for p in model.parameters())
     assert losses[-1] < 0.5 * losses[0], losses
-    print(f"cuda training through zps: loss {losses[0]:.4f} -> {losses[-1]:.4f}: ok")
+    info = engine.client.cuda_info()
+    assert info["device"] == 0 and info["h2d_bytes"] > 0 and info["d2h_bytes"] > 0, info
+    print(f"cuda training through zps: loss {losses[0]:.4f} -> {losses[-1]:.4f}: ok; backend {info}")
 PY
 
 echo "== TransformerEncoder LM on CUDA: zps against plain torch"

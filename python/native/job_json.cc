@@ -250,6 +250,13 @@ Result<ConnectOptions> OptionsFromJson(std::string_view json) {
   ZPS_RETURN_IF_ERROR(f.String("reduction", &o.reduction));
   ZPS_RETURN_IF_ERROR(f.String("fetch_strategy", &o.fetch_strategy));
   ZPS_RETURN_IF_ERROR(f.String("gloo_hostname", &o.gloo_hostname));
+  ZPS_RETURN_IF_ERROR(f.Number("cuda_device", &o.cuda_device, -1, 1024));
+  ZPS_RETURN_IF_ERROR(f.Number("cuda_slot_bytes", &o.cuda_slot_bytes, 4096, 1e12));
+  ZPS_RETURN_IF_ERROR(f.Number("cuda_slots", &o.cuda_slots, 1, 1 << 20));
+  ZPS_RETURN_IF_ERROR(f.String("collectives", &o.collectives));
+  if (o.collectives != "auto" && o.collectives != "gloo" && o.collectives != "nccl") {
+    return f.Bad("collectives", "auto, gloo or nccl");
+  }
   if (o.reduction != "server-sum" && o.reduction != "pre-reduced") {
     return f.Bad("reduction", "server-sum or pre-reduced");
   }

@@ -31,6 +31,15 @@ struct ConnectOptions {
   /// The address this rank's Gloo device binds and advertises. Default: "" = 127.0.0.1 for a
   /// loopback endpoint, else the host name.
   std::string gloo_hostname;
+  /// The CUDA device of this rank's parameters: >= 0 turns the CUDA backend on (pinned staging
+  /// slots, copy stream; zps_fetch_to_device, zps_push_grad_device). Default: -1 = none.
+  int cuda_device = -1;
+  size_t cuda_slot_bytes = size_t{1} << 20;  // Default: 1 MiB per pinned staging slot.
+  uint32_t cuda_slots = 512;                 // Default: 512 slots (512 MiB pinned).
+  /// Who reduce-scatters device gradients in pre-reduced mode: "auto" (NCCL with a CUDA device
+  /// where NCCL loads, else Gloo on the host), "gloo" or "nccl" (an error where it does not
+  /// load). Default: auto.
+  std::string collectives = "auto";
 };
 
 /// Errors: InvalidArgument for malformed JSON, an unknown key or a bad value.

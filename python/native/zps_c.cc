@@ -17,14 +17,24 @@
 
 #include "job_json.h"
 #include "zps/common/dtype.h"
+#include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
 #include "zps/worker/prefetcher.h"
+#if ZPS_C_WITH_CUDA
+#include "zps/worker/cuda_backend.h"
+#include "zps/worker/nccl_collectives.h"
+#endif
 
 struct zps_client {
+#if ZPS_C_WITH_CUDA
+  // Before `client`: the Client allocates from its staging slots, so it goes first.
+  std::unique_ptr<zps::worker::CudaBackend> cuda;         // null: no options.cuda_device
+  std::unique_ptr<zps::worker::NcclCollectives> nccl;     // pre-reduced device gradients
+#endif
   std::unique_ptr<zps::worker::Client> client;
   zps::worker::WorkerOptions options;
   std::unique_ptr<zps::worker::Collectives> collectives;  // null: server-sum and direct
@@ -37,6 +47,9 @@ struct zps_client {
 namespace {
 
 thread_local std::string g_error;
+
+[[maybe_unused]] constexpr char kNoCudaBuild[] =
+    "no CUDA device: libzps_c.so was built without the CUDA backend (no CUDA toolkit)";
 
 int Fail(const zps::Status& s) {
   g_error = std::string(zps::CodeName(s.code())) + ": " + s.message();
@@ -177,6 +190,19 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
     ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
     const auto spec = job.Serialize();
     auto c = std::make_unique<zps_client>();
+    if (opts.cuda_device >= 0) {
+#if ZPS_C_WITH_CUDA
+      ZPS_ASSIGN_OR_RETURN(c->cuda, zps::worker::CudaBackend::Create(
+                                        {.device = opts.cuda_device,
+                                         .slot_bytes = opts.cuda_slot_bytes,
+                                         .slots = opts.cuda_slots}));
+      opts.worker.device = c->cuda->staging();
+#else
+      return zps::FailedPrecondition(kNoCudaBuild);
+#endif
+    } else if (opts.collectives == "nccl") {
+      return zps::InvalidArgument("options.collectives nccl needs options.cuda_device");
+    }
     c->options = opts.worker;
     ZPS_ASSIGN_OR_RETURN(c->client, zps::worker::Client::Connect(opts.worker, spec, job.Hash()));
     const uint32_t world = c->client->job().world_size;
@@ -197,6 +223,28 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
       ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
       if (opts.fetch_strategy == "bandwidth-centric") opts.prefetch.gather = c->collectives.get();
     }
+#if ZPS_C_WITH_CUDA
+    // Device gradients in pre-reduced mode: NCCL, one communicator per job generation (the
+    // prefix names the resume step, as Gloo's; a rollback or re-join makes a new zps_client).
+    if (world > 1 && c->pre_reduced && c->cuda && opts.collectives != "gloo") {
+      zps::Status avail = zps::worker::NcclAvailable();
+      if (avail.ok() || opts.collectives == "nccl") {
+        ZPS_RETURN_IF_ERROR(avail);
+        zps::worker::NcclOptions no;
+        no.endpoint = opts.worker.endpoint;
+        no.token = opts.worker.token;
+        no.rank = opts.worker.rank;
+        no.world_size = world;
+        no.prefix = "zps.torch/nccl/resume" + std::to_string(c->client->resume_step());
+        no.device = opts.cuda_device;
+        no.timeout = opts.worker.op_timeout;
+        ZPS_ASSIGN_OR_RETURN(c->nccl, zps::worker::NcclCollectives::Create(no));
+      } else {
+        ZPS_LOG(WARNING) << "zps.torch: " << avail.ToString()
+                         << "; device gradients are reduce-scattered on the host with Gloo";
+      }
+    }
+#endif
     c->prefetcher = std::make_unique<zps::worker::Prefetcher>(c->client.get(), opts.prefetch);
     *out = c.release();
     return zps::Status::Ok();
@@ -445,4 +493,137 @@ int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
   });
 }
 
+int zps_cuda_available(int device) {
+  return Guard([&]() -> zps::Status {
+#if ZPS_C_WITH_CUDA
+    return zps::worker::CudaAvailable(device);
+#else
+    (void)device;
+    return zps::FailedPrecondition(kNoCudaBuild);
+#endif
+  });
+}
+
+#if ZPS_C_WITH_CUDA
+namespace {
+zps::Status NeedCuda(const zps_client* c) {
+  ZPS_RETURN_IF_ERROR(NeedClient(c));
+  if (!c->cuda) return zps::FailedPrecondition("the client has no CUDA backend (options.cuda_device)");
+  return zps::Status::Ok();
+}
+}  // namespace
+#endif
+
+int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
+                        uint64_t stream) {
+  return Guard([&]() -> zps::Status {
+#if ZPS_C_WITH_CUDA
+    ZPS_RETURN_IF_ERROR(NeedCuda(c));
+    if (n == 0) return zps::Status::Ok();
+    if (ids == nullptr || dst == nullptr) return zps::InvalidArgument("null argument");
+    for (size_t i = 0; i < n; ++i) {
+      if (dst[i] == nullptr) return zps::InvalidArgument("null destination");
+    }
+    std::lock_guard lock(c->mu);
+    std::span<const uint32_t> id_span(ids, n);
+    ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire(id_span));
+    zps::Status s;
+    for (size_t i = 0; i < n && s.ok(); ++i) {
+      // The copy holds the fetched buffer (its pinned slot) until its event completed.
+      s = c->cuda->CopyToDevice(dst[i], buffers[i]->bytes(), buffers[i],
+                                static_cast<uintptr_t>(stream));
+    }
+    c->prefetcher->Release(id_span);
+    return s;
+#else
+    (void)c, (void)ids, (void)n, (void)dst, (void)stream;
+    return zps::FailedPrecondition(kNoCudaBuild);
+#endif
+  });
+}
+
+int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad,
+                         int32_t grad_dtype, uint64_t numel, uint32_t micro, uint64_t stream) {
+  return Guard([&]() -> zps::Status {
+#if ZPS_C_WITH_CUDA
+    ZPS_RETURN_IF_ERROR(NeedCuda(c));
+    if (grad == nullptr && numel > 0) return zps::InvalidArgument("null gradient");
+    ZPS_ASSIGN_OR_RETURN(zps::DType from, DTypeOf(grad_dtype));
+    const auto st = static_cast<uintptr_t>(stream);
+    const size_t esize = zps::DTypeSize(from);
+    if (!c->pre_reduced || !c->collectives) {
+      ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(grad, numel * esize, st));
+      if (from == zps::DType::kF32) {
+        return c->client->PushGrad(param, step,
+                                   {reinterpret_cast<const float*>(host.data()), numel}, micro);
+      }
+      if (from == c->client->job().grad_dtype) {
+        return c->client->PushGradRaw(param, step, {host.data(), numel * esize}, micro);
+      }
+      std::vector<float> f32(numel);
+      Convert(host.data(), from, f32.data(), zps::DType::kF32, numel);
+      return c->client->PushGrad(param, step, f32, micro);
+    }
+    if (from != zps::DType::kF32) {
+      return zps::InvalidArgument("pre-reduced device gradients must be fp32");
+    }
+    const uint32_t world = c->collectives->world_size();
+    const auto slice = zps::worker::RankSlice(numel, world, c->collectives->rank());
+    auto* g = static_cast<float*>(grad);
+    if (c->nccl) {
+      // Reduce-scatter on the device (in place), then only this rank's slice to the host.
+      c->nccl->set_stream(st);
+      ZPS_RETURN_IF_ERROR(c->nccl->ReduceScatter({g, numel}));
+      if (slice.length == 0) return zps::Status::Ok();
+      ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(g + slice.begin,
+                                                          slice.length * sizeof(float), st));
+      return c->client->PushGradRange(
+          param, step, slice.begin, {reinterpret_cast<const float*>(host.data()), slice.length},
+          micro);
+    }
+    // No NCCL: the whole gradient to a pinned slot, reduce-scattered there with Gloo.
+    ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(grad, numel * sizeof(float), st));
+    auto* h = reinterpret_cast<float*>(host.data());
+    ZPS_RETURN_IF_ERROR(c->collectives->ReduceScatter({h, numel}));
+    if (slice.length == 0) return zps::Status::Ok();
+    return c->client->PushGradRange(param, step, slice.begin, {h + slice.begin, slice.length},
+                                    micro);
+#else
+    (void)c, (void)param, (void)step, (void)grad, (void)grad_dtype, (void)numel, (void)micro,
+        (void)stream;
+    return zps::FailedPrecondition(kNoCudaBuild);
+#endif
+  });
+}
+
+int zps_cuda_info(zps_client* c, char* buf, size_t len) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (buf == nullptr || len == 0) return zps::InvalidArgument("null buffer");
+    nlohmann::json doc;
+    doc["collectives"] = c->collectives ? "gloo" : "none";
+#if ZPS_C_WITH_CUDA
+    if (c->nccl) doc["collectives"] = "nccl";
+    if (c->cuda) {
+      const auto s = c->cuda->stats();
+      doc["device"] = c->cuda->device();
+      doc["h2d_bytes"] = s.h2d_bytes;
+      doc["d2h_bytes"] = s.d2h_bytes;
+      doc["overflow_allocs"] = s.overflow_allocs;
+      doc["inflight_waits"] = s.inflight_waits;
+      doc["free_slots"] = s.free_slots;
+    } else {
+      doc["device"] = -1;
+    }
+#else
+    doc["device"] = -1;
+#endif
+    const std::string text = doc.dump();
+    if (text.size() + 1 > len) return zps::OutOfRange("cuda info does not fit the buffer");
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+    return zps::Status::Ok();
+  });
+}
+
 }  // extern "C"
+

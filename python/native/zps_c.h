@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define ZPS_C_API_VERSION 1
+#define ZPS_C_API_VERSION 2  /* 2: the CUDA entry points (zps_cuda_available, ...) */
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))
@@ -83,7 +83,8 @@ ZPS_C_EXPORT const char* zps_code_name(int code);
 
 /* Builds the job from `job_json` (docs/pytorch.md, "The job description"), connects to the
  * coordinator named in `options_json` ({"endpoint", "token", "rank", "ucx_tls", "op_timeout_ms",
- * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes"}), joins (rank 0 registers the job) and
+ * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes", "reduction", "fetch_strategy",
+ * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives"}), joins (rank 0 registers the job) and
  * connects to every shard. Unknown keys are InvalidArgument. Errors: as zps::worker::Client::Connect. */
 ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
 /* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid. */
@@ -141,6 +142,35 @@ ZPS_C_EXPORT int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, si
 /* Asks the coordinator for a checkpoint at the next step boundary and waits (up to timeout_ms)
  * until it is complete on every shard; *step is its step. */
 ZPS_C_EXPORT int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step);
+
+/* ---- CUDA (docs/pytorch.md, "CUDA tensors"). Device pointers and cudaStream_t values cross as
+ * integers; libzps_c.so opens the CUDA runtime and NCCL with dlopen only when these are used, so
+ * it loads on machines without them. */
+
+/* Whether the CUDA backend can use device `device` here: 0, or FAILED_PRECONDITION ("no CUDA
+ * device: ..." — no runtime, driver or device, or a build without the backend), INVALID_ARGUMENT
+ * (an ordinal beyond the devices). */
+ZPS_C_EXPORT int zps_cuda_available(int device);
+/* As zps_fetch_into, into DEVICE memory: dst[i] receives numel elements of the serving dtype
+ * (no conversion), through the backend's pinned staging slots and its copy stream, ordered after
+ * the work queued on `stream` (a cudaStream_t; 0 = the legacy default stream), which then waits
+ * for the copies. Returns once the copies are queued. Needs options.cuda_device (else
+ * FAILED_PRECONDITION). Errors: from the fetch; from CUDA. */
+ZPS_C_EXPORT int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n,
+                                     void* const* dst, uint64_t stream);
+/* As zps_push_grad, from DEVICE memory: numel elements of grad_dtype (ZPS_DTYPE_*) read after
+ * the work queued on `stream`, copied into a pinned slot on the copy stream, then pushed.
+ * Returns once `grad` has been read. With options.reduction "pre-reduced" (more than one rank)
+ * `grad` must be fp32 and is overwritten: it is reduce-scattered on the device with NCCL
+ * (options.collectives), or, without NCCL, on the host with Gloo; only this rank's slice is
+ * pushed. */
+ZPS_C_EXPORT int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad,
+                                      int32_t grad_dtype, uint64_t numel, uint32_t micro,
+                                      uint64_t stream);
+/* The client's CUDA side as JSON ({"device", "collectives": "none"|"gloo"|"nccl", "h2d_bytes",
+ * "d2h_bytes", "overflow_allocs", "inflight_waits", "free_slots"}) into buf (at most len bytes
+ * with the NUL; OUT_OF_RANGE if it does not fit). */
+ZPS_C_EXPORT int zps_cuda_info(zps_client* c, char* buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 1
+API_VERSION = 2
 
 
 class JobInfo(ctypes.Structure):
@@ -92,13 +92,21 @@ def lib():
         "zps_read_master": (c_int, [c_p, c_u32, c_i64, c_p]),
         "zps_shard_status": (c_int, [c_p, c_u32, ctypes.c_char_p, ctypes.c_size_t]),
         "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
+        "zps_cuda_available": (c_int, [c_int]),
+        "zps_fetch_to_device": (c_int, [c_p, ctypes.POINTER(c_u32), ctypes.c_size_t,
+                                        ctypes.POINTER(c_p), c_u64]),
+        "zps_push_grad_device": (c_int, [c_p, c_u32, c_i64, c_p, ctypes.c_int32, c_u64, c_u32,
+                                         c_u64]),
+        "zps_cuda_info": (c_int, [c_p, ctypes.c_char_p, ctypes.c_size_t]),
     }
+    # The version first: an older library lacks some of the entry points bound below.
+    L.zps_c_api_version.restype, L.zps_c_api_version.argtypes = c_int, []
+    if L.zps_c_api_version() != API_VERSION:
+        raise ZpsError("FAILED_PRECONDITION", f"{path} has C API version "
+                       f"{L.zps_c_api_version()}, this package needs {API_VERSION}: rebuild it")
     for name, (res, args) in sigs.items():
         fn = getattr(L, name)
         fn.restype, fn.argtypes = res, args
-    if L.zps_c_api_version() != API_VERSION:
-        raise ZpsError("FAILED_PRECONDITION", f"{path} has C API version "
-                       f"{L.zps_c_api_version()}, this package needs {API_VERSION}")
     _lib = L
     return L
 
@@ -116,6 +124,16 @@ def cluster_shards(endpoint, token, timeout_ms):
     check(lib().zps_cluster_shards(endpoint.encode(), token.encode(), timeout_ms,
                                    ctypes.byref(out)))
     return out.value
+
+
+def cuda_available(device=0):
+    """None when the CUDA backend can use `device` here, else the ZpsError saying why not
+    (FAILED_PRECONDITION "no CUDA device: ..." on a machine without a runtime, driver or GPU)."""
+    try:
+        check(lib().zps_cuda_available(device))
+    except ZpsError as e:
+        return e
+    return None
 
 
 def job_hash(job_json):
@@ -199,6 +217,22 @@ class Client:
         import json
         buf = ctypes.create_string_buffer(1 << 16)
         check(self._L.zps_shard_status(self._h, ordinal, buf, len(buf)))
+        return json.loads(buf.value.decode())
+
+    def fetch_to_device(self, ids, ptrs, stream):
+        """Fetches `ids` into device memory (serving dtype), ordered on cudaStream_t `stream`."""
+        n = len(ids)
+        check(self._L.zps_fetch_to_device(self._h, (ctypes.c_uint32 * n)(*ids), n,
+                                          (ctypes.c_void_p * n)(*ptrs), stream))
+
+    def push_grad_device(self, param, step, ptr, dtype, numel, micro, stream):
+        check(self._L.zps_push_grad_device(self._h, param, step, ptr, dtype, numel, micro,
+                                           stream))
+
+    def cuda_info(self):
+        import json
+        buf = ctypes.create_string_buffer(4096)
+        check(self._L.zps_cuda_info(self._h, buf, len(buf)))
         return json.loads(buf.value.decode())
 
     def checkpoint_now(self, timeout_ms):

@@ -175,7 +175,12 @@ struct Client::Impl {
   std::condition_variable watch_cv;
   bool watch_stop = false;  // guarded by watch_mu
   void WatchShards();
-  ~Impl() { StopWatch(); }
+  bool device_attached = false;  // device->AttachUcx succeeded: DetachUcx before the context goes
+  ~Impl() {
+    StopWatch();
+    if (ucx) ucx->Stop();  // no receive lands in the device's memory after this
+    if (device_attached) device->DetachUcx();
+  }
   void StopWatch() {
     {
       std::lock_guard<std::mutex> lock(watch_mu);
@@ -295,6 +300,10 @@ Status Client::Impl::SetupUcx() {
   ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx",
                                                                .spin = opts.ucx_spin}));
   ZPS_RETURN_IF_ERROR(pm.SetUcxTransports(*ucx_context));
+  if (device != nullptr) {
+    ZPS_RETURN_IF_ERROR(device->AttachUcx(*ucx_context));
+    device_attached = true;
+  }
   if (opts.fetch_mode == "rma") {
     fetch_rma = true;
   } else if (opts.fetch_mode == "auto") {

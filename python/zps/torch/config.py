@@ -113,6 +113,8 @@ class Config:
     update: str = "sync"              # or speculative: the shards update each chunk as soon as
                                       # its gradient is complete (bit-identical to sync)
     gloo_hostname: str = ""
+    cuda_backend: str = "auto"        # CUDA parameters: auto (the backend where it loads), on, off
+    collectives: str = "auto"         # pre-reduced device gradients: auto (NCCL), gloo, nccl
     serving_dtype: str = ""           # "" = from fp16/bf16 (fp16, bf16), else bf16
     max_live_bytes: int = 1 << 30
     prefetch_bytes: int = 256 << 20
@@ -254,6 +256,9 @@ def load(config):
                                  choices=["direct", "bandwidth-centric"])
         c.update = z.get("update", c.update, str, choices=["sync", "speculative"])
         c.gloo_hostname = z.get("gloo_hostname", "", str)
+        c.cuda_backend = z.get("cuda_backend", c.cuda_backend, str, choices=["auto", "on", "off"])
+        c.collectives = z.get("collectives", c.collectives, str,
+                              choices=["auto", "gloo", "nccl"])
         c.serving_dtype = z.get("serving_dtype", "", str, choices=["bf16", "fp16", "fp32"])
         c.max_live_bytes = z.get("max_live_bytes", c.max_live_bytes, int, 0)
         c.prefetch_bytes = z.get("prefetch_bytes", c.prefetch_bytes, int, 0)

@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+import warnings
 
 import torch
 
@@ -96,6 +97,7 @@ class Engine:
             if p.device.type not in ("cpu", "cuda"):
                 raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is on {p.device}; zps "
                                "serves cpu and cuda parameters")
+        cuda_device = self._cuda_device(cfg, named)
         # AccumulateGrad nodes must be made while the parameters have their full shape.
         zparams = []
         for i, (names, p) in enumerate(named):
@@ -121,7 +123,8 @@ class Engine:
                        "connect_timeout_ms": int(cfg.connect_timeout_s * 1000),
                        "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes,
                        "reduction": cfg.reduction, "fetch_strategy": cfg.fetch_strategy,
-                       "gloo_hostname": cfg.gloo_hostname}
+                       "gloo_hostname": cfg.gloo_hostname,
+                       "cuda_device": cuda_device, "collectives": cfg.collectives}
             self.client = _native.Client(json.dumps(options), json.dumps(self.job))
         except BaseException:
             self._stop_cluster()
@@ -141,8 +144,9 @@ class Engine:
         # Pushes in flight are bounded to about prefetch_bytes of gradient copies.
         pieces = max(4, cfg.prefetch_bytes // (cfg.chunk_elems * 4) + 1)
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
-                             cfg.persistence_threshold, pieces)
+                             cfg.persistence_threshold, pieces, cuda_backend=cuda_device >= 0)
         self.res.step = self.global_step
+        self.res.client_pre_reduced = cfg.reduction == "pre-reduced" and self.world > 1
         self.micro = 0
         module_params = collections.OrderedDict()
         for m in module.modules():
@@ -184,6 +188,28 @@ class Engine:
                        "min_loss_scale": cfg.min_loss_scale},
             "shard": shard,
         }
+
+    @staticmethod
+    def _cuda_device(cfg, named):
+        """The CUDA device whose parameters go through the CUDA backend (pinned slots, copy
+        stream), or -1: no CUDA parameters, zps.cuda_backend "off", or (with "auto") a backend
+        that cannot run here, where they are staged on the host as before."""
+        devices = sorted({p.device.index if p.device.index is not None
+                          else torch.cuda.current_device()
+                          for _, p in named if p.device.type == "cuda"})
+        if not devices or cfg.cuda_backend == "off":
+            return -1
+        if len(devices) > 1:
+            raise ZpsError("INVALID_ARGUMENT", f"parameters on CUDA devices {devices}; zps.torch "
+                           "serves one device per rank")
+        err = _native.cuda_available(devices[0])
+        if err is not None:
+            if cfg.cuda_backend == "on":
+                raise err
+            warnings.warn(f"zps.torch: the CUDA backend is not available ({err}); CUDA "
+                          "parameters are staged on the host")
+            return -1
+        return devices[0]
 
     def _endpoint(self, cfg):
         endpoint = cfg.endpoint or os.environ.get("ZPS_ENDPOINT", "")

@@ -18,15 +18,19 @@ import os
 import torch
 
 from zps._errors import ZpsError
-from zps.torch.params import ZParam, ZPS_TO_TORCH, host_view
+from zps.torch.params import ZParam, ZPS_TO_TORCH, TORCH_TO_ZPS, host_view
 
 
 class Residency:
     """Which parameters hold storage, and the pushes of the step. One training thread."""
 
     def __init__(self, client, zparams, by_param, serving_code, persistence_threshold,
-                 max_pending_pieces=64):
+                 max_pending_pieces=64, cuda_backend=False):
         self.client = client
+        # CUDA parameters through the CUDA backend (pinned slots, copy stream, device pushes);
+        # False: staged on the host and copied on the current stream.
+        self.cuda_backend = cuda_backend
+        self.client_pre_reduced = False  # set by the engine: device gradients are overwritten
         self.max_pending_pieces = max_pending_pieces
         self.zparams = zparams          # by id
         self.by_param = by_param        # id(Parameter) -> ZParam
@@ -85,8 +89,12 @@ class Residency:
             raise
 
     def _fetch(self, zps):
-        staged = [zp for zp in zps if zp.param.is_cuda or self.host_staging]
-        cpu = [zp for zp in zps if not (zp.param.is_cuda or self.host_staging)]
+        device = [zp for zp in zps if zp.param.is_cuda and self.cuda_backend]
+        staged = [zp for zp in zps if (zp.param.is_cuda and not self.cuda_backend)
+                  or (not zp.param.is_cuda and self.host_staging)]
+        cpu = [zp for zp in zps if not zp.param.is_cuda and not self.host_staging]
+        if device:
+            self._fetch_device(device)
         if cpu:
             self.client.fetch_into([zp.id for zp in cpu], [zp.param.data_ptr() for zp in cpu],
                                    [zp.dtype_code for zp in cpu])
@@ -105,6 +113,27 @@ class Residency:
             finally:
                 self.client.release(zp.id)
 
+    def _fetch_device(self, zps):
+        """Through the CUDA backend: each parameter lands in a pinned slot (UCX receives into it)
+        and is copied on the backend's copy stream, ordered against the current stream by
+        events. A parameter whose dtype differs from the serving dtype lands in a temporary of
+        the serving dtype and is cast on the current stream."""
+        serving = ZPS_TO_TORCH[self.serving_code]
+        stream = torch.cuda.current_stream(zps[0].param.device)
+        direct, temps, ptrs = [], [], []
+        for zp in zps:
+            if zp.param.dtype == serving:
+                ptrs.append(zp.param.data_ptr())
+            else:
+                t = torch.empty(zp.numel, dtype=serving, device=zp.param.device)
+                temps.append((zp, t))
+                ptrs.append(t.data_ptr())
+            direct.append(zp)
+        self.client.fetch_to_device([zp.id for zp in direct], ptrs, stream.cuda_stream)
+        with torch.no_grad():
+            for zp, t in temps:
+                zp.param.data.copy_(t.view(zp.shape))
+
     # ---- gradients ----
     def on_accumulated(self, zp):
         zp.accumulated += 1
@@ -121,6 +150,9 @@ class Residency:
             g = torch.zeros(zp.numel, dtype=torch.float32)
         else:
             g = p.grad.detach()
+            if g.is_cuda and self.cuda_backend:
+                self._push_device(zp, g)
+                return
             if g.is_cuda:
                 g = g.to("cpu", torch.float32)
             elif g.dtype != torch.float32:
@@ -130,6 +162,20 @@ class Residency:
         self.client.await_pushes_below(self.max_pending_pieces)
         zp.pushed = True
         p.grad = None
+
+    def _push_device(self, zp, g):
+        """Through the CUDA backend: read on the copy stream into a pinned slot after the current
+        stream's work, then pushed (pre-reduced: reduce-scattered on the device first, which
+        needs a writable fp32 copy)."""
+        stream = torch.cuda.current_stream(g.device)
+        if self.client_pre_reduced or g.dtype not in TORCH_TO_ZPS:
+            g = g.float()
+        g = g.contiguous()
+        self.client.push_grad_device(zp.id, self.step, g.data_ptr(), TORCH_TO_ZPS[g.dtype],
+                                     zp.numel, self.micro, stream.cuda_stream)
+        self.client.await_pushes_below(self.max_pending_pieces)
+        zp.pushed = True
+        zp.param.grad = None
 
     def end_step(self):
         """Pushes what is still unpushed (a zero gradient for trainable parameters that got none

@@ -1,7 +1,10 @@
 // zps/worker/device.h — where fetched parameters land. The CPU backend allocates host memory;
-// a CUDA backend implements the same interface with device (or pinned, registered) memory.
+// the CUDA backend (zps/worker/cuda_backend.h, target zps::worker_cuda) implements the same
+// interface with a fixed pool of pinned host staging slots registered with the Client's UCX
+// context, so that UCX receives straight into them.
 //
-// Thread-safety: Allocate may be called from any thread.
+// Thread-safety: Allocate may be called from any thread; AttachUcx/DetachUcx are called by the
+// Client that uses the device (at Connect and in its destructor), one Client at a time.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +13,10 @@
 #include <string_view>
 
 #include "zps/common/status.h"
+
+namespace zps::ucx {
+class Context;
+}
 
 namespace zps::worker {
 
@@ -35,6 +42,12 @@ class Device {
   virtual std::string_view name() const = 0;
   /// Memory the data plane can receive into. Errors: ResourceExhausted.
   virtual Result<DeviceBuffer> Allocate(size_t bytes) = 0;
+  /// Called by Client::Connect once its UCX context exists: a device may register its memory
+  /// with it (ucp_mem_map), so that receives into it need no registration on the fly. The
+  /// registrations must be dropped in DetachUcx, which the Client calls before it destroys the
+  /// context. Errors: FailedPrecondition (already attached to another Client), from UCX.
+  virtual Status AttachUcx(ucx::Context& /*context*/) { return Status::Ok(); }
+  virtual void DetachUcx() {}
 };
 
 /// Host memory, 64-byte aligned.
