@@ -899,7 +899,7 @@ Status ShardServer::Start() {
     // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
     // On the progress thread, where every push begins: no push of an old session can begin
     // after the forget (its token is gone by then).
-    std::promise<Status> replaced;
+    std::promise<Result<uint64_t>> replaced;
     auto replaced_f = replaced.get_future();
     std::vector<ucx::Endpoint> old_eps;
     const bool posted = d->ucx->Post([&] {
@@ -917,13 +917,19 @@ Status ShardServer::Start() {
       replaced.set_value(st->ForgetRank(peer.rank));
     });
     if (!posted) return Unavailable("this shard is stopping");
-    if (Status fs = replaced_f.get(); !fs.ok()) {
+    Result<uint64_t> dropped = replaced_f.get();
+    if (!dropped.ok()) {
       d->ucx->Close(ep);
-      return fs.WithContext("forgetting rank " + std::to_string(peer.rank) + "'s old session");
+      return dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
+                                          "'s old session");
+    }
+    if (*dropped > 0 || !old_eps.empty()) {
+      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                       << " old session(s) closed): " << *dropped
+                       << " elements it pushed of the step in progress dropped; it pushes them "
+                          "again";
     }
     for (const auto& old : old_eps) {
-      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again: its old session is "
-                       << "closed and its pushes of the step in progress are dropped";
       if (!old.peer_error_handling()) {
         d->ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
       }

@@ -552,10 +552,12 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
   }
 }
 
-Status ShardState::ForgetRank(uint32_t rank) {
+Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
+  uint64_t dropped = 0;
   auto forget = [&](Chunk& c, uint32_t slot) -> Status {
     if (c.covered[slot].empty() && c.landed[slot] == 0) return Status::Ok();
+    dropped += c.landed[slot];
     c.covered[slot].clear();
     c.landed[slot] = 0;
     auto& g = c.grads[slot];
@@ -581,7 +583,7 @@ Status ShardState::ForgetRank(uint32_t rank) {
       if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));
     }
   }
-  return Status::Ok();
+  return dropped;
 }
 
 std::vector<uint32_t> ShardState::MissingRanks(int64_t step) const {

@@ -189,7 +189,9 @@ TEST_F(ShardStateTest, ForgetRankLetsARestartedRankPushTheStepAgain) {
   auto in_flight = shard_->BeginPush({0, 2, 0, 50, 1, DType::kF32});
   ASSERT_TRUE(in_flight.ok());
   EXPECT_EQ(shard_->MissingRanks(0), std::vector<uint32_t>{1});
-  ASSERT_TRUE(shard_->ForgetRank(1).ok());
+  auto dropped = shard_->ForgetRank(1);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 64u);  // the landed piece; the one in flight had not landed
   // The restarted rank 1 pushes everything again.
   ASSERT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, g1.data()).ok());
   ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());

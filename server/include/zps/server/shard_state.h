@@ -266,8 +266,8 @@ class ShardState {
   /// it is: its gradients are being reduced, and a rank's push into it that overlaps what it
   /// pushed before is received and dropped (OK: a restarted rank computes the same bits; only
   /// server-sum, where each rank has its own slot). Errors:
-  /// ResourceExhausted (no memory for a fresh slot buffer).
-  Status ForgetRank(uint32_t rank);
+  /// ResourceExhausted (no memory for a fresh slot buffer). Returns the pushed elements dropped.
+  Result<uint64_t> ForgetRank(uint32_t rank);
   /// The ranks whose gradients of `step` are incomplete on some local chunk (server-sum; empty
   /// in pre-reduced mode, where slices have no per-rank owner). For the step-timeout message.
   std::vector<uint32_t> MissingRanks(int64_t step) const;
