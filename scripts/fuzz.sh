@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
   art=$BUILD_DIR/artifacts/$t
   mkdir -p "$work" "$art"
   # -rss_limit_mb / -malloc_limit_mb: an allocation sized by untrusted bytes is a finding too.
-  if ! "$BUILD_DIR/tests/fuzz/fuzz_$t" "$work" "$seeds" -max_total_time="$SECONDS_EACH" \
+  if ! "$BUILD_DIR/bin/fuzz_$t" "$work" "$seeds" -max_total_time="$SECONDS_EACH" \
        -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 \
        -artifact_prefix="$art/" > "$BUILD_DIR/fuzz_$t.log" 2>&1; then
     echo "FAIL fuzz_$t: $(grep -m1 -E 'ERROR|SUMMARY|deadly' "$BUILD_DIR/fuzz_$t.log" || tail -n 1 "$BUILD_DIR/fuzz_$t.log")"
@@ -42,7 +42,7 @@ for t in "${targets[@]}"; do
   cov=$(grep -oE 'cov: [0-9]+' "$BUILD_DIR/fuzz_$t.log" | tail -n 1 || true)
   echo "PASS fuzz_$t: ${SECONDS_EACH} s, $runs inputs, $cov, corpus $(ls "$work" | wc -l) + $(ls "$seeds" | wc -l) seeds"
   if [[ -n ${ZPS_FUZZ_MERGE:-} ]]; then
-    "$BUILD_DIR/tests/fuzz/fuzz_$t" -merge=1 "$seeds" "$work" > /dev/null 2>&1
+    "$BUILD_DIR/bin/fuzz_$t" -merge=1 "$seeds" "$work" > /dev/null 2>&1
   fi
 done
 [[ $failed -eq 0 ]] || { echo "FAIL: $failed fuzz target(s) crashed"; exit 1; }

@@ -411,14 +411,31 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
       return fail(FailedPrecondition("report for step " + std::to_string(step) +
                                      " while the job is at step " + std::to_string(step_)));
     }
+    size_t again = 0;  // chunks reported before with the same figures
     for (const auto& [chunk, r] : reports) {
       if (chunk >= reports_.size() || job_->layout.shard_of_chunk(chunk) != ordinal) {
         return fail(InvalidArgument("chunk " + std::to_string(chunk) + " is not on shard " +
                                     std::to_string(ordinal)));
       }
       if (reports_[chunk]) {
+        if (reports_[chunk]->sum_squares == r.sum_squares &&
+            reports_[chunk]->non_finite == r.non_finite) {
+          ++again;
+          continue;
+        }
         return fail(AlreadyExists("chunk " + std::to_string(chunk) + " already reported"));
       }
+    }
+    if (again != 0) {
+      if (again != reports.size()) {
+        return fail(AlreadyExists("a report of step " + std::to_string(step) +
+                                  " that repeats only part of an earlier one"));
+      }
+      // The shard's earlier long-poll gave up (its call timed out) and it sent the same report
+      // again: wait for the decision on this one too (was ALREADY_EXISTS, and the shard re-sent
+      // it in a loop).
+      commit_waiters_.emplace(step, std::move(cb));
+      return;
     }
     for (const auto& [chunk, r] : reports) {
       reports_[chunk] = r;

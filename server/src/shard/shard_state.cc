@@ -473,6 +473,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       return FailedPrecondition("step " + std::to_string(step) + " is not complete on this shard");
     }
     sealed_step_ = step;
+    if (reduced_step_ == step) return reduced_;
   }
   // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
   std::vector<std::pair<uint32_t, ChunkReport>> out;
@@ -492,6 +493,9 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
                          optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
     out.emplace_back(c.id, ChunkReport{st.sum_squares, st.non_finite});
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  reduced_step_ = step;
+  reduced_ = out;
   return out;
 }
 

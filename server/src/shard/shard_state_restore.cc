@@ -61,6 +61,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     std::lock_guard<std::mutex> lock(mu_);
     ++epoch_;
     sealed_step_ = INT64_MIN;
+    reduced_step_ = INT64_MIN;
     for (Chunk& c : chunks_) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();

@@ -143,9 +143,9 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     fi
   fi
   if [[ $secs == forever ]]; then
-    # Every worker must stop with an error naming shard 1 within op_timeout (+ a margin for the
-    # re-join attempts, each bounded by the same timeout).
-    local limit=$(( op_timeout * 3 + 15 )) p rc
+    # Every worker must fail its step with an error naming shard 1 within op_timeout, then stop
+    # (its re-join gives up on the unreachable shard within the 60 s connect timeout).
+    local limit=$(( op_timeout + 60 + 30 )) p rc
     for r in 0 1; do
       p=${w[$r]}
       if ! wait_exit "$p" "$limit"; then
@@ -153,8 +153,11 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
       fi
       rc=0; wait "$p" 2>/dev/null || rc=$?
       if [[ $rc -eq 0 ]]; then fail "$name" "rank $r exited 0"; dump "$dir"; return; fi
+      if ! grep -m1 "re-joining the job" "$dir/worker$r.err" | grep -q "by shard 1"; then
+        fail "$name" "rank $r's first error does not name shard 1"; dump "$dir"; return
+      fi
       if ! tail -n 3 "$dir/worker$r.err" | grep -Eq "shard 1"; then
-        fail "$name" "rank $r's error does not name shard 1"; dump "$dir"; return
+        fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
       fi
     done
     restore "$host"

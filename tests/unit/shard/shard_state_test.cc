@@ -223,6 +223,11 @@ TEST_F(ShardStateTest, ForgetRankLeavesASealedStepAlone) {
   auto reports = shard_->ReduceStep(0);
   ASSERT_TRUE(reports.ok());
   EXPECT_EQ((*reports)[0].second.sum_squares, 128.0);  // (0.5 + 0.5)^2 per element
+  // Reduced again (the driver re-reports after its Report call timed out): the same figures,
+  // not the slots added a second time.
+  auto again = shard_->ReduceStep(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].second.sum_squares, 128.0);
   // Rank 0's initial values are forgotten on a chunk that still waits for them.
   ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
   std::vector<float> v(128, 1.0f);

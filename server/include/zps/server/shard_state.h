@@ -276,7 +276,8 @@ class ShardState {
   /// (see ForgetRank) until it is published. Errors: DeadlineExceeded, Cancelled after Shutdown.
   Status WaitForGradients(int64_t step, std::chrono::milliseconds timeout);
   /// Reduces every local chunk of `step` and returns one report per local chunk, in chunk order.
-  /// Errors: FailedPrecondition if the step is not complete.
+  /// Called again for the same step before it is published, returns the same reports (the
+  /// slots are reduced once). Errors: FailedPrecondition if the step is not complete.
   Result<std::vector<std::pair<uint32_t, ChunkReport>>> ReduceStep(int64_t step);
   /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
   Status ApplyCommit(const CommitOrder& order);
@@ -426,6 +427,10 @@ class ShardState {
   std::condition_variable cv_;
   uint64_t epoch_ = 0;          // guarded by mu_; ResetTo count (fences older push tickets)
   int64_t sealed_step_ = INT64_MIN;  // guarded by mu_; complete, being reduced (ForgetRank)
+  // Guarded by mu_: the step ReduceStep last reduced and its reports, returned again if the
+  // driver re-reports it (its Report call timed out): reducing twice would add the slots twice.
+  int64_t reduced_step_ = INT64_MIN;
+  std::vector<std::pair<uint32_t, ChunkReport>> reduced_;
   bool shutdown_ = false;       // guarded by mu_
   Status shutdown_reason_;      // guarded by mu_
   std::deque<Waiter> spilled_q_;  // guarded by mu_; fetches of spilled serving copies to answer
