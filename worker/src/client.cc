@@ -734,8 +734,33 @@ Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
   auto reply = impl_->coord->Call(msg::kAwaitCommit, req.Encode(), impl_->opts.op_timeout);
   impl_->EndRequest(metrics::kControl, start);
   if (!reply.ok()) {
-    if (reply.status().code() == Code::kDeadlineExceeded) impl_->pm.ProtocolError("timeout");
-    return reply.status().WithContext("coordinator at " + impl_->opts.endpoint);
+    if (reply.status().code() != Code::kDeadlineExceeded) {
+      return reply.status().WithContext("coordinator at " + impl_->opts.endpoint);
+    }
+    impl_->pm.ProtocolError("timeout");
+    // Say who the decision waits for: the coordinator's Status names the shards whose report
+    // is missing (a shard cut off from the network, say).
+    std::string who;
+    auto st = impl_->coord->Call(msg::kStatus, {}, std::chrono::milliseconds(2000));
+    if (st.ok()) {
+      const std::string_view doc(reinterpret_cast<const char*>(st->data()), st->size());
+      const auto at = doc.find("\"awaiting_reports\":[");
+      if (at != std::string_view::npos) {
+        const auto begin = at + std::string_view("\"awaiting_reports\":[").size();
+        const auto end = doc.find(']', begin);
+        if (end != std::string_view::npos && end > begin) {
+          std::string list(doc.substr(begin, end - begin));
+          const bool many = list.find(',') != std::string::npos;
+          for (size_t i = list.find(','); i != std::string::npos; i = list.find(',', i + 2)) {
+            list.replace(i, 1, ", ");
+          }
+          who = std::string("; the decision waits for the report of shard") + (many ? "s " : " ") +
+                list;
+        }
+      }
+    }
+    return Status(reply.status().code(), reply.status().message() + who)
+        .WithContext("coordinator at " + impl_->opts.endpoint);
   }
   return msg::CommitInfo::Decode(*reply);
 }

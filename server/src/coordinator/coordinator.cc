@@ -286,6 +286,18 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
   ZPS_LOG(INFO) << "checkpoint requested: at the end of step " << step_;
 }
 
+std::vector<uint32_t> Coordinator::awaiting_reports() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint32_t> out;
+  if (!job_) return out;
+  for (uint32_t c = 0; c < reports_.size(); ++c) {
+    const uint32_t shard = job_->layout.shard_of_chunk(c);
+    if (!reports_[c] && std::find(out.begin(), out.end(), shard) == out.end()) out.push_back(shard);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 size_t Coordinator::checkpoint_waiters() const {
   std::lock_guard<std::mutex> lock(mu_);
   return checkpoint_waiters_.size();

@@ -662,6 +662,7 @@ std::string ShardServer::Impl::StatusJson() {
     j["coordinator_epoch"] = coordinator->epoch();
     j["coordinator_phase"] = static_cast<int>(coordinator->phase());
     j["checkpoint_waiters"] = coordinator->checkpoint_waiters();
+    j["awaiting_reports"] = coordinator->awaiting_reports();
   }
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -153,7 +153,7 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
       fi
       rc=0; wait "$p" 2>/dev/null || rc=$?
       if [[ $rc -eq 0 ]]; then fail "$name" "rank $r exited 0"; dump "$dir"; return; fi
-      if ! grep -m1 "re-joining the job" "$dir/worker$r.err" | grep -q "by shard 1"; then
+      if ! grep -m1 "re-joining the job" "$dir/worker$r.err" | grep -Eq "(by|of) shard 1"; then
         fail "$name" "rank $r's first error does not name shard 1"; dump "$dir"; return
       fi
       if ! tail -n 3 "$dir/worker$r.err" | grep -Eq "shard 1"; then
