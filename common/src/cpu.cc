@@ -1,9 +1,18 @@
 #include "zps/common/cpu.h"
 
+#include <cpuid.h>
+
 #include <cstdlib>
 #include <string>
 
 namespace zps {
+namespace {
+// F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool HasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+}  // namespace
 
 std::string_view IsaName(Isa isa) {
   switch (isa) {
@@ -25,8 +34,7 @@ bool IsaSupported(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
     case Isa::kAvx512:
       return IsaSupported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

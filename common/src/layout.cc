@@ -72,7 +72,12 @@ Result<Layout> Layout::Build(std::vector<ParamSpec> specs, LayoutOptions options
     if (off > kMaxTotalElems) return InvalidArgument("parameter space exceeds 2^40 elements");
   }
   l.total_elems_ = off;
-  l.num_chunks_ = static_cast<uint32_t>((off + options.chunk_elems - 1) / options.chunk_elems);
+  const uint64_t chunks = (off + options.chunk_elems - 1) / options.chunk_elems;
+  if (chunks > kMaxChunks) {
+    return InvalidArgument("the layout has " + std::to_string(chunks) + " chunks (at most " +
+                           std::to_string(kMaxChunks) + "): use larger chunk_elems");
+  }
+  l.num_chunks_ = static_cast<uint32_t>(chunks);
   l.specs_ = std::move(specs);
   l.hash_ = Fnv1a(l.Serialize());
   return l;

@@ -49,6 +49,10 @@ Status Modify(ucp_config_t* config, const std::string& name, const std::string& 
 
 }  // namespace
 
+Context::~Context() {
+  if (leak_.load()) (void)context_.release();  // see LeakOnDestruction
+}
+
 Result<std::unique_ptr<Context>> Context::Create(const ContextOptions& options) {
   ucp_config_t* raw_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &raw_config);

@@ -122,6 +122,7 @@ Worker::~Worker() {
     ZPS_LOG(WARNING) << "ucx: " << abandoned_.size()
                      << " request(s) still held by UCX at stop; leaving the UCX worker undestroyed";
     (void)worker_.release();
+    context_.LeakOnDestruction();  // its cleanup would assert on the regions still in use
   }
   // Requests that UCX still holds may call back while the worker is destroyed: their Op and
   // EpState objects stay alive until after ucp_worker_destroy.

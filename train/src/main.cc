@@ -13,11 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -287,6 +289,21 @@ bool Recoverable(const Status& s) {
   }
 }
 
+// Test hook (tests/integration/recovery/worker_death.sh): ZPS_TEST_CRASH_AT=<point>:<step>
+// makes this worker SIGKILL itself there. worker-push: after its third gradient push of the
+// step has landed (the step half pushed); worker-commit: after every push of the step landed,
+// before it waits for the decision.
+void MaybeCrashAt(std::string_view point, int64_t step) {
+  static const std::string spec = [] {
+    const char* e = std::getenv("ZPS_TEST_CRASH_AT");
+    return std::string(e ? e : "");
+  }();
+  if (spec.empty() || spec != std::string(point) + ":" + std::to_string(step)) return;
+  std::fprintf(stderr, "ZPS_TEST_CRASH_AT=%s: killing this process\n", spec.c_str());
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
+
 int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -378,6 +395,13 @@ Status RunWorker(const TrainOptions& o) {
     access_ptr = std::make_unique<WorkerAccess>(client.get(), po,
                                                 pre_reduced ? collectives.get() : nullptr,
                                                 o.bucket_bytes / sizeof(float));
+    if (std::getenv("ZPS_TEST_CRASH_AT") != nullptr) {
+      access_ptr->set_after_push([&client](int64_t step, int pushes) {
+        if (pushes != 3) return;
+        (void)client->FlushPushes();  // they have landed on the shards
+        MaybeCrashAt("worker-push", step);
+      });
+    }
     eval_ptr = std::make_unique<WorkerAccess>(
         client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
     return Status::Ok();
@@ -385,6 +409,8 @@ Status RunWorker(const TrainOptions& o) {
   ZPS_RETURN_IF_ERROR(join());
   joined = true;
   const int64_t start = client->resume_step();
+  std::fprintf(stderr, "zps-train (rank %d): joined the job at step %lld\n", o.rank,
+               static_cast<long long>(start));
   double eval_start = std::nan("");
   if (lead && start == 0) {
     ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *eval_ptr, *loader, 0));
@@ -418,6 +444,7 @@ Status RunWorker(const TrainOptions& o) {
       out = *r;
       ZPS_RETURN_IF_ERROR(access.FlushGradients());
       ZPS_RETURN_IF_ERROR(client->FlushPushes());
+      MaybeCrashAt("worker-commit", step);
       ZPS_ASSIGN_OR_RETURN(commit, client->AwaitCommit(step));
       return Status::Ok();
     }().WithContext("step " + std::to_string(step));

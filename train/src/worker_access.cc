@@ -31,6 +31,7 @@ Status WorkerAccess::FlushGradients() {
 
 void WorkerAccess::BeginStep(int64_t step, bool inject_overflow) {
   step_ = step;
+  pushes_ = 0;
   bucket_.clear();  // left over from a failed step
   entries_.clear();
   inject_ = inject_overflow;
@@ -64,6 +65,12 @@ void WorkerAccess::Release(std::span<const uint32_t> ids) {
 }
 
 Status WorkerAccess::PushGrad(uint32_t param_id, std::span<const float> grad) {
+  Status s = PushGradNow(param_id, grad);
+  if (s.ok() && after_push_) after_push_(step_, ++pushes_);
+  return s;
+}
+
+Status WorkerAccess::PushGradNow(uint32_t param_id, std::span<const float> grad) {
   if (reduce_ != nullptr) {
     // pre-reduced: into the bucket; a full bucket is summed over the ranks and this rank pushes
     // its slice of it.

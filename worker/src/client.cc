@@ -1,5 +1,6 @@
 #include "zps/worker/client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <condition_variable>
@@ -25,13 +26,16 @@ struct FetchOp::State {
   std::mutex mu;
   std::condition_variable cv;
   size_t remaining = 0;   // guarded by mu
+  std::vector<uint32_t> waiting;  // guarded by mu: the shard of each piece not answered yet
   Status error;           // guarded by mu
   int64_t version = INT64_MAX;  // guarded by mu: the lowest version over pieces
   std::shared_ptr<ParamBuffer> buffer;
 
-  void Complete(const Status& s, int64_t piece_version) {
+  void Complete(uint32_t shard, const Status& s, int64_t piece_version) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      auto w = std::find(waiting.begin(), waiting.end(), shard);
+      if (w != waiting.end()) waiting.erase(w);
       if (!s.ok() && error.ok()) error = s;
       version = std::min(version, piece_version);
       --remaining;
@@ -43,8 +47,14 @@ struct FetchOp::State {
 Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->remaining == 0; })) {
+    std::vector<uint32_t> who = state_->waiting;
+    std::sort(who.begin(), who.end());
+    who.erase(std::unique(who.begin(), who.end()), who.end());
+    std::string by;
+    for (uint32_t w : who) by += (by.empty() ? "" : ", ") + std::to_string(w);
     return DeadlineExceeded("fetch of parameter " + std::to_string(state_->buffer->param) +
-                            " not answered within " + std::to_string(timeout.count()) + " ms");
+                            " not answered by shard" + (who.size() == 1 ? " " : "s ") + by +
+                            " within " + std::to_string(timeout.count()) + " ms");
   }
   if (!state_->error.ok()) return state_->error;
   state_->buffer->version = state_->version;
@@ -101,6 +111,17 @@ struct Client::Impl {
   std::condition_variable push_cv;
   std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
   std::unordered_map<uint64_t, PendingPush> pushes;  // guarded by mu
+  // "by shard 1" / "by shards 0, 1": who has not answered the pending pushes (needs mu).
+  std::string PendingShards() const {
+    std::vector<uint32_t> who;
+    for (const auto& [req, p] : pushes) {
+      if (std::find(who.begin(), who.end(), p.shard) == who.end()) who.push_back(p.shard);
+    }
+    std::sort(who.begin(), who.end());
+    std::string out = who.size() == 1 ? "by shard " : "by shards ";
+    for (size_t i = 0; i < who.size(); ++i) out += (i ? ", " : "") + std::to_string(who[i]);
+    return out;
+  }
   Status push_error;                                 // guarded by mu
   // RMA staging blocks of pushes that failed without the shard's answer (endpoint failed): the
   // shard may still be reading one, so it is never reused (the arena then has less room;
@@ -163,7 +184,7 @@ struct Client::Impl {
     }
     for (auto& p : failed) {
       EndRequest(metrics::kFetch, p.start);
-      p.op->Complete(s, -1);
+      p.op->Complete(p.shard, s, -1);
     }
     for (uint64_t r : failed_pushes) FinishPush(r, s);
   }
@@ -244,7 +265,7 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
     pm.fetch_bytes.Inc(piece.bytes);
   }
   EndRequest(metrics::kFetch, piece.start);
-  piece.op->Complete(ShardError(piece.shard, s), version);
+  piece.op->Complete(piece.shard, ShardError(piece.shard, s), version);
 }
 
 void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
@@ -523,6 +544,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     st->buffer->memory = std::move(*mem);
   }
   st->remaining = pieces->size();
+  for (const Piece& p : *pieces) st->waiting.push_back(impl_->layout->shard_of_chunk(p.chunk));
   for (const Piece& p : *pieces) {
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
@@ -539,7 +561,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
                          if (s.ok()) return;
                          if (auto piece = impl->TakeFetch(req)) {
                            impl->EndRequest(metrics::kFetch, piece->start);
-                           piece->op->Complete(impl->ShardError(shard, s), -1);
+                           piece->op->Complete(shard, impl->ShardError(shard, s), -1);
                          }
                        });
   }
@@ -694,7 +716,7 @@ Status Client::FlushPushes() {
   if (!impl_->push_cv.wait_for(lock, impl_->opts.op_timeout,
                                [&] { return impl_->pushes.empty(); })) {
     return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
-                            " pushes unacknowledged after " +
+                            " pushes unacknowledged (" + impl_->PendingShards() + ") after " +
                             std::to_string(impl_->opts.op_timeout.count()) + " ms");
   }
   Status s = impl_->push_error;
@@ -708,7 +730,7 @@ Status Client::AwaitPushesBelow(size_t max_pending) {
         return impl_->pushes.size() < std::max<size_t>(max_pending, 1) || !impl_->push_error.ok();
       })) {
     return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
-                            " pushes unacknowledged after " +
+                            " pushes unacknowledged (" + impl_->PendingShards() + ") after " +
                             std::to_string(impl_->opts.op_timeout.count()) + " ms");
   }
   return impl_->push_error;
@@ -721,8 +743,33 @@ Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
   auto reply = impl_->coord->Call(msg::kAwaitCommit, req.Encode(), impl_->opts.op_timeout);
   impl_->EndRequest(metrics::kControl, start);
   if (!reply.ok()) {
-    if (reply.status().code() == Code::kDeadlineExceeded) impl_->pm.ProtocolError("timeout");
-    return reply.status().WithContext("coordinator at " + impl_->opts.endpoint);
+    if (reply.status().code() != Code::kDeadlineExceeded) {
+      return reply.status().WithContext("coordinator at " + impl_->opts.endpoint);
+    }
+    impl_->pm.ProtocolError("timeout");
+    // Say who the decision waits for: the coordinator's Status names the shards whose report
+    // is missing (a shard cut off from the network, say).
+    std::string who;
+    auto st = impl_->coord->Call(msg::kStatus, {}, std::chrono::milliseconds(2000));
+    if (st.ok()) {
+      const std::string_view doc(reinterpret_cast<const char*>(st->data()), st->size());
+      const auto at = doc.find("\"awaiting_reports\":[");
+      if (at != std::string_view::npos) {
+        const auto begin = at + std::string_view("\"awaiting_reports\":[").size();
+        const auto end = doc.find(']', begin);
+        if (end != std::string_view::npos && end > begin) {
+          std::string list(doc.substr(begin, end - begin));
+          const bool many = list.find(',') != std::string::npos;
+          for (size_t i = list.find(','); i != std::string::npos; i = list.find(',', i + 2)) {
+            list.replace(i, 1, ", ");
+          }
+          who = std::string("; the decision waits for the report of shard") + (many ? "s " : " ") +
+                list;
+        }
+      }
+    }
+    return Status(reply.status().code(), reply.status().message() + who)
+        .WithContext("coordinator at " + impl_->opts.endpoint);
   }
   return msg::CommitInfo::Decode(*reply);
 }

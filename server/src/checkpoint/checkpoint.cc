@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "checkpoint_codec.h"
 #include "checkpoint_db.h"
 #include "zps/common/bytes.h"
 #include "zps/common/crc32c.h"
@@ -75,14 +76,9 @@ std::vector<std::byte> EncodeManifest(const CheckpointInfo& info, uint64_t slice
   return w.Take();
 }
 
-struct Manifest {
-  CheckpointInfo info;
-  uint64_t slice_bytes = 0;
-  bool has_state = false;
-  uint64_t state_len = 0;
-  uint32_t state_crc = 0;
-};
+}  // namespace
 
+namespace internal {
 Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> bytes) {
   ByteReader r(bytes);
   Manifest m;
@@ -116,6 +112,11 @@ Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> byt
   }
   return m;
 }
+}  // namespace internal
+
+namespace {
+using internal::DecodeManifest;
+using internal::Manifest;
 
 // Decoding errors of our own formats are corruption of stored data.
 Status AsDataLoss(const Status& s, std::string_view what) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "checkpoint_codec.h"
 #include "zps/common/bytes.h"
 #include "zps/common/logging.h"
 
@@ -27,6 +28,9 @@ std::vector<std::byte> EncodeGlobal(const GlobalCheckpoint& g) {
   return w.Take();
 }
 
+}  // namespace
+
+namespace internal {
 Result<GlobalCheckpoint> DecodeGlobal(std::span<const std::byte> bytes) {
   ByteReader r(bytes);
   GlobalCheckpoint g;
@@ -35,6 +39,9 @@ Result<GlobalCheckpoint> DecodeGlobal(std::span<const std::byte> bytes) {
     ZPS_ASSIGN_OR_RETURN(g.num_shards, r.U32("num_shards"));
     ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("committed"));
     if (n > g.num_shards) return InvalidArgument("more reports than shards");
+    // A count read from disk must not size an allocation past the record (regression input:
+    // tests/fuzz/corpus/checkpoint/crash-global-huge-count, std::bad_alloc before).
+    if (n > r.remaining() / 4) return InvalidArgument("committed count past the record's end");
     g.committed.resize(n);
     for (auto& s : g.committed) {
       ZPS_ASSIGN_OR_RETURN(s, r.U32("shard"));
@@ -46,6 +53,10 @@ Result<GlobalCheckpoint> DecodeGlobal(std::span<const std::byte> bytes) {
   g.complete = g.committed.size() == g.num_shards;
   return g;
 }
+}  // namespace internal
+
+namespace {
+using internal::DecodeGlobal;
 
 }  // namespace
 

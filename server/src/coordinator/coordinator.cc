@@ -286,6 +286,18 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
   ZPS_LOG(INFO) << "checkpoint requested: at the end of step " << step_;
 }
 
+std::vector<uint32_t> Coordinator::awaiting_reports() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint32_t> out;
+  if (!job_) return out;
+  for (uint32_t c = 0; c < reports_.size(); ++c) {
+    const uint32_t shard = job_->layout.shard_of_chunk(c);
+    if (!reports_[c] && std::find(out.begin(), out.end(), shard) == out.end()) out.push_back(shard);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 size_t Coordinator::checkpoint_waiters() const {
   std::lock_guard<std::mutex> lock(mu_);
   return checkpoint_waiters_.size();
@@ -411,14 +423,31 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
       return fail(FailedPrecondition("report for step " + std::to_string(step) +
                                      " while the job is at step " + std::to_string(step_)));
     }
+    size_t again = 0;  // chunks reported before with the same figures
     for (const auto& [chunk, r] : reports) {
       if (chunk >= reports_.size() || job_->layout.shard_of_chunk(chunk) != ordinal) {
         return fail(InvalidArgument("chunk " + std::to_string(chunk) + " is not on shard " +
                                     std::to_string(ordinal)));
       }
       if (reports_[chunk]) {
+        if (reports_[chunk]->sum_squares == r.sum_squares &&
+            reports_[chunk]->non_finite == r.non_finite) {
+          ++again;
+          continue;
+        }
         return fail(AlreadyExists("chunk " + std::to_string(chunk) + " already reported"));
       }
+    }
+    if (again != 0) {
+      if (again != reports.size()) {
+        return fail(AlreadyExists("a report of step " + std::to_string(step) +
+                                  " that repeats only part of an earlier one"));
+      }
+      // The shard's earlier long-poll gave up (its call timed out) and it sent the same report
+      // again: wait for the decision on this one too (was ALREADY_EXISTS, and the shard re-sent
+      // it in a loop).
+      commit_waiters_.emplace(step, std::move(cb));
+      return;
     }
     for (const auto& [chunk, r] : reports) {
       reports_[chunk] = r;

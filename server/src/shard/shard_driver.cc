@@ -34,6 +34,14 @@ void MaybeCrashAt(std::string_view point, int64_t step) {
 // ---- ShardCheckpoints -------------------------------------------------------------------------
 
 namespace {
+// host:port at which this process reaches its own control port bound to `bind`.
+std::string SelfAddress(const std::string& bind, uint16_t port) {
+  const std::string p = std::to_string(port);
+  if (bind.empty() || bind == "0.0.0.0") return "127.0.0.1:" + p;
+  if (bind == "::" || bind == "[::]") return "[::1]:" + p;
+  if (bind.find(':') != std::string::npos && bind.front() != '[') return "[" + bind + "]:" + p;
+  return bind + ":" + p;
+}
 constexpr uint32_t kStateMagic = 0x5a505331;  // "ZPS1": the resume-state blob's version
 
 std::vector<std::byte> EncodeResume(const msg::ResumeState& rs) {
@@ -237,9 +245,11 @@ Result<std::vector<std::byte>> ShardDriver::Call(uint16_t type, std::span<const 
 
 Status ShardDriver::Connect() {
   const auto& o = *host_.opts;
-  // The coordinator shard (0) reaches its own coordinator over loopback, like any other client.
-  const std::string coord =
-      o.ordinal == 0 ? "127.0.0.1:" + std::to_string(host_.rpc_port) : o.coordinator;
+  // The coordinator shard (0) reaches its own coordinator like any other client: over loopback
+  // when it listens on every interface, else at the one address it is bound to (with
+  // --bind 10.0.0.1 nothing listens on 127.0.0.1).
+  const std::string coord = o.ordinal == 0 ? SelfAddress(o.bind_address, host_.rpc_port)
+                                           : o.coordinator;
   ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
   auto backoff = 100ms;
   const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);
@@ -523,8 +533,16 @@ Status ShardDriver::RunSteps(int64_t start) {
         return resync(Unavailable("the job is recovering (epoch " + std::to_string(r->epoch) + ")"));
       }
       if (Clock::now() > deadline) {
-        return DeadlineExceeded("step " + std::to_string(step) + ": gradients incomplete after " +
-                                std::to_string(o.step_timeout_s) + " s");
+        // Name who is missing: a worker that died and never came back (docs/operations.md).
+        std::string who;
+        for (uint32_t missing : state_->MissingRanks(step)) {
+          who += (who.empty() ? "" : ", ") + std::to_string(missing);
+        }
+        return DeadlineExceeded(
+            "step " + std::to_string(step) + ": gradients incomplete on shard " +
+            std::to_string(o.ordinal) + " after " + std::to_string(o.step_timeout_s) + " s (" +
+            (who.empty() ? std::string("some ranks") : "rank " + who) +
+            " never pushed the step: a worker died and did not re-join within --step-timeout)");
       }
     }
     ZPS_ASSIGN_OR_RETURN(auto reports, state_->ReduceStep(step));

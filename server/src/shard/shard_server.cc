@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -298,7 +299,7 @@ struct ShardServer::Impl {
   }
 
   void SetupCoordinatorRpcs();
-  void SetupDataPlane();
+  Status SetupDataPlane();  // every AM handler, or the error of the first that failed
   void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
   void SetupKvRpcs();          // coordinator: the collectives' rendezvous (KvSet/KvGet)
   // The KV generation a request names (0 = current), after moving the store to the
@@ -403,15 +404,22 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   in_fetch_handler = false;
 }
 
-void ShardServer::Impl::SetupDataPlane() {
-  Status s = ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) { HandleFetch(m, false); });
-  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
-  s = ucx->SetAmHandler(msg::kAmFetchRma, [this](ucx::AmMessage& m) { HandleFetch(m, true); });
-  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
-  s = ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) { HandlePush(m, false); });
-  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
-  s = ucx->SetAmHandler(msg::kAmPushRma, [this](ucx::AmMessage& m) { HandlePush(m, true); });
-  if (!s.ok()) ZPS_LOG(ERROR) << s.ToString();
+Status ShardServer::Impl::SetupDataPlane() {
+  // A shard missing a handler would drop that kind of message on the floor (the worker waits
+  // for a reply that never comes): refuse to start instead.
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmFetch, [this](ucx::AmMessage& m) { HandleFetch(m, false); })
+          .WithContext("data plane: Fetch handler"));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmFetchRma, [this](ucx::AmMessage& m) { HandleFetch(m, true); })
+          .WithContext("data plane: FetchRma handler"));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmPush, [this](ucx::AmMessage& m) { HandlePush(m, false); })
+          .WithContext("data plane: Push handler"));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmPushRma, [this](ucx::AmMessage& m) { HandlePush(m, true); })
+          .WithContext("data plane: PushRma handler"));
+  return Status::Ok();
 }
 
 // kAmPush carries the gradient (rendezvous from 64 KiB); kAmPushRma carries where it is in the
@@ -655,11 +663,14 @@ std::string ShardServer::Impl::StatusJson() {
   j["job_loaded"] = st != nullptr;
   j["version"] = st ? st->version() : -1;
   j["chunks"] = st ? st->chunk_ids().size() : 0;
+  // The step in progress's gradient slots (bad-input tests: a rejected push changes nothing).
+  if (st) j["gradient_crc"] = st->GradientCrc();
   if (coordinator) {
     j["coordinator_step"] = coordinator->step();
     j["coordinator_epoch"] = coordinator->epoch();
     j["coordinator_phase"] = static_cast<int>(coordinator->phase());
     j["checkpoint_waiters"] = coordinator->checkpoint_waiters();
+    j["awaiting_reports"] = coordinator->awaiting_reports();
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -740,6 +751,12 @@ void ShardServer::Impl::DriverLoop() {
   Status s = drv->Run();
   if (!s.ok() && s.code() != Code::kCancelled) {
     ZPS_LOG(ERROR) << "shard " << opts.ordinal << " stops: " << s.ToString();
+    if (coordinator) {
+      // The job stops with this reason: waiting workers get it, and so does a worker's re-join
+      // in the next moments (Join answers the shutdown reason), before the port closes.
+      coordinator->Shutdown(s.WithContext("the job stopped"));
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
   }
   Fail(s.code() == Code::kCancelled ? Status::Ok() : s);
 }
@@ -821,7 +838,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
 
 Status ShardServer::Start() {
   Impl* d = impl_.get();
-  d->SetupDataPlane();
+  ZPS_RETURN_IF_ERROR(d->SetupDataPlane());
   if (d->coordinator) {
     d->SetupCoordinatorRpcs();
     d->SetupDurabilityRpcs();
@@ -889,6 +906,47 @@ Status ShardServer::Start() {
                            ZPS_LOG(WARNING) << "data-plane peer (rank " << rank
                                             << ") failed: " << s.ToString();
                          }));
+    // A rank's new session replaces any old one (its process restarted, or it re-joined after
+    // an error; the old connection may not have closed yet): the old sessions are dropped and
+    // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
+    // On the progress thread, where every push begins: no push of an old session can begin
+    // after the forget (its token is gone by then).
+    std::promise<Result<uint64_t>> replaced;
+    auto replaced_f = replaced.get_future();
+    std::vector<ucx::Endpoint> old_eps;
+    const bool posted = d->ucx->Post([&] {
+      {
+        std::lock_guard<std::mutex> lock(d->mu);
+        for (auto it = d->sessions.begin(); it != d->sessions.end();) {
+          if (it->second.rank == peer.rank) {
+            old_eps.push_back(it->second.ep);
+            it = d->sessions.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      replaced.set_value(st->ForgetRank(peer.rank));
+    });
+    if (!posted) return Unavailable("this shard is stopping");
+    Result<uint64_t> dropped = replaced_f.get();
+    if (!dropped.ok()) {
+      d->ucx->Close(ep);
+      return dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
+                                          "'s old session");
+    }
+    if (*dropped > 0 || !old_eps.empty()) {
+      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                       << " old session(s) closed): " << *dropped
+                       << " elements it pushed of the step in progress dropped; it pushes them "
+                          "again";
+    }
+    for (const auto& old : old_eps) {
+      if (!old.peer_error_handling()) {
+        d->ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
+      }
+      d->ucx->Close(old);
+    }
     {
       std::lock_guard<std::mutex> lock(d->mu);
       d->sessions[peer.session_token] = {peer.rank, ep, epoch};

@@ -381,6 +381,19 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   auto next = cov.lower_bound(b);
   if ((next != cov.end() && next->first < e) ||
       (next != cov.begin() && std::prev(next)->second > b)) {
+    if (!init && Sealed(*c) && job_.mode == ReductionMode::kServerSum) {
+      // A restarted rank pushing again a step its old process completed (ForgetRank kept it):
+      // the same rank computes the same bits, so the copy is received and dropped.
+      PushTicket t;
+      t.req_ = req;
+      t.slot_ = slot;
+      t.epoch_ = epoch_;
+      t.bytes_ = req.length * DTypeSize(req.dtype);
+      t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
+      t.dest_ = t.staging_.get();
+      t.discard_ = true;
+      return t;
+    }
     return AlreadyExists("elements [" + std::to_string(b) + ", " + std::to_string(e) +
                          ") of chunk " + std::to_string(c->id) + " were already pushed by " +
                          (slot == 0 && req.rank != 0 ? "a rank" : "rank " + std::to_string(req.rank)));
@@ -409,7 +422,11 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     std::unique_lock<std::mutex> lock(mu_);
     Chunk* c = FindChunk(t.req_.chunk);
     if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
+    if (t.discard_) return Status::Ok();  // a re-push into a sealed step (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
+    if (t.slot_buffer_ != c->grads[t.slot_]) {
+      return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
+    }
     if (!transfer.ok()) {
       c->covered[t.slot_].erase(t.req_.offset);
       return Status::Ok();
@@ -422,6 +439,9 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
       else ConvertBF16ToF32({src, t.req_.length}, dst);
       lock.lock();
       if (t.epoch_ != epoch_) return Unavailable("push overtaken by a rollback; re-join");
+      if (t.slot_buffer_ != c->grads[t.slot_]) {
+        return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
+      }
     }
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
@@ -479,6 +499,7 @@ Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds time
   bool ok = cv_.wait_for(lock, timeout, [&] { return shutdown_ || StepReady(step); });
   if (shutdown_) return shutdown_reason_;
   if (!ok) return DeadlineExceeded("gradients of step " + std::to_string(step) + " incomplete");
+  sealed_step_ = step;
   return Status::Ok();
 }
 
@@ -499,6 +520,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
     cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
     if (shutdown_) return shutdown_reason_;
     ZPS_RETURN_IF_ERROR(spec_error_);
+    sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
   }
   // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
   for (size_t i : mine) {
@@ -607,6 +629,59 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
   }
 }
 
+Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t dropped = 0;
+  auto forget = [&](Chunk& c, uint32_t slot) -> Status {
+    if (c.covered[slot].empty() && c.landed[slot] == 0) return Status::Ok();
+    dropped += c.landed[slot];
+    c.covered[slot].clear();
+    c.landed[slot] = 0;
+    auto& g = c.grads[slot];
+    // As FreshSlots: a buffer a ticket still holds is replaced, so the old transfer writes
+    // into memory no one reads and FinishPush refuses it.
+    if (g.use_count() == 1) {
+      std::fill(g->span().begin(), g->span().end(), 0.0f);
+      return Status::Ok();
+    }
+    ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<float>::Allocate(c.size));
+    std::fill(fresh.span().begin(), fresh.span().end(), 0.0f);
+    g = std::make_shared<AlignedBuffer<float>>(std::move(fresh));
+    return Status::Ok();
+  };
+  for (Chunk& c : chunks_) {
+    if (c.version == -1) {
+      if (rank == 0) ZPS_RETURN_IF_ERROR(forget(c, 0));  // the initial values
+      continue;
+    }
+    if (Sealed(c) || job_.mode == ReductionMode::kPreReduced) continue;
+    for (uint32_t micro = 0; micro < accum_; ++micro) {
+      const uint32_t slot = rank * accum_ + micro;
+      if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));
+    }
+  }
+  return dropped;
+}
+
+std::vector<uint32_t> ShardState::MissingRanks(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint32_t> out;
+  if (job_.mode == ReductionMode::kPreReduced) return out;
+  for (uint32_t rank = 0; rank < job_.world_size; ++rank) {
+    bool missing = false;
+    for (const Chunk& c : chunks_) {
+      if (c.version != step) continue;
+      for (uint32_t micro = 0; micro < accum_ && !missing; ++micro) {
+        const uint32_t slot = rank * accum_ + micro;
+        missing = slot < c.landed.size() && c.landed[slot] != c.expected;
+      }
+      if (missing) break;
+    }
+    if (missing) out.push_back(rank);
+  }
+  return out;
+}
+
 void ShardState::ResetCoverage(Chunk& c) {
   for (auto& cov : c.covered) cov.clear();
   std::fill(c.landed.begin(), c.landed.end(), 0);
@@ -695,6 +770,22 @@ void ShardState::Shutdown(const Status& reason) {
   reader_cv_.notify_all();
   spec_cv_.notify_all();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
+}
+
+uint32_t ShardState::GradientCrc() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t crc = 0;
+  for (const auto& c : chunks_) {
+    for (size_t slot = 0; slot < c.grads.size(); ++slot) {
+      crc = Crc32cExtend(crc, std::as_bytes(c.grads[slot]->span()));
+      for (const auto& [b, e] : c.covered[slot]) {
+        const uint64_t range[2] = {b, e};
+        crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint64_t>(range)));
+      }
+      crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint64_t>(&c.landed[slot], 1)));
+    }
+  }
+  return crc;
 }
 
 uint32_t ShardState::StateCrc() const {

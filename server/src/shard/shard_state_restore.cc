@@ -69,6 +69,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     for (size_t k = 0; store_ && k < spares_.size(); ++k) free_spares_.push_back(static_cast<int>(k));
     spec_error_ = Status::Ok();
     snap = snapshot_.lock();
+    sealed_step_ = INT64_MIN;
     for (Chunk& c : chunks_) {
       c.spec = SpecPhase::kIdle;
       c.spare = -1;

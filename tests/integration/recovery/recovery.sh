@@ -126,6 +126,14 @@ check_disk_full() {
   fi
 }
 
+# The step each scenario must resume from (a regex): the newest checkpoint complete on every
+# shard before the kill (checkpoints every 5 steps). Without this a scenario would pass even if
+# every recovery restarted from step 0.
+declare -A expect_resume=(
+  [push]='10' [update]='5' [checkpoint]='5' [coordinator]='15' [after-checkpoint]='15'
+  [timing]='15|20' [start-over]='0' [sigterm]='1[2-9]|2[0-9]'
+  [corrupt-restarted]='10' [corrupt-survivor]='10' [disk-full]='5')
+
 failures=0
 scenario() {  # name victim point:step|timing:step [setup [before-restart [check]]]
   local name=$1 victim=$2 spec=$3 setup=${4:-} before_restart=${5:-} check=${6:-}
@@ -180,6 +188,13 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     failures=$((failures+1))
     return
   fi
+  # A named kill point: the victim must have died there (its own log line), not elsewhere.
+  if [[ -n $crash && $spec != sigterm:* ]] && ! grep -q "ZPS_TEST_CRASH_AT=$crash: killing this process" "$dir/shard$victim.log"; then
+    echo "FAIL $name: shard $victim exited, but not at $crash"
+    tail -n 12 "$dir/shard$victim.log"
+    failures=$((failures+1))
+    return
+  fi
   local t_kill
   t_kill=$(now_ms)
   wait "${shard_pid[$victim]}" 2>/dev/null || true
@@ -210,6 +225,12 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     done
   fi
   if [[ -n $check ]] && ! $check "$dir"; then ok=0; fi
+  local resumed_at=""
+  [[ $resumed =~ resumed\ at\ step\ ([0-9]+) ]] && resumed_at=${BASH_REMATCH[1]}
+  if ! [[ $resumed_at =~ ^(${expect_resume[$name]})$ ]]; then
+    echo "(resumed at step '${resumed_at}', expected ${expect_resume[$name]})"
+    ok=0
+  fi
   if [[ $ok -eq 1 ]] && [[ -n $resumed ]] && diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
     echo "PASS $name: shard $victim killed at $spec; ${resumed#recovery: }; recovery time (kill -> first resumed step) ${rec_ms} ms; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else

@@ -3,6 +3,8 @@
 // connection), the server keeps serving, and the stored state is unchanged (chunk CRCs).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -165,6 +167,16 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(m.ok());
     return m.ok() ? m->crcs : std::vector<std::pair<uint32_t, uint32_t>>{};
   }
+  // The gradient slots of the step in progress (the Status document's gradient_crc): what a
+  // push could reach. StateCrcs does not cover them.
+  uint64_t GradientCrc() {
+    auto r = client_->CallShard(0, msg::kStatus, {});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return 0;
+    auto j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(r->data()), r->size()));
+    EXPECT_TRUE(j.contains("gradient_crc"));
+    return j.value("gradient_crc", uint64_t{0});
+  }
   void ExpectServing() {
     auto st = client_->CallShard(0, msg::kStatus, {});
     EXPECT_TRUE(st.ok()) << "server stopped serving: " << st.status().ToString();
@@ -188,6 +200,7 @@ std::vector<std::byte> Halves(size_t n) {
 TEST_F(BadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
   const auto before = StateCrcs();
   ASSERT_EQ(before.size(), 2u);
+  const uint64_t grads_before = GradientCrc();
   const uint64_t s = raw_.session();
   struct Case {
     const char* what;
@@ -213,8 +226,13 @@ TEST_F(BadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
     EXPECT_EQ(st.code(), c.code) << c.what << ": " << st.ToString();
     EXPECT_FALSE(st.message().empty()) << c.what;
   }
-  // A duplicate push from the same rank: the first is accepted, the second refused.
+  // None of them reached a gradient slot.
+  EXPECT_EQ(GradientCrc(), grads_before);
+  // A duplicate push from the same rank: the first is accepted (the slots change), the second
+  // refused; from here on nothing may change them.
   ASSERT_TRUE(raw_.Push({s, 0, 0, 0, 0, 16, 1, DType::kF16}, Halves(16)).ok());
+  const uint64_t grads_accepted = GradientCrc();
+  EXPECT_NE(grads_accepted, grads_before);
   Status dup = raw_.Push({s, 0, 0, 0, 0, 16, 1, DType::kF16}, Halves(16));
   EXPECT_EQ(dup.code(), Code::kAlreadyExists) << dup.ToString();
   // Fetches: out-of-range chunk, range, a version far ahead, a bad token.
@@ -245,9 +263,10 @@ TEST_F(BadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
   EXPECT_EQ(client_->PushGrad(99, 0, std::vector<float>(4)).code(), Code::kOutOfRange);
 
   ExpectServing();
-  // Stored state (master, m, v, serving) unchanged: gradients of a step in progress are not
-  // state until the step commits.
+  // Stored state (master, m, v, serving) unchanged, and the gradient slots hold only the one
+  // accepted push.
   EXPECT_EQ(StateCrcs(), before);
+  EXPECT_EQ(GradientCrc(), grads_accepted);
 }
 
 TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {

@@ -41,10 +41,18 @@ TEST(Coordinator, JoinValidatesAndReportsDecide) {
   Result<CommitInfo> s0 = Internal("unset"), s1 = Internal("unset");
   c.Report(0, 1, {{0, {}}}, [&](const Result<CommitInfo>& r) { s1 = r; });
   EXPECT_EQ(s1.status().code(), Code::kInvalidArgument);  // chunk 0 is not on shard 1
+  Result<CommitInfo> s1_first = Internal("unset");
+  c.Report(0, 1, {{1, {16.0, false}}}, [&](const Result<CommitInfo>& r) { s1_first = r; });
+  EXPECT_FALSE(s1_first.ok());  // still waiting (unset)
+  // The shard's long-poll gave up and it reports the same again: it waits too (was
+  // ALREADY_EXISTS, which made the shard re-send in a loop); different figures are refused.
+  Result<CommitInfo> s1_other = Internal("unset");
+  c.Report(0, 1, {{1, {17.0, false}}}, [&](const Result<CommitInfo>& r) { s1_other = r; });
+  EXPECT_EQ(s1_other.status().code(), Code::kAlreadyExists);
   c.Report(0, 1, {{1, {16.0, false}}}, [&](const Result<CommitInfo>& r) { s1 = r; });
-  EXPECT_FALSE(s1.ok());  // still waiting (unset)
+  EXPECT_FALSE(s1.ok());  // waiting
   c.Report(0, 0, {{0, {9.0, false}}, {2, {0.0, false}}}, [&](const Result<CommitInfo>& r) { s0 = r; });
-  ASSERT_TRUE(s0.ok() && s1.ok() && worker.ok());
+  ASSERT_TRUE(s0.ok() && s1.ok() && s1_first.ok() && worker.ok());
   EXPECT_FALSE(s0->skip);
   EXPECT_DOUBLE_EQ(s0->global_norm, 2.5);
   EXPECT_FLOAT_EQ(s0->grad_scale, static_cast<float>(0.5 * (1.0 / (2.5 + 1e-6))));

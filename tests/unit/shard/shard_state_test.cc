@@ -174,6 +174,68 @@ TEST_F(ShardStateTest, RollbackFencesPushesFromBeforeIt) {
   EXPECT_NEAR((*reports)[1].second.sum_squares, 50 * 0.5 * 0.5, 1e-9);
 }
 
+// A worker that dies mid-step and restarts (its new session calls ForgetRank): what its old
+// process pushed of the step is dropped, so it can push the whole step again; an old transfer
+// still landing is refused; the sum is exactly the one without the crash. Without ForgetRank
+// the second push of [0, 64) is ALREADY_EXISTS and the step never completes.
+TEST_F(ShardStateTest, ForgetRankLetsARestartedRankPushTheStepAgain) {
+  Make(ReductionMode::kServerSum, 2);
+  Init();
+  std::vector<float> g0(128, 0.5f), g1(128, 0.25f), garbage(128, 1e30f);
+  ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()).ok());
+  // Rank 1's first process: one piece landed (with wrong bits, to see it dropped), one in flight.
+  ASSERT_TRUE(Push({0, 0, 0, 64, 1, DType::kF32}, garbage.data()).ok());
+  auto in_flight = shard_->BeginPush({0, 2, 0, 50, 1, DType::kF32});
+  ASSERT_TRUE(in_flight.ok());
+  EXPECT_EQ(shard_->MissingRanks(0), std::vector<uint32_t>{1});
+  auto dropped = shard_->ForgetRank(1);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 64u);  // the landed piece; the one in flight had not landed
+  // The restarted rank 1 pushes everything again.
+  ASSERT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, g1.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());
+  std::memcpy(in_flight->destination().data(), garbage.data(), in_flight->destination().size());
+  EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
+  EXPECT_TRUE(shard_->MissingRanks(0).empty());
+  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  auto reports = shard_->ReduceStep(0);
+  ASSERT_TRUE(reports.ok());
+  ASSERT_EQ(reports->size(), 2u);
+  EXPECT_EQ((*reports)[0].second.sum_squares, 128 * 0.75 * 0.75);
+  EXPECT_EQ((*reports)[1].second.sum_squares, 50 * 0.75 * 0.75);
+}
+
+// A rank restarted after its old process completed the step (sealed by WaitForGradients): the
+// step is not reopened, and its pushes of it again are received and dropped (OK), so the
+// restarted rank does not fail on ALREADY_EXISTS; the reduction is unchanged.
+TEST_F(ShardStateTest, ForgetRankLeavesASealedStepAlone) {
+  Make(ReductionMode::kServerSum, 2);
+  Init();
+  std::vector<float> g(128, 0.5f), other(128, 7.0f);
+  for (uint32_t rank : {0u, 1u}) {
+    ASSERT_TRUE(Push({0, 0, 0, 128, rank, DType::kF32}, g.data()).ok());
+    ASSERT_TRUE(Push({0, 2, 0, 50, rank, DType::kF32}, g.data()).ok());
+  }
+  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_TRUE(shard_->ForgetRank(1).ok());
+  EXPECT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, other.data()).ok());
+  auto reports = shard_->ReduceStep(0);
+  ASSERT_TRUE(reports.ok());
+  EXPECT_EQ((*reports)[0].second.sum_squares, 128.0);  // (0.5 + 0.5)^2 per element
+  // Reduced again (the driver re-reports after its Report call timed out): the same figures,
+  // not the slots added a second time.
+  auto again = shard_->ReduceStep(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].second.sum_squares, 128.0);
+  // Rank 0's initial values are forgotten on a chunk that still waits for them.
+  ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
+  std::vector<float> v(128, 1.0f);
+  ASSERT_TRUE(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()).ok());
+  ASSERT_TRUE(shard_->ForgetRank(0).ok());
+  Init();  // pushes [0, 128) of chunk 0 again: not ALREADY_EXISTS
+}
+
 TEST_F(ShardStateTest, BadPushesChangeNothing) {
   Make(ReductionMode::kServerSum, 2, DType::kF16);
   Init();

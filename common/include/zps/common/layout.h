@@ -26,6 +26,11 @@ inline constexpr uint32_t kMaxParams = 1u << 20;
 inline constexpr uint32_t kMaxParamNameBytes = 256;
 inline constexpr uint32_t kMaxRank = 4;  ///< dims per parameter
 inline constexpr uint64_t kMaxTotalElems = 1ull << 40;
+/// At most this many chunks (a 2^40-element space needs chunks of 64 Ki elements or more).
+/// Chunk ids are u32 on the wire; without the bound a layout of small chunks over a large
+/// space truncated its chunk count (seen while fixing an out-of-memory fuzz_job_layout
+/// found: tests/fuzz/corpus/job_layout/oom-layout-huge-param-small-chunks).
+inline constexpr uint64_t kMaxChunks = 1ull << 24;
 
 struct ParamSpec {
   std::string name;            // unique, 1..kMaxParamNameBytes bytes
@@ -50,7 +55,8 @@ struct Piece {
 class Layout {
  public:
   /// Errors: InvalidArgument for empty/duplicate/oversized names, bad shapes, chunk_elems not a
-  /// positive multiple of align_elems, num_shards == 0, or a space beyond kMaxTotalElems.
+  /// positive multiple of align_elems, num_shards == 0, a space beyond kMaxTotalElems, or more
+  /// than kMaxChunks chunks.
   static Result<Layout> Build(std::vector<ParamSpec> specs, LayoutOptions options);
 
   const LayoutOptions& options() const { return options_; }

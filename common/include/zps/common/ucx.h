@@ -110,9 +110,16 @@ class Context {
   /// self, sm, shm), which in UCX 1.13 cannot report peer failure; see Worker::Connect.
   bool peer_failure_capable() const { return peer_failure_capable_; }
   ucp_context_h raw() const { return context_.get(); }
+  /// Makes the destructor leave the UCX context alive (not ucp_cleanup'd). A Worker that must
+  /// leave its UCX worker undestroyed (UCX still holds requests of a stalled peer) calls it:
+  /// UCX 1.13 asserts, and aborts the process, when it cleans up a context whose registration
+  /// cache still has regions in use by such requests. Any thread; idempotent.
+  void LeakOnDestruction() { leak_.store(true); }
+  ~Context();
 
  private:
   Context() = default;
+  std::atomic<bool> leak_{false};
   ContextPtr context_;
   std::string transports_;
   bool peer_failure_capable_ = true;

@@ -120,6 +120,9 @@ class Coordinator {
   int64_t step() const;
   /// Checkpoint requests waiting (RequestCheckpoint) for the end of the step in progress.
   size_t checkpoint_waiters() const;
+  /// The shards whose report of the step in progress has not arrived (ascending; empty without
+  /// a job). In the Status document, so that a worker whose AwaitCommit timed out names them.
+  std::vector<uint32_t> awaiting_reports() const;
   /// Fails every waiter. Idempotent.
   void Shutdown(const Status& reason);
 

@@ -182,6 +182,7 @@ class PushTicket {
   // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
+  bool discard_ = false;  // a re-push into a sealed step (ForgetRank): received, then dropped
 };
 
 struct CommitOrder {
@@ -282,11 +283,27 @@ class ShardState {
   /// Errors: Unavailable (a rollback happened since BeginPush: the pushed data is dropped).
   Status FinishPush(PushTicket ticket, const Status& transfer);
 
-  /// Blocks until every local chunk has all contributions of `step`. Errors: DeadlineExceeded,
-  /// Cancelled after Shutdown.
+  /// A rank's new session replaces its old one (the worker process restarted, or re-joined
+  /// after an error): drops everything `rank` pushed for the step in progress, so that it pushes
+  /// the step again (server-sum; in pre-reduced mode ranges have no per-rank owner and nothing
+  /// of a step is dropped), and, on chunks still waiting for their initial values, what rank 0
+  /// pushed of them. A push the old session began is refused by FinishPush (its slot buffer
+  /// was replaced). A step that is already complete (WaitForGradients returned OK) is left as
+  /// it is: its gradients are being reduced, and a rank's push into it that overlaps what it
+  /// pushed before is received and dropped (OK: a restarted rank computes the same bits; only
+  /// server-sum, where each rank has its own slot). Errors:
+  /// ResourceExhausted (no memory for a fresh slot buffer). Returns the pushed elements dropped.
+  Result<uint64_t> ForgetRank(uint32_t rank);
+  /// The ranks whose gradients of `step` are incomplete on some local chunk (server-sum; empty
+  /// in pre-reduced mode, where slices have no per-rank owner). For the step-timeout message.
+  std::vector<uint32_t> MissingRanks(int64_t step) const;
+
+  /// Blocks until every local chunk has all contributions of `step`; on OK the step is sealed
+  /// (see ForgetRank) until it is published. Errors: DeadlineExceeded, Cancelled after Shutdown.
   Status WaitForGradients(int64_t step, std::chrono::milliseconds timeout);
   /// Reduces every local chunk of `step` and returns one report per local chunk, in chunk order.
-  /// Errors: FailedPrecondition if the step is not complete.
+  /// Called again for the same step before it is published, returns the same reports (the
+  /// slots are reduced once). Errors: FailedPrecondition if the step is not complete.
   Result<std::vector<std::pair<uint32_t, ChunkReport>>> ReduceStep(int64_t step);
   /// Runs the fused update on every local chunk (unless skipped) and publishes step + 1.
   /// Speculative mode: a chunk speculated with exactly `order` (step, grad_scale bits,
@@ -333,6 +350,10 @@ class ShardState {
 
   /// CRC32C over every chunk's master, m, v, serving copy and version: "stored state".
   uint32_t StateCrc() const;
+  /// CRC32C over the step in progress: every gradient slot's bytes, reserved ranges and landed
+  /// counts. A rejected push must leave it unchanged (tests; StateCrc does not cover the slots,
+  /// which no push can reach until the step commits).
+  uint32_t GradientCrc() const;
   /// CRC32C over a local chunk's master, m, v and serving copy, in that order (as
   /// train::ReferenceTrainer::ChunkCrc). Errors: OutOfRange.
   Result<uint32_t> ChunkCrc(uint32_t chunk) const;
@@ -416,6 +437,12 @@ class ShardState {
   Chunk* FindChunk(uint32_t id);
   const Chunk* FindChunk(uint32_t id) const;
   bool ChunkReady(const Chunk& c) const;  // needs mu_
+  // Needs mu_. The chunk's gradients of the step in progress are complete and taken by the
+  // reduction (the step is sealed, or the speculation thread queued or reduced the chunk, which
+  // sums the slots in place): ForgetRank leaves its slots, and a rank's re-push is dropped.
+  bool Sealed(const Chunk& c) const {
+    return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
+  }
   bool StepReady(int64_t step) const;     // needs mu_
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
@@ -493,6 +520,7 @@ class ShardState {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t epoch_ = 0;          // guarded by mu_; ResetTo count (fences older push tickets)
+  int64_t sealed_step_ = INT64_MIN;  // guarded by mu_; complete, being reduced (ForgetRank)
   bool shutdown_ = false;       // guarded by mu_
   Status shutdown_reason_;      // guarded by mu_
   std::deque<Waiter> spilled_q_;  // guarded by mu_; fetches of spilled serving copies to answer

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -43,11 +44,20 @@ class WorkerAccess final : public ParamAccess {
   Status PushGrad(uint32_t param_id, std::span<const float> grad) override;
 
   const worker::PrefetchStats& prefetch_stats() const { return prefetcher_.stats(); }
+  /// Test hook: runs after each successful PushGrad with the step and the count of this step's
+  /// pushes so far (zps-train's ZPS_TEST_CRASH_AT=worker-push:<step>).
+  void set_after_push(std::function<void(int64_t step, int pushes)> hook) {
+    after_push_ = std::move(hook);
+  }
 
  private:
+  Status PushGradNow(uint32_t param_id, std::span<const float> grad);
+
   worker::Client* client_;
   worker::Prefetcher prefetcher_;
   int64_t step_ = 0;
+  int pushes_ = 0;  // PushGrad calls in this step
+  std::function<void(int64_t, int)> after_push_;
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
   worker::Collectives* reduce_ = nullptr;

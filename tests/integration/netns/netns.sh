@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Multi-host runs and network partitions in network namespaces: shard 0 (the coordinator),
+# shard 1 and the workers each run as their own host (`ip netns`, a veth each, joined by a
+# bridge in a fourth "switch" namespace, 10.<n>.0.0/24; the host's own network is not touched).
+# Every shard gets --bind and --advertise-host with its namespace address, as
+# docs/operations.md describes for hosts. The test creates and removes the namespaces itself
+# and exits 77 (skipped) where they cannot be made (no root / no CAP_SYS_ADMIN). Data plane tcp.
+#   hosts        the job trains and ends bit-identical to the in-process reference (before the
+#                --bind fix shard 0 dialled its own coordinator at 127.0.0.1, was refused, never
+#                registered, and the workers failed after 60 s: "shard 0 has not registered yet").
+#   cut-5s       shard 1's link is cut for 5 s at step 8, then restored: the waits are bounded,
+#                the connections carry on (or the workers re-join), and the end is bit-identical.
+#   cut-forever  shard 1's link is cut for good at step 8: every worker exits with an error naming
+#                shard 1 within --op-timeout (plus a margin), never a hang.
+#   cut-worker   the workers' link is cut for 5 s at step 8, then restored: bit-identical end.
+# Usage: netns.sh BIN_DIR [scenario...]
+set -euo pipefail
+bin=$(cd "$1" && pwd)
+shift
+model=(--steps 20 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+       --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
+id=$$
+tag=z$((id % 100000))
+net=$((10 + id % 200))  # 10.<net>.0.0/24
+work=$(mktemp -d)
+pids=()
+made_ns=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
+}
+trap cleanup EXIT
+echo "netns-test-token" > "$work/token"
+
+sw=${tag}sw
+hosts=(s0 s1 w)
+declare -A addr=([s0]=10.$net.0.1 [s1]=10.$net.0.2 [w]=10.$net.0.3)
+mkns() {
+  ip netns add "$1" && made_ns+=("$1")
+  ip -n "$1" link set lo up
+}
+setup_net() {
+  if ! err=$(ip netns add "${tag}probe" 2>&1); then
+    echo "SKIP: cannot create network namespaces here (${err}); run as root to test it"
+    exit 77
+  fi
+  ip netns del "${tag}probe"
+  mkns "$sw"
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" link set br0 up
+  for h in "${hosts[@]}"; do
+    mkns "${tag}$h"
+    # One veth per host: "eth0" in the host's namespace, "<h>" on the switch's bridge.
+    ip link add "${tag}$h" type veth peer name "${tag}${h}p"
+    ip link set "${tag}$h" netns "${tag}$h"
+    ip link set "${tag}${h}p" netns "$sw"
+    ip -n "${tag}$h" link set "${tag}$h" name eth0
+    ip -n "${tag}$h" addr add "${addr[$h]}/24" dev eth0
+    ip -n "${tag}$h" link set eth0 up
+    ip -n "$sw" link set "${tag}${h}p" master br0
+    ip -n "$sw" link set "${tag}${h}p" up
+  done
+  # Reachability check (no ping installed): a listener in s0, a connect from w.
+  ip netns exec "${tag}s0" python3 -c '
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 7071)); s.listen(1); s.settimeout(10); s.accept()
+' "${addr[s0]}" &
+  local lp=$!
+  local tries=0
+  until ip netns exec "${tag}w" python3 -c '
+import socket, sys
+socket.create_connection((sys.argv[1], 7071), timeout=2)
+' "${addr[s0]}" 2> /dev/null; do
+    tries=$((tries + 1))
+    (( tries > 20 )) && { echo "FAIL: the namespaces cannot reach each other"; exit 1; }
+    sleep 0.2
+  done
+  wait "$lp" || true
+}
+cut() { ip -n "$sw" link set "${tag}${1}p" down; }      # host's link, at the switch
+restore() { ip -n "$sw" link set "${tag}${1}p" up; }
+
+"$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"
+grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
+echo "reference: $(wc -l < "$work/ref.crc") chunks"
+setup_net
+echo "namespaces: shard 0 ${addr[s0]}, shard 1 ${addr[s1]}, workers ${addr[w]} (bridge in $sw)"
+
+wait_exit() {  # pid timeout_s
+  local end=$(( $(date +%s) + $2 ))
+  while kill -0 "$1" 2>/dev/null; do
+    if (( $(date +%s) > end )); then return 1; fi
+    sleep 0.05
+  done
+}
+failures=0
+fail() { echo "FAIL $1: $2"; failures=$((failures+1)); }
+dump() {
+  for f in "$1"/worker0.err "$1"/worker1.err "$1"/shard0.log "$1"/shard1.log; do
+    [[ -f $f ]] && { echo "--- $f"; tail -n 12 "$f"; }
+  done
+}
+
+scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
+  local name=$1 what=$2
+  local dir=$work/$name
+  mkdir -p "$dir"
+  local sp=() i
+  for i in 0 1; do
+    local h=s$i
+    local args=(--ordinal "$i" --shards 2 --port 7070 --bind "${addr[$h]}"
+                --advertise-host "${addr[$h]}" --token-file "$work/token" --metrics-port 0
+                --ucx-tls tcp --step-timeout 60 --threads 1)
+    [[ $i -ne 0 ]] && args+=(--coordinator "${addr[s0]}:7070")
+    ip netns exec "${tag}$h" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
+    sp+=($!); pids+=($!)
+  done
+  local op_timeout=20
+  local w=() r
+  for r in 0 1; do
+    ip netns exec "${tag}w" "$bin/zps-train" --mode worker --endpoint "${addr[s0]}:7070" \
+      --token-file "$work/token" --rank "$r" "${model[@]}" --ucx-tls tcp \
+      --op-timeout "$op_timeout" --max-recoveries 3 --log-every 1 --print-crcs \
+      > "$dir/worker$r.out" 2> "$dir/worker$r.err" &
+    w+=($!); pids+=($!)
+  done
+  local t_cut=0 host="" secs=""
+  if [[ $what == cut:* ]]; then
+    IFS=: read -r _ host secs <<< "$what"
+    local end=$(( $(date +%s) + 90 ))
+    until grep -qE "^step +8 " "$dir/worker0.out"; do
+      if (( $(date +%s) > end )); then fail "$name" "step 8 never reached"; dump "$dir"; return; fi
+      sleep 0.02
+    done
+    cut "$host"
+    t_cut=$(date +%s)
+    echo "  $name: cut $host's link at step 8"
+    if [[ $secs != forever ]]; then
+      sleep "$secs"
+      restore "$host"
+      echo "  $name: restored $host's link after $secs s"
+    fi
+  fi
+  if [[ $secs == forever ]]; then
+    # Every worker must fail its step with an error naming shard 1 within op_timeout, then stop
+    # (its re-join gives up on the unreachable shard within the 60 s connect timeout).
+    local limit=$(( op_timeout + 60 + 30 )) p rc
+    for r in 0 1; do
+      p=${w[$r]}
+      if ! wait_exit "$p" "$limit"; then
+        fail "$name" "rank $r still running $limit s after the cut"; dump "$dir"; return
+      fi
+      rc=0; wait "$p" 2>/dev/null || rc=$?
+      if [[ $rc -eq 0 ]]; then fail "$name" "rank $r exited 0"; dump "$dir"; return; fi
+      if ! grep -m1 "re-joining the job" "$dir/worker$r.err" | grep -Eq "(by|of) shard 1"; then
+        fail "$name" "rank $r's first error does not name shard 1"; dump "$dir"; return
+      fi
+      if ! tail -n 3 "$dir/worker$r.err" | grep -Eq "shard 1"; then
+        fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
+      fi
+    done
+    restore "$host"
+    kill -9 "${sp[@]}" 2>/dev/null || true
+    echo "PASS $name: both workers stopped $(( $(date +%s) - t_cut )) s after the cut; rank 0: $(tail -n 1 "$dir/worker0.err" | cut -c1-200)"
+    return
+  fi
+  local ok=1 p
+  for p in "${w[@]}"; do
+    if ! wait_exit "$p" 180; then ok=0; kill -9 "$p" 2>/dev/null || true; fi
+    wait "$p" 2>/dev/null || ok=0
+  done
+  kill -TERM "${sp[@]}" 2>/dev/null || true
+  grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
+  if [[ $ok -ne 1 ]]; then fail "$name" "a worker failed"; dump "$dir"; return; fi
+  if ! diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
+    fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
+    dump "$dir"; return
+  fi
+  if ! grep -q "connected from ${addr[w]}" "$dir/shard1.log"; then
+    fail "$name" "shard 1 did not see the workers at their namespace address"; dump "$dir"; return
+  fi
+  local rejoins
+  rejoins=$(cat "$dir/worker0.err" "$dir/worker1.err" | grep -c "re-joining the job" || true)
+  echo "PASS $name: $(wc -l < "$dir/dist.crc") chunks bit-identical; worker re-joins: $rejoins"
+}
+
+all=(hosts cut-5s cut-worker cut-forever)
+sel=("$@")
+[[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
+for s in "${sel[@]}"; do
+  case $s in
+    hosts) scenario hosts none ;;
+    cut-5s) scenario cut-5s cut:s1:5 ;;
+    cut-worker) scenario cut-worker cut:w:5 ;;
+    cut-forever) scenario cut-forever cut:s1:forever ;;
+    *) echo "unknown scenario $s"; exit 2 ;;
+  esac
+done
+if [[ $failures -ne 0 ]]; then echo "FAIL: $failures scenario(s)"; exit 1; fi
+echo "PASS: every network-namespace scenario"

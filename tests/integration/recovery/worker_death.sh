@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# A worker (rank) that dies: 2 zps-server shards x 2 zps-train workers, real processes on
+# loopback (tcp). Rank 1 SIGKILLs itself at a named point (ZPS_TEST_CRASH_AT=<point>:<step>,
+# train/src/main.cc), and the test checks its stderr for the kill line, so a scenario cannot
+# pass with the victim dying elsewhere (or not at all).
+#   push     rank 1 dies at step 12 with three gradient pushes landed (the step half pushed) and
+#            is restarted: its new sessions make every shard drop what the old process pushed of
+#            step 12 (ShardState::ForgetRank); it must re-join at step 12, rank 0 must not fail,
+#            and the job must end bit-identical to the in-process reference.
+#   commit   rank 1 dies at step 12 after every push of the step landed, before the decision:
+#            restarted, it re-joins at step 12 (its pushes of the sealed step are dropped) or 13
+#            (decided meanwhile); bit-identical end.
+#   lost     rank 1 dies at step 12 and never comes back: shard 0 (the coordinator, --step-timeout
+#            8) stops the job with an error naming rank 1, and rank 0 exits with that error, within
+#            the step timeout plus a margin; never a hang.
+# Usage: worker_death.sh BIN_DIR [scenario...]
+set -euo pipefail
+bin=$1
+shift
+model=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+       --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
+}
+trap cleanup EXIT
+echo "worker-death-token" > "$work/token"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+"$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"
+grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
+echo "reference: $(wc -l < "$work/ref.crc") chunks"
+
+wait_exit() {  # pid timeout_s
+  local end=$(( $(date +%s) + $2 ))
+  while kill -0 "$1" 2>/dev/null; do
+    if (( $(date +%s) > end )); then return 1; fi
+    sleep 0.05
+  done
+}
+
+failures=0
+fail() { echo "FAIL $1: $2"; failures=$((failures+1)); }
+dump() {
+  for f in "$1"/worker0.err "$1"/worker1.err "$1"/worker1b.err "$1"/shard0.log "$1"/shard1.log; do
+    [[ -f $f ]] && { echo "--- $f"; tail -n 10 "$f"; }
+  done
+}
+
+scenario() {  # name crash-point restart(1|0)
+  local name=$1 point=$2 restart=$3
+  local dir=$work/$name
+  mkdir -p "$dir"
+  local port0 port1
+  port0=$(free_port); port1=$(free_port)
+  local sp=()
+  local i
+  for i in 0 1; do
+    local p=$port0 timeout=60
+    [[ $i -eq 1 ]] && p=$port1
+    # The lost rank: the coordinator shard's step timeout decides (shard 1 waits longer).
+    if [[ $restart -eq 0 ]]; then timeout=$(( i == 0 ? 8 : 60 )); fi
+    local args=(--ordinal "$i" --shards 2 --port "$p" --bind 127.0.0.1 --token-file "$work/token"
+                --metrics-port 0 --ucx-tls tcp --step-timeout "$timeout" --threads 1)
+    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:$port0")
+    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
+    sp+=($!); pids+=($!)
+  done
+  local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
+               "${model[@]}" --ucx-tls tcp --op-timeout 30 --log-every 1 --print-crcs)
+  "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
+  local w0=$!; pids+=($w0)
+  ZPS_TEST_CRASH_AT=$point "$bin/zps-train" "${wargs[@]}" --rank 1 \
+    > "$dir/worker1.out" 2> "$dir/worker1.err" &
+  local w1=$!; pids+=($w1)
+  if ! wait_exit "$w1" 60; then fail "$name" "rank 1 did not die at $point"; dump "$dir"; return; fi
+  wait "$w1" 2>/dev/null || true
+  if ! grep -q "ZPS_TEST_CRASH_AT=$point: killing this process" "$dir/worker1.err"; then
+    fail "$name" "rank 1 exited, but not at $point"; dump "$dir"; return
+  fi
+  local t_kill
+  t_kill=$(date +%s)
+  if [[ $restart -eq 1 ]]; then
+    "$bin/zps-train" "${wargs[@]}" --rank 1 > "$dir/worker1b.out" 2> "$dir/worker1b.err" &
+    local w1b=$!; pids+=($w1b)
+    local ok=1
+    for p in $w0 $w1b; do
+      if ! wait_exit "$p" 120; then ok=0; kill -9 "$p" 2>/dev/null || true; fi
+      wait "$p" 2>/dev/null || ok=0
+    done
+    kill -TERM "${sp[@]}" 2>/dev/null || true
+    grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
+    local joined
+    joined=$(sed -nE 's/.*joined the job at step ([0-9]+).*/\1/p' "$dir/worker1b.err" | head -1)
+    local want="^12$"
+    [[ $point == worker-commit:* ]] && want="^1[23]$"
+    if [[ $ok -ne 1 ]]; then fail "$name" "a worker failed"; dump "$dir"; return; fi
+    if ! [[ $joined =~ $want ]]; then
+      fail "$name" "the restarted rank 1 joined at step '${joined}', expected $want"; dump "$dir"; return
+    fi
+    if grep -q "re-joining the job" "$dir/worker0.err"; then
+      fail "$name" "rank 0 had to re-join (it should only have waited)"; dump "$dir"; return
+    fi
+    # Half pushed: some shard must have dropped what the old process pushed of step 12.
+    if [[ $point == worker-push:* ]] &&
+       ! grep -Eq "worker rank 1 connected again .*: [1-9][0-9]* elements it pushed" "$dir"/shard*.log; then
+      fail "$name" "no shard dropped rank 1's pushes of step 12"; dump "$dir"; return
+    fi
+    if ! diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
+      fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
+      dump "$dir"; return
+    fi
+    echo "PASS $name: rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
+  else
+    if ! wait_exit "$w0" 40; then fail "$name" "rank 0 still running 40 s after rank 1 died"; dump "$dir"; return; fi
+    local rc=0
+    wait "$w0" 2>/dev/null || rc=$?
+    local took=$(( $(date +%s) - t_kill ))
+    kill -TERM "${sp[@]}" 2>/dev/null || true
+    if [[ $rc -eq 0 ]]; then fail "$name" "rank 0 exited 0 without rank 1"; dump "$dir"; return; fi
+    if ! grep -q "rank 1 never pushed the step" "$dir/shard0.log"; then
+      fail "$name" "shard 0's error does not name rank 1"; dump "$dir"; return
+    fi
+    if ! grep -q "rank 1 never pushed the step" "$dir/worker0.err"; then
+      fail "$name" "rank 0's error does not name rank 1"; dump "$dir"; return
+    fi
+    echo "PASS $name: rank 1 killed at $point, never restarted; rank 0 stopped ${took} s later with: $(grep -m1 'never pushed' "$dir/worker0.err" | cut -c1-220)"
+  fi
+}
+
+all=(push commit lost)
+sel=("$@")
+[[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
+for s in "${sel[@]}"; do
+  case $s in
+    push) scenario push worker-push:12 1 ;;
+    commit) scenario commit worker-commit:12 1 ;;
+    lost) scenario lost worker-push:12 0 ;;
+    *) echo "unknown scenario $s"; exit 2 ;;
+  esac
+done
+if [[ $failures -ne 0 ]]; then echo "FAIL: $failures scenario(s)"; exit 1; fi
+echo "PASS: every worker-death scenario"
