@@ -1,12 +1,10 @@
 #include "cuda_api.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <type_traits>
 
+#include "dl_open.h"
 #include "zps/common/logging.h"
 
 namespace zps::worker::cuda {
@@ -21,31 +19,14 @@ struct Loaded {
 Loaded Load() {
   Loaded out;
   std::string tried;
-  void* handle = nullptr;
-  const char* env = std::getenv("ZPS_CUDART");
-  for (const char* name : {env, "libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-    if (name == nullptr || *name == '\0') continue;
-    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr) break;
-    const char* why = ::dlerror();
-    tried += std::string(tried.empty() ? "" : "; ") + (why != nullptr ? why : name);
-  }
+  void* handle = internal::OpenFirst(
+      {std::getenv("ZPS_CUDART"), "libcudart.so.13", "libcudart.so.12", "libcudart.so"}, tried);
   if (handle == nullptr) {
     out.status = FailedPrecondition("no CUDA device: the CUDA runtime (libcudart) is not found (" +
                                     tried + "); set ZPS_CUDART to its path");
     return out;
   }
-  bool ok = true;
-  std::string missing;
-  auto bind = [&](auto& fn, const char* sym) {
-    void* p = ::dlsym(handle, sym);
-    if (p == nullptr) {
-      ok = false;
-      missing += std::string(missing.empty() ? "" : ", ") + sym;
-      return;
-    }
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-  };
+  internal::SymbolBinder bind(handle);
   Api& a = out.api;
   bind(a.GetDeviceCount, "cudaGetDeviceCount");
   bind(a.SetDevice, "cudaSetDevice");
@@ -67,8 +48,8 @@ Loaded Load() {
   bind(a.EventQuery, "cudaEventQuery");
   bind(a.EventSynchronize, "cudaEventSynchronize");
   bind(a.RuntimeGetVersion, "cudaRuntimeGetVersion");
-  if (!ok) {
-    out.status = FailedPrecondition("no CUDA device: the CUDA runtime lacks " + missing);
+  if (!bind.missing().empty()) {
+    out.status = FailedPrecondition("no CUDA device: the CUDA runtime lacks " + bind.missing());
     return out;
   }
   int version = 0;

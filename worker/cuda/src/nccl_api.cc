@@ -1,11 +1,9 @@
 #include "nccl_api.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
+#include "dl_open.h"
 #include "zps/common/logging.h"
 
 namespace zps::worker::nccl {
@@ -20,29 +18,14 @@ struct Loaded {
 Loaded Load() {
   Loaded out;
   std::string tried;
-  void* handle = nullptr;
-  const char* env = std::getenv("ZPS_NCCL");
-  for (const char* name : {env, "libnccl.so.2", "libnccl.so"}) {
-    if (name == nullptr || *name == '\0') continue;
-    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr) break;
-    const char* why = ::dlerror();
-    tried += std::string(tried.empty() ? "" : "; ") + (why != nullptr ? why : name);
-  }
+  void* handle =
+      internal::OpenFirst({std::getenv("ZPS_NCCL"), "libnccl.so.2", "libnccl.so"}, tried);
   if (handle == nullptr) {
     out.status = FailedPrecondition("NCCL is not available: libnccl is not found (" + tried +
                                     "); set ZPS_NCCL to its path");
     return out;
   }
-  std::string missing;
-  auto bind = [&](auto& fn, const char* sym) {
-    void* p = ::dlsym(handle, sym);
-    if (p == nullptr) {
-      missing += std::string(missing.empty() ? "" : ", ") + sym;
-      return;
-    }
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-  };
+  internal::SymbolBinder bind(handle);
   Api& a = out.api;
   bind(a.GetVersion, "ncclGetVersion");
   bind(a.GetUniqueId, "ncclGetUniqueId");
@@ -55,8 +38,8 @@ Loaded Load() {
   bind(a.ReduceScatter, "ncclReduceScatter");
   bind(a.AllGather, "ncclAllGather");
   bind(a.AllReduce, "ncclAllReduce");
-  if (!missing.empty()) {
-    out.status = FailedPrecondition("NCCL is not available: the library lacks " + missing);
+  if (!bind.missing().empty()) {
+    out.status = FailedPrecondition("NCCL is not available: the library lacks " + bind.missing());
     return out;
   }
   int version = 0;
