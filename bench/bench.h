@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdio>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -39,6 +40,19 @@ inline int Fail(std::string_view cmd, const Status& s) {
   std::fprintf(stderr, "zps-bench %.*s: %s\n", static_cast<int>(cmd.size()), cmd.data(),
                s.ToString().c_str());
   return 1;
+}
+
+/// The non-empty items of a comma-separated flag value ("a,,b" gives {"a", "b"}).
+inline std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
 }
 
 }  // namespace zps::bench

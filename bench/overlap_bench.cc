@@ -217,18 +217,6 @@ struct OverlapOptions {
   std::string modes = "sync,speculative,speculative-clip";
 };
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    size_t e = s.find(',', b);
-    if (e == std::string::npos) e = s.size();
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
-
 int RunOverlap(int argc, char** argv) {
   OverlapOptions o;
   Flags f("zps-bench overlap",
@@ -258,7 +246,7 @@ int RunOverlap(int argc, char** argv) {
   std::printf("references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
               "compute + pass %.3f s\n",
               compute, *pass, mx, sum);
-  for (const std::string& mode : Split(o.modes)) {
+  for (const std::string& mode : SplitList(o.modes)) {
     RigOptions r = o.rig;
     if (mode == "sync") {
       r.update = server::UpdateMode::kSync;

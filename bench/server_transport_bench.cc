@@ -288,18 +288,6 @@ Status RunCase(const Options& o, const std::string& op, uint64_t size) {
   return InvalidArgument("unknown op '" + op + "' (fetch, push, push_shared)");
 }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    size_t e = s.find(',', b);
-    if (e == std::string::npos) e = s.size();
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
-
 int Run(int argc, char** argv) {
   Options o;
   Flags f("zps-bench transport",
@@ -331,13 +319,13 @@ int Run(int argc, char** argv) {
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   log::SetLevel(log::Level::kWarning);
   if (o.serve) return Serve(o);
-  for (const std::string& s : Split(o.sizes)) {
+  for (const std::string& s : SplitList(o.sizes)) {
     auto size = ParseBytes(s);
     if (!size.ok() || *size < 1024 || *size % 64 != 0) {
       std::fprintf(stderr, "zps-bench transport: bad size '%s'\n", s.c_str());
       return 2;
     }
-    for (const std::string& op : Split(o.ops)) {
+    for (const std::string& op : SplitList(o.ops)) {
       Status st = RunCase(o, op, *size);
       if (!st.ok()) {
         std::fprintf(stderr, "zps-bench transport %s %s: %s\n", op.c_str(), s.c_str(),

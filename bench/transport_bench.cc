@@ -106,18 +106,6 @@ Result<std::vector<uint64_t>> ParseSizes(const std::string& text) {
   return out;
 }
 
-std::vector<std::string> SplitList(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    if (comma > start) out.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
 /// Page-aligned, first-touched memory for registration.
 struct Buffer {
   explicit Buffer(size_t n) : size(n) {
