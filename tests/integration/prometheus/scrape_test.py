@@ -9,8 +9,13 @@ scrape_interval 1s), and while the cluster trains:
   - evaluates every panel query and template-variable query of helm/zps/dashboards/*.json through
     the Prometheus HTTP API (variables substituted as docs/metrics.md says) and requires data,
   - requires a few key series to carry live values (fetch and push traffic, steps committed).
+The shards run with most of their state and serving copies spilled (--shard-memory-budget,
+--shard-serving-budget: each shard gets a --data-dir with O_DIRECT spill files) and checkpoint
+every CHECKPOINT_EVERY steps (ZPS_CHECKPOINT_EVERY, which every zps-server reads), so the NVMe,
+spill and checkpoint panels must show non-zero, finite values on every shard (NONZERO_PANELS),
+not only present series: a panel fed only zeros (or a 0/0 = NaN mean) fails the test.
 Everything listens on 127.0.0.1; every process is stopped on any exit. Fails, never skips, when
-something (a binary, a series) is missing.
+something (a binary, a series, a panel named below) is missing.
 
 usage: scrape_test.py BINDIR SOURCE_DIR
 """
@@ -32,6 +37,25 @@ import urllib.request
 DEADLINE = time.monotonic() + 110  # hard bound on the whole test (ctest TIMEOUT is 150)
 SHARDS, WORKERS = 2, 2
 RATE_INTERVAL = "15s"
+CHECKPOINT_EVERY = 4
+# Spill as in integration.bit_identity.spill_serving (docs/nvme.md): 2048-element chunks; a
+# 168 KiB state budget holds the pipeline's 5 buffers + 2 chunks, a 44 KiB serving budget the
+# 4 fetch staging buffers + 5 pipeline buffers + 2 copies; every other chunk lives on disk.
+SPILL_ARGS = ["--chunk-elems", "2048", "--shard-memory-budget", "168KiB",
+              "--shard-serving-budget", "44KiB"]
+# Panels whose every series must be finite and non-zero, and which must have one series per
+# shard where the panel is "by shard" (title ends so). Each title must exist in the dashboards.
+NONZERO_PANELS = [
+    "NVMe throughput by shard",
+    "Spilled serving copies: NVMe throughput by shard",
+    "Fetches of spilled serving copies",
+    "Checkpoint age by shard",
+    "Mean checkpoint duration by shard",
+    "Last checkpoint age",
+    "Memory by tier",
+]
+# A checkpoint age at least this large means a timestamp of 0 (the panels' "never" value).
+NEVER_AGE_S = 1e9
 procs = []  # (name, Popen)
 tmp = tempfile.mkdtemp(prefix="zps-prom-")
 
@@ -164,7 +188,8 @@ def substitute(expr):
 
 
 def dashboard_queries(src):
-    """(description, kind, expr) for every panel target and query variable of every dashboard."""
+    """(description, kind, expr, panel title or None) for every panel target and query variable
+    of every dashboard."""
     out = []
     ddir = os.path.join(src, "helm", "zps", "dashboards")
     files = sorted(f for f in os.listdir(ddir) if f.endswith(".json"))
@@ -175,7 +200,8 @@ def dashboard_queries(src):
         for p in panels:
             for t in p.get("targets", []):
                 if t.get("expr"):
-                    out.append((f"{fname}: panel '{p.get('title')}'", "expr", t["expr"]))
+                    out.append((f"{fname}: panel '{p.get('title')}'", "expr", t["expr"],
+                                p.get("title")))
             walk(p.get("panels", []), fname)
 
     for f in files:
@@ -186,8 +212,37 @@ def dashboard_queries(src):
                 continue
             q = v.get("query")
             q = q.get("query") if isinstance(q, dict) else q
-            out.append((f"{f}: variable '{v.get('name')}'", "variable", q))
+            out.append((f"{f}: variable '{v.get('name')}'", "variable", q, None))
     return out
+
+
+def nonzero_problems(title, result):
+    """Why a NONZERO_PANELS panel's query result is not live data ("" when it is)."""
+    values = {}
+    for r in result:
+        labels = r["metric"]
+        key = labels.get("instance") or labels.get("tier") or labels.get("source") or "value"
+        values[key] = float(r["value"][1])
+    if title.endswith("by shard") and len(values) != SHARDS:
+        return f"{len(values)} series, expected one per shard ({SHARDS})"
+    if title == "Memory by tier":
+        want = {"master", "optimizer_state", "serving", "nvme"}
+        if set(values) != want:
+            return f"tiers {sorted(values)}, expected {sorted(want)}"
+    if title == "Fetches of spilled serving copies" and values.get("nvme", 0) <= 0:
+        return f"no fetches read from NVMe: {values}"
+    for k, v in values.items():
+        if v != v or v in (float("inf"), float("-inf")):
+            return f"{k} = {v} (not finite)"
+        # A fetch served from the cache needs two fetches of one chunk close together: by source,
+        # only "nvme" (checked above) must be live.
+        if title == "Fetches of spilled serving copies":
+            continue
+        if v <= 0:
+            return f"{k} = {v} (expected > 0)"
+        if "checkpoint age" in title.lower() and v >= NEVER_AGE_S:
+            return f"{k} = {v} s: a zero timestamp (no checkpoint)"
+    return ""
 
 
 def main():
@@ -209,10 +264,12 @@ def main():
 
     # A small model, enough steps to outlast the checks; stopped (SIGTERM) once they pass.
     cmd = [train, "--steps", "100000", "--d-model", "64", "--n-layers", "2", "--log-every", "20",
-           f"--shards={SHARDS}", f"--world-size={WORKERS}", f"--metrics-port={base}"]
-    log("starting " + " ".join(cmd))
+           f"--shards={SHARDS}", f"--world-size={WORKERS}", f"--metrics-port={base}"] + SPILL_ARGS
+    env = dict(os.environ, ZPS_CHECKPOINT_EVERY=str(CHECKPOINT_EVERY))
+    log(f"starting ZPS_CHECKPOINT_EVERY={CHECKPOINT_EVERY} " + " ".join(cmd))
     procs.append(("zps-train", subprocess.Popen(
-        cmd, stdout=open(os.path.join(tmp, "train.log"), "w"), stderr=subprocess.STDOUT)))
+        cmd, env=env, stdout=open(os.path.join(tmp, "train.log"), "w"),
+        stderr=subprocess.STDOUT)))
 
     cfg = os.path.join(tmp, "prometheus.yml")
     with open(cfg, "w") as f:
@@ -250,6 +307,13 @@ scrape_configs:
         r = prom_query(prom_port, 'min(zps_current_step{job="zps-server"})')
         return r and float(r[0]["value"][1]) >= 3
     wait_for("3 committed steps scraped", steps_seen, 60)
+
+    # Every shard has finished a checkpoint (the checkpoint panels' source), seen by Prometheus.
+    def checkpoints_seen():
+        r = prom_query(prom_port, 'count(zps_checkpoint_last_success_timestamp_seconds'
+                                  '{job="zps-server"} > 0)')
+        return r and float(r[0]["value"][1]) == SHARDS
+    wait_for("a checkpoint on every shard scraped", checkpoints_seen, 60)
     time.sleep(5)  # several scrapes of live traffic inside the rate window
 
     for p in shard_ports + worker_ports:
@@ -261,9 +325,13 @@ scrape_configs:
     log(f"promtool check metrics clean on {len(shard_ports + worker_ports)} endpoints")
 
     check_alive()
-    missing = []
+    missing, zero = [], []
     queries = dashboard_queries(src)
-    for desc, kind, q in queries:
+    titles = {t for _, _, _, t in queries if t}
+    for t in NONZERO_PANELS:
+        if t not in titles:
+            fail(f"panel '{t}' (NONZERO_PANELS) is not in the dashboards: update this test")
+    for desc, kind, q, title in queries:
         if kind == "variable":
             m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", q)
             if not m:
@@ -276,9 +344,16 @@ scrape_configs:
             data = prom_query(prom_port, substitute(q))
         if not data:
             missing.append(f"{desc}: {q}")
+        elif title in NONZERO_PANELS:
+            bad = nonzero_problems(title, data)
+            if bad:
+                zero.append(f"{desc}: {q}: {bad}")
     if missing:
         fail("queries without data:\n  " + "\n  ".join(missing))
-    log(f"all {len(queries)} dashboard queries returned data")
+    if zero:
+        fail("spill/checkpoint panels without live values:\n  " + "\n  ".join(zero))
+    log(f"all {len(queries)} dashboard queries returned data; "
+        f"{len(NONZERO_PANELS)} spill/checkpoint panels non-zero on every shard")
 
     # Live values, not just registered series.
     live = {
@@ -296,6 +371,17 @@ scrape_configs:
         'sum(zps_memory_bytes{job="zps-server", tier="master"})': lambda v: v > 0,
         'count(zps_ucx_transport_info{job="zps-server"} == 1)': lambda v: v >= 1,
         'sum(zps_protocol_errors_total{job="zps-server"})': lambda v: v == 0,
+        # Spill and checkpoints, per shard (min over the shards).
+        'min(rate(zps_nvme_read_bytes_total{job="zps-server"}[15s]))': lambda v: v > 0,
+        'min(rate(zps_nvme_write_bytes_total{job="zps-server"}[15s]))': lambda v: v > 0,
+        'min(rate(zps_nvme_serving_read_bytes_total{job="zps-server"}[15s]))': lambda v: v > 0,
+        'min(rate(zps_nvme_serving_write_bytes_total{job="zps-server"}[15s]))': lambda v: v > 0,
+        'min(zps_memory_bytes{job="zps-server", tier="nvme"})': lambda v: v > 0,
+        'sum(zps_nvme_io_errors_total{job="zps-server"})': lambda v: v == 0,
+        'sum(zps_spilled_fetches_total{job="zps-server", source="nvme"})': lambda v: v > 0,
+        'min(zps_checkpoint_duration_seconds_count{job="zps-server"})': lambda v: v >= 1,
+        'min(zps_checkpoint_last_success_timestamp_seconds{job="zps-server"})': lambda v: v > 0,
+        f'max(zps_current_step{{job="zps-server"}}) >= {CHECKPOINT_EVERY}': lambda v: v > 0,
     }
     for q, ok in live.items():
         r = prom_query(prom_port, q)
