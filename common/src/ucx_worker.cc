@@ -68,6 +68,38 @@ bool ProcessAlive(int pid) {
 }
 
 Status NotRunning() { return Cancelled("ucx worker is not running"); }
+
+// ucp_ep_rkey_unpack takes no length and trusts the buffer: a peer's garbage or truncated rkey
+// makes it read past the bytes it was given, and one with an out-of-range memory type or a
+// transport key cut short makes UCX 1.13 abort the process (posix: "Assertion `length > 0'
+// failed", found by tests/integration/server/bad_input_test.cc). So check the packed layout
+// first (ucp_rkey.c: u64 md_map, u8 memory type, then per md bit a u8 size and that many bytes,
+// then optionally a u8 system device and 3-byte distances). This rejects malformed keys; a
+// well-formed key with forged transport fields is still the trust limit in docs/protocol.md.
+Status CheckPackedRkey(std::span<const std::byte> rkey) {
+  constexpr size_t kHead = sizeof(uint64_t) + 1;
+  if (rkey.size() < kHead) {
+    return InvalidArgument("ucx: malformed rkey: " + std::to_string(rkey.size()) + " bytes");
+  }
+  uint64_t md_map;
+  std::memcpy(&md_map, rkey.data(), sizeof(md_map));
+  const auto mem_type = static_cast<uint8_t>(rkey[sizeof(md_map)]);
+  if (mem_type >= UCS_MEMORY_TYPE_LAST) {
+    return InvalidArgument("ucx: malformed rkey: memory type " + std::to_string(mem_type));
+  }
+  size_t pos = kHead;
+  for (; md_map != 0; md_map &= md_map - 1) {
+    if (pos >= rkey.size()) return InvalidArgument("ucx: malformed rkey: truncated md list");
+    const size_t n = static_cast<uint8_t>(rkey[pos]);
+    pos += 1 + n;
+    if (pos > rkey.size()) return InvalidArgument("ucx: malformed rkey: truncated md key");
+  }
+  const size_t tail = rkey.size() - pos;
+  if (tail != 0 && (tail - 1) % 3 != 0) {
+    return InvalidArgument("ucx: malformed rkey: " + std::to_string(tail) + " trailing bytes");
+  }
+  return Status::Ok();
+}
 }  // namespace
 
 Worker::Worker(Context& context, WorkerOptions options)
@@ -819,6 +851,10 @@ void Worker::GetNow(const Endpoint& ep, std::unique_ptr<Op> op, std::span<std::b
   std::string key(reinterpret_cast<const char*>(rkey.data()), rkey.size());
   auto it = state.rkeys.find(key);
   if (it == state.rkeys.end()) {
+    if (Status bad = CheckPackedRkey(rkey); !bad.ok()) {
+      Finish(std::move(op), std::move(bad));
+      return;
+    }
     ucp_rkey_h unpacked = nullptr;
     ucs_status_t st = ucp_ep_rkey_unpack(*resolved, rkey.data(), &unpacked);
     if (st != UCS_OK) {
