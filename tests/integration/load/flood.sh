@@ -6,8 +6,8 @@
 #
 # Usage: [WORLD=16] [SHARDS=4] [STEPS=24] [RUNS=flood] flood.sh BIN_DIR [extra zps-train flags...]
 #   RUNS: the runs to make, in order, each on fresh shards: "flood" (with zps-flood) and/or
-#   "quiet" (the same cluster without it: the reference for the latency figures,
-#   scripts/bench-load.sh runs "quiet flood").
+#   "quiet" (the same cluster without it: the reference for the latency figures), a digit may
+#   follow to tell repeats apart (scripts/bench-load.sh runs "quiet1 flood1 quiet2 flood2").
 #
 # Checks, for every run: every worker trains every step and exits 0, with no re-join (no step
 # failed) and no error line; the final state (every chunk's CRC32C of master, m, v and the
@@ -52,8 +52,8 @@ grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
 [[ $(wc -l < "$work/ref.crc") -ge $((2 * shards)) ]] || fail "the reference printed too few chunk CRCs"
 grep '^reference:' "$work/ref.out"
 
-run() {  # name (flood | quiet)
-  local name=$1 dir="$work/$1"
+run() {  # name: flood or quiet, then maybe a digit
+  local name=$1 dir="$work/$1" kind=${1//[0-9]/}
   mkdir -p "$dir"
   local cport=() mport=() spids=() wpids=() targets=""
   for ((i = 0; i < shards; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
@@ -80,7 +80,7 @@ run() {  # name (flood | quiet)
       --rank "$r" "${model[@]}" "${extra[@]}" > "$dir/rank$r.out" 2> "$dir/rank$r.err" &
     wpids+=($!); pids+=($!)
   done
-  if [[ $name == flood ]]; then
+  if [[ $kind == flood ]]; then
     "$bin/zps-flood" --targets "$targets" --token-file "$work/token" ${FLOOD_ARGS:-} \
       > "$dir/flood.out" 2> "$dir/flood.err" &
     fpid=$!; pids+=($!)
@@ -112,6 +112,7 @@ run() {  # name (flood | quiet)
   echo "== $name: $world workers x $shards shards, $steps steps in ${train_s}s"
   # Every step committed on every rank: no rank re-joined (a failed step), none logged an error.
   if grep -l 're-joining\|error\|FAIL' "$dir"/rank*.err; then fail "run $name: a worker reported an error"; fi
+  if grep '^E ' "$dir"/shard*.log; then fail "run $name: a shard logged an error"; fi
   for ((r = 0; r < world; r++)); do
     [[ $(grep -c '^latency ' "$dir/rank$r.out") -eq 3 ]] || fail "rank $r printed no latency"
     c=$(awk '$1 == "latency" && $3 == "step" {print $4}' "$dir/rank$r.out")
@@ -130,7 +131,7 @@ run() {  # name (flood | quiet)
     [[ -n $a && -n $b ]] || fail "no zps_protocol_errors_total{kind=\"$3\"} in $2"
     echo $((a - b))
   }
-  if [[ $name == quiet ]]; then  # a job alone makes no protocol error: the flood's are the flood's
+  if [[ $kind == quiet ]]; then  # a job alone makes no protocol error: the flood's are the flood's
     for ((i = 0; i < shards; i++)); do
       for k in "${kinds[@]}"; do
         [[ $(delta "$dir/before$i" "$dir/after$i" "$k") -eq 0 ]] ||
@@ -139,7 +140,7 @@ run() {  # name (flood | quiet)
     done
     echo "   no protocol error counted on any shard"
   fi
-  if [[ $name == flood ]]; then
+  if [[ $kind == flood ]]; then
     grep -v '^flood ' "$dir/flood.out" | sed 's/^/   /'
     [[ $frc -eq 0 ]] || fail "zps-flood reported a shard answering otherwise or no longer serving (exit $frc)"
     for ((i = 0; i < shards; i++)); do
@@ -158,9 +159,11 @@ run() {  # name (flood | quiet)
           "$i" "$k" "$d" "$during" "$seen"
       done
     done
-    local warn
-    warn=$(cat "$dir"/shard*.log | grep -c 'rpc: closing connection' || true)
-    echo "   shard logs: $warn 'rpc: closing connection' warnings"
+    local lines held
+    lines=$(cat "$dir"/shard*.log | grep -c 'rpc: closing connection' || true)
+    held=$(sed -n 's/.*(\([0-9]*\) more connections closed for protocol errors not logged.*/\1/p' \
+             "$dir"/shard*.log | awk '{n += $1} END {print n + 0}')
+    echo "   shard logs: $lines 'rpc: closing connection' lines, $held more held back by the log limit"
   fi
 }
 
