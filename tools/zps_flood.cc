@@ -58,16 +58,16 @@ using namespace std::chrono_literals;
 constexpr uint32_t kFloodRankBase = 1u << 30;
 
 struct FloodOptions {
-  std::string targets;          // Default: "" (required). host:port of every shard, comma-separated.
-  std::string token;            // Default: "". The job's token (prefer token-file).
-  std::string token_file;       // Default: "".
-  double duration_s = 0;        // Default: 0 = until SIGTERM/SIGINT.
-  int interval_ms = 100;        // Default: 100 ms between rounds, per shard.
-  int idle_conns = 8;           // Default: 8 silent connections held open per shard.
-  int burst = 16;               // Default: 16 connections opened at once per round, then reset.
-  bool data_plane = true;       // Default: true. Malformed active messages over UCX too.
-  std::string ucx_tls = "tcp";  // Default: tcp.
-  int reply_timeout_ms = 10000;  // Default: 10 s for any answer a case waits for.
+  std::string targets;     // Default: "" (required). host:port of every shard, comma-separated.
+  std::string token;       // Default: "". The job's token (prefer token-file).
+  std::string token_file;  // Default: "".
+  double duration_s = 0;   // Default: 0 = until SIGTERM/SIGINT.
+  int interval_ms = 100;   // Default: 100 ms between rounds, per shard.
+  int idle_conns = 8;      // Default: 8 silent connections held open per shard.
+  int burst = 16;          // Default: 16 connections opened at once per round, then reset.
+  bool data_plane = true;  // Default: true. Malformed active messages over UCX too.
+  std::string ucx_tls = "tcp";      // Default: tcp.
+  int reply_timeout_ms = 10000;     // Default: 10 s for any answer a case waits for.
   std::string log_level = "error";  // Default: error.
 };
 
@@ -88,10 +88,30 @@ struct CaseInfo {
 };
 
 enum Case : int {
-  kBadMagic, kBadVersion, kOversize, kTruncated, kHalfHeader, kBadCrc, kGarbageHello, kWrongToken,
-  kBeforeHello, kUnknownType, kReplyType, kGarbageBody, kSecondHello, kIdle, kConnectClose, kBurst,
-  kAmBadHeader, kAmFetchWrongSession, kAmPushWrongSession, kAmFetchUnknownChunk,
-  kAmFetchFutureVersion, kAmPushBadLength, kAmPushWrongDtype, kAmPushForeignRank,
+  kBadMagic,
+  kBadVersion,
+  kOversize,
+  kTruncated,
+  kHalfHeader,
+  kBadCrc,
+  kGarbageHello,
+  kWrongToken,
+  kBeforeHello,
+  kUnknownType,
+  kReplyType,
+  kGarbageBody,
+  kSecondHello,
+  kIdle,
+  kConnectClose,
+  kBurst,
+  kAmBadHeader,
+  kAmFetchWrongSession,
+  kAmPushWrongSession,
+  kAmFetchUnknownChunk,
+  kAmFetchFutureVersion,
+  kAmPushBadLength,
+  kAmPushWrongDtype,
+  kAmPushForeignRank,
   kNumCases
 };
 
@@ -141,8 +161,10 @@ struct ShardFlood {
   }
   void Outcome(Case c, bool as_expected, std::string_view what) {
     std::lock_guard<std::mutex> l(mu);
-    if (as_expected) ++tally[c].expected;
-    else ++tally[c].other[std::string(what)];
+    if (as_expected)
+      ++tally[c].expected;
+    else
+      ++tally[c].other[std::string(what)];
   }
   void ToolError(std::string what) {
     std::lock_guard<std::mutex> l(mu);
@@ -397,8 +419,8 @@ void ShardFlooder::OnAuthed() {
   steps.push_back({kUnknownType, EncodeFrame(0x7abc, next_id_++, {}), Code::kUnimplemented});
   steps.push_back({kReplyType, EncodeFrame(ReplyTypeOf(msg::kChunkCrcs), next_id_++, {}),
                    Code::kUnimplemented});
-  steps.push_back({kGarbageBody, EncodeFrame(msg::kChunkCrcs, next_id_++, garbage),
-                   Code::kInvalidArgument});
+  steps.push_back(
+      {kGarbageBody, EncodeFrame(msg::kChunkCrcs, next_id_++, garbage), Code::kInvalidArgument});
   steps.push_back({kSecondHello,
                    EncodeFrame(kTypeHello, next_id_++, Hello(o_.token, msg::kRoleTool, 0)),
                    Code::kFailedPrecondition});
@@ -499,8 +521,14 @@ class DataPlane {
   bool Ready(size_t i, const FloodOptions& o) {
     Session& s = sessions_[i];
     if (s.rpc && s.rpc->connected()) return true;
-    rpc::ClientOptions co{s.shard->host, s.shard->port, o.token, msg::kRoleWorker,
-                          kFloodRankBase + s.shard->index, "zps-flood", worker_->Address(), 5000};
+    rpc::ClientOptions co{s.shard->host,
+                          s.shard->port,
+                          o.token,
+                          msg::kRoleWorker,
+                          kFloodRankBase + s.shard->index,
+                          "zps-flood",
+                          worker_->Address(),
+                          5000};
     auto c = rpc::Client::Connect(co);
     if (!c.ok()) return false;  // e.g. "this shard has not loaded the job yet": retried
     auto ep = worker_->Connect((*c)->hello_reply_extra());
@@ -545,14 +573,14 @@ class DataPlane {
     fetch(kAmFetchUnknownChunk, Code::kOutOfRange, {s.token, 0, 0x7ffffff0u, 0, 1, 0});
     fetch(kAmFetchFutureVersion, Code::kFailedPrecondition,
           {s.token, 0, s.chunk, 0, 1, int64_t{1} << 40});
-    push(kAmPushBadLength, Code::kInvalidArgument,
-         {s.token, 0, 0, s.chunk, 0, 4, 0, DType::kF32}, 3);
-    push(kAmPushWrongDtype, Code::kInvalidArgument,
-         {s.token, 0, 0, s.chunk, 0, 1, 0, DType::kBF16}, 2);
+    push(kAmPushBadLength, Code::kInvalidArgument, {s.token, 0, 0, s.chunk, 0, 4, 0, DType::kF32},
+         3);
+    push(kAmPushWrongDtype, Code::kInvalidArgument, {s.token, 0, 0, s.chunk, 0, 1, 0, DType::kBF16},
+         2);
     // A well-formed push of a contributor that is not the session's rank: refused before any
     // byte is taken (the flood's rank is no rank of the job).
-    push(kAmPushForeignRank, Code::kInvalidArgument,
-         {s.token, 0, 0, s.chunk, 0, 1, 0, DType::kF32}, 4);
+    push(kAmPushForeignRank, Code::kInvalidArgument, {s.token, 0, 0, s.chunk, 0, 1, 0, DType::kF32},
+         4);
   }
 
   // Waits (bounded) for the replies still due, then counts the missing ones, and stops UCX.
@@ -712,7 +740,9 @@ int Report(const FloodOptions& o, std::vector<std::unique_ptr<ShardFlood>>& shar
       bad = true;
     }
   }
-  std::printf("zps-flood: %s\n", bad ? "FAIL (see above)" : "every shard answered every case as documented and still serves");
+  std::printf(
+      "zps-flood: %s\n",
+      bad ? "FAIL (see above)" : "every shard answered every case as documented and still serves");
   std::fflush(stdout);
   return bad ? 1 : 0;
 }

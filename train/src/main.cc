@@ -81,7 +81,7 @@ struct TrainOptions {
   std::string ucx_tls;             // Default: "" (UCX_TLS or UCX's choice).
   int log_every = 10;              // Default: every 10 steps.
   bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
-  bool print_latency = false;      // Default: false. Worker: print its latency histograms at the end.
+  bool print_latency = false;      // Default: false. Worker: print its histograms at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
   int max_recoveries = 20;         // Default: 20. Rejoins after a lost shard/coordinator.
@@ -225,8 +225,12 @@ void PrintHistogram(int rank, const char* what, const metrics::Histogram& h,
                      std::to_string(h.Count()) + " " + std::to_string(h.Sum());
   for (size_t i = 0; i < counts.size(); ++i) {
     char b[64];
-    if (i < bounds.size()) std::snprintf(b, sizeof(b), " %g:%llu", bounds[i], static_cast<unsigned long long>(counts[i]));
-    else std::snprintf(b, sizeof(b), " +Inf:%llu", static_cast<unsigned long long>(counts[i]));
+    const auto n = static_cast<unsigned long long>(counts[i]);
+    if (i < bounds.size()) {
+      std::snprintf(b, sizeof(b), " %g:%llu", bounds[i], n);
+    } else {
+      std::snprintf(b, sizeof(b), " +Inf:%llu", n);
+    }
     line += b;
   }
   std::printf("%s\n", line.c_str());
@@ -517,8 +521,10 @@ Status RunWorker(const TrainOptions& o) {
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (o.print_latency) {
-    PrintHistogram(o.rank, "fetch", pm.request_duration[metrics::kFetch], metrics::RequestDurationBuckets());
-    PrintHistogram(o.rank, "push", pm.request_duration[metrics::kPush], metrics::RequestDurationBuckets());
+    PrintHistogram(o.rank, "fetch", pm.request_duration[metrics::kFetch],
+                   metrics::RequestDurationBuckets());
+    PrintHistogram(o.rank, "push", pm.request_duration[metrics::kPush],
+                   metrics::RequestDurationBuckets());
     PrintHistogram(o.rank, "step", pm.step_duration, metrics::StepDurationBuckets());
     std::fflush(stdout);
   }

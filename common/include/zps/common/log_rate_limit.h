@@ -3,8 +3,7 @@
 //   LogRateLimit limit(10, std::chrono::seconds(1));
 //   uint64_t held_back = 0;
 //   if (limit.Allow(&held_back)) {
-//     ZPS_LOG(WARNING) << "closing connection: " << why
-//                      << (held_back ? " (" + std::to_string(held_back) + " more not logged)" : "");
+//     ZPS_LOG(WARNING) << "closing connection: " << why << " (" << held_back << " not logged)";
 //   }
 //
 // A flood of malformed frames would otherwise write one line per frame (docs/operations.md,
@@ -24,7 +23,8 @@ class LogRateLimit {
  public:
   using Clock = std::chrono::steady_clock;
   /// At most `burst` records per `window` (burst >= 1; a window <= 0 lets everything through).
-  LogRateLimit(int burst, Clock::duration window) : burst_(burst < 1 ? 1 : burst), window_(window) {}
+  LogRateLimit(int burst, Clock::duration window)
+      : burst_(burst < 1 ? 1 : burst), window_(window) {}
 
   /// True if a record may be written at `now`. Then *held_back is the number of records refused
   /// since the last one allowed (the caller says so in the record); otherwise it is not set.
@@ -53,10 +53,10 @@ class LogRateLimit {
   const int burst_;
   const Clock::duration window_;
   std::mutex mu_;
-  bool started_ = false;           // guarded by mu_
+  bool started_ = false;            // guarded by mu_
   Clock::time_point window_start_;  // guarded by mu_
-  int in_window_ = 0;              // guarded by mu_
-  uint64_t held_back_ = 0;         // guarded by mu_
+  int in_window_ = 0;               // guarded by mu_
+  uint64_t held_back_ = 0;          // guarded by mu_
 };
 
 }  // namespace zps::log
