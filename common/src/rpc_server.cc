@@ -27,6 +27,7 @@
 #include "asio_status.h"
 #include "rpc_internal.h"
 #include "zps/common/frame.h"
+#include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
 
@@ -69,6 +70,8 @@ struct Server::Impl {
   HelloHook hello_hook;
   std::function<void(const Peer&)> on_disconnect;
   std::function<void(std::string_view)> on_protocol_error;
+  // At most 10 "closing connection" lines for protocol errors a second (any thread).
+  log::LogRateLimit protocol_error_log{10, std::chrono::seconds(1)};
 
   std::atomic<size_t> nconn{0};
   std::mutex mu;
@@ -312,9 +315,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Fail(std::string_view kind, uint64_t id, const Status& s) {
     if (closed_ || closing_) return;
     if (!kind.empty()) srv_->ProtocolError(kind);
-    ZPS_LOG(WARNING) << "rpc: closing connection from " << remote_
-                     << (authed_ ? " (" + peer_.name + ")" : std::string()) << ": "
-                     << s.ToString();
+    // A protocol error is the peer's doing: a flood of bad frames must not become a flood of log
+    // lines (the metric counts every one). Refusals (no kind) are always logged.
+    uint64_t held_back = 0;
+    if (kind.empty() || srv_->protocol_error_log.Allow(&held_back)) {
+      ZPS_LOG(WARNING) << "rpc: closing connection from " << remote_
+                       << (authed_ ? " (" + peer_.name + ")" : std::string()) << ": "
+                       << s.ToString()
+                       << (held_back == 0 ? std::string()
+                                          : " (" + std::to_string(held_back) +
+                                                " more connections closed for protocol errors "
+                                                "not logged; zps_protocol_errors_total counts "
+                                                "them)");
+    }
     SendError(id, s);
     closing_ = true;
     // Whatever happens to the peer, the connection is gone after the linger period.

@@ -81,6 +81,7 @@ struct TrainOptions {
   std::string ucx_tls;             // Default: "" (UCX_TLS or UCX's choice).
   int log_every = 10;              // Default: every 10 steps.
   bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
+  bool print_latency = false;      // Default: false. Worker: print its histograms at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
   int max_recoveries = 20;         // Default: 20. Rejoins after a lost shard/coordinator.
@@ -151,6 +152,10 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("ucx-tls", "UCX transports (e.g. tcp, posix,cma,self)", &o.ucx_tls);
   f.Add("log-every", "print progress every N steps", &o.log_every, 1, 1000000);
   f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
+  f.Add("print-latency",
+        "worker: print this rank's fetch/push request and step duration histograms at the end "
+        "(the buckets of its zps_request_duration_seconds and zps_step_duration_seconds)",
+        &o.print_latency);
   f.Add("log-level", "debug, info, warning or error", &o.log_level);
   f.Add("op-timeout", "seconds any single wait may take", &o.op_timeout_s, 1, 86400);
   f.Add("max-recoveries", "times a worker re-joins after losing a shard or the coordinator",
@@ -209,6 +214,26 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
 
 void PrintCrcs(const std::vector<std::pair<uint32_t, uint32_t>>& crcs) {
   for (const auto& [c, crc] : crcs) std::printf("chunk_crc %u %08x\n", c, crc);
+}
+
+// "latency <rank> <what> <count> <sum_s> <upper bound>:<count> ... +Inf:<count>" (per-bucket,
+// not cumulative): scripts/bench-load.sh adds the ranks' buckets and reads quantiles off them.
+void PrintHistogram(int rank, const char* what, const metrics::Histogram& h,
+                    const std::vector<double>& bounds) {
+  const std::vector<uint64_t> counts = h.BucketCounts();
+  std::string line = "latency " + std::to_string(rank) + " " + what + " " +
+                     std::to_string(h.Count()) + " " + std::to_string(h.Sum());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    char b[64];
+    const auto n = static_cast<unsigned long long>(counts[i]);
+    if (i < bounds.size()) {
+      std::snprintf(b, sizeof(b), " %g:%llu", bounds[i], n);
+    } else {
+      std::snprintf(b, sizeof(b), " +Inf:%llu", n);
+    }
+    line += b;
+  }
+  std::printf("%s\n", line.c_str());
 }
 
 // ---- reference mode: the whole job in this process ------------------------------------------
@@ -495,6 +520,14 @@ Status RunWorker(const TrainOptions& o) {
     }
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (o.print_latency) {
+    PrintHistogram(o.rank, "fetch", pm.request_duration[metrics::kFetch],
+                   metrics::RequestDurationBuckets());
+    PrintHistogram(o.rank, "push", pm.request_duration[metrics::kPush],
+                   metrics::RequestDurationBuckets());
+    PrintHistogram(o.rank, "step", pm.step_duration, metrics::StepDurationBuckets());
+    std::fflush(stdout);
+  }
   if (lead) {
     const auto& ps = access_ptr->prefetch_stats();
     size_t k = std::min<size_t>(10, losses.size());
