@@ -596,16 +596,16 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
     impl_->pm.inflight[metrics::kFetch].Inc();
-    Impl::FetchPiece piece{st, (p.param_offset - begin) * esize, p.length * esize, shard,
-                           Impl::Clock::now(), p.chunk, p.chunk_offset};
+    Impl::FetchPiece fp{st, (p.param_offset - begin) * esize, p.length * esize, shard,
+                        Impl::Clock::now(), p.chunk, p.chunk_offset};
     if (impl_->directory) {
       // A published version whose address is known: read it without asking (no round trip).
       if (auto hit = impl_->directory->Lookup(shard, p.chunk, p.chunk_offset, esize,
                                               min_version)) {
         ++impl_->direct_fetches;
-        std::span<std::byte> dest(st->buffer->memory.data() + piece.byte_offset, piece.bytes);
+        std::span<std::byte> dest(st->buffer->memory.data() + fp.byte_offset, fp.bytes);
         impl_->ucx->Get(impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
-                        [impl = impl_.get(), piece = std::move(piece),
+                        [impl = impl_.get(), piece = std::move(fp),
                          version = hit->version](Status s) {
                           if (!s.ok()) impl->directory->Forget(piece.shard);
                           impl->FinishFetch(piece, s, version);
@@ -615,7 +615,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     }
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      impl_->fetches[req] = std::move(piece);
+      impl_->fetches[req] = std::move(fp);
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
     impl_->ucx->SendAm(impl_->eps[shard], impl_->fetch_rma ? msg::kAmFetchRma : msg::kAmFetch,
