@@ -105,9 +105,12 @@ struct Client::Impl {
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
   bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
-  // One-sided fetches of published versions (fetch_rma and WorkerOptions::direct_fetch): set at
-  // ConnectShards, once the session tokens are known.
-  std::unique_ptr<ServingDirectory> directory;
+  // One-sided fetches of published versions (fetch_rma and WorkerOptions::direct_fetch): made
+  // at ConnectShards, once the session tokens are known, while the progress thread already
+  // runs; it reads `dir` (null until then), which is set once, after `directory_owner`.
+  std::unique_ptr<ServingDirectory> directory_owner;
+  std::atomic<ServingDirectory*> dir{nullptr};
+  ServingDirectory* Directory() const { return dir.load(std::memory_order_acquire); }
   std::atomic<uint64_t> direct_fetches{0};
   std::atomic<uint64_t> notices{0};  // serving notices accepted
   // Pushes by RMA (kAmPushRma): their staging blocks come from here (null: pushes go by AM).
@@ -174,7 +177,7 @@ struct Client::Impl {
     return s.WithContext(name + " at " + job.shard_endpoints[shard]);
   }
   void FailShard(uint32_t shard, const Status& s) {
-    if (directory) directory->Forget(shard);
+    if (ServingDirectory* d = Directory()) d->Forget(shard);
     std::vector<FetchPiece> failed;
     std::vector<uint64_t> failed_pushes;
     {
@@ -312,7 +315,7 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) {
-    if (directory) directory->Forget(piece->shard);
+    if (ServingDirectory* d = Directory()) d->Forget(piece->shard);
     return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
   }
   if (h->rkey.empty()) {
@@ -323,8 +326,8 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   // does only after the fetch completed: read it straight into the parameter buffer.
   std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
   const uint32_t shard = piece->shard;
-  if (directory) {
-    directory->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype),
+  if (ServingDirectory* d = Directory()) {
+    d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype),
                      h->version, h->remote_address, h->rkey);
   }
   ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
@@ -340,11 +343,12 @@ void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
     ZPS_LOG(WARNING) << "malformed serving notice: " << h.status().ToString();
     return;
   }
-  if (!directory) return;  // fetches ask every time: nothing to learn
+  ServingDirectory* d = Directory();
+  if (d == nullptr) return;  // fetches ask every time (or not connected yet): nothing to learn
   // The shard is named by its session token (each shard issued its own).
   for (uint32_t i = 0; i < session.size(); ++i) {
     if (session[i] != h->session) continue;
-    Status s = directory->Notice(i, h->session, h->version);
+    Status s = d->Notice(i, h->session, h->version);
     if (s.ok()) ++notices;
     if (!s.ok()) {
       pm.ProtocolError(s.code() == Code::kUnauthenticated ? "unauthenticated" : "stale_step");
@@ -483,7 +487,8 @@ Status Client::Impl::ConnectShards() {
                          }));
   }
   if (fetch_rma && opts.direct_fetch) {
-    directory = std::make_unique<ServingDirectory>(session, job.reduction_mode == 0);
+    directory_owner = std::make_unique<ServingDirectory>(session, job.reduction_mode == 0);
+    dir.store(directory_owner.get(), std::memory_order_release);
   }
   return Status::Ok();
 }
@@ -598,16 +603,16 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     impl_->pm.inflight[metrics::kFetch].Inc();
     Impl::FetchPiece fp{st, (p.param_offset - begin) * esize, p.length * esize, shard,
                         Impl::Clock::now(), p.chunk, p.chunk_offset};
-    if (impl_->directory) {
+    if (ServingDirectory* d = impl_->Directory()) {
       // A published version whose address is known: read it without asking (no round trip).
-      if (auto hit = impl_->directory->Lookup(shard, p.chunk, p.chunk_offset, esize,
+      if (auto hit = d->Lookup(shard, p.chunk, p.chunk_offset, esize,
                                               min_version)) {
         ++impl_->direct_fetches;
         std::span<std::byte> dest(st->buffer->memory.data() + fp.byte_offset, fp.bytes);
         impl_->ucx->Get(impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
-                        [impl = impl_.get(), piece = std::move(fp),
+                        [impl = impl_.get(), d, piece = std::move(fp),
                          version = hit->version](Status s) {
-                          if (!s.ok()) impl->directory->Forget(piece.shard);
+                          if (!s.ok()) d->Forget(piece.shard);
                           impl->FinishFetch(piece, s, version);
                         });
         continue;
@@ -652,7 +657,7 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     const uint32_t shard = layout->shard_of_chunk(p.chunk);
     const uint64_t req = next_request++;
     // Before it goes out: from now on the shard may rewrite the chunk's serving copy.
-    if (directory) directory->Pushed(p.chunk, step);
+    if (ServingDirectory* d = Directory()) d->Pushed(p.chunk, step);
     pm.inflight[metrics::kPush].Inc();
     {
       std::lock_guard<std::mutex> lock(mu);
