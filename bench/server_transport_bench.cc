@@ -54,6 +54,7 @@ struct Options {
   bool json = false;                       // Default: false (a table).
   std::string fetch_mode = "auto";         // Default: auto (rma on shared memory, else am).
   std::string push_mode = "auto";          // Default: auto (rma on shared memory, else am).
+  bool direct_fetch = true;                // Default: true (one-sided fetch of known versions).
   int spin_us = -1;                        // Default: -1 = the shard's and worker's defaults.
   int shard_spin_us = -1;                  // Default: -1 = spin_us.
   int worker_spin_us = -1;                 // Default: -1 = spin_us.
@@ -185,6 +186,7 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   wo.ucx_tls = o.tls;
   wo.fetch_mode = o.fetch_mode;
   wo.push_mode = o.push_mode;
+  wo.direct_fetch = o.direct_fetch;
   if (o.spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.spin_us);
   if (o.worker_spin_us >= 0) wo.ucx_spin = std::chrono::microseconds(o.worker_spin_us);
   ZPS_ASSIGN_OR_RETURN(rig.client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
@@ -303,6 +305,10 @@ int Run(int argc, char** argv) {
   f.Add("fetch-mode", "auto (rma on shared memory, else am), am or rma", &o.fetch_mode);
   f.Add("push-mode", "auto (rma on shared memory, else am), am or rma (push only; push_shared "
         "is always am)", &o.push_mode);
+  f.Add("direct-fetch",
+        "with RMA fetches, read a known published version without a request (false: ask "
+        "every time, the path before protocol 3)",
+        &o.direct_fetch);
   f.Add("spin-us", "UCX progress-thread polling in shard and worker, µs (-1: their defaults)",
         &o.spin_us, -1, 1000000);
   f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);

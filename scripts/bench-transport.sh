@@ -10,7 +10,8 @@
 #   BUILD_DIR=build-ucx scripts/bench-transport.sh --port 13500
 #
 # Options: --tls tcp|shm|both (default both), --sizes LIST (default 4MiB,16MiB,64MiB),
-# --benches LIST (transport-raw, transport or both, default both),
+# --benches LIST (transport-raw, transport or both, default both), --ops LIST (zps-bench
+# transport's ops: fetch, push, push_shared; default all three),
 # --reps N (interleaved rounds of ucx_perftest then zps-bench; medians; default 3), --port P (default 13370; the
 # perftest server listens on 127.0.0.1:P), --window N (zps-bench operations in flight, default 2).
 # Extra UCX_* variables in the environment apply to both programs. --base-args "ARGS" also runs
@@ -28,6 +29,7 @@ PORT=13370
 WINDOW=2
 BENCHES=transport-raw,transport
 BASE_ARGS=
+OPS=fetch,push,push_shared
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tls) TLS=$2; shift 2 ;;
@@ -37,7 +39,8 @@ while [[ $# -gt 0 ]]; do
     --window) WINDOW=$2; shift 2 ;;
     --benches) BENCHES=$2; shift 2 ;;
     --base-args) BASE_ARGS=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --ops) OPS=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-transport.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -92,11 +95,11 @@ for ((round = 0; round < REPS; round++)); do
       fi
       if [[ ",$BENCHES," == *,transport,* ]]; then
         "$BENCH" transport --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
-            --bytes-per-rep 512MiB | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
+            --bytes-per-rep 512MiB --ops "$OPS" | sed "s/^{/{\"round\":$round,/" | tee -a "$RESULTS"
         if [[ -n "$BASE_ARGS" ]]; then
           # shellcheck disable=SC2086  # BASE_ARGS is a list of flags
           "$BENCH" transport --json --tls "$tls" --sizes "$s" --window "$WINDOW" --reps 1 \
-              --bytes-per-rep 512MiB $BASE_ARGS |
+              --bytes-per-rep 512MiB --ops "$OPS" $BASE_ARGS |
             sed -e "s/^{/{\"round\":$round,/" -e 's/"op":"\([a-z_]*\)"/"op":"\1_base"/' |
             tee -a "$RESULTS"
         fi

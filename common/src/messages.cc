@@ -277,6 +277,24 @@ Result<FetchRmaReplyHeader> FetchRmaReplyHeader::Decode(std::span<const std::byt
   return m;
 }
 
+std::vector<std::byte> ServingNoticeHeader::Encode() const {
+  ByteWriter w;
+  w.U64(session);
+  w.I64(version);
+  return w.Take();
+}
+Result<ServingNoticeHeader> ServingNoticeHeader::Decode(std::span<const std::byte> b) {
+  ByteReader r(b);
+  ServingNoticeHeader m;
+  ZPS_ASSIGN_OR_RETURN(m.session, r.U64("session"));
+  ZPS_ASSIGN_OR_RETURN(m.version, r.I64("version"));
+  if (m.version < kNoticeForget) {
+    return InvalidArgument("serving notice version " + std::to_string(m.version));
+  }
+  ZPS_RETURN_IF_ERROR(r.ExpectEnd("ServingNoticeHeader"));
+  return m;
+}
+
 namespace {
 void WritePush(ByteWriter& w, const PushHeader& m) {
   w.U64(m.session);

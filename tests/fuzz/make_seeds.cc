@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
       msg::FetchRmaReplyHeader{}.Encode(),
       msg::PushHeader{5, 6, 12, 1, 0, 16, 1, zps::DType::kF16}.Encode(),
       prma.Encode(),
-      msg::PushReplyHeader{6, 4, "stale step"}.Encode()};
+      msg::PushReplyHeader{6, 4, "stale step"}.Encode(),
+      msg::ServingNoticeHeader{5, 12}.Encode()};
   for (size_t i = 0; i < am.size(); ++i) {
     Write("am_headers", std::to_string(i), Tagged(static_cast<uint8_t>(i), am[i]));
   }

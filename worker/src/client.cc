@@ -14,6 +14,7 @@
 #include "zps/common/rpc.h"
 #include "zps/common/ucx.h"
 #include "region_arena.h"
+#include "serving_directory.h"
 #include "staging_pool.h"
 
 namespace zps::worker {
@@ -76,6 +77,8 @@ struct Client::Impl {
     size_t bytes = 0;
     uint32_t shard = 0;
     Clock::time_point start;
+    uint32_t chunk = 0;       // for the serving directory (FetchRma replies)
+    uint64_t chunk_offset = 0;
   };
   struct PendingPush {
     uint32_t shard = 0;
@@ -102,6 +105,14 @@ struct Client::Impl {
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
   bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
+  // One-sided fetches of published versions (fetch_rma and WorkerOptions::direct_fetch): made
+  // at ConnectShards, once the session tokens are known, while the progress thread already
+  // runs; it reads `dir` (null until then), which is set once, after `directory_owner`.
+  std::unique_ptr<ServingDirectory> directory_owner;
+  std::atomic<ServingDirectory*> dir{nullptr};
+  ServingDirectory* Directory() const { return dir.load(std::memory_order_acquire); }
+  std::atomic<uint64_t> direct_fetches{0};
+  std::atomic<uint64_t> notices{0};  // serving notices accepted
   // Pushes by RMA (kAmPushRma): their staging blocks come from here (null: pushes go by AM).
   // Declared after `ucx`: destroyed before the Worker, whose pending operations may still hold
   // blocks (which keep the region alive until then, and the Context outlives both).
@@ -166,6 +177,7 @@ struct Client::Impl {
     return s.WithContext(name + " at " + job.shard_endpoints[shard]);
   }
   void FailShard(uint32_t shard, const Status& s) {
+    if (ServingDirectory* d = Directory()) d->Forget(shard);
     std::vector<FetchPiece> failed;
     std::vector<uint64_t> failed_pushes;
     {
@@ -214,6 +226,7 @@ struct Client::Impl {
   Status SetupUcx();
   void OnFetchReply(ucx::AmMessage& m);
   void OnFetchRmaReply(ucx::AmMessage& m);
+  void OnServingNotice(ucx::AmMessage& m);
   void FinishFetch(const FetchPiece& piece, const Status& s, int64_t version);
   Status JoinJob(std::span<const std::byte> spec, uint64_t hash);
   Status ConnectShards();
@@ -301,7 +314,10 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   }
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
-  if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
+  if (h->code != 0) {
+    if (ServingDirectory* d = Directory()) d->Forget(piece->shard);
+    return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
+  }
   if (h->rkey.empty()) {
     pm.ProtocolError("invalid_argument");
     return FinishFetch(*piece, DataLoss("fetch reply without an rkey"), -1);
@@ -310,10 +326,38 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   // does only after the fetch completed: read it straight into the parameter buffer.
   std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
   const uint32_t shard = piece->shard;
+  if (ServingDirectory* d = Directory()) {
+    d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype),
+                     h->version, h->remote_address, h->rkey);
+  }
   ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
            [this, piece = std::move(*piece), version = h->version](Status st) {
              FinishFetch(piece, st, version);
            });
+}
+
+void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
+  auto h = msg::ServingNoticeHeader::Decode(m.header());
+  if (!h.ok()) {
+    pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "malformed serving notice: " << h.status().ToString();
+    return;
+  }
+  ServingDirectory* d = Directory();
+  if (d == nullptr) return;  // fetches ask every time (or not connected yet): nothing to learn
+  // The shard is named by its session token (each shard issued its own).
+  for (uint32_t i = 0; i < session.size(); ++i) {
+    if (session[i] != h->session) continue;
+    Status s = d->Notice(i, h->session, h->version);
+    if (s.ok()) ++notices;
+    if (!s.ok()) {
+      pm.ProtocolError(s.code() == Code::kUnauthenticated ? "unauthenticated" : "stale_step");
+      ZPS_LOG(DEBUG) << "serving notice from shard " << i << " refused: " << s.ToString();
+    }
+    return;
+  }
+  pm.ProtocolError("unauthenticated");
+  ZPS_LOG(DEBUG) << "serving notice with an unknown session token refused";
 }
 
 Status Client::Impl::SetupUcx() {
@@ -355,6 +399,8 @@ Status Client::Impl::SetupUcx() {
                                         [this](ucx::AmMessage& m) { OnFetchReply(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchRmaReply,
                                         [this](ucx::AmMessage& m) { OnFetchRmaReply(m); }));
+  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmServingNotice,
+                                        [this](ucx::AmMessage& m) { OnServingNotice(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
     auto h = msg::PushReplyHeader::Decode(m.header());
     if (!h.ok()) {
@@ -440,6 +486,10 @@ Status Client::Impl::ConnectShards() {
                            FailShard(i, Unavailable("shard " + std::to_string(i) + " lost: " + s.message()));
                          }));
   }
+  if (fetch_rma && opts.direct_fetch) {
+    directory_owner = std::make_unique<ServingDirectory>(session, job.reduction_mode == 0);
+    dir.store(directory_owner.get(), std::memory_order_release);
+  }
   return Status::Ok();
 }
 
@@ -496,6 +546,8 @@ uint32_t Client::accumulation_steps() const { return impl_->job.accumulation_ste
 std::chrono::milliseconds Client::op_timeout() const { return impl_->opts.op_timeout; }
 uint64_t Client::fetched_bytes() const { return impl_->fetched.load(); }
 uint64_t Client::pushed_bytes() const { return impl_->pushed.load(); }
+uint64_t Client::direct_fetches() const { return impl_->direct_fetches.load(); }
+uint64_t Client::serving_notices() const { return impl_->notices.load(); }
 
 FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
   if (param >= impl_->layout->num_params()) {
@@ -549,10 +601,26 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
     impl_->pm.inflight[metrics::kFetch].Inc();
+    Impl::FetchPiece fp{st, (p.param_offset - begin) * esize, p.length * esize, shard,
+                        Impl::Clock::now(), p.chunk, p.chunk_offset};
+    if (ServingDirectory* d = impl_->Directory()) {
+      // A published version whose address is known: read it without asking (no round trip).
+      if (auto hit = d->Lookup(shard, p.chunk, p.chunk_offset, esize,
+                                              min_version)) {
+        ++impl_->direct_fetches;
+        std::span<std::byte> dest(st->buffer->memory.data() + fp.byte_offset, fp.bytes);
+        impl_->ucx->Get(impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
+                        [impl = impl_.get(), d, piece = std::move(fp),
+                         version = hit->version](Status s) {
+                          if (!s.ok()) d->Forget(piece.shard);
+                          impl->FinishFetch(piece, s, version);
+                        });
+        continue;
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      impl_->fetches[req] = {st, (p.param_offset - begin) * esize, p.length * esize, shard,
-                             Impl::Clock::now()};
+      impl_->fetches[req] = std::move(fp);
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
     impl_->ucx->SendAm(impl_->eps[shard], impl_->fetch_rma ? msg::kAmFetchRma : msg::kAmFetch,
@@ -588,6 +656,8 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
   for (const Piece& p : pieces) {
     const uint32_t shard = layout->shard_of_chunk(p.chunk);
     const uint64_t req = next_request++;
+    // Before it goes out: from now on the shard may rewrite the chunk's serving copy.
+    if (ServingDirectory* d = Directory()) d->Pushed(p.chunk, step);
     pm.inflight[metrics::kPush].Inc();
     {
       std::lock_guard<std::mutex> lock(mu);

@@ -567,6 +567,7 @@ Status ShardDriver::RunSteps(int64_t start) {
                             Assumed(step + 1, ci.next_loss_scale, ci.optimizer_step));
     if (host_.storage_metrics) host_.storage_metrics();
     ZPS_RETURN_IF_ERROR(applied);
+    if (host_.published) host_.published(state_->version());
     const auto t_done = Clock::now();
     if (bg_) {
       ZPS_LOG(DEBUG) << "step " << step << " applied in "

@@ -116,6 +116,9 @@ struct DriverHost {
   /// Refreshes the spill tier's metrics from ShardState::storage_stats (after each update and
   /// checkpoint; may be empty).
   std::function<void()> storage_metrics;
+  /// Called after each update pass has published `version` on every local chunk (may be empty):
+  /// the server tells its worker sessions (kAmServingNotice).
+  std::function<void(int64_t version)> published;
   const metrics::Histogram* optimizer_pass = nullptr;
   const metrics::Counter* optimizer_bytes = nullptr;
   const metrics::Histogram* step_duration = nullptr;

@@ -312,6 +312,10 @@ struct ShardServer::Impl {
   void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
   void HandlePush(ucx::AmMessage& m, bool rma);
+  // Tells every worker session that `version` is published (kAmServingNotice; nothing when the
+  // serving copies are not in a UCX region: no worker learned an address then).
+  void NoticeServing(int64_t version);
+  void SendNotice(const ucx::Endpoint& ep, uint64_t token, int64_t version);
   std::string StatusJson();
 };
 
@@ -733,18 +737,40 @@ void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
     return;
   }
   accepting.store(false);
-  std::vector<ucx::Endpoint> eps;
+  std::vector<std::pair<uint64_t, ucx::Endpoint>> eps;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [token, session] : sessions) {
       fenced.insert(token);
-      eps.push_back(session.ep);
+      eps.emplace_back(token, session.ep);
     }
     sessions.clear();
     sm.connected_workers.Set(0);
   }
-  for (auto& ep : eps) ucx->Close(ep);
+  // Before the close (which flushes it): the worker forgets the serving addresses it learned,
+  // so it does not read the region one-sided while a restore rewrites it.
+  for (auto& [token, ep] : eps) {
+    if (serving_region) SendNotice(ep, token, msg::ServingNoticeHeader::kNoticeForget);
+    ucx->Close(ep);
+  }
   if (ShardState* st = state_ptr.load()) st->FailWaiters(reason);
+}
+
+void ShardServer::Impl::SendNotice(const ucx::Endpoint& ep, uint64_t token, int64_t version) {
+  msg::ServingNoticeHeader h{token, version};
+  ucx->SendAm(ep, msg::kAmServingNotice, h.Encode(), {}, nullptr, [](Status st) {
+    if (!st.ok()) ZPS_LOG(DEBUG) << "serving notice not delivered: " << st.ToString();
+  });
+}
+
+void ShardServer::Impl::NoticeServing(int64_t version) {
+  if (!serving_region || version < 0) return;
+  std::vector<std::pair<uint64_t, ucx::Endpoint>> to;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [token, session] : sessions) to.emplace_back(token, session.ep);
+  }
+  for (auto& [token, ep] : to) SendNotice(ep, token, version);
 }
 
 void ShardServer::Impl::DriverLoop() {
@@ -826,6 +852,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
     return d->serving_region->memory();
   };
   host.storage_metrics = [d] { d->UpdateStorageMetrics(); };
+  host.published = [d](int64_t version) { d->NoticeServing(version); };
   host.optimizer_pass = &d->sm.optimizer_pass;
   host.optimizer_bytes = &d->sm.optimizer_bytes;
   host.step_duration = &d->sm.pm.step_duration;

@@ -68,7 +68,9 @@ struct LocalShards {
   std::vector<std::unique_ptr<ShardProcess>> shards;
 
   /// False when a step failed (no temp dir, no free port, a fork failed).
-  bool Start(int n, const std::string& tls, const char* token, const std::string& name) {
+  /// `extra`: more zps-server flags for every shard.
+  bool Start(int n, const std::string& tls, const char* token, const std::string& name,
+             const std::vector<std::string>& extra = {}) {
     std::string tmpl = "/tmp/" + name + "-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) return false;
     dir = tmpl;
@@ -95,6 +97,7 @@ struct LocalShards {
                                        "--log-level=warning",
                                        "--ucx-tls=" + tls};
       if (i > 0) args.push_back("--coordinator=" + endpoint);
+      args.insert(args.end(), extra.begin(), extra.end());
       shards.push_back(std::make_unique<ShardProcess>(args));
       if (!shards.back()->started()) return false;
     }

@@ -157,6 +157,7 @@ enum AmId : uint16_t {
   kAmFetchRma = 5,
   kAmFetchRmaReply = 6,
   kAmPushRma = 7,
+  kAmServingNotice = 8,  // shard -> worker, protocol 3: see ServingNoticeHeader
 };
 
 /// Upper bound on a packed rkey in a kAmFetchRmaReply (UCX 1.13 posix/cma rkeys are < 200 B).
@@ -222,6 +223,22 @@ struct PushRmaHeader {
   std::vector<std::byte> rkey;  // 1..kMaxRkeyBytes
   std::vector<std::byte> Encode() const;
   static Result<PushRmaHeader> Decode(std::span<const std::byte> b);
+};
+
+/// Shard -> worker (protocol 3), no data, no reply. `version` >= 0: this shard has published
+/// `version` (its update pass is over and every local chunk is at `version` or later), and the
+/// serving copies are where the worker's earlier kAmFetchRmaReply said: the worker may RMA-get a
+/// range of a chunk it learned that way at this version without asking (a one-sided fetch),
+/// until it pushes a gradient for that chunk at a step >= `version`. `version` == kNoticeForget
+/// (-1): forget every address learned from this shard (the session was fenced: a rollback or a
+/// lost coordinator; the serving region is about to be rewritten). `session` is the session
+/// token the shard issued to this worker: a notice with another token is refused.
+struct ServingNoticeHeader {
+  static constexpr int64_t kNoticeForget = -1;
+  uint64_t session = 0;
+  int64_t version = kNoticeForget;
+  std::vector<std::byte> Encode() const;
+  static Result<ServingNoticeHeader> Decode(std::span<const std::byte> b);
 };
 
 struct PushReplyHeader {

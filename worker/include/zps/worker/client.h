@@ -44,6 +44,12 @@ struct WorkerOptions {
   /// transports are shared memory only, else an active message with rendezvous; "am"; "rma".
   /// docs/data-plane.md has the measurements. Default: "auto".
   std::string fetch_mode = "auto";
+  /// With RMA fetches: read a chunk's range straight from the shard's serving region, with no
+  /// request, when this Client knows the address (from an earlier reply) and that a version >=
+  /// min_version is there (from that reply or the shard's publish notice), and has pushed no
+  /// gradient for the chunk since (docs/protocol.md, "One-sided fetch"). Otherwise, and on
+  /// tcp, every fetch asks the shard. Default: true.
+  bool direct_fetch = true;
   /// How a push's data travels. "auto": on shared memory only, the shard reads it with RMA get
   /// from a staging region this Client allocates through UCX (kAmPushRma); else an active
   /// message with rendezvous; "am"; "rma". PushGradShared always goes by AM (the caller's
@@ -176,6 +182,10 @@ class Client {
   /// Bytes moved so far (for progress output).
   uint64_t fetched_bytes() const;
   uint64_t pushed_bytes() const;
+  /// Fetch pieces read one-sided so far, without a request (WorkerOptions::direct_fetch).
+  uint64_t direct_fetches() const;
+  /// Publish notices (kAmServingNotice) accepted so far; 0 unless direct fetches are on.
+  uint64_t serving_notices() const;
 
   struct Impl;
 
