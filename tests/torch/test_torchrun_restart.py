@@ -84,6 +84,8 @@ def test_rank_killed_mid_step_restarts_and_ends_bit_identical(reduction):
     assert all(s in (KILL_STEP, KILL_STEP + 1) for s in joined.values()), joined
     assert got["result"]["attempt"] == 1 and got["result"]["steps"] == STEPS, got
     assert any("connected again" in log for log in logs), logs
+    if reduction == "pre-reduced":  # the new group's communicator: a new worker generation
+        assert re.search(r"rank \d re-joined the job at step \d+: worker generation", logs[0]), logs
     assert got["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"
 
 
