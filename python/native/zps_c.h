@@ -28,8 +28,8 @@
 extern "C" {
 #endif
 
-#define ZPS_C_API_VERSION 3  /* 2: the CUDA entry points (zps_cuda_available, ...); 3:
-                                zps_chunk_crcs */
+/* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs. */
+#define ZPS_C_API_VERSION 3
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))

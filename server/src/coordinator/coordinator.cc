@@ -352,8 +352,8 @@ void Coordinator::AwaitJob(JobCallback cb) {
   job_waiters_.push_back(std::move(cb));
 }
 
-Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& spec,
-                                   uint64_t hash, uint64_t session) {
+Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& spec, uint64_t hash,
+                                   uint64_t session) {
   std::vector<JobCallback> waiters;
   std::vector<CommitCallback> regrouped;  // workers of the older generation, waiting
   std::string regroup_why;

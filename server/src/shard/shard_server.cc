@@ -575,16 +575,19 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
       r.Reply(ci->Encode());
     });
   });
-  rpc->Register(msg::kAwaitCommit, [this, c](const rpc::Peer& peer, std::span<const std::byte> p,
-                                             rpc::Responder r) {
-    auto poll = LongPoll();
-    auto m = msg::AwaitCommit::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    c->AwaitCommit(m->step, [r, poll](const Result<CommitInfo>& ci) mutable {
-      if (!ci.ok()) return r.Error(ci.status());
-      r.Reply(ci->Encode());
-    }, peer.session_id);
-  });
+  rpc->Register(msg::kAwaitCommit,
+                [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+                  auto poll = LongPoll();
+                  auto m = msg::AwaitCommit::Decode(p);
+                  if (!m.ok()) return r.Error(m.status());
+                  c->AwaitCommit(
+                      m->step,
+                      [r, poll](const Result<CommitInfo>& ci) mutable {
+                        if (!ci.ok()) return r.Error(ci.status());
+                        r.Reply(ci->Encode());
+                      },
+                      peer.session_id);
+                });
 }
 
 // ---- coordinator: checkpoints and recovery (docs/protocol.md) ---------------------------------

@@ -85,7 +85,8 @@ TEST(Coordinator, PreReducedRejoinStartsAWorkerGeneration) {
     const uint64_t g0 = c.kv_generation();
     EXPECT_EQ(g0 >> 32, c.epoch() + 1);
     Result<CommitInfo> waiting = Internal("unset");
-    c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { waiting = r; }, 10);
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { waiting = r; }, 10);
     EXPECT_EQ(waiting.status().code(), Code::kInternal);  // still waiting
     // Rank 1's process restarts and joins again.
     auto again = c.Join(1, std::nullopt, job.Hash(), 12);
@@ -103,7 +104,8 @@ TEST(Coordinator, PreReducedRejoinStartsAWorkerGeneration) {
         << waiting.status().ToString();
     // Rank 0's old session is of the older generation: refused at once.
     Status old_session;
-    c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { old_session = r.status(); }, 10);
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { old_session = r.status(); }, 10);
     EXPECT_EQ(old_session.code(), Code::kUnavailable);
     EXPECT_NE(old_session.message().find("older worker generation"), std::string::npos);
     // Rank 0 re-joins: a member of the new generation, no further regrouping; the new
@@ -111,8 +113,10 @@ TEST(Coordinator, PreReducedRejoinStartsAWorkerGeneration) {
     ASSERT_TRUE(c.Join(0, job, job.Hash(), 13).ok());
     EXPECT_EQ(c.kv_generation(), g0 + 1);
     Result<CommitInfo> r0 = Internal("unset"), r1 = Internal("unset");
-    c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { r0 = r; }, 13);
-    c.AwaitCommit(0, [&](const Result<CommitInfo>& r) { r1 = r; }, 12);
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { r0 = r; }, 13);
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { r1 = r; }, 12);
     c.Report(0, 1, {{1, {1.0, false}}}, [](const Result<CommitInfo>&) {});
     c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [](const Result<CommitInfo>&) {});
     EXPECT_TRUE(r0.ok() && r1.ok()) << r0.status().ToString() << r1.status().ToString();
@@ -129,7 +133,8 @@ TEST(Coordinator, PreReducedRejoinStartsAWorkerGeneration) {
     EXPECT_EQ(late->resume_step, 2);
     EXPECT_EQ(c.kv_generation(), g0 + 3);
     Status stale;  // rank 1's session of generation g0 + 2 (at step 1)
-    c.AwaitCommit(2, [&](const Result<CommitInfo>& r) { stale = r.status(); }, 14);
+    c.AwaitCommit(
+        2, [&](const Result<CommitInfo>& r) { stale = r.status(); }, 14);
     EXPECT_EQ(stale.code(), Code::kUnavailable);
   }
 }

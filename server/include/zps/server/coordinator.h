@@ -188,9 +188,9 @@ class Coordinator {
   // Pre-reduced jobs: the current worker generation (rank -> the session that joined), the step
   // its members resume at, how many generations started, and every session that ever joined
   // (session -> rank; AwaitCommit of a session not among the members is refused).
-  std::map<uint32_t, uint64_t> members_;        // guarded by mu_
-  int64_t members_step_ = 0;                    // guarded by mu_
-  uint64_t worker_generations_ = 0;             // guarded by mu_
+  std::map<uint32_t, uint64_t> members_;          // guarded by mu_
+  int64_t members_step_ = 0;                      // guarded by mu_
+  uint64_t worker_generations_ = 0;               // guarded by mu_
   std::map<uint64_t, uint32_t> joined_sessions_;  // guarded by mu_
   bool shutdown_ = false;                       // guarded by mu_
   Status shutdown_reason_;                      // guarded by mu_
