@@ -18,9 +18,11 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -38,7 +40,14 @@ def torchrun(cluster, max_restarts, *args, timeout=300):
     env.pop("ZPS_TOKEN", None)
     # --redirects 2 --tee 2: torch 1.13's torchrun on Python 3.11 cannot parse its default "0"
     # (docs/pytorch.md); these values parse on every version.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    # A rendezvous of its own (not --standalone's fixed port 29400, which another torchrun on
+    # the machine may hold: its agent would then be joined).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=zps-{uuid.uuid4().hex}",
+           "--nproc_per_node=2",
            f"--max_restarts={max_restarts}", "--monitor_interval=1", "--redirects", "2",
            "--tee", "2", str(HERE / "torchrun_restart_script.py"), "--steps", str(STEPS), *args]
     t0 = time.monotonic()
@@ -72,7 +81,11 @@ def reference(reduction):
 def test_rank_killed_mid_step_restarts_and_ends_bit_identical(reduction):
     ref = reference(reduction)
     with LocalCluster(shards=2, ucx_tls="tcp") as cluster:
-        p, _ = torchrun(cluster, 1, "--reduction", reduction, "--kill-step", str(KILL_STEP))
+        # Rank 0 of the new group joins 3 s late: rank 1 may then finish step 9 with the pushes
+        # of rank 0's old process (the same bits), and its own copies are refused as stale
+        # (zps.torch takes the servers' decision), or rank 0 joins the step still in progress.
+        p, _ = torchrun(cluster, 1, "--reduction", reduction, "--kill-step", str(KILL_STEP),
+                        "--late-rank0", "3")
         got, out = result_of(p)
         logs = [cluster.log_tail(i, 200) for i in range(2)]
     # The victim died where the test put it, the agent restarted the group once, and both ranks

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -28,6 +29,9 @@ def main():
     ap.add_argument("--kill-step", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--reduction", default="server-sum")
+    ap.add_argument("--late-rank0", type=float, default=0.0,
+                    help="after a restart, rank 0 joins this many seconds late (the other rank "
+                         "may then finish the step in progress with rank 0's earlier pushes)")
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -41,6 +45,8 @@ def main():
               "zps": {"shards": 2, "chunk_elems": 2048, "op_timeout_s": 60,
                       "connect_timeout_s": 30, "ucx_tls": "tcp",
                       "reduction": args.reduction}}
+    if rank == 0 and attempt > 0 and args.late_rank0 > 0:
+        time.sleep(args.late_rank0)
     engine = zt.initialize(model, config)
     start = engine.global_step
     print(f"zps.torch rank {rank}: joined the job at step {start} (attempt {attempt})",
