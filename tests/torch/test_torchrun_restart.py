@@ -118,6 +118,10 @@ def test_rank_that_never_comes_back_stops_the_job_naming_it():
         # The servers kept the job at the step that did not commit: a new torchrun resumes it
         # there and ends bit-identical to the uninterrupted run.
         again, out2 = result_of(torchrun(cluster, 0)[0])
-        assert re.search(rf"rank 0: joined the job at step {KILL_STEP} ", out2), out2[-4000:]
-        assert again["result"]["start"] == KILL_STEP, again
+        # The first rank to join finds step 9; the other joins at 9 too, or at 10 when the
+        # first finished step 9 with the pushes rank 0's old process had made (the same bits).
+        joined = [int(s) for s in
+                  re.findall(r"zps\.torch rank \d: joined the job at step (\d+) \(attempt 0\)", out2)]
+        assert len(joined) == 2 and min(joined) == KILL_STEP, out2[-4000:]
+        assert max(joined) in (KILL_STEP, KILL_STEP + 1), joined
         assert again["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"

@@ -71,7 +71,17 @@ def main():
     if rank == 0:
         crcs = []
         for s in range(2):
-            crcs += engine.client.chunk_crcs(s, args.steps)
+            # A shard publishes the last step's update just after the decision that step()
+            # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    crcs += engine.client.chunk_crcs(s, args.steps)
+                    break
+                except zt.ZpsError as e:
+                    if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
         print(json.dumps({"result": {"start": start, "attempt": attempt,
                                      "steps": engine.global_step},
                           "crcs": sorted(crcs)}), flush=True)
