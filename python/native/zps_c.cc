@@ -479,6 +479,31 @@ int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, size_t len) {
   });
 }
 
+int zps_chunk_crcs(zps_client* c, uint32_t ordinal, int64_t min_version, uint32_t* chunks,
+                   uint32_t* crcs, size_t cap, size_t* n) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (chunks == nullptr || crcs == nullptr || n == nullptr) {
+      return zps::InvalidArgument("null buffer");
+    }
+    zps::msg::ChunkCrcsRequest req{min_version};
+    ZPS_ASSIGN_OR_RETURN(auto reply,
+                         c->client->CallShard(ordinal, zps::msg::kChunkCrcs, req.Encode()));
+    ZPS_ASSIGN_OR_RETURN(auto got, zps::msg::ChunkCrcs::Decode(reply));
+    if (got.crcs.size() > cap) {
+      return zps::OutOfRange("shard " + std::to_string(ordinal) + " has " +
+                             std::to_string(got.crcs.size()) + " chunks, more than " +
+                             std::to_string(cap));
+    }
+    for (size_t i = 0; i < got.crcs.size(); ++i) {
+      chunks[i] = got.crcs[i].first;
+      crcs[i] = got.crcs[i].second;
+    }
+    *n = got.crcs.size();
+    return zps::Status::Ok();
+  });
+}
+
 int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));

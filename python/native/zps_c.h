@@ -28,7 +28,8 @@
 extern "C" {
 #endif
 
-#define ZPS_C_API_VERSION 2  /* 2: the CUDA entry points (zps_cuda_available, ...) */
+/* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs. */
+#define ZPS_C_API_VERSION 3
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))
@@ -139,6 +140,12 @@ ZPS_C_EXPORT int zps_read_master(zps_client* c, uint32_t param, int64_t min_vers
 /* Shard `ordinal`'s status document (docs/protocol.md, Status), as JSON text into buf (at most
  * len bytes with the terminating NUL; OUT_OF_RANGE if it does not fit). */
 ZPS_C_EXPORT int zps_shard_status(zps_client* c, uint32_t ordinal, char* buf, size_t len);
+/* CRC32C of each chunk's fp32 state (master, and the optimizer state) on shard `ordinal`, once
+ * it reached `min_version` (UNAVAILABLE before): up to `cap` (chunk id, crc) pairs into `chunks`
+ * and `crcs`, their count into *n (OUT_OF_RANGE if the shard has more than cap chunks). What
+ * the tests compare for bit-identical runs, as zps-train --print-crcs. */
+ZPS_C_EXPORT int zps_chunk_crcs(zps_client* c, uint32_t ordinal, int64_t min_version,
+                                uint32_t* chunks, uint32_t* crcs, size_t cap, size_t* n);
 /* Asks the coordinator for a checkpoint at the next step boundary and waits (up to timeout_ms)
  * until it is complete on every shard; *step is its step. */
 ZPS_C_EXPORT int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step);

@@ -8,3 +8,10 @@ class ZpsError(RuntimeError):
     def __init__(self, code, message):
         super().__init__(message if message.startswith(code) else f"{code}: {message}")
         self.code = code
+
+
+def stale_step(error):
+    """A push refused because its step is already decided and published on that shard
+    (FAILED_PRECONDITION "stale step N (chunk at version N+1)", ShardState::BeginPush)."""
+    return (isinstance(error, ZpsError) and error.code == "FAILED_PRECONDITION"
+            and "stale step" in str(error))

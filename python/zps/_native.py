@@ -13,7 +13,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 2
+API_VERSION = 3
 
 
 class JobInfo(ctypes.Structure):
@@ -92,6 +92,9 @@ def lib():
         "zps_read_master": (c_int, [c_p, c_u32, c_i64, c_p]),
         "zps_shard_status": (c_int, [c_p, c_u32, ctypes.c_char_p, ctypes.c_size_t]),
         "zps_checkpoint_now": (c_int, [c_p, c_i64, ctypes.POINTER(c_i64)]),
+        "zps_chunk_crcs": (c_int, [c_p, c_u32, c_i64, ctypes.POINTER(c_u32),
+                                   ctypes.POINTER(c_u32), ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
         "zps_cuda_available": (c_int, [c_int]),
         "zps_fetch_to_device": (c_int, [c_p, ctypes.POINTER(c_u32), ctypes.c_size_t,
                                         ctypes.POINTER(c_p), c_u64]),
@@ -218,6 +221,15 @@ class Client:
         buf = ctypes.create_string_buffer(1 << 16)
         check(self._L.zps_shard_status(self._h, ordinal, buf, len(buf)))
         return json.loads(buf.value.decode())
+
+    def chunk_crcs(self, ordinal, min_version):
+        """[(chunk, crc32c)] of shard `ordinal`'s fp32 state once it reached `min_version`
+        (raises UNAVAILABLE before): what bit-identical runs compare."""
+        cap = 1 << 16
+        chunks, crcs, n = (ctypes.c_uint32 * cap)(), (ctypes.c_uint32 * cap)(), ctypes.c_size_t()
+        check(self._L.zps_chunk_crcs(self._h, ordinal, min_version, chunks, crcs, cap,
+                                     ctypes.byref(n)))
+        return [(chunks[i], crcs[i]) for i in range(n.value)]
 
     def fetch_to_device(self, ids, ptrs, stream):
         """Fetches `ids` into device memory (serving dtype), ordered on cudaStream_t `stream`."""

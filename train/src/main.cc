@@ -316,8 +316,10 @@ bool Recoverable(const Status& s) {
 
 // Test hook (tests/integration/recovery/worker_death.sh): ZPS_TEST_CRASH_AT=<point>:<step>
 // makes this worker SIGKILL itself there. worker-push: after its third gradient push of the
-// step has landed (the step half pushed); worker-commit: after every push of the step landed,
-// before it waits for the decision.
+// step has landed (the step half pushed; in pre-reduced mode: after its third gradient went
+// into the bucket, which a bucket as large as the model has not reduced yet); worker-slice
+// (pre-reduced): after its second slice push of a reduced bucket has landed; worker-commit:
+// after every push of the step landed, before it waits for the decision.
 void MaybeCrashAt(std::string_view point, int64_t step) {
   static const std::string spec = [] {
     const char* e = std::getenv("ZPS_TEST_CRASH_AT");
@@ -386,7 +388,11 @@ Status RunWorker(const TrainOptions& o) {
   std::unique_ptr<WorkerAccess> access_ptr;
   std::unique_ptr<WorkerAccess> eval_ptr;  // rank 0's evaluation: direct fetches, no collectives
   // (Re)joins the job; a job starting over (resume step 0) gets rank 0's initial values.
+  // `in_collectives`: the failure came from building the communicator (the job itself was
+  // joined), which join_retrying tries again.
+  bool in_collectives = false;
   auto join = [&]() -> Status {
+    in_collectives = false;
     eval_ptr.reset();
     access_ptr.reset();
     collectives.reset();
@@ -403,7 +409,12 @@ Status RunWorker(const TrainOptions& o) {
       go.prefix = "zps-train/gloo/resume" + std::to_string(client->resume_step());
       go.hostname = gloo_host;
       go.timeout = wo.op_timeout;
-      ZPS_ASSIGN_OR_RETURN(collectives, worker::GlooCollectives::Create(go));
+      auto made = worker::GlooCollectives::Create(go);
+      if (!made.ok()) {
+        in_collectives = true;
+        return made.status().WithContext("building the communicator");
+      }
+      collectives = std::move(*made);
     } else if (pre_reduced || bandwidth_centric) {
       collectives = std::make_unique<worker::LocalCollectives>();
     }
@@ -426,12 +437,32 @@ Status RunWorker(const TrainOptions& o) {
         (void)client->FlushPushes();  // they have landed on the shards
         MaybeCrashAt("worker-push", step);
       });
+      access_ptr->set_after_slice([&client](int64_t step, int slices) {
+        if (slices != 2) return;
+        (void)client->FlushPushes();  // they have landed on the shards
+        MaybeCrashAt("worker-slice", step);
+      });
     }
     eval_ptr = std::make_unique<WorkerAccess>(
         client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
     return Status::Ok();
   };
-  ZPS_RETURN_IF_ERROR(join());
+  int recoveries = 0;
+  // A communicator that could not be built (pre-reduced: another rank re-joined meanwhile and
+  // started a newer worker generation, or a peer died during the rendezvous) is built again in
+  // a new join; a failure to join the job itself (it stopped, a bad spec) is final.
+  auto join_retrying = [&]() -> Status {
+    for (;;) {
+      Status s = join();
+      if (s.ok() || !in_collectives || !Recoverable(s) || recoveries >= o.max_recoveries) {
+        return s;
+      }
+      ++recoveries;
+      std::fprintf(stderr, "zps-train (rank %d): %s; joining again (recovery %d of at most %d)\n",
+                   o.rank, s.ToString().c_str(), recoveries, o.max_recoveries);
+    }
+  };
+  ZPS_RETURN_IF_ERROR(join_retrying());
   joined = true;
   const int64_t start = client->resume_step();
   std::fprintf(stderr, "zps-train (rank %d): joined the job at step %lld\n", o.rank,
@@ -451,7 +482,6 @@ Status RunWorker(const TrainOptions& o) {
   auto t_window = t_start;
   uint64_t fetched0 = client->fetched_bytes(), pushed0 = client->pushed_bytes();
   double step_time_sum = 0;
-  int recoveries = 0;
   bool recovering = false;
   auto failure_seen = Clock::now();
   for (int64_t step = start; step < o.steps; ++step) {
@@ -480,7 +510,7 @@ Status RunWorker(const TrainOptions& o) {
       recovering = true;
       std::fprintf(stderr, "zps-train (rank %d): %s; re-joining the job (recovery %d of at most %d)\n",
                    o.rank, st.ToString().c_str(), recoveries, o.max_recoveries);
-      ZPS_RETURN_IF_ERROR(join().WithContext("re-joining after a failure"));
+      ZPS_RETURN_IF_ERROR(join_retrying().WithContext("re-joining after a failure"));
       const int64_t resume = client->resume_step();
       std::fprintf(stderr, "zps-train (rank %d): re-joined; resuming at step %lld\n", o.rank,
                    static_cast<long long>(resume));

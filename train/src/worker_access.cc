@@ -23,6 +23,7 @@ Status WorkerAccess::FlushGradients() {
     if (b >= end) continue;
     ZPS_RETURN_IF_ERROR(client_->PushGradRange(
         e.param, step_, b - e.offset, std::span<const float>(bucket_).subspan(b, end - b)));
+    if (after_slice_) after_slice_(step_, ++slices_);
   }
   bucket_.clear();
   entries_.clear();
@@ -32,6 +33,7 @@ Status WorkerAccess::FlushGradients() {
 void WorkerAccess::BeginStep(int64_t step, bool inject_overflow) {
   step_ = step;
   pushes_ = 0;
+  slices_ = 0;
   bucket_.clear();  // left over from a failed step
   entries_.clear();
   inject_ = inject_overflow;

@@ -12,6 +12,7 @@ values live on the shards, and hooks fetch them around each use (zps.torch.hooks
 import collections
 import json
 import os
+import sys
 import threading
 import time
 import warnings
@@ -19,7 +20,7 @@ import warnings
 import torch
 
 from zps import _native
-from zps._errors import ZpsError
+from zps._errors import ZpsError, stale_step
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
 from zps.torch import construct
@@ -299,7 +300,17 @@ class Engine:
             return {"step": self.global_step, "boundary": False}
         self.micro = 0
         self.res.micro = 0
-        self.client.flush()
+        try:
+            self.client.flush()
+        except ZpsError as e:
+            # A rank that re-joined the step in progress (a torchrun restart) may find it
+            # decided meanwhile with its old process's pushes (the same bits): its own copies
+            # are refused as stale, and the decision below is the step's.
+            if not stale_step(e):
+                raise
+            print(f"zps.torch rank {self.rank}: step {self.global_step} was decided with this "
+                  f"rank's earlier pushes (its process before a restart); taking the decision",
+                  file=sys.stderr, flush=True)
         info = self.client.await_commit(self.global_step)
         self.client.end_step()
         out = {"step": info.step, "skipped": bool(info.skip), "grad_norm": info.global_norm,

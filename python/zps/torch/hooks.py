@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from zps._errors import ZpsError
+from zps._errors import ZpsError, stale_step
 from zps.torch.params import ZParam, ZPS_TO_TORCH, TORCH_TO_ZPS, host_view
 
 
@@ -159,9 +159,20 @@ class Residency:
                 g = g.float()
             g = g.contiguous()
         self.client.push_grad(zp.id, self.step, g.data_ptr(), zp.numel, self.micro)
-        self.client.await_pushes_below(self.max_pending_pieces)
+        self._await_pushes()
         zp.pushed = True
         p.grad = None
+
+    def _await_pushes(self):
+        """Backpressure on the pushes in flight. A push refused as a stale step (this rank
+        re-joined a step that the servers then decided with its old process's pushes, the same
+        bits: a torchrun restart) does not stop the backward pass: Engine.step() takes the
+        servers' decision of the step instead."""
+        try:
+            self.client.await_pushes_below(self.max_pending_pieces)
+        except ZpsError as e:
+            if not stale_step(e):
+                raise
 
     def _push_device(self, zp, g):
         """Through the CUDA backend: read on the copy stream into a pinned slot after the current
@@ -173,7 +184,7 @@ class Residency:
         g = g.contiguous()
         self.client.push_grad_device(zp.id, self.step, g.data_ptr(), TORCH_TO_ZPS[g.dtype],
                                      zp.numel, self.micro, stream.cuda_stream)
-        self.client.await_pushes_below(self.max_pending_pieces)
+        self._await_pushes()
         zp.pushed = True
         zp.param.grad = None
 

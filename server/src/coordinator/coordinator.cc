@@ -86,6 +86,10 @@ void Coordinator::StartRecovery(const std::string& reason, std::vector<CommitCal
   history_.clear();
   for (auto& [st, cb] : commit_waiters_) failed.push_back(std::move(cb));
   commit_waiters_.clear();
+  for (auto& [st, cb] : worker_waiters_) failed.push_back(std::move(cb));
+  worker_waiters_.clear();
+  members_.clear();  // every rank re-joins after a rollback: the next joins form a generation
+  joined_sessions_.clear();
   for (auto& [st, cb] : checkpoint_waiters_) failed_ckpt.push_back(std::move(cb));
   checkpoint_waiters_.clear();
   checkpoint_requested_ = false;
@@ -313,6 +317,16 @@ uint64_t Coordinator::epoch() const {
   return epoch_;
 }
 
+uint64_t Coordinator::kv_generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ((epoch_ + 1) << 32) + worker_generations_;
+}
+
+Status Coordinator::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutdown_ ? shutdown_reason_ : Status::Ok();
+}
+
 bool Coordinator::AllShardsRegistered() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& e : endpoints_) {
@@ -338,9 +352,11 @@ void Coordinator::AwaitJob(JobCallback cb) {
   job_waiters_.push_back(std::move(cb));
 }
 
-Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& spec,
-                                   uint64_t hash) {
+Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& spec, uint64_t hash,
+                                   uint64_t session) {
   std::vector<JobCallback> waiters;
+  std::vector<CommitCallback> regrouped;  // workers of the older generation, waiting
+  std::string regroup_why;
   JoinInfo info;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -391,6 +407,29 @@ Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& 
       return Unavailable("the job is recovering (epoch " + std::to_string(epoch_) +
                          "): shards are restoring a checkpoint; retry");
     }
+    if (job_->shard.mode == ReductionMode::kPreReduced) {
+      // A member joining again (its process restarted, or it re-joined after an error), or a
+      // rank joining a generation still forming at an older step (that step was decided
+      // meanwhile): a new generation, which every rank joins at the step in progress.
+      const bool again = members_.count(rank) != 0;
+      if (again || (!members_.empty() && members_step_ != step_)) {
+        ++worker_generations_;
+        members_.clear();
+        for (auto& [st, cb] : worker_waiters_) regrouped.push_back(std::move(cb));
+        worker_waiters_.clear();
+        regroup_why = "rank " + std::to_string(rank) + (again ? " re-joined" : " joined") +
+                      " the job at step " + std::to_string(step_) +
+                      ": in a pre-reduced job every rank restarts the step with a new "
+                      "communicator; re-join";
+        ZPS_LOG(WARNING) << "rank " << rank << (again ? " re-joined" : " joined")
+                         << " the job at step " << step_ << ": worker generation "
+                         << worker_generations_ << " (pre-reduced: every rank re-joins and "
+                         << "restarts the step with a new communicator)";
+      }
+      if (members_.empty()) members_step_ = step_;
+      members_[rank] = session;
+      if (session != 0) joined_sessions_[session] = rank;
+    }
     info.job_hash = job_->Hash();
     info.resume_step = step_;
     info.loss_scale = commit_->loss_scale();
@@ -400,6 +439,7 @@ Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& 
     JobSpec j = *spec;
     for (auto& w : waiters) w(j);
   }
+  for (auto& cb : regrouped) cb(Unavailable(regroup_why));
   return info;
 }
 
@@ -474,6 +514,9 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
     auto range = commit_waiters_.equal_range(step);
     for (auto it = range.first; it != range.second; ++it) done.push_back(std::move(it->second));
     commit_waiters_.erase(range.first, range.second);
+    auto workers = worker_waiters_.equal_range(step);
+    for (auto it = workers.first; it != workers.second; ++it) done.push_back(std::move(it->second));
+    worker_waiters_.erase(workers.first, workers.second);
   }
   if (decided.skip) {
     ZPS_LOG(WARNING) << "step " << decided.step << " skipped (non-finite gradient); loss scale -> "
@@ -482,13 +525,20 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
   for (auto& w : done) w(decided);
 }
 
-void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
+void Coordinator::AwaitCommit(int64_t step, CommitCallback cb, uint64_t session) {
   std::unique_lock<std::mutex> lock(mu_);
   Status bad;
+  auto joined = joined_sessions_.find(session);
   if (shutdown_) {
     bad = shutdown_reason_;
   } else if (phase_ != msg::JobPhase::kRunning) {
     bad = Unavailable("the job is recovering; re-join");
+  } else if (session != 0 && joined != joined_sessions_.end() &&
+             !(members_.count(joined->second) != 0 && members_[joined->second] == session)) {
+    bad = Unavailable("rank " + std::to_string(joined->second) +
+                      " belongs to an older worker generation (another rank re-joined the job): "
+                      "in a pre-reduced job every rank restarts the step with a new "
+                      "communicator; re-join");
   } else if (step < step_) {
     for (const auto& h : history_) {
       if (h.step == step) {
@@ -508,7 +558,8 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
     cb(bad);
     return;
   }
-  commit_waiters_.emplace(step, std::move(cb));
+  (joined != joined_sessions_.end() ? worker_waiters_ : commit_waiters_)
+      .emplace(step, std::move(cb));
 }
 
 int64_t Coordinator::step() const {
@@ -527,6 +578,7 @@ void Coordinator::Shutdown(const Status& reason) {
     shutdown_reason_ = reason;
     jobs.swap(job_waiters_);
     commits.swap(commit_waiters_);
+    commits.merge(worker_waiters_);
     ckpts.swap(checkpoint_waiters_);
   }
   for (auto& j : jobs) j(reason);

@@ -54,6 +54,16 @@ void KvStore::Advance(uint64_t generation) {
   for (auto& [id, w] : failed) w.cb(StaleGeneration(0, generation));
 }
 
+void KvStore::Fail(const Status& reason) {
+  std::map<uint64_t, Waiter> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(waiters_);
+    by_key_.clear();
+  }
+  for (auto& [id, w] : failed) w.cb(reason);
+}
+
 uint64_t KvStore::generation() const {
   std::lock_guard<std::mutex> lock(mu_);
   return generation_;

@@ -535,9 +535,11 @@ Status ShardDriver::RunSteps(int64_t start) {
       if (Clock::now() > deadline) {
         // Name who is missing: a worker that died and never came back (docs/operations.md).
         std::string who;
-        for (uint32_t missing : state_->MissingRanks(step)) {
-          who += (who.empty() ? "" : ", ") + std::to_string(missing);
+        std::vector<uint32_t> missing = state_->MissingRanks(step);
+        if (job.shard.mode == ReductionMode::kPreReduced && host_.absent_ranks) {
+          missing = host_.absent_ranks(job.shard.world_size);  // no session: died, not back
         }
+        for (uint32_t m : missing) who += (who.empty() ? "" : ", ") + std::to_string(m);
         return DeadlineExceeded(
             "step " + std::to_string(step) + ": gradients incomplete on shard " +
             std::to_string(o.ordinal) + " after " + std::to_string(o.step_timeout_s) + " s (" +

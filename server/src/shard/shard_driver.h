@@ -113,6 +113,9 @@ struct DriverHost {
   /// accept = true: workers may connect. false: refuse workers, fence their sessions and fail
   /// waiting fetches with `reason`.
   std::function<void(bool accept, const Status& reason)> set_serving;
+  /// The ranks in [0, world) with no worker session on this shard now (for the step-timeout
+  /// message in pre-reduced mode, where pushed slices have no per-rank owner); may be empty.
+  std::function<std::vector<uint32_t>(uint32_t world)> absent_ranks;
   /// Refreshes the spill tier's metrics from ShardState::storage_stats (after each update and
   /// checkpoint; may be empty).
   std::function<void()> storage_metrics;

@@ -542,8 +542,11 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
       if (!j.ok()) return r.Error(j.status().WithContext("job spec"));
       spec = std::move(*j);
     }
-    auto info = c->Join(m->rank, spec, m->job_hash);
+    auto info = c->Join(m->rank, spec, m->job_hash, peer.session_id);
     if (!info.ok()) return r.Error(info.status());
+    // A new worker generation (a pre-reduced rank re-joined) drops the old communicator's
+    // rendezvous keys and fails its parked Gets now, not at the next kv call.
+    kv->Advance(c->kv_generation());
     ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote << ", resume at step "
                   << info->resume_step;
     c->AwaitJob([r, info = *info, poll](const Result<JobSpec>& j) mutable {
@@ -576,16 +579,19 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
       r.Reply(ci->Encode());
     });
   });
-  rpc->Register(msg::kAwaitCommit, [this, c](const rpc::Peer&, std::span<const std::byte> p,
-                                             rpc::Responder r) {
-    auto poll = LongPoll();
-    auto m = msg::AwaitCommit::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    c->AwaitCommit(m->step, [r, poll](const Result<CommitInfo>& ci) mutable {
-      if (!ci.ok()) return r.Error(ci.status());
-      r.Reply(ci->Encode());
-    });
-  });
+  rpc->Register(msg::kAwaitCommit,
+                [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+                  auto poll = LongPoll();
+                  auto m = msg::AwaitCommit::Decode(p);
+                  if (!m.ok()) return r.Error(m.status());
+                  c->AwaitCommit(
+                      m->step,
+                      [r, poll](const Result<CommitInfo>& ci) mutable {
+                        if (!ci.ok()) return r.Error(ci.status());
+                        r.Reply(ci->Encode());
+                      },
+                      peer.session_id);
+                });
 }
 
 // ---- coordinator: checkpoints and recovery (docs/protocol.md) ---------------------------------
@@ -627,10 +633,11 @@ void ShardServer::Impl::SetupDurabilityRpcs() {
 // ---- coordinator: key-value rendezvous (docs/protocol.md, "Key-value rendezvous") ------------
 
 Result<uint64_t> ShardServer::Impl::KvGeneration(uint64_t asked) {
+  ZPS_RETURN_IF_ERROR(coordinator->stopped());
   if (coordinator->phase() == msg::JobPhase::kRecovering) {
     return Unavailable("the job is recovering; rendezvous again after re-joining");
   }
-  kv->Advance(coordinator->epoch() + 1);
+  kv->Advance(coordinator->kv_generation());
   return asked == 0 ? kv->generation() : asked;
 }
 
@@ -781,6 +788,7 @@ void ShardServer::Impl::DriverLoop() {
       // The job stops with this reason: waiting workers get it, and so does a worker's re-join
       // in the next moments (Join answers the shutdown reason), before the port closes.
       coordinator->Shutdown(s.WithContext("the job stopped"));
+      kv->Fail(s.WithContext("the job stopped"));  // a rank waiting in a rendezvous learns why
       std::this_thread::sleep_for(std::chrono::seconds(2));
     }
   }
@@ -846,6 +854,20 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
     return d->state.get();
   };
   host.set_serving = [d](bool accept, const Status& reason) { d->SetServing(accept, reason); };
+  host.absent_ranks = [d](uint32_t world) {
+    std::vector<bool> seen(world, false);
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      for (const auto& [token, session] : d->sessions) {
+        if (session.rank < world) seen[session.rank] = true;
+      }
+    }
+    std::vector<uint32_t> out;
+    for (uint32_t r = 0; r < world; ++r) {
+      if (!seen[r]) out.push_back(r);
+    }
+    return out;
+  };
   host.serving_alloc = [d](size_t bytes) -> Result<std::span<std::byte>> {
     if (d->serving_region) return FailedPrecondition("the serving region is allocated already");
     ZPS_ASSIGN_OR_RETURN(d->serving_region, d->ucx_context->Allocate(bytes));
@@ -962,7 +984,12 @@ Status ShardServer::Start() {
       return dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
                                           "'s old session");
     }
-    if (*dropped > 0 || !old_eps.empty()) {
+    if (st->job().mode == ReductionMode::kPreReduced && *dropped > 0) {
+      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                       << " old session(s) closed): " << *dropped
+                       << " elements pushed of the step in progress dropped (pre-reduced: every "
+                          "rank restarts the step and pushes it again)";
+    } else if (*dropped > 0 || !old_eps.empty()) {
       ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
                        << " old session(s) closed): " << *dropped
                        << " elements it pushed of the step in progress dropped; it pushes them "

@@ -381,9 +381,10 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   auto next = cov.lower_bound(b);
   if ((next != cov.end() && next->first < e) ||
       (next != cov.begin() && std::prev(next)->second > b)) {
-    if (!init && Sealed(*c) && job_.mode == ReductionMode::kServerSum) {
+    if (!init && Sealed(*c)) {
       // A restarted rank pushing again a step its old process completed (ForgetRank kept it):
-      // the same rank computes the same bits, so the copy is received and dropped.
+      // the same rank computes the same bits (pre-reduced: the ranks redo the same
+      // reduce-scatter of the same gradients), so the copy is received and dropped.
       PushTicket t;
       t.req_ = req;
       t.slot_ = slot;
@@ -654,7 +655,13 @@ Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
       if (rank == 0) ZPS_RETURN_IF_ERROR(forget(c, 0));  // the initial values
       continue;
     }
-    if (Sealed(c) || job_.mode == ReductionMode::kPreReduced) continue;
+    if (Sealed(c)) continue;
+    if (job_.mode == ReductionMode::kPreReduced) {
+      // Slices have no per-rank owner, and every rank restarts the step with a new
+      // communicator (the coordinator's worker generation): the whole step is pushed again.
+      for (uint32_t slot = 0; slot < c.grads.size(); ++slot) ZPS_RETURN_IF_ERROR(forget(c, slot));
+      continue;
+    }
     for (uint32_t micro = 0; micro < accum_; ++micro) {
       const uint32_t slot = rank * accum_ + micro;
       if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));

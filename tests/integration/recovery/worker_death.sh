@@ -13,6 +13,24 @@
 #   lost     rank 1 dies at step 12 and never comes back: shard 0 (the coordinator, --step-timeout
 #            8) stops the job with an error naming rank 1, and rank 0 exits with that error, within
 #            the step timeout plus a margin; never a hang.
+# Pre-reduced mode (--reduction pre-reduced: the ranks reduce-scatter each gradient with Gloo and
+# push only their slice), where a dead rank breaks the others' communicator, so every rank
+# restarts the step (the coordinator's worker generation, docs/operations.md "Faults"); each
+# must end bit-identical to the reference (at world size 2 Gloo's sums are the shard's):
+#   pre-backward rank 1 dies in the backward pass of step 12, before the step's one reduce-scatter
+#                (a bucket as large as the model): rank 0's reduce-scatter fails at once
+#                (gloo, UNAVAILABLE), it re-joins at 12, and so does the restarted rank 1.
+#   pre-bucket   --bucket-bytes 0 (a reduce-scatter per parameter): rank 1 dies between two
+#                collectives with the slices of three parameters landed; rank 0's next
+#                reduce-scatter fails at once; the shards drop the step's pushes at the re-joins.
+#   pre-push     rank 1 dies after the reduce-scatter with two of its slices landed (rank 0 has
+#                pushed everything and waits for the decision): the restarted rank 1 re-joins,
+#                the coordinator starts a new worker generation and fails rank 0's wait
+#                (UNAVAILABLE), rank 0 re-joins too, the shards drop the step's pushes, and both
+#                redo step 12 with a new communicator.
+#   pre-commit   rank 1 dies after every slice of step 12 landed; it re-joins at 12 or 13.
+#   pre-lost     as pre-push, never restarted: shard 0 stops the job within its --step-timeout
+#                with an error naming rank 1 (no session left), and rank 0 exits with it.
 # Usage: worker_death.sh BIN_DIR [scenario...]
 set -euo pipefail
 bin=$1
@@ -49,8 +67,12 @@ dump() {
   done
 }
 
-scenario() {  # name crash-point restart(1|0)
+scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   local name=$1 point=$2 restart=$3
+  shift 3
+  local extra=("$@")
+  local pre=0
+  [[ " ${extra[*]} " == *" pre-reduced "* ]] && pre=1
   local dir=$work/$name
   mkdir -p "$dir"
   local port0 port1
@@ -69,7 +91,7 @@ scenario() {  # name crash-point restart(1|0)
     sp+=($!); pids+=($!)
   done
   local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
-               "${model[@]}" --ucx-tls tcp --op-timeout 30 --log-every 1 --print-crcs)
+               "${model[@]}" "${extra[@]}" --ucx-tls tcp --op-timeout 30 --log-every 1 --print-crcs)
   "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
   local w0=$!; pids+=($w0)
   ZPS_TEST_CRASH_AT=$point "$bin/zps-train" "${wargs[@]}" --rank 1 \
@@ -100,13 +122,37 @@ scenario() {  # name crash-point restart(1|0)
     if ! [[ $joined =~ $want ]]; then
       fail "$name" "the restarted rank 1 joined at step '${joined}', expected $want"; dump "$dir"; return
     fi
-    if grep -q "re-joining the job" "$dir/worker0.err"; then
+    if [[ $pre -eq 0 ]] && grep -q "re-joining the job" "$dir/worker0.err"; then
       fail "$name" "rank 0 had to re-join (it should only have waited)"; dump "$dir"; return
     fi
     # Half pushed: some shard must have dropped what the old process pushed of step 12.
-    if [[ $point == worker-push:* ]] &&
+    if [[ $pre -eq 0 && $point == worker-push:* ]] &&
        ! grep -Eq "worker rank 1 connected again .*: [1-9][0-9]* elements it pushed" "$dir"/shard*.log; then
       fail "$name" "no shard dropped rank 1's pushes of step 12"; dump "$dir"; return
+    fi
+    if [[ $pre -eq 1 ]]; then
+      # Every rank restarts the step: rank 0 re-joined at step 12 (or 13 after pre-commit), in
+      # the new worker generation the coordinator started for the restarted rank 1.
+      local rejoined
+      rejoined=$(sed -nE 's/.*rank 0\): re-joined; resuming at step ([0-9]+).*/\1/p' "$dir/worker0.err" | tail -1)
+      if ! [[ $rejoined =~ $want ]]; then
+        fail "$name" "rank 0 did not re-join at the restarted step (re-joined at '${rejoined}')"; dump "$dir"; return
+      fi
+      if ! grep -Eq "rank [01] re-joined the job at step 1[23]: worker generation" "$dir/shard0.log"; then
+        fail "$name" "the coordinator did not start a new worker generation"; dump "$dir"; return
+      fi
+      if [[ $name == pre-bucket || $name == pre-push ]] &&
+         ! grep -Eq "connected again .*: [1-9][0-9]* elements pushed of the step in progress dropped \(pre-reduced" "$dir"/shard*.log; then
+        fail "$name" "no shard dropped the pushes of step 12"; dump "$dir"; return
+      fi
+      if [[ $name == pre-backward || $name == pre-bucket ]] &&
+         ! grep -q "UNAVAILABLE: step 12: gloo reduce-scatter" "$dir/worker0.err"; then
+        fail "$name" "rank 0's reduce-scatter did not fail (it should, at once, when rank 1 dies)"; dump "$dir"; return
+      fi
+      if [[ $name == pre-push ]] &&
+         ! grep -Eq "UNAVAILABLE: step 12: .*rank 1 re-joined the job at step 12: in a pre-reduced job every rank restarts the step" "$dir/worker0.err"; then
+        fail "$name" "rank 0's wait for the decision was not failed by rank 1's re-join"; dump "$dir"; return
+      fi
     fi
     if ! diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
       fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
@@ -130,7 +176,7 @@ scenario() {  # name crash-point restart(1|0)
   fi
 }
 
-all=(push commit lost)
+all=(push commit lost pre-backward pre-bucket pre-push pre-commit pre-lost)
 sel=("$@")
 [[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
 for s in "${sel[@]}"; do
@@ -138,6 +184,11 @@ for s in "${sel[@]}"; do
     push) scenario push worker-push:12 1 ;;
     commit) scenario commit worker-commit:12 1 ;;
     lost) scenario lost worker-push:12 0 ;;
+    pre-backward) scenario pre-backward worker-push:12 1 --reduction pre-reduced ;;
+    pre-bucket) scenario pre-bucket worker-push:12 1 --reduction pre-reduced --bucket-bytes 0 ;;
+    pre-push) scenario pre-push worker-slice:12 1 --reduction pre-reduced ;;
+    pre-commit) scenario pre-commit worker-commit:12 1 --reduction pre-reduced ;;
+    pre-lost) scenario pre-lost worker-slice:12 0 --reduction pre-reduced ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done

@@ -67,6 +67,78 @@ TEST(Coordinator, JoinValidatesAndReportsDecide) {
   EXPECT_EQ(ahead.code(), Code::kFailedPrecondition);
 }
 
+// Pre-reduced: a rank joining again (restarted, or re-joining after an error) starts a new
+// worker generation: the kv generation moves on, waiting workers get UNAVAILABLE, a session of
+// the older generation is refused at AwaitCommit, and the ranks that join next (at the same
+// step) form the new generation. Server-sum re-joins change nothing for the other ranks.
+TEST(Coordinator, PreReducedRejoinStartsAWorkerGeneration) {
+  for (ReductionMode mode : {ReductionMode::kPreReduced, ReductionMode::kServerSum}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    const bool pre = mode == ReductionMode::kPreReduced;
+    Coordinator c(2);
+    JobSpec job = MakeJob(2);
+    job.shard.mode = mode;
+    ASSERT_TRUE(c.RegisterShard(0, "a:1").ok());
+    ASSERT_TRUE(c.RegisterShard(1, "b:1").ok());
+    ASSERT_TRUE(c.Join(0, job, job.Hash(), /*session=*/10).ok());
+    ASSERT_TRUE(c.Join(1, std::nullopt, job.Hash(), 11).ok());
+    const uint64_t g0 = c.kv_generation();
+    EXPECT_EQ(g0 >> 32, c.epoch() + 1);
+    Result<CommitInfo> waiting = Internal("unset");
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { waiting = r; }, 10);
+    EXPECT_EQ(waiting.status().code(), Code::kInternal);  // still waiting
+    // Rank 1's process restarts and joins again.
+    auto again = c.Join(1, std::nullopt, job.Hash(), 12);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->resume_step, 0);
+    if (!pre) {
+      EXPECT_EQ(c.kv_generation(), g0);
+      EXPECT_EQ(waiting.status().code(), Code::kInternal);  // rank 0 only waits
+      continue;
+    }
+    EXPECT_EQ(c.kv_generation(), g0 + 1);
+    EXPECT_EQ(waiting.status().code(), Code::kUnavailable);
+    EXPECT_NE(waiting.status().message().find("rank 1 re-joined the job at step 0"),
+              std::string::npos)
+        << waiting.status().ToString();
+    // Rank 0's old session is of the older generation: refused at once.
+    Status old_session;
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { old_session = r.status(); }, 10);
+    EXPECT_EQ(old_session.code(), Code::kUnavailable);
+    EXPECT_NE(old_session.message().find("older worker generation"), std::string::npos);
+    // Rank 0 re-joins: a member of the new generation, no further regrouping; the new
+    // session waits for the decision, which every waiter of the step gets.
+    ASSERT_TRUE(c.Join(0, job, job.Hash(), 13).ok());
+    EXPECT_EQ(c.kv_generation(), g0 + 1);
+    Result<CommitInfo> r0 = Internal("unset"), r1 = Internal("unset");
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { r0 = r; }, 13);
+    c.AwaitCommit(
+        0, [&](const Result<CommitInfo>& r) { r1 = r; }, 12);
+    c.Report(0, 1, {{1, {1.0, false}}}, [](const Result<CommitInfo>&) {});
+    c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [](const Result<CommitInfo>&) {});
+    EXPECT_TRUE(r0.ok() && r1.ok()) << r0.status().ToString() << r1.status().ToString();
+    EXPECT_EQ(c.step(), 1);
+    // A rank joining a generation still forming at an older step starts another one, so the
+    // members of a generation always resume at the same step.
+    ASSERT_TRUE(c.Join(1, std::nullopt, job.Hash(), 14).ok());  // again: regroup at step 1
+    EXPECT_EQ(c.kv_generation(), g0 + 2);
+    c.Report(1, 1, {{1, {1.0, false}}}, [](const Result<CommitInfo>&) {});  // sealed before
+    c.Report(1, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [](const Result<CommitInfo>&) {});
+    ASSERT_EQ(c.step(), 2);
+    auto late = c.Join(0, job, job.Hash(), 15);  // not a member, but step 1 is decided
+    ASSERT_TRUE(late.ok());
+    EXPECT_EQ(late->resume_step, 2);
+    EXPECT_EQ(c.kv_generation(), g0 + 3);
+    Status stale;  // rank 1's session of generation g0 + 2 (at step 1)
+    c.AwaitCommit(
+        2, [&](const Result<CommitInfo>& r) { stale = r.status(); }, 14);
+    EXPECT_EQ(stale.code(), Code::kUnavailable);
+  }
+}
+
 TEST(Coordinator, OverflowSkipsAndLowersTheScale) {
   Coordinator c(2);
   JobSpec job = MakeJob(1);

@@ -285,6 +285,35 @@ TEST_F(ShardStateTest, PreReducedTakesDisjointSlicesFromAnyRank) {
   EXPECT_DOUBLE_EQ((*r)[0].second.sum_squares, 128 * 0.0625);
 }
 
+// Pre-reduced: a rank's new session (it restarted, or re-joined in a new worker generation)
+// drops everything pushed of the step's incomplete chunks by any rank, since every rank redoes
+// the step; a chunk already complete (sealed) keeps its slices and a second copy of them is
+// received and dropped. Without the drop, the ranks' second pushes are ALREADY_EXISTS.
+TEST_F(ShardStateTest, PreReducedForgetRankDropsTheUnfinishedStep) {
+  Make(ReductionMode::kPreReduced, 2);
+  Init();
+  std::vector<float> g(128, 0.25f), garbage(128, 1e30f);
+  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()).ok());  // rank 0's slice
+  ASSERT_TRUE(Push({0, 2, 0, 25, 1, DType::kF32}, garbage.data()).ok());  // rank 1's, then dies
+  auto dropped = shard_->ForgetRank(1);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 64u + 25u);  // both ranks' pushes: every rank pushes the step again
+  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()).ok());
+  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 0, 25, 0, DType::kF32}, g.data()).ok());
+  ASSERT_TRUE(Push({0, 2, 25, 25, 1, DType::kF32}, g.data()).ok());
+  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  // Sealed: another re-join leaves the step alone, and the redone pushes are dropped.
+  auto none = shard_->ForgetRank(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, 0u);
+  EXPECT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()).ok());
+  auto r = shard_->ReduceStep(0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ((*r)[0].second.sum_squares, 128 * 0.0625);
+  EXPECT_DOUBLE_EQ((*r)[1].second.sum_squares, 50 * 0.0625);
+}
+
 TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   Make(ReductionMode::kServerSum, 1);
   int64_t seen = -2;

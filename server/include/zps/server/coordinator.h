@@ -18,6 +18,14 @@
 //     restore it and say so (ShardSync ready); then the job runs again from that step. A shard
 //     that cannot load the target (DataLoss) reports a list without it: the coordinator then
 //     starts another recovery round and picks the newest step every shard still holds.
+//   - Pre-reduced jobs (the ranks reduce among themselves through a communicator built in the
+//     kv store): the ranks that joined since the last regrouping form the current *worker
+//     generation*. A rank that joins while it is already a member (its process restarted, or it
+//     re-joined after an error) starts a new one: the kv generation moves on (the old
+//     communicator's rendezvous keys are dropped), every worker waiting in AwaitCommit gets
+//     Unavailable, and an AwaitCommit from a session of an older generation is refused, so every
+//     rank re-joins and restarts the step with a new communicator (tests/integration/recovery/
+//     worker_death.sh pre-*). The members of one generation all resume at the same step.
 //   - Every decision carries the newest checkpoint complete on every shard
 //     (CommitInfo::protect_checkpoint): shards never garbage-collect it, so a shard whose
 //     checkpoints keep failing (disk full) cannot leave the job without a common recovery point.
@@ -97,6 +105,11 @@ class Coordinator {
   void RequestCheckpoint(CheckpointCallback cb);
   msg::JobPhase phase() const;
   uint64_t epoch() const;
+  /// The generation of the kv rendezvous store: ((epoch + 1) << 32) + the worker generations
+  /// started since the coordinator started (pre-reduced re-joins). Grows with both.
+  uint64_t kv_generation() const;
+  /// Ok, or Shutdown's reason once the job stopped.
+  Status stopped() const;
   bool AllShardsRegistered() const;
 
   /// Answers with the job once rank 0 has registered one.
@@ -105,7 +118,10 @@ class Coordinator {
   /// Rank 0 passes the spec; other ranks pass nullopt and the hash of the spec they built.
   /// Errors: InvalidArgument (rank/world), FailedPrecondition (hash mismatch, no job yet for a
   /// rank != 0, shards missing), plus JobSpec::Validate errors.
-  Result<JoinInfo> Join(uint32_t rank, const std::optional<JobSpec>& spec, uint64_t hash);
+  /// `session`: the caller's control connection (0: none), which AwaitCommit checks against the
+  /// worker generation in pre-reduced jobs (see above).
+  Result<JoinInfo> Join(uint32_t rank, const std::optional<JobSpec>& spec, uint64_t hash,
+                        uint64_t session = 0);
 
   /// A shard's per-chunk reports for `step` (chunk ids must belong to that shard, once each).
   /// Errors (to cb): FailedPrecondition for a step other than the current one, InvalidArgument
@@ -114,8 +130,10 @@ class Coordinator {
               const std::vector<std::pair<uint32_t, ChunkReport>>& reports, CommitCallback cb);
 
   /// The decision of `step`: now if known (the last kHistory steps), else when it is made.
-  /// Errors: FailedPrecondition for a step too old or too far ahead.
-  void AwaitCommit(int64_t step, CommitCallback cb);
+  /// Errors: FailedPrecondition for a step too old or too far ahead; Unavailable in a
+  /// pre-reduced job for a worker `session` of an older worker generation (at once), and for
+  /// every waiting worker when a new generation starts (a rank re-joined).
+  void AwaitCommit(int64_t step, CommitCallback cb, uint64_t session = 0);
 
   int64_t step() const;
   /// Checkpoint requests waiting (RequestCheckpoint) for the end of the step in progress.
@@ -164,6 +182,16 @@ class Coordinator {
   std::deque<CommitInfo> history_;              // guarded by mu_
   std::vector<JobCallback> job_waiters_;        // guarded by mu_
   std::multimap<int64_t, CommitCallback> commit_waiters_;  // guarded by mu_
+  // Workers' AwaitCommit waiters (apart from the shards' reports: a new worker generation fails
+  // only these), by step.
+  std::multimap<int64_t, CommitCallback> worker_waiters_;  // guarded by mu_
+  // Pre-reduced jobs: the current worker generation (rank -> the session that joined), the step
+  // its members resume at, how many generations started, and every session that ever joined
+  // (session -> rank; AwaitCommit of a session not among the members is refused).
+  std::map<uint32_t, uint64_t> members_;          // guarded by mu_
+  int64_t members_step_ = 0;                      // guarded by mu_
+  uint64_t worker_generations_ = 0;               // guarded by mu_
+  std::map<uint64_t, uint32_t> joined_sessions_;  // guarded by mu_
   bool shutdown_ = false;                       // guarded by mu_
   Status shutdown_reason_;                      // guarded by mu_
 };

@@ -50,6 +50,9 @@ class KvStore {
   /// Unavailable. An older or equal generation changes nothing.
   void Advance(uint64_t generation);
   uint64_t generation() const;
+  /// The job stopped: fails every parked Get with `reason` (the generation stays; the caller
+  /// refuses later calls itself).
+  void Fail(const Status& reason);
 
   /// Sets `key` (replacing an older value) in `generation` and answers the Gets waiting for it.
   /// Errors: Unavailable (`generation` is not the current one: the job moved on, rebuild the

@@ -285,13 +285,13 @@ class ShardState {
 
   /// A rank's new session replaces its old one (the worker process restarted, or re-joined
   /// after an error): drops everything `rank` pushed for the step in progress, so that it pushes
-  /// the step again (server-sum; in pre-reduced mode ranges have no per-rank owner and nothing
-  /// of a step is dropped), and, on chunks still waiting for their initial values, what rank 0
-  /// pushed of them. A push the old session began is refused by FinishPush (its slot buffer
-  /// was replaced). A step that is already complete (WaitForGradients returned OK) is left as
-  /// it is: its gradients are being reduced, and a rank's push into it that overlaps what it
-  /// pushed before is received and dropped (OK: a restarted rank computes the same bits; only
-  /// server-sum, where each rank has its own slot). Errors:
+  /// the step again (server-sum; in pre-reduced mode ranges have no per-rank owner and every
+  /// rank restarts the step, so everything pushed of the step's incomplete chunks is dropped),
+  /// and, on chunks still waiting for their initial values, what rank 0 pushed of them. A push
+  /// the old session began is refused by FinishPush (its slot buffer was replaced). A chunk
+  /// whose gradients are already complete (Sealed) is left as it is: they are being reduced,
+  /// and a push into it that overlaps what was pushed before is received and dropped (OK: a
+  /// restarted rank computes the same bits, and so do ranks redoing a reduce-scatter). Errors:
   /// ResourceExhausted (no memory for a fresh slot buffer). Returns the pushed elements dropped.
   Result<uint64_t> ForgetRank(uint32_t rank);
   /// The ranks whose gradients of `step` are incomplete on some local chunk (server-sum; empty

@@ -49,6 +49,11 @@ class WorkerAccess final : public ParamAccess {
   void set_after_push(std::function<void(int64_t step, int pushes)> hook) {
     after_push_ = std::move(hook);
   }
+  /// Test hook, pre-reduced: runs after each slice push of a reduced bucket with the step and
+  /// the count of this step's slice pushes so far (ZPS_TEST_CRASH_AT=worker-slice:<step>).
+  void set_after_slice(std::function<void(int64_t step, int slices)> hook) {
+    after_slice_ = std::move(hook);
+  }
 
  private:
   Status PushGradNow(uint32_t param_id, std::span<const float> grad);
@@ -58,6 +63,8 @@ class WorkerAccess final : public ParamAccess {
   int64_t step_ = 0;
   int pushes_ = 0;  // PushGrad calls in this step
   std::function<void(int64_t, int)> after_push_;
+  int slices_ = 0;  // slice pushes in this step (pre-reduced)
+  std::function<void(int64_t, int)> after_slice_;
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
   worker::Collectives* reduce_ = nullptr;

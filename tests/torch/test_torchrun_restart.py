@@ -1,0 +1,127 @@
+"""A zps.torch rank SIGKILLed mid-step under torchrun (docs/operations.md, "Faults"; the flags
+are spelled with underscores, which torch 1.13 needs and 2.x accepts).
+
+- With --max_restarts 1, torchrun's elastic agent stops the other rank and restarts the whole
+  worker group; both ranks re-join the servers' job at the servers' step (zt.initialize takes
+  the servers' step and values) and the job ends bit-identical (every shard's chunk CRCs) to an
+  uninterrupted torchrun run on servers of their own. In server-sum and in pre-reduced mode
+  (Gloo among the ranks: the restarted group builds a new communicator, a new worker
+  generation on the coordinator).
+- With --max_restarts 0, the rank never comes back: torchrun stops the job at once with an error
+  naming the rank; the servers keep the job at the step that did not commit, and a new torchrun
+  resumes it there, bit-identical.
+
+Each torchrun run trains 16 steps of a small MLP on 2 shards (tests/torch/torchrun_restart_script.py).
+"""
+
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from zps.cluster import LocalCluster
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STEPS = 16
+KILL_STEP = 9
+
+
+def torchrun(cluster, max_restarts, *args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), ZPS_ENDPOINT=cluster.endpoint,
+               ZPS_TOKEN_FILE=str(cluster.token_file))
+    env.pop("ZPS_TOKEN", None)
+    # --redirects 2 --tee 2: torch 1.13's torchrun on Python 3.11 cannot parse its default "0"
+    # (docs/pytorch.md); these values parse on every version.
+    # A rendezvous of its own (not --standalone's fixed port 29400, which another torchrun on
+    # the machine may hold: its agent would then be joined).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=zps-{uuid.uuid4().hex}",
+           "--nproc_per_node=2",
+           f"--max_restarts={max_restarts}", "--monitor_interval=1", "--redirects", "2",
+           "--tee", "2", str(HERE / "torchrun_restart_script.py"), "--steps", str(STEPS), *args]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def result_of(p):
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    results = [json.loads(l[l.index("{"):]) for l in p.stdout.splitlines() if '{"result"' in l]
+    assert len(results) == 1, out[-4000:]
+    return results[0], out
+
+
+_REFERENCE = {}
+
+
+def reference(reduction):
+    """The uninterrupted run's result, on servers of its own (once per reduction mode)."""
+    if reduction not in _REFERENCE:
+        with LocalCluster(shards=2, ucx_tls="tcp") as ref_cluster:
+            ref, _ = result_of(torchrun(ref_cluster, 0, "--reduction", reduction)[0])
+        assert ref["result"]["start"] == 0 and ref["result"]["attempt"] == 0, ref
+        assert len(ref["crcs"]) > 0, ref
+        _REFERENCE[reduction] = ref
+    return _REFERENCE[reduction]
+
+
+@pytest.mark.parametrize("reduction", ["server-sum", "pre-reduced"])
+def test_rank_killed_mid_step_restarts_and_ends_bit_identical(reduction):
+    ref = reference(reduction)
+    with LocalCluster(shards=2, ucx_tls="tcp") as cluster:
+        # Rank 0 of the new group joins 3 s late: rank 1 may then finish step 9 with the pushes
+        # of rank 0's old process (the same bits), and its own copies are refused as stale
+        # (zps.torch takes the servers' decision), or rank 0 joins the step still in progress.
+        p, _ = torchrun(cluster, 1, "--reduction", reduction, "--kill-step", str(KILL_STEP),
+                        "--late-rank0", "3")
+        got, out = result_of(p)
+        logs = [cluster.log_tail(i, 200) for i in range(2)]
+    # The victim died where the test put it, the agent restarted the group once, and both ranks
+    # of the new group re-joined at the step in progress (or the next, had it been decided).
+    assert f"killing this process in the backward pass of step {KILL_STEP}" in out, out[-4000:]
+    joined = {int(r): int(s) for r, s in
+              re.findall(r"zps\.torch rank (\d): joined the job at step (\d+) \(attempt 1\)", out)}
+    assert sorted(joined) == [0, 1], out[-4000:]
+    assert all(s in (KILL_STEP, KILL_STEP + 1) for s in joined.values()), joined
+    assert got["result"]["attempt"] == 1 and got["result"]["steps"] == STEPS, got
+    assert any("connected again" in log for log in logs), logs
+    if reduction == "pre-reduced":  # the new group's communicator: a new worker generation
+        assert re.search(r"rank \d re-joined the job at step \d+: worker generation", logs[0]), logs
+    assert got["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"
+
+
+def test_rank_that_never_comes_back_stops_the_job_naming_it():
+    ref = reference("server-sum")
+    with LocalCluster(shards=2, ucx_tls="tcp") as cluster:
+        p, took = torchrun(cluster, 0, "--kill-step", str(KILL_STEP), "--kill-rank", "1")
+        out = p.stdout + p.stderr
+        assert p.returncode != 0, out[-4000:]
+        assert f"killing this process in the backward pass of step {KILL_STEP}" in out
+        # torchrun's summary names the failed rank and its signal.
+        assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", out), out[-4000:]
+        assert re.search(r"Signal 9|SIGKILL", out), out[-4000:]
+        # The agent (monitoring every 1 s here) stops the group at once, well within the
+        # ranks' op timeout (60 s), which nobody waits out.
+        assert took < 60, took
+        # The servers kept the job at the step that did not commit: a new torchrun resumes it
+        # there and ends bit-identical to the uninterrupted run.
+        again, out2 = result_of(torchrun(cluster, 0)[0])
+        # The first rank to join finds step 9; the other joins at 9 too, or at 10 when the
+        # first finished step 9 with the pushes rank 0's old process had made (the same bits).
+        joined = [int(s) for s in
+                  re.findall(r"zps\.torch rank \d: joined the job at step (\d+) \(attempt 0\)", out2)]
+        assert len(joined) == 2 and min(joined) == KILL_STEP, out2[-4000:]
+        assert max(joined) in (KILL_STEP, KILL_STEP + 1), joined
+        assert again["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"

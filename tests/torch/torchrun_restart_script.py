@@ -1,0 +1,92 @@
+"""One rank of a zps.torch job under torchrun, for test_torchrun_restart.py (not a test itself).
+
+The servers are already running (ZPS_ENDPOINT, ZPS_TOKEN_FILE). Each rank trains a small MLP
+whose batches depend only on (step, rank), so a worker group that torchrun restarts resumes at
+the servers' step (zt.initialize takes the servers' step and values) and ends with the same bits
+as an uninterrupted run. With --kill-step, rank --kill-rank SIGKILLs itself in the middle of the
+backward pass of that step (after the gradients of the later layers were pushed and landed),
+in the first attempt only (TORCHELASTIC_RESTART_COUNT 0). At the end rank 0 prints one JSON
+line: {"result": ..., "crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(1)
+
+import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--kill-step", type=int, default=-1)
+    ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--reduction", default="server-sum")
+    ap.add_argument("--late-rank0", type=float, default=0.0,
+                    help="after a restart, rank 0 joins this many seconds late (the other rank "
+                         "may then finish the step in progress with rank 0's earlier pushes)")
+    args = ap.parse_args()
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    torch.manual_seed(0)  # the initial values (uploaded by rank 0 of a new job only)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 4))
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+              "gradient_clipping": 0.5,
+              "zps": {"shards": 2, "chunk_elems": 2048, "op_timeout_s": 60,
+                      "connect_timeout_s": 30, "ucx_tls": "tcp",
+                      "reduction": args.reduction}}
+    if rank == 0 and attempt > 0 and args.late_rank0 > 0:
+        time.sleep(args.late_rank0)
+    engine = zt.initialize(model, config)
+    start = engine.global_step
+    print(f"zps.torch rank {rank}: joined the job at step {start} (attempt {attempt})",
+          file=sys.stderr, flush=True)
+    for step in range(start, args.steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(8, 16, generator=g)
+        y = torch.randn(8, 4, generator=g)
+        hidden = model[1](model[0](x))
+        if rank == args.kill_rank and step == args.kill_step and attempt == 0:
+            def die(grad):
+                engine.client.flush()  # the later layers' gradients have landed on the shards
+                print(f"zps.torch rank {rank}: killing this process in the backward pass of "
+                      f"step {step}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+                return grad
+            hidden.register_hook(die)
+        out = model[4](model[3](model[2](hidden)))
+        loss = torch.nn.functional.mse_loss(out, y)
+        engine.backward(loss)
+        engine.step()
+    if rank == 0:
+        crcs = []
+        for s in range(2):
+            # A shard publishes the last step's update just after the decision that step()
+            # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    crcs += engine.client.chunk_crcs(s, args.steps)
+                    break
+                except zt.ZpsError as e:
+                    if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+        print(json.dumps({"result": {"start": start, "attempt": attempt,
+                                     "steps": engine.global_step},
+                          "crcs": sorted(crcs)}), flush=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
