@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from torchrun_args import torchrun_command
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -17,10 +19,7 @@ def run(script, world, *args, timeout=600):
     if world == 1:
         cmd = [sys.executable, str(ROOT / "examples" / script), *args]
     else:
-        # --redirects 2 --tee 2: torch 1.13's torchrun on Python 3.11 cannot parse its default
-        # "0" (IntFlag iteration skips NONE); these values parse on every version.
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={world}", "--redirects", "2", "--tee", "2", str(ROOT / "examples" / script), *args]
+        cmd = [*torchrun_command(world), str(ROOT / "examples" / script), *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = [json.loads(l) for l in p.stdout.splitlines() if l.startswith('{"result"')]

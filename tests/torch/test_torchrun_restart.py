@@ -18,14 +18,12 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
-import sys
 import time
-import uuid
 
 import pytest
 
+from torchrun_args import torchrun_command
 from zps.cluster import LocalCluster
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -38,18 +36,8 @@ def torchrun(cluster, max_restarts, *args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), ZPS_ENDPOINT=cluster.endpoint,
                ZPS_TOKEN_FILE=str(cluster.token_file))
     env.pop("ZPS_TOKEN", None)
-    # --redirects 2 --tee 2: torch 1.13's torchrun on Python 3.11 cannot parse its default "0"
-    # (docs/pytorch.md); these values parse on every version.
-    # A rendezvous of its own (not --standalone's fixed port 29400, which another torchrun on
-    # the machine may hold: its agent would then be joined).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=zps-{uuid.uuid4().hex}",
-           "--nproc_per_node=2",
-           f"--max_restarts={max_restarts}", "--monitor_interval=1", "--redirects", "2",
-           "--tee", "2", str(HERE / "torchrun_restart_script.py"), "--steps", str(STEPS), *args]
+    cmd = [*torchrun_command(2, f"--max_restarts={max_restarts}", "--monitor_interval=1"),
+           str(HERE / "torchrun_restart_script.py"), "--steps", str(STEPS), *args]
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     return p, time.monotonic() - t0
