@@ -22,7 +22,7 @@ Status Coordinator::RegisterShard(uint32_t ordinal, std::string endpoint, uint64
   std::vector<CommitCallback> failed;
   std::vector<CheckpointCallback> failed_ckpt;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ZPS_LOG(INFO) << "shard " << ordinal << " registered at " << endpoint;
     endpoints_[ordinal] = endpoint;
     ShardEntry& e = shards_[ordinal];
@@ -55,7 +55,7 @@ Status Coordinator::LoadCatalog() {
   } else if (e.status().code() != Code::kNotFound) {
     return e.status().WithContext("coordinator catalog: epoch");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   job_ = std::move(*spec);
   commit_.emplace(job_->commit);
   reports_.assign(job_->layout.num_chunks(), std::nullopt);
@@ -97,7 +97,7 @@ void Coordinator::ShardLost(uint32_t ordinal, uint64_t session) {
   std::vector<CommitCallback> failed;
   std::vector<CheckpointCallback> failed_ckpt;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ShardEntry& e = shards_[ordinal];
     if (!e.connected || e.session != session || shutdown_) return;
     e.connected = false;
@@ -121,7 +121,7 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
   std::vector<CheckpointCallback> rolled_back_ckpt;
   Status result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ShardEntry& e = shards_[r.ordinal];
     e.checkpoints = r.steps;
     e.listed = true;
@@ -250,7 +250,7 @@ Result<msg::ShardSyncReply> Coordinator::ShardSync(const msg::ShardSync& sync) {
     return OutOfRange("shard ordinal " + std::to_string(sync.ordinal) + " >= " +
                       std::to_string(num_shards_));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) return shutdown_reason_;
   if (!job_) return msg::ShardSyncReply{epoch_, msg::JobPhase::kNoJob, -1};
   ShardEntry& e = shards_[sync.ordinal];
@@ -267,7 +267,7 @@ Result<msg::ShardSyncReply> Coordinator::ShardSync(const msg::ShardSync& sync) {
 }
 
 void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status bad;
   if (shutdown_) {
     bad = shutdown_reason_;
@@ -277,7 +277,7 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
     bad = Unavailable("the job is recovering; retry the checkpoint request later");
   }
   if (!bad.ok()) {
-    lock.unlock();
+    lock.Unlock();
     cb(bad);
     return;
   }
@@ -287,7 +287,7 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
 }
 
 std::vector<uint32_t> Coordinator::awaiting_reports() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<uint32_t> out;
   if (!job_) return out;
   for (uint32_t c = 0; c < reports_.size(); ++c) {
@@ -299,22 +299,22 @@ std::vector<uint32_t> Coordinator::awaiting_reports() const {
 }
 
 size_t Coordinator::checkpoint_waiters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return checkpoint_waiters_.size();
 }
 
 msg::JobPhase Coordinator::phase() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return phase_;
 }
 
 uint64_t Coordinator::epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return epoch_;
 }
 
 bool Coordinator::AllShardsRegistered() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& e : endpoints_) {
     if (e.empty()) return false;
   }
@@ -322,16 +322,16 @@ bool Coordinator::AllShardsRegistered() const {
 }
 
 void Coordinator::AwaitJob(JobCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) {
     Status s = shutdown_reason_;
-    lock.unlock();
+    lock.Unlock();
     cb(s);
     return;
   }
   if (job_) {
     JobSpec j = *job_;
-    lock.unlock();
+    lock.Unlock();
     cb(std::move(j));
     return;
   }
@@ -343,7 +343,7 @@ Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& 
   std::vector<JobCallback> waiters;
   JoinInfo info;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return shutdown_reason_;
     for (uint32_t i = 0; i < num_shards_; ++i) {
       if (endpoints_[i].empty()) {
@@ -409,9 +409,10 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
   std::vector<CommitCallback> done;
   CommitInfo decided;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto fail = [&](const Status& s) {
-      lock.unlock();
+    MutexLock lock(&mu_);
+    // Each use returns at once: the analysis cannot follow a lambda that releases the lock.
+    auto fail = [&](const Status& s) NO_THREAD_SAFETY_ANALYSIS {
+      lock.Unlock();
       cb(s);
     };
     if (shutdown_) return fail(shutdown_reason_);
@@ -483,7 +484,7 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
 }
 
 void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status bad;
   if (shutdown_) {
     bad = shutdown_reason_;
@@ -493,7 +494,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
     for (const auto& h : history_) {
       if (h.step == step) {
         CommitInfo c = h;
-        lock.unlock();
+        lock.Unlock();
         cb(c);
         return;
       }
@@ -504,7 +505,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
                              std::to_string(step_) + ")");
   }
   if (!bad.ok()) {
-    lock.unlock();
+    lock.Unlock();
     cb(bad);
     return;
   }
@@ -512,7 +513,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb) {
 }
 
 int64_t Coordinator::step() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return step_;
 }
 
@@ -521,7 +522,7 @@ void Coordinator::Shutdown(const Status& reason) {
   std::multimap<int64_t, CommitCallback> commits;
   std::vector<std::pair<int64_t, CheckpointCallback>> ckpts;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     shutdown_reason_ = reason;
