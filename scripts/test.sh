@@ -13,11 +13,11 @@ if [[ -z ${ZPS_SKIP_FUZZ:-} ]] && command -v clang++ >/dev/null 2>&1; then
 fi
 # clang 14 with -Wthread-safety -Werror and ThreadSanitizer (build-tsan/): every library, and the
 # unit and integration tests of the threaded code under TSan (scripts/tsan.sh; about 7 min cold).
-# Its outcome is also a test of the main run below (tsan.stage), so the last line counts it.
 # ZPS_SKIP_TSAN=1 skips it.
 tsan_rc=0
 if [[ -z ${ZPS_SKIP_TSAN:-} ]]; then
   ./scripts/tsan.sh || tsan_rc=$?
+  [[ $tsan_rc -eq 0 ]] || echo "FAIL: scripts/tsan.sh exited $tsan_rc (above); the main tests run, then this script fails"
 fi
 cd "${ZPS_BUILD_DIR:-build}"
 main_rc=0
