@@ -12,7 +12,7 @@ if [[ -z ${ZPS_SKIP_FUZZ:-} ]] && command -v clang++ >/dev/null 2>&1; then
   ZPS_FUZZ_SECONDS=${ZPS_FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 fi
 # clang 14 with -Wthread-safety -Werror and ThreadSanitizer (build-tsan/): every library, and the
-# unit and integration tests of the threaded code under TSan (scripts/tsan.sh; about 7 min cold).
+# unit and integration tests of the threaded code under TSan (scripts/tsan.sh, docs/testing.md).
 # ZPS_SKIP_TSAN=1 skips it.
 tsan_rc=0
 if [[ -z ${ZPS_SKIP_TSAN:-} ]]; then
