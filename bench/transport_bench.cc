@@ -38,6 +38,7 @@
 
 #include "bench.h"
 #include "zps/common/config.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 
 namespace zps::bench {
@@ -284,7 +285,7 @@ class Runner {
     op_ = op;
     size_ = size;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       issued_ = 0;
       completed_ = 0;
       count_ = count;
@@ -296,8 +297,8 @@ class Runner {
       bool posted = worker_.Post([this, i] { Issue(static_cast<size_t>(i)); });
       if (!posted) return Cancelled("worker stopped");
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, 120s, [&] { return completed_ >= count_ || !error_.ok(); })) {
+    MutexLock lock(&mu_);
+    if (!cv_.WaitFor(lock, 120s, [&]() REQUIRES(mu_) { return completed_ >= count_ || !error_.ok(); })) {
       return DeadlineExceeded("case did not finish in 120 s");
     }
     if (!error_.ok()) return error_;
@@ -318,7 +319,10 @@ class Runner {
  private:
   // Progress thread only.
   void Issue(size_t slot) {
-    if (issued_ >= count_) return;
+    {
+      MutexLock lock(&mu_);
+      if (issued_ >= count_) return;
+    }
     ++issued_;
     ucx::MemoryRegion& local = *slots_[slot];
     auto done = [this, slot](Status s) { Completed(slot, std::move(s)); };
@@ -350,20 +354,20 @@ class Runner {
     }
     bool all = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       all = ++completed_ >= count_;
     }
     if (all) {
-      cv_.notify_all();
+      cv_.SignalAll();
     } else {
       Issue(slot);
     }
   }
 
   void Fail(Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (error_.ok()) error_ = std::move(s);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   ucx::Worker& worker_;
@@ -374,11 +378,11 @@ class Runner {
   std::string op_;
   uint64_t size_ = 0;
   int issued_ = 0;  // progress thread only
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int completed_ = 0;  // guarded by mu_
-  int count_ = 0;      // guarded by mu_
-  Status error_;       // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  int completed_ GUARDED_BY(mu_) = 0;
+  int count_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
 };
 
 int RunFetcher(const Options& o, const std::vector<uint64_t>& sizes) {

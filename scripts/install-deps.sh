@@ -24,7 +24,7 @@ PACKAGES=(
   # libtorch falls back to the reference BLAS, about 30x slower for matmuls.
   python3-torch python3-torchvision libopenblas0-pthread python3-pytest python3-matplotlib
   ccache                         # compiler cache (build.sh uses it when present)
-  clang libclang-rt-14-dev       # libFuzzer, ASan/UBSan runtimes (scripts/fuzz.sh)
+  clang libclang-rt-14-dev       # libFuzzer, ASan/UBSan, TSan runtimes (fuzz.sh, tsan.sh)
 )
 
 missing=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, builds with warnings as errors, and runs
-# every test (unit, integration, chart validation). Ends with ctest's summary line.
+# The README's test command: installs what is missing, builds with warnings as errors, runs the
+# clang stages (docs/testing.md), then every test (unit, integration, chart validation). Ends
+# with ctest's summary line; any stage that fails makes the exit status non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -10,5 +11,15 @@ cd "$(dirname "$0")/.."
 if [[ -z ${ZPS_SKIP_FUZZ:-} ]] && command -v clang++ >/dev/null 2>&1; then
   ZPS_FUZZ_SECONDS=${ZPS_FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 fi
+# clang 14 with -Wthread-safety -Werror and ThreadSanitizer (build-tsan/): every library, and the
+# unit and integration tests of the threaded code under TSan (scripts/tsan.sh, docs/testing.md).
+# ZPS_SKIP_TSAN=1 skips it.
+tsan_rc=0
+if [[ -z ${ZPS_SKIP_TSAN:-} ]]; then
+  ./scripts/tsan.sh || tsan_rc=$?
+  [[ $tsan_rc -eq 0 ]] || echo "FAIL: scripts/tsan.sh exited $tsan_rc (above); the main tests run, then this script fails"
+fi
 cd "${ZPS_BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 900 -j "${ZPS_TEST_JOBS:-2}"
+main_rc=0
+ctest --output-on-failure --timeout 900 -j "${ZPS_TEST_JOBS:-2}" || main_rc=$?
+[[ $tsan_rc -eq 0 && $main_rc -eq 0 ]]

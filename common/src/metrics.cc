@@ -195,7 +195,7 @@ auto RegisterWith(Builder builder, const std::string& name, const std::string& h
 
 Result<CounterFamily*> Registry::AddCounter(std::string name, std::string help,
                                             std::vector<std::string> label_names) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kCounter));
   try {
     auto* pf = RegisterWith(prometheus::BuildCounter(), name, help, *registry_);
@@ -209,7 +209,7 @@ Result<CounterFamily*> Registry::AddCounter(std::string name, std::string help,
 
 Result<GaugeFamily*> Registry::AddGauge(std::string name, std::string help,
                                         std::vector<std::string> label_names) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kGauge));
   try {
     auto* pf = RegisterWith(prometheus::BuildGauge(), name, help, *registry_);
@@ -230,7 +230,7 @@ Result<HistogramFamily*> Registry::AddHistogram(std::string name, std::string he
                              ": bucket bounds must be finite and strictly increasing");
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(Reserve(name, label_names, Type::kHistogram));
   try {
     auto* pf = RegisterWith(prometheus::BuildHistogram(), name, help, *registry_);
@@ -244,7 +244,7 @@ Result<HistogramFamily*> Registry::AddHistogram(std::string name, std::string he
 }
 
 std::vector<prometheus::MetricFamily> Registry::Collect() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<prometheus::MetricFamily> collected;
   try {
     collected = registry_->Collect();

@@ -25,6 +25,7 @@
 #include "zps/common/frame.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::rpc {
 
@@ -36,17 +37,17 @@ namespace {
 
 struct Pending {
   uint16_t type = 0;
-  std::mutex m;
-  std::condition_variable cv;
-  std::optional<Result<std::vector<std::byte>>> result;  // guarded by m
+  Mutex m;
+  CondVar cv;
+  std::optional<Result<std::vector<std::byte>>> result GUARDED_BY(m);
 
   void Complete(Result<std::vector<std::byte>> r) {
     {
-      std::lock_guard<std::mutex> l(m);
+      MutexLock l(&m);
       if (result) return;
       result.emplace(std::move(r));
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
@@ -76,10 +77,10 @@ struct Client::Impl {
   std::thread thread;
   std::string where;  // "host:port", for messages
 
-  std::mutex mu_;
-  bool open_ = false;                                                  // guarded by mu_
-  Status close_reason_ = Unavailable("not connected");                 // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;    // guarded by mu_
+  Mutex mu_;
+  bool open_ GUARDED_BY(mu_) = false;
+  Status close_reason_ GUARDED_BY(mu_) = Unavailable("not connected");
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_ GUARDED_BY(mu_);
   std::atomic<uint64_t> next_id{1};
   std::once_flag close_once;
 
@@ -173,7 +174,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
   Impl* im = client->impl_.get();
   ZPS_RETURN_IF_ERROR(im->ConnectSocket(o));
   {
-    std::lock_guard<std::mutex> l(im->mu_);
+    MutexLock l(&im->mu_);
     im->open_ = true;
   }
   asio::post(im->io, [im] { im->ReadHeader(); });
@@ -215,24 +216,24 @@ Result<std::vector<std::byte>> Client::Impl::Call(uint16_t type,
   p->type = type;
   auto frame = EncodeFrame(type, id, payload);  // CRC and copy on the caller's thread
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!open_) return close_reason_;
     pending_.emplace(id, p);
     asio::post(io, [this, f = std::move(frame)]() mutable { Enqueue(std::move(f)); });
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   {
-    std::unique_lock<std::mutex> l(p->m);
-    if (p->cv.wait_until(l, deadline, [&] { return p->result.has_value(); })) {
+    MutexLock l(&p->m);
+    if (p->cv.WaitUntil(l, deadline, [&]() REQUIRES(p->m) { return p->result.has_value(); })) {
       return std::move(*p->result);
     }
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     pending_.erase(id);
   }
   // The reply may have landed between the wait and the erase.
-  std::lock_guard<std::mutex> l(p->m);
+  MutexLock l(&p->m);
   if (p->result) return std::move(*p->result);
   return DeadlineExceeded("rpc call type " + std::to_string(type) + " to " + where +
                           ": no reply within " + std::to_string(timeout.count()) + " ms");
@@ -311,7 +312,7 @@ void Client::Impl::OnFrame() {
   }
   std::shared_ptr<Pending> p;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = pending_.find(rx_cur.request_id);
     if (it != pending_.end()) {
       p = std::move(it->second);
@@ -350,7 +351,7 @@ void Client::Impl::DoClose(const Status& why) {
   outq.clear();
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     open_ = false;
     close_reason_ = why;
     failed.swap(pending_);
@@ -364,7 +365,7 @@ void Client::Impl::Close() {
     work.reset();
     if (thread.joinable()) thread.join();
     // Anything posted after the join never runs; make sure no Call waits on it.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     open_ = false;
   });
 }
@@ -382,7 +383,7 @@ Result<std::vector<std::byte>> Client::Call(uint16_t type, std::span<const std::
 }
 
 bool Client::connected() const {
-  std::lock_guard<std::mutex> l(impl_->mu_);
+  MutexLock l(&impl_->mu_);
   return impl_->open_;
 }
 

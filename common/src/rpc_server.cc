@@ -30,6 +30,7 @@
 #include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::rpc {
 
@@ -56,7 +57,7 @@ struct Server::Impl {
     if (on_protocol_error) on_protocol_error(kind);
   }
   void Remove(Connection* c) {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     conns.erase(c);
   }
 
@@ -68,16 +69,17 @@ struct Server::Impl {
   // Set before Start, read-only afterwards.
   std::unordered_map<uint16_t, Handler> handlers;
   HelloHook hello_hook;
+  AsyncHelloHook async_hello_hook;
   std::function<void(const Peer&)> on_disconnect;
   std::function<void(std::string_view)> on_protocol_error;
   // At most 10 "closing connection" lines for protocol errors a second (any thread).
   log::LogRateLimit protocol_error_log{10, std::chrono::seconds(1)};
 
   std::atomic<size_t> nconn{0};
-  std::mutex mu;
-  bool started = false;                                             // guarded by mu
-  bool stopped = false;                                             // guarded by mu
-  std::unordered_map<Connection*, std::weak_ptr<Connection>> conns;  // guarded by mu
+  Mutex mu;
+  bool started GUARDED_BY(mu) = false;
+  bool stopped GUARDED_BY(mu) = false;
+  std::unordered_map<Connection*, std::weak_ptr<Connection>> conns GUARDED_BY(mu);
   std::vector<std::thread> threads;                                  // Start/Stop only
 };
 
@@ -108,7 +110,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// From any thread: queue a frame. A no-op once the connection is closed.
   void PostSend(uint16_t type, uint64_t id, std::vector<std::byte> payload) {
     Out out{EncodeFrameHeader(type, id, payload), std::move(payload)};
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!open_) return;
     asio::post(strand_, [self = shared_from_this(), o = std::move(out)]() mutable {
       self->Enqueue(std::move(o));
@@ -223,6 +225,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return;
       }
       HandleHello();
+      if (hello_pending_) return;  // FinishHello reads on
     } else {
       if (srv_->opts.idle_timeout_ms > 0) ArmTimer(srv_->opts.idle_timeout_ms);
       Dispatch();
@@ -253,6 +256,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     peer_.name = std::move(hello->name);
     peer_.remote = remote_;
     std::vector<std::byte> extra;
+    if (srv_->async_hello_hook) {
+      hello_pending_ = true;
+      const uint64_t request_id = cur_.request_id;
+      std::weak_ptr<Connection> weak = weak_from_this();
+      HelloDone done = [weak, request_id](Result<std::vector<std::byte>> r) {
+        auto self = weak.lock();
+        if (!self) return;
+        asio::post(self->strand_, [self, request_id, r = std::move(r)]() mutable {
+          self->FinishHello(request_id, std::move(r));
+        });
+      };
+      try {
+        srv_->async_hello_hook(peer_, hello->extra, std::move(done));
+      } catch (const std::exception& e) {
+        hello_pending_ = false;
+        Fail("", cur_.request_id, Internal(std::string("hello hook threw: ") + e.what()));
+      }
+      return;
+    }
     if (srv_->hello_hook) {
       Result<std::vector<std::byte>> r = Internal("hello hook threw");
       try {
@@ -266,16 +288,37 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       extra = std::move(*r);
     }
+    AcceptHello(cur_.request_id, extra);
+  }
+
+  // The asynchronous hook answered (on strand_): reply and read on, unless the connection closed
+  // meanwhile (e.g. the hello timeout).
+  void FinishHello(uint64_t request_id, Result<std::vector<std::byte>> r) {
+    if (!hello_pending_) return;
+    hello_pending_ = false;
+    if (closed_ || closing_) return;
+    if (!r.ok()) {
+      Fail("", request_id, r.status());  // a refusal, not a protocol error
+      return;
+    }
+    if (!AcceptHello(request_id, *r)) return;
+    ReadHeader();
+  }
+
+  // Sends the hello reply and marks the peer authenticated; false (after failing the
+  // connection) when the reply does not fit a frame.
+  bool AcceptHello(uint64_t request_id, std::span<const std::byte> extra) {
     auto reply = internal::EncodeHelloReply(peer_.session_id, peer_.session_token, extra);
     if (reply.size() > kMaxPayloadBytes) {
-      Fail("", cur_.request_id, Internal("hello reply extra exceeds the frame bound"));
-      return;
+      Fail("", request_id, Internal("hello reply extra exceeds the frame bound"));
+      return false;
     }
     authed_ = true;
     ArmTimer(srv_->opts.idle_timeout_ms);  // cancels the hello timer when 0
     ZPS_LOG(DEBUG) << "rpc: peer " << peer_.name << " (role " << peer_.role << ", rank "
                    << peer_.rank << ") from " << remote_ << " authenticated";
-    Enqueue(Out{EncodeFrameHeader(kTypeHelloReply, cur_.request_id, reply), std::move(reply)});
+    Enqueue(Out{EncodeFrameHeader(kTypeHelloReply, request_id, reply), std::move(reply)});
+    return true;
   }
 
   void Dispatch() {
@@ -396,7 +439,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     closed_ = true;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       open_ = false;
     }
     error_code ec;
@@ -421,8 +464,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer timer_;
   std::string remote_;
 
-  std::mutex mu_;
-  bool open_ = true;  // guarded by mu_; false once DoClose ran: PostSend stops posting
+  Mutex mu_;
+  bool open_ GUARDED_BY(mu_) = true;  // false once DoClose ran: PostSend stops posting
 
   // strand_ only:
   std::array<std::byte, kFrameHeaderBytes> hdr_{};
@@ -433,6 +476,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool reading_ = false;  // a read (frame or drain) is outstanding on sock_
   bool authed_ = false;
+  bool hello_pending_ = false;  // an asynchronous hello hook has not answered yet
   bool closing_ = false;  // an error was sent; no more reads or dispatch
   bool closed_ = false;
   Peer peer_;
@@ -474,7 +518,7 @@ void Server::Impl::Accept() {
     if (ec == asio::error::operation_aborted) return;
     std::shared_ptr<Connection> conn;
     {
-      std::lock_guard<std::mutex> l(mu);
+      MutexLock l(&mu);
       if (stopped) return;
       if (ec) {
         ZPS_LOG(WARNING) << "rpc: accept failed: " << ec.message();
@@ -530,31 +574,39 @@ Server::~Server() { Stop(); }
 
 void Server::Register(uint16_t type, Handler h) {
   ZPS_CHECK(IsRequestType(type) && type != kTypeHello);
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   ZPS_CHECK(!impl_->started);
   impl_->handlers[type] = std::move(h);
 }
 
 void Server::OnHello(HelloHook f) {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   ZPS_CHECK(!impl_->started);
   impl_->hello_hook = std::move(f);
+  impl_->async_hello_hook = nullptr;
+}
+
+void Server::OnHelloAsync(AsyncHelloHook f) {
+  MutexLock l(&impl_->mu);
+  ZPS_CHECK(!impl_->started);
+  impl_->async_hello_hook = std::move(f);
+  impl_->hello_hook = nullptr;
 }
 
 void Server::OnDisconnect(std::function<void(const Peer&)> f) {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   ZPS_CHECK(!impl_->started);
   impl_->on_disconnect = std::move(f);
 }
 
 void Server::OnProtocolError(std::function<void(std::string_view)> f) {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   ZPS_CHECK(!impl_->started);
   impl_->on_protocol_error = std::move(f);
 }
 
 Status Server::Start() {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   if (impl_->started || impl_->stopped) {
     return FailedPrecondition("rpc server: Start called twice or after Stop");
   }
@@ -590,7 +642,7 @@ void Server::Stop() {
   std::vector<std::shared_ptr<Connection>> live;
   bool was_started;
   {
-    std::lock_guard<std::mutex> l(impl_->mu);
+    MutexLock l(&impl_->mu);
     if (impl_->stopped) return;
     impl_->stopped = true;
     was_started = impl_->started;

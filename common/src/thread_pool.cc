@@ -26,10 +26,10 @@ ThreadPool::ThreadPool(ThreadPoolOptions options) : options_(std::move(options))
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -52,38 +52,38 @@ void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      work_cv_.Wait(lock, [&]() REQUIRES(mu_) { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
     }
     RunTasks();
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_cv_.notify_one();
+      MutexLock lock(&mu_);
+      if (--active_ == 0) done_cv_.Signal();
     }
   }
 }
 
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
-  std::lock_guard<std::mutex> call(call_mu_);
+  MutexLock call(&call_mu_);
   if (workers_.empty() || n == 1) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fn_ = &fn;
     n_ = n;
     next_.store(0, std::memory_order_relaxed);
     active_ = static_cast<int>(workers_.size());
     ++generation_;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   RunTasks();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return active_ == 0; });
+  MutexLock lock(&mu_);
+  done_cv_.Wait(lock, [&]() REQUIRES(mu_) { return active_ == 0; });
   fn_ = nullptr;
 }
 

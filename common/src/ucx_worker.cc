@@ -198,7 +198,7 @@ void Worker::Stop() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     State s = state_.load();
     if (s == State::kCreated) {
       state_.store(State::kStopped);
@@ -256,7 +256,7 @@ void Worker::Loop() {
 void Worker::RunQueued() {
   std::vector<std::function<void()>> tasks;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     tasks.swap(queue_);
     queued_.store(false, std::memory_order_relaxed);
   }
@@ -264,7 +264,7 @@ void Worker::RunQueued() {
 }
 
 bool Worker::QueueEmpty() {
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  MutexLock lock(&queue_mu_);
   return queue_.empty();
 }
 
@@ -276,7 +276,7 @@ void Worker::SleepOnEvents() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     if (!queue_.empty() || state_.load() != State::kRunning) return;
     sleeping_ = true;
   }
@@ -291,7 +291,7 @@ void Worker::SleepOnEvents() {
     ZPS_LOG(WARNING) << ErrnoError("epoll_wait", errno).ToString();
   }
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     sleeping_ = false;
     wake_pending_ = false;
   }
@@ -314,7 +314,7 @@ bool Worker::Post(std::function<void()> task) {
   }
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     if (state_.load() != State::kRunning) return false;
     queue_.push_back(std::move(task));
     queued_.store(true, std::memory_order_relaxed);

@@ -20,6 +20,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
@@ -39,9 +40,9 @@ struct zps_client {
   zps::worker::WorkerOptions options;
   std::unique_ptr<zps::worker::Collectives> collectives;  // null: server-sum and direct
   bool pre_reduced = false;
-  std::mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
-  std::unique_ptr<zps::worker::Prefetcher> prefetcher;
-  std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held;  // by zps_acquire
+  zps::Mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
+  std::unique_ptr<zps::worker::Prefetcher> prefetcher PT_GUARDED_BY(mu);
+  std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held GUARDED_BY(mu);  // by zps_acquire
 };
 
 namespace {
@@ -104,6 +105,16 @@ void Convert(const std::byte* src, zps::DType from, void* dst, zps::DType to, si
 
 }  // namespace
 
+#if ZPS_C_WITH_CUDA
+namespace {
+zps::Status NeedCuda(const zps_client* c) {
+  ZPS_RETURN_IF_ERROR(NeedClient(c));
+  if (!c->cuda) return zps::FailedPrecondition("the client has no CUDA backend (options.cuda_device)");
+  return zps::Status::Ok();
+}
+}  // namespace
+#endif
+
 extern "C" {
 
 int zps_c_api_version(void) { return ZPS_C_API_VERSION; }
@@ -123,6 +134,8 @@ int zps_job_hash(const char* job_json, uint64_t* out) {
     return zps::Status::Ok();
   });
 }
+
+}  // extern "C"
 
 namespace {
 
@@ -148,6 +161,8 @@ zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
 }
 
 }  // namespace
+
+extern "C" {
 
 int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_ms,
                        uint32_t* out) {
@@ -283,7 +298,7 @@ int zps_stats_get(zps_client* c, zps_stats* out) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (out == nullptr) return zps::InvalidArgument("null argument");
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     const auto& ps = c->prefetcher->stats();
     zps_stats s{};
     s.fetched_bytes = c->client->fetched_bytes();
@@ -310,7 +325,7 @@ int zps_push_initial(zps_client* c, uint32_t param, const float* values, uint64_
 int zps_begin_step(zps_client* c, int64_t step) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     c->prefetcher->BeginStep(step);
     return zps::Status::Ok();
   });
@@ -319,7 +334,7 @@ int zps_begin_step(zps_client* c, int64_t step) {
 int zps_end_step(zps_client* c) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     c->prefetcher->EndStep();
     return zps::Status::Ok();
   });
@@ -338,7 +353,7 @@ int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, void* const* ds
       ZPS_ASSIGN_OR_RETURN(to[i], DTypeOf(dst_dtype[i]));
       if (dst[i] == nullptr) return zps::InvalidArgument("null destination");
     }
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     std::span<const uint32_t> id_span(ids, n);
     ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire(id_span));
     for (size_t i = 0; i < n; ++i) {
@@ -354,7 +369,7 @@ int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* byte
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (data == nullptr || bytes == nullptr) return zps::InvalidArgument("null argument");
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     if (c->held.count(param)) {
       return zps::FailedPrecondition("parameter " + std::to_string(param) + " is already acquired");
     }
@@ -369,7 +384,7 @@ int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* byte
 int zps_release(zps_client* c, uint32_t param) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     if (c->held.erase(param) == 0) {
       return zps::FailedPrecondition("parameter " + std::to_string(param) + " is not acquired");
     }
@@ -529,15 +544,6 @@ int zps_cuda_available(int device) {
   });
 }
 
-#if ZPS_C_WITH_CUDA
-namespace {
-zps::Status NeedCuda(const zps_client* c) {
-  ZPS_RETURN_IF_ERROR(NeedClient(c));
-  if (!c->cuda) return zps::FailedPrecondition("the client has no CUDA backend (options.cuda_device)");
-  return zps::Status::Ok();
-}
-}  // namespace
-#endif
 
 int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
                         uint64_t stream) {
@@ -549,7 +555,7 @@ int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* cons
     for (size_t i = 0; i < n; ++i) {
       if (dst[i] == nullptr) return zps::InvalidArgument("null destination");
     }
-    std::lock_guard lock(c->mu);
+    zps::MutexLock lock(&c->mu);
     std::span<const uint32_t> id_span(ids, n);
     ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire(id_span));
     zps::Status s;

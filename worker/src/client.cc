@@ -12,6 +12,7 @@
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 #include "region_arena.h"
 #include "serving_directory.h"
@@ -24,30 +25,30 @@ using namespace std::chrono_literals;
 // ---- FetchOp --------------------------------------------------------------------------------
 
 struct FetchOp::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t remaining = 0;   // guarded by mu
-  std::vector<uint32_t> waiting;  // guarded by mu: the shard of each piece not answered yet
-  Status error;           // guarded by mu
-  int64_t version = INT64_MAX;  // guarded by mu: the lowest version over pieces
+  Mutex mu;
+  CondVar cv;
+  size_t remaining GUARDED_BY(mu) = 0;
+  std::vector<uint32_t> waiting GUARDED_BY(mu);  // the shard of each piece not answered yet
+  Status error GUARDED_BY(mu);
+  int64_t version GUARDED_BY(mu) = INT64_MAX;  // the lowest version over pieces
   std::shared_ptr<ParamBuffer> buffer;
 
   void Complete(uint32_t shard, const Status& s, int64_t piece_version) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       auto w = std::find(waiting.begin(), waiting.end(), shard);
       if (w != waiting.end()) waiting.erase(w);
       if (!s.ok() && error.ok()) error = s;
       version = std::min(version, piece_version);
       --remaining;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
 Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->remaining == 0; })) {
+  MutexLock lock(&state_->mu);
+  if (!state_->cv.WaitFor(lock, timeout, [&]() REQUIRES(state_->mu) { return state_->remaining == 0; })) {
     std::vector<uint32_t> who = state_->waiting;
     std::sort(who.begin(), who.end());
     who.erase(std::unique(who.begin(), who.end()), who.end());
@@ -63,7 +64,7 @@ Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::millisecon
 }
 
 bool FetchOp::done() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->remaining == 0;
 }
 
@@ -118,12 +119,12 @@ struct Client::Impl {
   // blocks (which keep the region alive until then, and the Context outlives both).
   std::unique_ptr<RegionArena> push_arena;
 
-  std::mutex mu;
-  std::condition_variable push_cv;
-  std::unordered_map<uint64_t, FetchPiece> fetches;  // guarded by mu
-  std::unordered_map<uint64_t, PendingPush> pushes;  // guarded by mu
-  // "by shard 1" / "by shards 0, 1": who has not answered the pending pushes (needs mu).
-  std::string PendingShards() const {
+  Mutex mu;
+  CondVar push_cv;
+  std::unordered_map<uint64_t, FetchPiece> fetches GUARDED_BY(mu);
+  std::unordered_map<uint64_t, PendingPush> pushes GUARDED_BY(mu);
+  // "by shard 1" / "by shards 0, 1": who has not answered the pending pushes.
+  std::string PendingShards() const REQUIRES(mu) {
     std::vector<uint32_t> who;
     for (const auto& [req, p] : pushes) {
       if (std::find(who.begin(), who.end(), p.shard) == who.end()) who.push_back(p.shard);
@@ -133,18 +134,18 @@ struct Client::Impl {
     for (size_t i = 0; i < who.size(); ++i) out += (i ? ", " : "") + std::to_string(who[i]);
     return out;
   }
-  Status push_error;                                 // guarded by mu
+  Status push_error GUARDED_BY(mu);
   // RMA staging blocks of pushes that failed without the shard's answer (endpoint failed): the
   // shard may still be reading one, so it is never reused (the arena then has less room;
   // pushes fall back to AM when it is full).
-  std::vector<std::shared_ptr<const void>> quarantined;  // guarded by mu
+  std::vector<std::shared_ptr<const void>> quarantined GUARDED_BY(mu);
 
   void EndRequest(metrics::Op op, Clock::time_point start) const {
     pm.inflight[op].Dec();
     pm.request_duration[op].ObserveSince(start);
   }
   std::optional<FetchPiece> TakeFetch(uint64_t request) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = fetches.find(request);
     if (it == fetches.end()) return std::nullopt;
     FetchPiece p = std::move(it->second);
@@ -156,7 +157,7 @@ struct Client::Impl {
   void FinishPush(uint64_t request, const Status& s, bool replied = false) {
     Clock::time_point start;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       auto it = pushes.find(request);
       if (it == pushes.end()) return;
       start = it->second.start;
@@ -168,7 +169,7 @@ struct Client::Impl {
       if (!s.ok() && push_error.ok()) push_error = ShardError(shard, s);
     }
     EndRequest(metrics::kPush, start);
-    push_cv.notify_all();
+    push_cv.SignalAll();
   }
   // A data-plane error that names the shard (and its endpoint), unless it already does.
   Status ShardError(uint32_t shard, const Status& s) const {
@@ -181,7 +182,7 @@ struct Client::Impl {
     std::vector<FetchPiece> failed;
     std::vector<uint64_t> failed_pushes;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       for (auto it = fetches.begin(); it != fetches.end();) {
         if (it->second.shard == shard) {
           failed.push_back(std::move(it->second));
@@ -204,9 +205,9 @@ struct Client::Impl {
   // Shared memory gives no UCX peer-failure reports: a shard whose control-plane connection
   // broke is declared failed here (Worker::Fail), which fails what waits on it.
   std::thread watch;
-  std::mutex watch_mu;
-  std::condition_variable watch_cv;
-  bool watch_stop = false;  // guarded by watch_mu
+  Mutex watch_mu;
+  CondVar watch_cv;
+  bool watch_stop GUARDED_BY(watch_mu) = false;
   void WatchShards();
   bool device_attached = false;  // device->AttachUcx succeeded: DetachUcx before the context goes
   ~Impl() {
@@ -216,10 +217,10 @@ struct Client::Impl {
   }
   void StopWatch() {
     {
-      std::lock_guard<std::mutex> lock(watch_mu);
+      MutexLock lock(&watch_mu);
       watch_stop = true;
     }
-    watch_cv.notify_all();
+    watch_cv.SignalAll();
     if (watch.joinable()) watch.join();
   }
 
@@ -496,8 +497,8 @@ Status Client::Impl::ConnectShards() {
 void Client::Impl::WatchShards() {
   log::SetThreadName("worker-watch");
   std::vector<bool> failed(eps.size(), false);
-  std::unique_lock<std::mutex> lock(watch_mu);
-  while (!watch_cv.wait_for(lock, 200ms, [&] { return watch_stop; })) {
+  MutexLock lock(&watch_mu);
+  while (!watch_cv.WaitFor(lock, 200ms, [&]() REQUIRES(watch_mu) { return watch_stop; })) {
     for (size_t i = 0; i < eps.size(); ++i) {
       if (failed[i] || eps[i].peer_error_handling() || shard_rpc[i]->connected()) continue;
       failed[i] = true;
@@ -554,7 +555,10 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
     auto st = std::make_shared<FetchOp::State>();
     st->buffer = std::make_shared<ParamBuffer>();
     st->buffer->param = param;
-    st->error = OutOfRange("parameter id " + std::to_string(param) + " out of range");
+    {
+      MutexLock lock(&st->mu);  // not shared yet; for the analysis
+      st->error = OutOfRange("parameter id " + std::to_string(param) + " out of range");
+    }
     return FetchOp(st);
   }
   return FetchAsync(param, 0, impl_->layout->param_numel(param), min_version);
@@ -567,6 +571,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   st->buffer->begin = begin;
   st->buffer->dtype = impl_->job.serving_dtype;
   if (length == 0) {  // an empty slice (a rank beyond a small parameter's last element)
+    MutexLock lock(&st->mu);  // not shared yet; for the analysis
     if (param >= impl_->layout->num_params() || begin > impl_->layout->param_numel(param)) {
       st->error = OutOfRange("parameter " + std::to_string(param) + " range at " +
                              std::to_string(begin));
@@ -576,7 +581,10 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   }
   auto pieces = impl_->layout->Pieces(param, begin, length);
   if (!pieces.ok()) {
-    st->error = pieces.status();
+    {
+      MutexLock lock(&st->mu);  // not shared yet; for the analysis
+      st->error = pieces.status();
+    }
     return FetchOp(st);
   }
   const size_t esize = DTypeSize(impl_->job.serving_dtype);
@@ -590,13 +598,19 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   } else {
     auto mem = impl_->device->Allocate(bytes);
     if (!mem.ok()) {
-      st->error = mem.status();
+      {
+        MutexLock lock(&st->mu);  // not shared yet; for the analysis
+        st->error = mem.status();
+      }
       return FetchOp(st);
     }
     st->buffer->memory = std::move(*mem);
   }
-  st->remaining = pieces->size();
-  for (const Piece& p : *pieces) st->waiting.push_back(impl_->layout->shard_of_chunk(p.chunk));
+  {
+    MutexLock lock(&st->mu);  // before any piece is sent
+    st->remaining = pieces->size();
+    for (const Piece& p : *pieces) st->waiting.push_back(impl_->layout->shard_of_chunk(p.chunk));
+  }
   for (const Piece& p : *pieces) {
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
@@ -619,7 +633,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
       }
     }
     {
-      std::lock_guard<std::mutex> lock(impl_->mu);
+      MutexLock lock(&impl_->mu);
       impl_->fetches[req] = std::move(fp);
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
@@ -650,7 +664,7 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
   const uint32_t contributor = opts.rank * job.accumulation_steps + micro;
   const size_t esize = DTypeSize(dtype);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (!push_error.ok()) return push_error;
   }
   for (const Piece& p : pieces) {
@@ -660,7 +674,7 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     if (ServingDirectory* d = Directory()) d->Pushed(p.chunk, step);
     pm.inflight[metrics::kPush].Inc();
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       // By RMA the shard reads the block after the AM went out: hold it until the reply.
       pushes[req] = {shard, Clock::now(), in_arena ? owner : nullptr};
     }
@@ -782,9 +796,9 @@ Status Client::PushInitial(uint32_t param, std::span<const float> values) {
 }
 
 Status Client::FlushPushes() {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  if (!impl_->push_cv.wait_for(lock, impl_->opts.op_timeout,
-                               [&] { return impl_->pushes.empty(); })) {
+  MutexLock lock(&impl_->mu);
+  if (!impl_->push_cv.WaitFor(lock, impl_->opts.op_timeout,
+                               [&]() REQUIRES(impl_->mu) { return impl_->pushes.empty(); })) {
     return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
                             " pushes unacknowledged (" + impl_->PendingShards() + ") after " +
                             std::to_string(impl_->opts.op_timeout.count()) + " ms");
@@ -795,8 +809,8 @@ Status Client::FlushPushes() {
 }
 
 Status Client::AwaitPushesBelow(size_t max_pending) {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  if (!impl_->push_cv.wait_for(lock, impl_->opts.op_timeout, [&] {
+  MutexLock lock(&impl_->mu);
+  if (!impl_->push_cv.WaitFor(lock, impl_->opts.op_timeout, [&]() REQUIRES(impl_->mu) {
         return impl_->pushes.size() < std::max<size_t>(max_pending, 1) || !impl_->push_error.ok();
       })) {
     return DeadlineExceeded(std::to_string(impl_->pushes.size()) +

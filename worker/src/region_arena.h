@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 
 namespace zps::worker {
@@ -39,7 +40,7 @@ class RegionArena {
     const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
     size_t offset = 0;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(&state_->mu);
       auto it = state_->free.begin();
       while (it != state_->free.end() && it->second < size) ++it;
       if (it == state_->free.end()) return nullptr;
@@ -59,10 +60,10 @@ class RegionArena {
   static constexpr size_t kAlign = 64;
   struct State {
     std::unique_ptr<ucx::MemoryRegion> region;  // const after construction
-    std::mutex mu;
-    std::map<size_t, size_t> free;  // guarded by mu: offset -> size, disjoint, not adjacent
+    Mutex mu;
+    std::map<size_t, size_t> free GUARDED_BY(mu);  // offset -> size, disjoint, not adjacent
     void Release(size_t offset, size_t size) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       auto next = free.lower_bound(offset);
       if (next != free.end() && offset + size == next->first) {
         size += next->second;

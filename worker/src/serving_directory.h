@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <optional>
 #include <string>
@@ -23,6 +22,7 @@
 
 #include "zps/common/messages.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::worker {
 
@@ -47,8 +47,8 @@ class ServingDirectory {
   /// (the region changed).
   void Learn(uint32_t shard, uint32_t chunk, uint64_t offset, size_t esize, int64_t version,
              uint64_t address, std::span<const std::byte> rkey) {
-    if (shard >= shards_.size() || rkey.empty() || version < 0) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    if (shard >= session_.size() || rkey.empty() || version < 0) return;
+    MutexLock lock(&mu_);
     Shard& s = shards_[shard];
     if (s.forgotten) return;
     if (!std::equal(s.rkey.begin(), s.rkey.end(), rkey.begin(), rkey.end())) {
@@ -64,13 +64,13 @@ class ServingDirectory {
   /// token other than the shard's; FailedPrecondition for a version below one already known
   /// from a notice (a stale notice). kNoticeForget (-1) forgets the shard's entries.
   Status Notice(uint32_t shard, uint64_t session, int64_t version) {
-    if (shard >= shards_.size()) {
+    if (shard >= session_.size()) {
       return OutOfRange("serving notice from shard " + std::to_string(shard));
     }
     if (session != session_[shard]) {
       return Unauthenticated("serving notice with another session's token");
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Shard& s = shards_[shard];
     if (version < 0) {
       s.chunks.clear();
@@ -90,7 +90,7 @@ class ServingDirectory {
 
   /// This worker pushed (or is about to push) a gradient of `step` into `chunk`.
   void Pushed(uint32_t chunk, int64_t step) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!per_chunk_) {
       any_pushed_ = std::max(any_pushed_, step);
       return;
@@ -103,8 +103,8 @@ class ServingDirectory {
   /// min_version without asking, or nullopt (ask the shard).
   std::optional<Hit> Lookup(uint32_t shard, uint32_t chunk, uint64_t offset, size_t esize,
                             int64_t min_version) const {
-    if (shard >= shards_.size()) return std::nullopt;
-    std::lock_guard<std::mutex> lock(mu_);
+    if (shard >= session_.size()) return std::nullopt;
+    MutexLock lock(&mu_);
     const Shard& s = shards_[shard];
     if (s.forgotten) return std::nullopt;
     auto it = s.chunks.find(chunk);
@@ -120,8 +120,8 @@ class ServingDirectory {
 
   /// Forgets what is known of `shard` (it failed, or answered a fetch with an error).
   void Forget(uint32_t shard) {
-    if (shard >= shards_.size()) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    if (shard >= session_.size()) return;
+    MutexLock lock(&mu_);
     shards_[shard].chunks.clear();
   }
 
@@ -137,10 +137,10 @@ class ServingDirectory {
     bool forgotten = false;  // a kNoticeForget came: the session is over, learn nothing more
   };
   const std::vector<uint64_t> session_;
-  mutable std::mutex mu_;
-  std::vector<Shard> shards_;                        // guarded by mu_
-  std::unordered_map<uint32_t, int64_t> pushed_;     // guarded by mu_: chunk -> highest step
-  int64_t any_pushed_ = INT64_MIN;                   // guarded by mu_ (pre-reduced)
+  mutable Mutex mu_;
+  std::vector<Shard> shards_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, int64_t> pushed_ GUARDED_BY(mu_);  // chunk -> highest step
+  int64_t any_pushed_ GUARDED_BY(mu_) = INT64_MIN;                 // pre-reduced
   const bool per_chunk_;
 };
 

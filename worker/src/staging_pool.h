@@ -18,6 +18,8 @@
 #include <mutex>
 #include <new>
 
+#include "zps/common/thread_annotations.h"
+
 namespace zps::worker {
 
 class StagingPool {
@@ -34,7 +36,7 @@ class StagingPool {
     Buffer buf;
     size_t size = bytes;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(&state_->mu);
       auto it = state_->free.lower_bound(bytes);
       if (it != state_->free.end() && it->first <= 2 * bytes) {
         size = it->first;
@@ -60,12 +62,12 @@ class StagingPool {
   };
   using Buffer = std::unique_ptr<std::byte, AlignedDelete>;
   struct State {
-    std::mutex mu;
+    Mutex mu;
     size_t cache_bytes = 0;              // const after construction
-    size_t cached = 0;                   // guarded by mu
-    std::multimap<size_t, Buffer> free;  // guarded by mu: size -> buffer
+    size_t cached GUARDED_BY(mu) = 0;
+    std::multimap<size_t, Buffer> free GUARDED_BY(mu);  // size -> buffer
     void Release(Buffer p, size_t size) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (cached + size > cache_bytes) return;  // freed as `p` goes out of scope
       cached += size;
       free.emplace(size, std::move(p));

@@ -218,7 +218,7 @@ Status CheckpointStore::DeleteSteps(const std::vector<int64_t>& steps) {
 }
 
 void CheckpointStore::Protect(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   protected_ = step;
 }
 
@@ -227,7 +227,7 @@ Status CheckpointStore::CollectGarbage() {
   if (manifests.size() <= options_.keep) return Status::Ok();
   int64_t keep_also = -1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     keep_also = protected_;
   }
   std::vector<int64_t> old;
@@ -367,12 +367,12 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64
   if (!layout.ok()) return layout.status();
   ZPS_ASSIGN_OR_RETURN(uint32_t shard, GetShard());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (writer_open_) return FailedPrecondition("a checkpoint is already being written");
     writer_open_ = true;
   }
   auto release = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     writer_open_ = false;
   };
   auto existing = db_->GetFramed(StepKey('m', step), nullptr);
@@ -477,7 +477,7 @@ Result<CheckpointInfo> CheckpointStore::LatestComplete(bool verify) const {
 Status CheckpointStore::DropCheckpointsAfter(int64_t step) {
   ZPS_RETURN_IF_ERROR(CheckWritable());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (writer_open_) return FailedPrecondition("a checkpoint is being written");
   }
   ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan(StepKey('m', step + 1), "n"));
@@ -504,7 +504,7 @@ CheckpointWriter::CheckpointWriter(CheckpointStore* store, int64_t step, Layout 
 
 CheckpointWriter::~CheckpointWriter() {
   if (state_ != State::kCommitted) Abort();
-  std::lock_guard<std::mutex> lock(store_->mu_);
+  MutexLock lock(&store_->mu_);
   store_->writer_open_ = false;
 }
 

@@ -130,7 +130,7 @@ Result<bool> CoordinatorCatalog::RecordShardCheckpoint(int64_t step, uint32_t sh
   if (num_shards == 0 || shard >= num_shards) {
     return InvalidArgument("shard " + std::to_string(shard) + " of " + std::to_string(num_shards));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   GlobalCheckpoint g;
   auto have = ReadGlobal(step);
   if (have.ok()) {
@@ -191,7 +191,7 @@ Result<int64_t> CoordinatorCatalog::LatestGlobalComplete() const {
 }
 
 Status CoordinatorCatalog::DropGlobalAfter(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_ASSIGN_OR_RETURN(auto all, ListGlobal());
   std::vector<std::string> drop;
   for (const auto& x : all) {

@@ -22,7 +22,7 @@ Status Coordinator::RegisterShard(uint32_t ordinal, std::string endpoint, uint64
   std::vector<CommitCallback> failed;
   std::vector<CheckpointCallback> failed_ckpt;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ZPS_LOG(INFO) << "shard " << ordinal << " registered at " << endpoint;
     endpoints_[ordinal] = endpoint;
     ShardEntry& e = shards_[ordinal];
@@ -55,7 +55,7 @@ Status Coordinator::LoadCatalog() {
   } else if (e.status().code() != Code::kNotFound) {
     return e.status().WithContext("coordinator catalog: epoch");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   job_ = std::move(*spec);
   commit_.emplace(job_->commit);
   reports_.assign(job_->layout.num_chunks(), std::nullopt);
@@ -101,7 +101,7 @@ void Coordinator::ShardLost(uint32_t ordinal, uint64_t session) {
   std::vector<CommitCallback> failed;
   std::vector<CheckpointCallback> failed_ckpt;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ShardEntry& e = shards_[ordinal];
     if (!e.connected || e.session != session || shutdown_) return;
     e.connected = false;
@@ -125,7 +125,7 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
   std::vector<CheckpointCallback> rolled_back_ckpt;
   Status result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ShardEntry& e = shards_[r.ordinal];
     e.checkpoints = r.steps;
     e.listed = true;
@@ -254,7 +254,7 @@ Result<msg::ShardSyncReply> Coordinator::ShardSync(const msg::ShardSync& sync) {
     return OutOfRange("shard ordinal " + std::to_string(sync.ordinal) + " >= " +
                       std::to_string(num_shards_));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) return shutdown_reason_;
   if (!job_) return msg::ShardSyncReply{epoch_, msg::JobPhase::kNoJob, -1};
   ShardEntry& e = shards_[sync.ordinal];
@@ -271,7 +271,7 @@ Result<msg::ShardSyncReply> Coordinator::ShardSync(const msg::ShardSync& sync) {
 }
 
 void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status bad;
   if (shutdown_) {
     bad = shutdown_reason_;
@@ -281,7 +281,7 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
     bad = Unavailable("the job is recovering; retry the checkpoint request later");
   }
   if (!bad.ok()) {
-    lock.unlock();
+    lock.Unlock();
     cb(bad);
     return;
   }
@@ -291,7 +291,7 @@ void Coordinator::RequestCheckpoint(CheckpointCallback cb) {
 }
 
 std::vector<uint32_t> Coordinator::awaiting_reports() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<uint32_t> out;
   if (!job_) return out;
   for (uint32_t c = 0; c < reports_.size(); ++c) {
@@ -303,32 +303,32 @@ std::vector<uint32_t> Coordinator::awaiting_reports() const {
 }
 
 size_t Coordinator::checkpoint_waiters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return checkpoint_waiters_.size();
 }
 
 msg::JobPhase Coordinator::phase() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return phase_;
 }
 
 uint64_t Coordinator::epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return epoch_;
 }
 
 uint64_t Coordinator::kv_generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return ((epoch_ + 1) << 32) + worker_generations_;
 }
 
 Status Coordinator::stopped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return shutdown_ ? shutdown_reason_ : Status::Ok();
 }
 
 bool Coordinator::AllShardsRegistered() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& e : endpoints_) {
     if (e.empty()) return false;
   }
@@ -336,16 +336,16 @@ bool Coordinator::AllShardsRegistered() const {
 }
 
 void Coordinator::AwaitJob(JobCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) {
     Status s = shutdown_reason_;
-    lock.unlock();
+    lock.Unlock();
     cb(s);
     return;
   }
   if (job_) {
     JobSpec j = *job_;
-    lock.unlock();
+    lock.Unlock();
     cb(std::move(j));
     return;
   }
@@ -359,7 +359,7 @@ Result<JoinInfo> Coordinator::Join(uint32_t rank, const std::optional<JobSpec>& 
   std::string regroup_why;
   JoinInfo info;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return shutdown_reason_;
     for (uint32_t i = 0; i < num_shards_; ++i) {
       if (endpoints_[i].empty()) {
@@ -449,9 +449,10 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
   std::vector<CommitCallback> done;
   CommitInfo decided;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto fail = [&](const Status& s) {
-      lock.unlock();
+    MutexLock lock(&mu_);
+    // Each use returns at once: the analysis cannot follow a lambda that releases the lock.
+    auto fail = [&](const Status& s) NO_THREAD_SAFETY_ANALYSIS {
+      lock.Unlock();
       cb(s);
     };
     if (shutdown_) return fail(shutdown_reason_);
@@ -526,7 +527,7 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
 }
 
 void Coordinator::AwaitCommit(int64_t step, CommitCallback cb, uint64_t session) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status bad;
   auto joined = joined_sessions_.find(session);
   if (shutdown_) {
@@ -543,7 +544,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb, uint64_t session)
     for (const auto& h : history_) {
       if (h.step == step) {
         CommitInfo c = h;
-        lock.unlock();
+        lock.Unlock();
         cb(c);
         return;
       }
@@ -554,7 +555,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb, uint64_t session)
                              std::to_string(step_) + ")");
   }
   if (!bad.ok()) {
-    lock.unlock();
+    lock.Unlock();
     cb(bad);
     return;
   }
@@ -563,7 +564,7 @@ void Coordinator::AwaitCommit(int64_t step, CommitCallback cb, uint64_t session)
 }
 
 int64_t Coordinator::step() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return step_;
 }
 
@@ -572,7 +573,7 @@ void Coordinator::Shutdown(const Status& reason) {
   std::multimap<int64_t, CommitCallback> commits;
   std::vector<std::pair<int64_t, CheckpointCallback>> ckpts;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     shutdown_reason_ = reason;

@@ -30,12 +30,12 @@ KvStore::KvStore(const KvStoreOptions& options) : opts_(options) {
 KvStore::~KvStore() {
   std::map<uint64_t, Waiter> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     failed.swap(waiters_);
     by_key_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   timer_.join();
   for (auto& [id, w] : failed) w.cb(Cancelled("the kv store is shutting down"));
 }
@@ -43,7 +43,7 @@ KvStore::~KvStore() {
 void KvStore::Advance(uint64_t generation) {
   std::map<uint64_t, Waiter> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (generation <= generation_) return;
     generation_ = generation;
     values_.clear();
@@ -57,7 +57,7 @@ void KvStore::Advance(uint64_t generation) {
 void KvStore::Fail(const Status& reason) {
   std::map<uint64_t, Waiter> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     failed.swap(waiters_);
     by_key_.clear();
   }
@@ -65,17 +65,17 @@ void KvStore::Fail(const Status& reason) {
 }
 
 uint64_t KvStore::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return generation_;
 }
 
 size_t KvStore::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return values_.size();
 }
 
 size_t KvStore::waiters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return waiters_.size();
 }
 
@@ -88,7 +88,7 @@ Status KvStore::Set(uint64_t generation, const std::string& key, std::vector<std
   std::vector<GetCallback> ready;
   std::vector<std::byte> answer;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (generation != generation_) return StaleGeneration(generation, generation_);
     auto it = values_.find(key);
     const size_t old = it == values_.end() ? 0 : it->second.size();
@@ -125,7 +125,7 @@ void KvStore::Get(uint64_t generation, const std::string& key, std::chrono::mill
   if (!bad.ok()) return cb(bad);
   Result<std::vector<std::byte>> now = NotFound("kv key '" + key + "' is not set");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (generation != generation_) {
       now = StaleGeneration(generation, generation_);
     } else if (auto it = values_.find(key); it != values_.end()) {
@@ -138,7 +138,7 @@ void KvStore::Get(uint64_t generation, const std::string& key, std::chrono::mill
         const uint64_t id = next_waiter_++;
         waiters_[id] = Waiter{id, key, Clock::now() + wait, std::move(cb)};
         by_key_.emplace(key, id);
-        cv_.notify_all();
+        cv_.SignalAll();
         return;
       }
     }
@@ -147,14 +147,14 @@ void KvStore::Get(uint64_t generation, const std::string& key, std::chrono::mill
 }
 
 void KvStore::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
     auto next = Clock::time_point::max();
     for (const auto& [id, w] : waiters_) next = std::min(next, w.deadline);
     if (next == Clock::time_point::max()) {
-      cv_.wait(lock);
+      cv_.Wait(lock);
     } else {
-      cv_.wait_until(lock, next);
+      cv_.WaitUntil(lock, next);
     }
     const auto now = Clock::now();
     std::vector<std::pair<std::string, GetCallback>> expired;
@@ -174,10 +174,10 @@ void KvStore::TimerLoop() {
       }
     }
     if (expired.empty()) continue;
-    lock.unlock();
+    lock.Unlock();
     for (auto& [key, cb] : expired)
       cb(DeadlineExceeded("kv key '" + key + "' was not set in time"));
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -15,8 +15,12 @@
 #include "zps/common/dtype.h"
 #include "zps/common/simd_convert.h"
 
+#if defined(__clang__)  // the clang build (thread-safety analysis, TSan): same region
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 
 namespace zps::server::internal {
 namespace avx512 {
@@ -125,7 +129,11 @@ void UpdateRange(const KernelArgs& a, size_t begin, size_t end) {
 }  // namespace avx512
 }  // namespace zps::server::internal
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace zps::server::internal {
 const KernelTable& Avx512Kernels() {

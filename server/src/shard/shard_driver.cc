@@ -222,13 +222,13 @@ ShardDriver::ShardDriver(DriverHost host, std::unique_ptr<ShardCheckpoints> chec
     : host_(std::move(host)), ckpt_(std::move(checkpoints)) {}
 
 void ShardDriver::Interrupt() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   interrupted_ = true;
   if (coord_) coord_->Close();
 }
 
 bool ShardDriver::Connected() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return coord_ && coord_->connected();
 }
 
@@ -236,7 +236,7 @@ Result<std::vector<std::byte>> ShardDriver::Call(uint16_t type, std::span<const 
                                                  std::chrono::milliseconds timeout) {
   rpc::Client* c = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (coord_ && coord_->connected()) c = coord_.get();  // replaced only by this thread
   }
   if (c == nullptr) return Unavailable("lost the connection to the coordinator");
@@ -260,7 +260,7 @@ Status ShardDriver::Connect() {
                           {}, 5000};
     auto client = rpc::Client::Connect(co);
     if (client.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (interrupted_) return Cancelled("stopping");
       coord_ = std::move(*client);
       break;

@@ -26,6 +26,7 @@
 #include "zps/common/metrics.h"
 #include "zps/common/rpc.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/thread_pool.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/job.h"
@@ -168,9 +169,9 @@ class ShardDriver {
 
   DriverHost host_;
   std::unique_ptr<ShardCheckpoints> ckpt_;
-  std::mutex mu_;
-  std::unique_ptr<rpc::Client> coord_;  // guarded by mu_ (replaced by the driver only)
-  bool interrupted_ = false;            // guarded by mu_
+  Mutex mu_;
+  std::unique_ptr<rpc::Client> coord_ GUARDED_BY(mu_);  // (replaced by the driver only)
+  bool interrupted_ GUARDED_BY(mu_) = false;
   // Driver thread only:
   std::optional<JobSpec> job_;
   ShardState* state_ = nullptr;

@@ -19,6 +19,7 @@
 #include "zps/common/process_metrics.h"
 #include "zps/common/rpc.h"
 #include "zps/common/thread_pool.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 #include "zps/server/checkpoint_catalog.h"
 #include "zps/server/coordinator.h"
@@ -212,25 +213,25 @@ struct ShardServer::Impl {
   std::thread driver;
   std::once_flag stop_once;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::unordered_map<uint64_t, Session> sessions;  // guarded by mu; key = session token
-  std::unordered_set<uint64_t> fenced;             // guarded by mu; sessions from before a rollback
-  bool stopping = false;                           // guarded by mu
-  bool finished = false;                           // guarded by mu
-  Status fatal;                                    // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  std::unordered_map<uint64_t, Session> sessions GUARDED_BY(mu);  // key = session token
+  std::unordered_set<uint64_t> fenced GUARDED_BY(mu);  // sessions from before a rollback
+  bool stopping GUARDED_BY(mu) = false;
+  bool finished GUARDED_BY(mu) = false;
+  Status fatal GUARDED_BY(mu);
 
   bool Stopping() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     return stopping;
   }
   void Fail(const Status& s) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (fatal.ok() && !stopping) fatal = s;
       finished = true;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
   // Request accounting: Begin at receipt, End at reply (in-flight gauge and duration histogram).
   Clock::time_point BeginRequest(metrics::Op op) {
@@ -265,7 +266,7 @@ struct ShardServer::Impl {
     }
   }
   Status Liveness() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (finished && !fatal.ok()) return Internal("the shard failed: " + fatal.ToString());
     return Status::Ok();
   }
@@ -281,7 +282,7 @@ struct ShardServer::Impl {
 
   // The answer to a data-plane message whose session is not (or no longer) valid.
   Status SessionError(uint64_t token) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (fenced.count(token) != 0) {
       return Unavailable("this session ended: the shard rolled back or lost the coordinator; re-join");
     }
@@ -291,7 +292,7 @@ struct ShardServer::Impl {
   void SetServing(bool accept, const Status& reason);
 
   bool FindSession(uint64_t token, Session* out) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = sessions.find(token);
     if (it == sessions.end()) return false;
     *out = it->second;
@@ -684,7 +685,7 @@ std::string ShardServer::Impl::StatusJson() {
     j["awaiting_reports"] = coordinator->awaiting_reports();
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     j["worker_sessions"] = sessions.size();
   }
   return j.dump();
@@ -746,7 +747,7 @@ void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
   accepting.store(false);
   std::vector<std::pair<uint64_t, ucx::Endpoint>> eps;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto& [token, session] : sessions) {
       fenced.insert(token);
       eps.emplace_back(token, session.ep);
@@ -774,7 +775,7 @@ void ShardServer::Impl::NoticeServing(int64_t version) {
   if (!serving_region || version < 0) return;
   std::vector<std::pair<uint64_t, ucx::Endpoint>> to;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto& [token, session] : sessions) to.emplace_back(token, session.ep);
   }
   for (auto& [token, ep] : to) SendNotice(ep, token, version);
@@ -857,7 +858,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   host.absent_ranks = [d](uint32_t world) {
     std::vector<bool> seen(world, false);
     {
-      std::lock_guard<std::mutex> lock(d->mu);
+      MutexLock lock(&d->mu);
       for (const auto& [token, session] : d->sessions) {
         if (session.rank < world) seen[session.rank] = true;
       }
@@ -938,34 +939,35 @@ Status ShardServer::Start() {
     r.Reply(out.Encode());
   }));
   d->rpc->OnProtocolError([d](std::string_view kind) { d->sm.pm.ProtocolError(kind); });
-  d->rpc->OnHello([d](const rpc::Peer& peer, std::span<const std::byte> extra)
-                      -> Result<std::vector<std::byte>> {
-    if (peer.role != msg::kRoleWorker) return std::vector<std::byte>{};
-    if (extra.empty()) return InvalidArgument("a worker's hello must carry its UCX address");
+  // The endpoint is made on the UCX progress thread, and the hello answered from there: no RPC
+  // io thread waits for the progress thread (which may be busy with transfers).
+  d->rpc->OnHelloAsync([d](const rpc::Peer& peer, std::span<const std::byte> extra,
+                           rpc::HelloDone done) {
+    if (peer.role != msg::kRoleWorker) return done(std::vector<std::byte>{});
+    if (extra.empty()) return done(InvalidArgument("a worker's hello must carry its UCX address"));
     // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
     // they retry until it has, so no data-plane message ever meets a shard without a job.
     ShardState* st = d->state_ptr.load();
-    if (st == nullptr) return Unavailable("this shard has not loaded the job yet");
+    if (st == nullptr) return done(Unavailable("this shard has not loaded the job yet"));
     // The generation is read before `accepting`: the driver fences (accepting = false) before it
     // rolls back, so a session admitted across a rollback carries the old one and is refused.
     const uint64_t epoch = st->epoch();
-    if (!d->accepting.load()) return Unavailable("this shard is restoring the job's state");
-    ZPS_ASSIGN_OR_RETURN(ucx::Endpoint ep,
-                         d->ucx->Connect(extra, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
-                           ZPS_LOG(WARNING) << "data-plane peer (rank " << rank
-                                            << ") failed: " << s.ToString();
-                         }));
-    // A rank's new session replaces any old one (its process restarted, or it re-joined after
-    // an error; the old connection may not have closed yet): the old sessions are dropped and
-    // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
-    // On the progress thread, where every push begins: no push of an old session can begin
-    // after the forget (its token is gone by then).
-    std::promise<Result<uint64_t>> replaced;
-    auto replaced_f = replaced.get_future();
-    std::vector<ucx::Endpoint> old_eps;
-    const bool posted = d->ucx->Post([&] {
+    if (!d->accepting.load()) return done(Unavailable("this shard is restoring the job's state"));
+    std::vector<std::byte> address(extra.begin(), extra.end());
+    const bool posted = d->ucx->Post([d, st, peer, epoch, address = std::move(address), done]() {
+      // On the progress thread Connect makes the endpoint at once (no wait).
+      auto ep = d->ucx->Connect(address, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
+        ZPS_LOG(WARNING) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
+      });
+      if (!ep.ok()) return done(ep.status());
+      // A rank's new session replaces any old one (its process restarted, or it re-joined after
+      // an error; the old connection may not have closed yet): the old sessions are dropped and
+      // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
+      // On the progress thread, where every push begins: no push of an old session can begin
+      // after the forget (its token is gone by then).
+      std::vector<ucx::Endpoint> old_eps;
       {
-        std::lock_guard<std::mutex> lock(d->mu);
+        MutexLock lock(&d->mu);
         for (auto it = d->sessions.begin(); it != d->sessions.end();) {
           if (it->second.rank == peer.rank) {
             old_eps.push_back(it->second.ep);
@@ -975,39 +977,38 @@ Status ShardServer::Start() {
           }
         }
       }
-      replaced.set_value(st->ForgetRank(peer.rank));
-    });
-    if (!posted) return Unavailable("this shard is stopping");
-    Result<uint64_t> dropped = replaced_f.get();
-    if (!dropped.ok()) {
-      d->ucx->Close(ep);
-      return dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
-                                          "'s old session");
-    }
-    if (st->job().mode == ReductionMode::kPreReduced && *dropped > 0) {
-      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
-                       << " old session(s) closed): " << *dropped
-                       << " elements pushed of the step in progress dropped (pre-reduced: every "
-                          "rank restarts the step and pushes it again)";
-    } else if (*dropped > 0 || !old_eps.empty()) {
-      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
-                       << " old session(s) closed): " << *dropped
-                       << " elements it pushed of the step in progress dropped; it pushes them "
-                          "again";
-    }
-    for (const auto& old : old_eps) {
-      if (!old.peer_error_handling()) {
-        d->ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
+      Result<uint64_t> dropped = st->ForgetRank(peer.rank);
+      if (!dropped.ok()) {
+        d->ucx->Close(*ep);
+        return done(dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
+                                                 "'s old session"));
       }
-      d->ucx->Close(old);
-    }
-    {
-      std::lock_guard<std::mutex> lock(d->mu);
-      d->sessions[peer.session_token] = {peer.rank, ep, epoch};
-      d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
-    }
-    ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
-    return d->ucx->Address();
+      if (st->job().mode == ReductionMode::kPreReduced && *dropped > 0) {
+        ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                         << " old session(s) closed): " << *dropped
+                         << " elements pushed of the step in progress dropped (pre-reduced: every "
+                            "rank restarts the step and pushes it again)";
+      } else if (*dropped > 0 || !old_eps.empty()) {
+        ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                         << " old session(s) closed): " << *dropped
+                         << " elements it pushed of the step in progress dropped; it pushes them "
+                            "again";
+      }
+      for (const auto& old : old_eps) {
+        if (!old.peer_error_handling()) {
+          d->ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
+        }
+        d->ucx->Close(old);
+      }
+      {
+        MutexLock lock(&d->mu);
+        d->sessions[peer.session_token] = {peer.rank, *ep, epoch};
+        d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
+      }
+      ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
+      done(d->ucx->Address());
+    });
+    if (!posted) done(Unavailable("this shard is stopping"));
   });
   d->rpc->OnDisconnect([d](const rpc::Peer& peer) {
     if (peer.role == msg::kRoleShard && d->coordinator) {
@@ -1016,7 +1017,7 @@ Status ShardServer::Start() {
     }
     ucx::Endpoint ep;
     {
-      std::lock_guard<std::mutex> lock(d->mu);
+      MutexLock lock(&d->mu);
       d->fenced.erase(peer.session_token);
       auto it = d->sessions.find(peer.session_token);
       if (it == d->sessions.end()) return;
@@ -1050,8 +1051,8 @@ Status ShardServer::Start() {
 }
 
 Status ShardServer::Wait() {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return impl_->finished || impl_->stopping; });
+  MutexLock lock(&impl_->mu);
+  impl_->cv.Wait(lock, [&]() REQUIRES(impl_->mu) { return impl_->finished || impl_->stopping; });
   return impl_->fatal;
 }
 
@@ -1063,10 +1064,10 @@ void ShardServer::Stop() {
 void ShardServer::StopOnce() {
   Impl* d = impl_.get();
   {
-    std::lock_guard<std::mutex> lock(d->mu);
+    MutexLock lock(&d->mu);
     d->stopping = true;
   }
-  d->cv.notify_all();
+  d->cv.SignalAll();
   if (d->coordinator) d->coordinator->Shutdown(Unavailable("the coordinator is shutting down; retry"));
   if (ShardState* st = d->state_ptr.load()) st->Shutdown(Cancelled("shard shutting down"));
   d->drv->Interrupt();

@@ -299,12 +299,12 @@ const ShardState::Chunk* ShardState::FindChunk(uint32_t id) const {
 }
 
 uint64_t ShardState::epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return epoch_;
 }
 
 int64_t ShardState::version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   int64_t v = INT64_MAX;
   for (const auto& c : chunks_) v = std::min(v, c.version);
   return chunks_.empty() ? 0 : v;
@@ -336,7 +336,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   if (init && req.rank % accum_ != 0) {
     return InvalidArgument("initial values are pushed with micro 0");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) return shutdown_reason_;
   if (req.epoch && *req.epoch != epoch_) {
     return Unavailable("push from before the shard rolled back (generation " +
@@ -420,7 +420,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
 Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
   std::vector<std::pair<Waiter, Status>> ready;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Chunk* c = FindChunk(t.req_.chunk);
     if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
     if (t.discard_) return Status::Ok();  // a re-push into a sealed step (see BeginPush)
@@ -433,12 +433,12 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
       return Status::Ok();
     }
     if (t.staging_) {
-      lock.unlock();  // the range is reserved: no one else writes it
+      lock.Unlock();  // the range is reserved: no one else writes it
       const auto* src = reinterpret_cast<const uint16_t*>(t.staging_.get());
       std::span<float> dst(t.slot_buffer_->data() + t.req_.offset, t.req_.length);
       if (t.req_.dtype == DType::kF16) ConvertF16ToF32({src, t.req_.length}, dst);
       else ConvertBF16ToF32({src, t.req_.length}, dst);
-      lock.lock();
+      lock.Lock();
       if (t.epoch_ != epoch_) return Unavailable("push overtaken by a rollback; re-join");
       if (t.slot_buffer_ != c->grads[t.slot_]) {
         return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
@@ -466,15 +466,15 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
         }
         ResetCoverage(*c);
         Publish(*c, 0, ready);
-        cv_.notify_all();
+        cv_.SignalAll();
       }
     } else if (ChunkReady(*c)) {
       if (speculative_ && c->spec == SpecPhase::kIdle) {
         c->spec = SpecPhase::kQueued;
         spec_q_.push_back(IndexOf(*c));
-        spec_cv_.notify_one();
+        spec_cv_.Signal();
       }
-      cv_.notify_all();
+      cv_.SignalAll();
     }
   }
   Answer(ready, 0);
@@ -496,8 +496,8 @@ bool ShardState::StepReady(int64_t step) const {
 }
 
 Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  bool ok = cv_.wait_for(lock, timeout, [&] { return shutdown_ || StepReady(step); });
+  MutexLock lock(&mu_);
+  bool ok = cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) { return shutdown_ || StepReady(step); });
   if (shutdown_) return shutdown_reason_;
   if (!ok) return DeadlineExceeded("gradients of step " + std::to_string(step) + " incomplete");
   sealed_step_ = step;
@@ -507,7 +507,7 @@ Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds time
 Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int64_t step) {
   std::vector<size_t> mine;  // chunks this thread reduces (not taken by the speculation thread)
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!StepReady(step)) {
       return FailedPrecondition("step " + std::to_string(step) + " is not complete on this shard");
     }
@@ -518,7 +518,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
         mine.push_back(i);
       }
     }
-    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
     if (shutdown_) return shutdown_reason_;
     ZPS_RETURN_IF_ERROR(spec_error_);
     sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
@@ -527,13 +527,13 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   for (size_t i : mine) {
     Chunk& c = chunks_[i];
     ZPS_ASSIGN_OR_RETURN(ChunkReport rep, ReduceChunk(c));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     c.report = rep;
     c.spec = SpecPhase::kReduced;
   }
   std::vector<std::pair<uint32_t, ChunkReport>> out;
   out.reserve(chunks_.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const Chunk& c : chunks_) out.emplace_back(c.id, c.report);
   // The chunks reduced here are speculated while the coordinator decides (late), so that the
   // commit finds them done in the common case.
@@ -542,7 +542,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       chunks_[i].spec = SpecPhase::kQueuedLate;
       spec_q_.push_back(i);
     }
-    spec_cv_.notify_one();
+    spec_cv_.Signal();
   }
   return out;
 }
@@ -550,13 +550,13 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
 Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrder> next) {
   std::shared_ptr<Snapshot> snap;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!StepReady(order.step)) {
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
     }
     // A late speculation in progress finishes; those not started are updated here instead.
-    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
     if (shutdown_) return shutdown_reason_;
     for (Chunk& c : chunks_) {
       if (c.spec == SpecPhase::kQueuedLate) c.spec = SpecPhase::kReduced;
@@ -590,7 +590,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
   ZPS_RETURN_IF_ERROR(st);
   std::vector<std::pair<Waiter, Status>> ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (Chunk& c : chunks_) {
       ResetCoverage(c);
       if (store_ && c.spec == SpecPhase::kSpeculated) free_spares_.push_back(c.spare);
@@ -602,7 +602,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     if (next && speculative_) armed_ = *next;
     if (rewrite_serving) {
       ++serving_gen_;  // even again, together with the new version
-      reader_cv_.notify_all();
+      reader_cv_.SignalAll();
     }
   }
   Answer(ready, order.step + 1);
@@ -613,13 +613,13 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
   for (auto& [w, st] : ready) {
     const Chunk* c = FindChunk(w.req.chunk);
     if (st.ok() && ServingSpilled(*c)) {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!shutdown_) {
         QueueSpilledFetch(std::move(w));
         continue;
       }
       const Status reason = shutdown_reason_;
-      lock.unlock();
+      lock.Unlock();
       w.cb(reason, -1, {}, nullptr);
       continue;
     }
@@ -631,7 +631,7 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
 }
 
 Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t dropped = 0;
   auto forget = [&](Chunk& c, uint32_t slot) -> Status {
     if (c.covered[slot].empty() && c.landed[slot] == 0) return Status::Ok();
@@ -671,7 +671,7 @@ Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
 }
 
 std::vector<uint32_t> ShardState::MissingRanks(int64_t step) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<uint32_t> out;
   if (job_.mode == ReductionMode::kPreReduced) return out;
   for (uint32_t rank = 0; rank < job_.world_size; ++rank) {
@@ -722,10 +722,10 @@ void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter
 }
 
 void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) {
     Status s = shutdown_reason_;
-    lock.unlock();
+    lock.Unlock();
     cb(s, -1, {}, nullptr);
     return;
   }
@@ -741,7 +741,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
                              std::to_string(c->version));
   }
   if (!bad.ok()) {
-    lock.unlock();
+    lock.Unlock();
     cb(bad, -1, {}, nullptr);
     return;
   }
@@ -753,7 +753,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
     int64_t v = c->version;
     auto data = std::as_bytes(std::span<const uint16_t>(
         c->serving.data() + req.offset * serving_words_, req.length * serving_words_));
-    lock.unlock();
+    lock.Unlock();
     cb(Status::Ok(), v, data, nullptr);
     return;
   }
@@ -763,7 +763,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
 void ShardState::Shutdown(const Status& reason) {
   std::vector<Waiter> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     shutdown_reason_ = reason;
@@ -773,14 +773,14 @@ void ShardState::Shutdown(const Status& reason) {
     }
     for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
   }
-  cv_.notify_all();
-  reader_cv_.notify_all();
-  spec_cv_.notify_all();
+  cv_.SignalAll();
+  reader_cv_.SignalAll();
+  spec_cv_.SignalAll();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 
 uint32_t ShardState::GradientCrc() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint32_t crc = 0;
   for (const auto& c : chunks_) {
     for (size_t slot = 0; slot < c.grads.size(); ++slot) {
@@ -795,8 +795,11 @@ uint32_t ShardState::GradientCrc() const {
   return crc;
 }
 
+// The CRCs and MasterOf read the store without mu_: the store holds its own mutex for a whole
+// update pass, and a CRC asked for during one would otherwise hold mu_ until the pass ends,
+// stalling every fetch and push (they need mu_) on the UCX thread. State in RAM is read under
+// mu_ (a speculative publish swaps a chunk's buffers under it); chunks_ is fixed at Create.
 uint32_t ShardState::StateCrc() const {
-  std::lock_guard<std::mutex> lock(mu_);
   uint32_t crc = 0;
   std::vector<float> master, m, v;
   for (const auto& c : chunks_) {
@@ -809,6 +812,7 @@ uint32_t ShardState::StateCrc() const {
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
     } else {
+      MutexLock lock(&mu_);
       crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
       crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
       crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
@@ -820,15 +824,20 @@ uint32_t ShardState::StateCrc() const {
       }
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
     } else {
+      MutexLock lock(&mu_);
       crc = Crc32cExtend(crc, std::as_bytes(c.serving));
     }
-    crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&c.version, 1)));
+    int64_t version;
+    {
+      MutexLock lock(&mu_);
+      version = c.version;
+    }
+    crc = Crc32cExtend(crc, std::as_bytes(std::span<const int64_t>(&version, 1)));
   }
   return crc;
 }
 
 Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
-  std::lock_guard<std::mutex> lock(mu_);
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
   if (store_) {
@@ -842,8 +851,10 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
       ZPS_RETURN_IF_ERROR(ServingCopy(*c, serving));
       return Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
     }
+    MutexLock lock(&mu_);
     return Crc32cExtend(crc, std::as_bytes(c->serving));
   }
+  MutexLock lock(&mu_);
   uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));
   if (c->m.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->m.span()));
   if (c->v.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->v.span()));
@@ -851,7 +862,6 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
 }
 
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
-  std::lock_guard<std::mutex> lock(mu_);
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
   if (store_) {
@@ -859,6 +869,7 @@ Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
     ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
     return master;
   }
+  MutexLock lock(&mu_);
   return std::vector<float>(c->master.data(), c->master.data() + c->size);
 }
 

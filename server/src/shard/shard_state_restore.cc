@@ -11,7 +11,7 @@ namespace zps::server {
 Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
   int64_t version = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (chunks_.empty()) return Status::Ok();
     version = chunks_.front().version;
     for (const Chunk& c : chunks_) {
@@ -40,7 +40,7 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
 void ShardState::FailWaiters(const Status& reason) {
   std::vector<Waiter> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& c : chunks_) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
@@ -59,10 +59,10 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   Status slots;
   std::shared_ptr<Snapshot> snap;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++epoch_;
     // The chunk being speculated reads the live state and the gradient slots: let it finish.
-    cv_.wait(lock, [&] { return shutdown_ || spec_busy_ == 0; });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
     spec_q_.clear();
     armed_.reset();
     free_spares_.clear();
@@ -125,10 +125,10 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     ToServing(c.master.span(), c.serving);
   }
   if (version >= 1) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (Chunk& c : chunks_) c.version = version;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "zps/common/logging.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/server/shard_state.h"
 
 namespace zps::server {
@@ -22,6 +23,7 @@ class ShardState::ServingStaging {
  public:
   static Result<std::unique_ptr<ServingStaging>> Create(size_t count, uint64_t elems) {
     auto core = std::make_shared<Core>();
+    MutexLock lock(&core->mu);  // not shared yet; for the analysis
     for (size_t i = 0; i < count; ++i) {
       ZPS_ASSIGN_OR_RETURN(auto b, AlignedBuffer<uint16_t>::Allocate(elems));
       core->bufs.push_back(std::move(b));
@@ -55,21 +57,21 @@ class ShardState::ServingStaging {
 
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       core_->stopped = true;
     }
-    core_->cv.notify_all();
+    core_->cv.SignalAll();
   }
 
   uint64_t bytes() const { return bytes_; }
 
  private:
   struct Core {
-    std::mutex mu;
-    std::condition_variable cv;
+    Mutex mu;
+    CondVar cv;
     std::vector<AlignedBuffer<uint16_t>> bufs;  // fixed at Create
-    std::vector<size_t> free;                   // guarded by mu
-    bool stopped = false;                       // guarded by mu
+    std::vector<size_t> free GUARDED_BY(mu);
+    bool stopped GUARDED_BY(mu) = false;
   };
   struct Entry {
     uint32_t index = 0;
@@ -81,7 +83,7 @@ class ShardState::ServingStaging {
   // A free buffer; evicts the oldest cache entries first, then waits for in-flight replies.
   Result<std::shared_ptr<uint16_t>> Acquire() {
     for (;;) {
-      std::unique_lock<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       if (core_->stopped) return Cancelled("the serving reader stopped");
       if (!core_->free.empty()) {
         const size_t i = core_->free.back();
@@ -89,18 +91,18 @@ class ShardState::ServingStaging {
         std::shared_ptr<Core> core = core_;
         return std::shared_ptr<uint16_t>(core->bufs[i].data(), [core, i](uint16_t*) {
           {
-            std::lock_guard<std::mutex> l(core->mu);
+            MutexLock l(&core->mu);
             core->free.push_back(i);
           }
-          core->cv.notify_all();
+          core->cv.SignalAll();
         });
       }
       if (!cache_.empty()) {
-        lock.unlock();  // the entry's deleter takes core_->mu
+        lock.Unlock();  // the entry's deleter takes core_->mu
         cache_.erase(cache_.begin());
         continue;
       }
-      core_->cv.wait(lock, [&] { return core_->stopped || !core_->free.empty(); });
+      core_->cv.Wait(lock, [&]() REQUIRES(core_->mu) { return core_->stopped || !core_->free.empty(); });
     }
   }
 
@@ -154,17 +156,17 @@ uint64_t ShardState::StagingBytes() const { return staging_ ? staging_->bytes() 
 void ShardState::StopServingReader() {
   if (!serving_reader_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     reader_stop_ = true;
   }
-  reader_cv_.notify_all();
+  reader_cv_.SignalAll();
   staging_->Stop();
   serving_reader_.join();
 }
 
 void ShardState::QueueSpilledFetch(Waiter w) {
   spilled_q_.push_back(std::move(w));
-  reader_cv_.notify_one();
+  reader_cv_.Signal();
 }
 
 std::vector<ShardState::Waiter> ShardState::TakeSpilledFetches() {
@@ -175,17 +177,17 @@ std::vector<ShardState::Waiter> ShardState::TakeSpilledFetches() {
 }
 
 void ShardState::BeginServingRewrite() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (serving_gen_ % 2 == 0) ++serving_gen_;  // odd: readers wait
 }
 
 void ShardState::EndServingRewrite(const Status& result) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (serving_gen_ % 2 == 1) ++serving_gen_;
     serving_error_ = result;
   }
-  reader_cv_.notify_all();
+  reader_cv_.SignalAll();
 }
 
 void ShardState::ToServing(std::span<const float> master, std::span<uint16_t> serving) const {
@@ -217,9 +219,9 @@ Status ShardState::ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const
 // the chunk's copy (or take it from the cache), and answer if no rewrite began meanwhile (else
 // queue it again at the front). The callback runs without mu_.
 void ShardState::ServingReaderLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    reader_cv_.wait(lock, [&] {
+    reader_cv_.Wait(lock, [&]() REQUIRES(mu_) {
       return reader_stop_ || shutdown_ || (!spilled_q_.empty() && serving_gen_ % 2 == 0);
     });
     if (reader_stop_ || shutdown_) return;  // Shutdown fails what is queued
@@ -232,14 +234,14 @@ void ShardState::ServingReaderLoop() {
       fail = Unavailable("chunk " + std::to_string(c->id) + " rolled back while a fetch waited");
     }
     if (!fail.ok()) {
-      lock.unlock();
+      lock.Unlock();
       w.cb(fail, -1, {}, nullptr);
-      lock.lock();
+      lock.Lock();
       continue;
     }
     const uint64_t gen = serving_gen_;
     const auto index = static_cast<uint32_t>(IndexOf(*c));
-    lock.unlock();
+    lock.Unlock();
     bool hit = false;
     auto data = staging_->Get(
         index, gen,
@@ -248,12 +250,12 @@ void ShardState::ServingReaderLoop() {
               store_->ReadServing(index, {out, static_cast<size_t>(c->size * serving_words_)}));
         },
         &hit);
-    lock.lock();
+    lock.Lock();
     if (data.ok() && serving_gen_ != gen) {  // rewritten while we read: read again later
       spilled_q_.push_front(std::move(w));
       continue;
     }
-    lock.unlock();
+    lock.Unlock();
     if (!data.ok()) {
       ZPS_LOG(ERROR) << "fetch of the spilled serving copy of chunk " << c->id << ": "
                      << data.status().ToString();
@@ -270,7 +272,7 @@ void ShardState::ServingReaderLoop() {
       data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
       w.cb(Status::Ok(), version, std::as_bytes(std::span<const uint16_t>(*copy)), copy);
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -11,7 +11,7 @@ namespace zps::server {
 Result<AlignedBuffer<float>> ShardState::TakeBuffer(size_t n) {
   if (n == 0) return AlignedBuffer<float>();
   {
-    std::lock_guard<std::mutex> lock(buffers_mu_);
+    MutexLock lock(&buffers_mu_);
     auto it = buffers_.find(n);
     if (it != buffers_.end()) {
       AlignedBuffer<float> b = std::move(it->second);
@@ -24,7 +24,7 @@ Result<AlignedBuffer<float>> ShardState::TakeBuffer(size_t n) {
 
 void ShardState::GiveBuffer(AlignedBuffer<float> b) {
   if (b.size() == 0) return;
-  std::lock_guard<std::mutex> lock(buffers_mu_);
+  MutexLock lock(&buffers_mu_);
   buffers_.emplace(b.size(), std::move(b));
 }
 
@@ -55,7 +55,7 @@ Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder
 }
 
 Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (store_) {
     return FailedPrecondition("a shard with a memory budget (state in the spill store) writes "
                               "its checkpoints synchronously");
@@ -79,7 +79,7 @@ ShardState::Snapshot::Snapshot(ShardState* state, int64_t version)
     : state_(state), version_(version), entries_(state->chunks_.size()) {}
 
 uint64_t ShardState::Snapshot::copied_on_write() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return cow_;
 }
 
@@ -99,7 +99,7 @@ Status ShardState::Snapshot::CopyLive(size_t index, AlignedBuffer<float>& master
 }
 
 void ShardState::Snapshot::Preserve(size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = entries_[index];
   if (e.phase != Phase::kLive) return;
   e.phase = Phase::kCopied;
@@ -112,7 +112,7 @@ void ShardState::Snapshot::Preserve(size_t index) {
 
 bool ShardState::Snapshot::Adopt(size_t index, AlignedBuffer<float>& master,
                                  AlignedBuffer<float>& m, AlignedBuffer<float>& v) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = entries_[index];
   if (e.phase != Phase::kLive) return false;
   e.phase = Phase::kCopied;
@@ -125,29 +125,30 @@ bool ShardState::Snapshot::Adopt(size_t index, AlignedBuffer<float>& master,
 
 Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
   AlignedBuffer<float> master, m, v;  // the live chunk's copy, taken under mu_ (a bounce)
-  for (size_t i = 0; i < entries_.size(); ++i) {
+  for (size_t i = 0; i < state_->chunks_.size(); ++i) {  // entries_ is per chunk
     const uint32_t id = state_->chunks_[i].id;
     bool own = false;
+    Entry* e = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ZPS_RETURN_IF_ERROR(error_);
-      Entry& e = entries_[i];
-      if (e.phase == Phase::kLive) {
+      e = &entries_[i];
+      if (e->phase == Phase::kLive) {
         // Copied under mu_, so a step that wants to change the chunk waits for the copy and
         // then finds it taken.
         ZPS_RETURN_IF_ERROR(CopyLive(i, master, m, v));
-        e.phase = Phase::kTaken;
+        e->phase = Phase::kTaken;
         own = true;
       }
     }
-    Entry& e = entries_[i];  // kCopied entries are not touched by Preserve any more
+    // Read without mu_: a kCopied or kTaken entry is not touched by Preserve or Adopt any more.
     Status s = own ? fn(id, version_, master.span(), m.span(), v.span())
-                   : fn(id, version_, e.master.span(), e.m.span(), e.v.span());
+                   : fn(id, version_, e->master.span(), e->m.span(), e->v.span());
     if (!own) {  // written: the kept buffers serve the next out-of-place update
-      std::lock_guard<std::mutex> lock(mu_);
-      state_->GiveBuffer(std::move(e.master));
-      state_->GiveBuffer(std::move(e.m));
-      state_->GiveBuffer(std::move(e.v));
+      MutexLock lock(&mu_);
+      state_->GiveBuffer(std::move(e->master));
+      state_->GiveBuffer(std::move(e->m));
+      state_->GiveBuffer(std::move(e->v));
     }
     ZPS_RETURN_IF_ERROR(s);
   }

@@ -38,10 +38,15 @@ Status ShardState::InitSpeculation(uint64_t spares) {
     ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
     spare_bytes_ += (sp.master.size() + sp.m.size() + sp.v.size()) * sizeof(float) +
                     sp.serving.size() * sizeof(uint16_t);
-    if (store_) free_spares_.push_back(static_cast<int>(k));
   }
-  spec_stats_.spares = static_cast<uint32_t>(count);
-  spec_stats_.spare_bytes = spare_bytes_;
+  {
+    MutexLock lock(&mu_);  // not shared yet (Create); for the analysis
+    if (store_) {
+      for (size_t k = 0; k < count; ++k) free_spares_.push_back(static_cast<int>(k));
+    }
+    spec_stats_.spares = static_cast<uint32_t>(count);
+    spec_stats_.spare_bytes = spare_bytes_;
+  }
   ZPS_LOG(INFO) << "shard " << ordinal_ << ": speculative updates: " << count << " of "
                 << chunks_.size() << " chunks can be speculated per step (" << spare_bytes_
                 << " bytes of spare buffers)";
@@ -54,21 +59,21 @@ Status ShardState::InitSpeculation(uint64_t spares) {
 
 void ShardState::StopSpeculation() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     spec_stop_ = true;
   }
-  spec_cv_.notify_all();
+  spec_cv_.SignalAll();
   if (spec_thread_.joinable()) spec_thread_.join();
 }
 
 void ShardState::ArmSpeculation(const CommitOrder& assumed) {
   if (!speculative_) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = assumed;
 }
 
 SpeculationStats ShardState::speculation_stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SpeculationStats out = spec_stats_;
   for (const Chunk& c : chunks_) out.in_flight += c.spec == SpecPhase::kSpeculated ? 1 : 0;
   return out;
@@ -123,8 +128,8 @@ void ShardState::SpeculationLoop() {
     int spare = -1;
     bool late = false;  // reduced already (its report is out): speculate only
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      spec_cv_.wait(lock, [&] { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
+      MutexLock lock(&mu_);
+      spec_cv_.Wait(lock, [&]() REQUIRES(mu_) { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
       if (spec_stop_ || shutdown_) return;
       i = spec_q_.front();
       spec_q_.pop_front();
@@ -158,7 +163,7 @@ void ShardState::SpeculationLoop() {
       }
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --spec_busy_;
       if (!st.ok()) {
         // A reduction cannot be repeated (it sums in place): the step fails at ReduceStep.
@@ -174,7 +179,7 @@ void ShardState::SpeculationLoop() {
       }
       if (!speculated && spare >= 0 && store_) free_spares_.push_back(spare);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (speculated && order->step != hooked) {
       hooked = order->step;
       if (test_hook_) test_hook_("speculate", order->step);
@@ -209,7 +214,7 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
   std::shared_ptr<Snapshot> snap;
   uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     snap = snapshot_.lock();
     for (size_t i = 0; i < chunks_.size(); ++i) {
       const Chunk& c = chunks_[i];

@@ -72,6 +72,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::Create(const ChunkStoreOptions& 
 }
 
 Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
+  MutexLock lock(&mu_);  // not shared yet (Create); for the analysis
   const auto& o = options_;
   const uint64_t slots = o.read_ahead + 1 + o.write_behind;
   uint64_t total_state = 0, total_serving = 0;
@@ -208,7 +209,7 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
 }
 
 ChunkStoreStats ChunkStore::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
@@ -242,7 +243,7 @@ Status ChunkStore::RecordLostError(uint32_t c, bool serving) const {
 
 Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions& pass,
                                 const ChunkFn& fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (pass.serving && !options_.serving_records) return NoServingRecords();
   std::vector<bool> seen(chunks_.size(), false);
   for (uint32_t c : ids) {
@@ -475,7 +476,7 @@ Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t of
 
 Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<float> m,
                              std::span<float> v) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
   const uint32_t mo = options_.moments;
@@ -504,7 +505,7 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<floa
 
 Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master, std::span<const float> m,
                               std::span<const float> v) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];
   const uint32_t mo = options_.moments;
@@ -528,7 +529,7 @@ Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master, std::sp
 }
 
 Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
@@ -549,7 +550,7 @@ Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
 }
 
 Status ChunkStore::WriteServing(uint32_t c, std::span<const uint16_t> in) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];

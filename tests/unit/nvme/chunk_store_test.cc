@@ -41,7 +41,8 @@ const std::vector<uint64_t> kChunks = [] {
 ChunkStoreOptions SmallOptions(const std::string& prefix, uint64_t budget, uint64_t serving) {
   ChunkStoreOptions o;
   o.spill_dir = SpillDir();
-  o.file_prefix = prefix;
+  // One name per process: ctest -j runs the cases (each a process) side by side in one dir.
+  o.file_prefix = prefix + "-" + std::to_string(::getpid());
   o.memory_budget = budget;
   o.serving_memory_budget = serving;
   o.io_bytes = 64 << 10;

@@ -7,6 +7,7 @@
 
 #include "cuda_api.h"
 #include "zps/common/logging.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 #include "zps/worker/staging_slots.h"
 
@@ -90,12 +91,12 @@ struct CudaBackend::Impl {
   StreamPtr copy{nullptr, StreamDeleter{nullptr}};
   std::vector<EventPtr> events;
   std::unique_ptr<CudaEvents> event_ops;
-  std::mutex mu;  // serialises copies: `inflight`, the events
-  std::unique_ptr<InflightCopies> inflight;
+  Mutex mu;  // serialises copies: `inflight`, the events
+  std::unique_ptr<InflightCopies> inflight PT_GUARDED_BY(mu);
   PinnedStaging staging{this};
-  std::mutex ucx_mu;
-  std::vector<std::unique_ptr<ucx::MemoryRegion>> regions;  // guarded by ucx_mu
-  bool attached = false;                                    // guarded by ucx_mu
+  Mutex ucx_mu;
+  std::vector<std::unique_ptr<ucx::MemoryRegion>> regions GUARDED_BY(ucx_mu);
+  bool attached GUARDED_BY(ucx_mu) = false;
   std::atomic<uint64_t> h2d{0}, d2h{0}, overflow{0};
 
   Status Use() const { return CudaStatus(*api, api->SetDevice(opts.device), "cudaSetDevice"); }
@@ -123,7 +124,7 @@ struct CudaBackend::Impl {
   // Queues: `stream` -> copy stream -> copy -> event -> `stream` waits. Holds mu.
   Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, uintptr_t stream,
               std::shared_ptr<const void> keep, bool wait) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     ZPS_RETURN_IF_ERROR(Use());
     ZPS_ASSIGN_OR_RETURN(size_t ev, inflight->Acquire());
     cudaEvent_t e = events[ev].get();
@@ -157,7 +158,7 @@ struct CudaBackend::Impl {
 Result<DeviceBuffer> PinnedStaging::Allocate(size_t bytes) { return owner_->Stage(bytes); }
 
 Status PinnedStaging::AttachUcx(ucx::Context& context) {
-  std::lock_guard<std::mutex> lock(owner_->ucx_mu);
+  MutexLock lock(&owner_->ucx_mu);
   if (owner_->attached) {
     return FailedPrecondition("the CUDA staging slots are registered with another Client");
   }
@@ -171,7 +172,7 @@ Status PinnedStaging::AttachUcx(ucx::Context& context) {
 }
 
 void PinnedStaging::DetachUcx() {
-  std::lock_guard<std::mutex> lock(owner_->ucx_mu);
+  MutexLock lock(&owner_->ucx_mu);
   owner_->regions.clear();
   owner_->attached = false;
 }
@@ -179,7 +180,7 @@ void PinnedStaging::DetachUcx() {
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 CudaBackend::~CudaBackend() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   if (impl_->Use().ok()) {
     Status s = impl_->inflight->Drain();
     if (!s.ok()) ZPS_LOG(WARNING) << "cuda: draining copies: " << s.ToString();
@@ -246,7 +247,7 @@ Result<DeviceBuffer> CudaBackend::CopyToHost(const void* src, size_t bytes, uint
 }
 
 Status CudaBackend::Synchronize() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   ZPS_RETURN_IF_ERROR(impl_->Use());
   return impl_->inflight->Drain();
 }
@@ -272,7 +273,7 @@ CudaBackend::Stats CudaBackend::stats() const {
   s.d2h_bytes = impl_->d2h.load();
   s.overflow_allocs = impl_->overflow.load();
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     s.inflight_waits = impl_->inflight->waits();
   }
   s.free_slots = static_cast<uint32_t>(impl_->pool->free_count());

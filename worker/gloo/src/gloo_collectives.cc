@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zps/common/logging.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/worker/coordinator_kv.h"
 
 namespace zps::worker {
@@ -49,7 +50,7 @@ class KvStoreAdapter final : public gloo::rendezvous::Store {
   }
 
   Status last_error() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return error_;
   }
 
@@ -57,7 +58,7 @@ class KvStoreAdapter final : public gloo::rendezvous::Store {
   void Check(const Status& s) {
     if (s.ok()) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (error_.ok()) error_ = s;
     }
     throw gloo::IoException("rendezvous: " + s.ToString());
@@ -65,8 +66,8 @@ class KvStoreAdapter final : public gloo::rendezvous::Store {
   CoordinatorKv* kv_;
   const std::string prefix_;
   const std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  Status error_;  // guarded by mu_: the first failed kv call
+  Mutex mu_;
+  Status error_ GUARDED_BY(mu_);  // the first failed kv call
 };
 
 // The one place a Gloo failure becomes a Status: runs f, catching what Gloo throws.

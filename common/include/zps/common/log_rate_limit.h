@@ -15,7 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+#include "zps/common/thread_annotations.h"
 
 namespace zps::log {
 
@@ -29,7 +29,7 @@ class LogRateLimit {
   /// True if a record may be written at `now`. Then *held_back is the number of records refused
   /// since the last one allowed (the caller says so in the record); otherwise it is not set.
   bool Allow(uint64_t* held_back, Clock::time_point now = Clock::now()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (window_ <= Clock::duration::zero()) {
       *held_back = 0;
       return true;
@@ -52,11 +52,11 @@ class LogRateLimit {
  private:
   const int burst_;
   const Clock::duration window_;
-  std::mutex mu_;
-  bool started_ = false;            // guarded by mu_
-  Clock::time_point window_start_;  // guarded by mu_
-  int in_window_ = 0;               // guarded by mu_
-  uint64_t held_back_ = 0;          // guarded by mu_
+  Mutex mu_;
+  bool started_ GUARDED_BY(mu_) = false;
+  Clock::time_point window_start_ GUARDED_BY(mu_);
+  int in_window_ GUARDED_BY(mu_) = 0;
+  uint64_t held_back_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zps::log

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::metrics {
 
@@ -227,11 +228,11 @@ class Registry {
 
  private:
   Status Reserve(const std::string& name, const std::vector<std::string>& label_names,
-                 Type type);  // needs mu_
-  mutable std::mutex mu_;
+                 Type type) REQUIRES(mu_);
+  mutable Mutex mu_;
   std::unique_ptr<prometheus::Registry> registry_;
-  std::vector<std::unique_ptr<Family>> families_;  // guarded by mu_; in registration order
-  std::vector<std::string> taken_;                 // guarded by mu_: exposed series names
+  std::vector<std::unique_ptr<Family>> families_ GUARDED_BY(mu_);  // in registration order
+  std::vector<std::string> taken_ GUARDED_BY(mu_);  // exposed series names
 };
 
 /// `count` bounds start, start*factor, ... ZPS_CHECKs start > 0, factor > 1, count >= 1.

@@ -97,6 +97,15 @@ using Handler = std::function<void(const Peer&, std::span<const std::byte> paylo
 /// an Error frame, then the connection is closed). Runs on an io thread; must not block.
 using HelloHook =
     std::function<Result<std::vector<std::byte>>(const Peer&, std::span<const std::byte> extra)>;
+/// The answer to an asynchronous hello: the reply's extra bytes, or the refusal. Call it once,
+/// from any thread.
+using HelloDone = std::function<void(Result<std::vector<std::byte>>)>;
+/// A hello hook that answers later (e.g. once another thread made a resource for the peer), so
+/// that no io thread waits for it. The connection reads nothing more until `done` runs; the
+/// hello timeout still applies (a late `done` for a closed connection is dropped). Runs on an io
+/// thread; must not block. `extra` is valid during the call only.
+using AsyncHelloHook =
+    std::function<void(const Peer&, std::span<const std::byte> extra, HelloDone done)>;
 
 /// The control-plane server.
 ///
@@ -124,6 +133,8 @@ class Server {
   void Register(uint16_t type, Handler h);
   /// Hook run on each valid hello (token and version already checked). Default: accept, no extra.
   void OnHello(HelloHook f);
+  /// As OnHello, answered through `done` (replaces an OnHello hook, and the other way round).
+  void OnHelloAsync(AsyncHelloHook f);
   /// Called (on an io thread) when an authenticated peer's connection closes, for any reason,
   /// including Stop.
   void OnDisconnect(std::function<void(const Peer&)> f);

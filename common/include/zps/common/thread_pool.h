@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps {
 
@@ -50,14 +51,15 @@ class ThreadPool {
   void RunTasks();
 
   ThreadPoolOptions options_;
-  std::mutex call_mu_;  // serialises ParallelFor; taken before mu_
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // Guarded by mu_:
-  uint64_t generation_ = 0;
-  int active_ = 0;
-  bool stop_ = false;
+  Mutex call_mu_;  // serialises ParallelFor
+  Mutex mu_ ACQUIRED_AFTER(call_mu_);
+  CondVar work_cv_;
+  CondVar done_cv_;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  int active_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
+  // Written under mu_ before a generation starts and read without it by that generation's
+  // tasks (RunTasks): the generation's mu_ handoff orders the two.
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t n_ = 0;
   // Lock-free task cursor for the current generation.

@@ -53,6 +53,7 @@
 
 #include "zps/common/scoped_fd.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/ucx/handles.h"
 
 namespace zps::ucx {
@@ -411,10 +412,10 @@ class Worker {
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
 
-  std::mutex queue_mu_;
-  std::vector<std::function<void()>> queue_;  // guarded by queue_mu_
-  bool sleeping_ = false;                      // guarded by queue_mu_
-  bool wake_pending_ = false;                  // guarded by queue_mu_
+  Mutex queue_mu_;
+  std::vector<std::function<void()>> queue_ GUARDED_BY(queue_mu_);
+  bool sleeping_ GUARDED_BY(queue_mu_) = false;
+  bool wake_pending_ GUARDED_BY(queue_mu_) = false;
   std::atomic<bool> queued_{false};  // queue_ is non-empty (a hint read without queue_mu_)
 
   // Progress thread only (handlers: written before Start, read-only after).

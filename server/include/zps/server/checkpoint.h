@@ -41,6 +41,7 @@
 
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/thread_pool.h"
 #include "zps/server/job.h"
 
@@ -294,9 +295,9 @@ class CheckpointStore {
   std::unique_ptr<detail::Db> db_;
   CheckpointOptions options_;
   std::unique_ptr<ThreadPool> write_pool_;  // write_threads > 1 and writable only
-  std::mutex mu_;
-  bool writer_open_ = false;  // guarded by mu_
-  int64_t protected_ = -1;    // guarded by mu_; see Protect
+  Mutex mu_;
+  bool writer_open_ GUARDED_BY(mu_) = false;
+  int64_t protected_ GUARDED_BY(mu_) = -1;  // see Protect
 };
 
 }  // namespace zps::server

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/job.h"
 
@@ -76,7 +77,7 @@ class CoordinatorCatalog {
 
   std::unique_ptr<CheckpointStore> store_;  // catalog part only
   uint32_t keep_;
-  std::mutex mu_;  // serialises read-modify-write of global records
+  Mutex mu_;  // serialises read-modify-write of global records
 };
 
 }  // namespace zps::server

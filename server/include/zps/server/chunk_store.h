@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/server/nvme.h"
 #include "zps/server/optimizer.h"
 
@@ -181,8 +182,8 @@ class ChunkStore {
     bool serving_resident = false;
     uint64_t state_off = 0;    // in state_ram_ or state_file_
     uint64_t serving_off = 0;  // in serving_ram_ or serving_file_
-    std::string state_lost;    // non-empty: why the spilled record is lost
-    std::string serving_lost;
+    std::string state_lost;    // non-empty: why the spilled record is lost (under mu_)
+    std::string serving_lost;  // (under mu_; the layout fields above are fixed at Init)
   };
   struct Slot;
   explicit ChunkStore(const ChunkStoreOptions& options);
@@ -190,11 +191,11 @@ class ChunkStore {
   Status CheckId(uint32_t c) const;
   static Status NoServingRecords();
   Status Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset, std::byte* buf,
-                  uint64_t bytes, const std::string& what, bool serving);
-  Status RecordLostError(uint32_t c, bool serving) const;
+                  uint64_t bytes, const std::string& what, bool serving) REQUIRES(mu_);
+  Status RecordLostError(uint32_t c, bool serving) const REQUIRES(mu_);
 
   ChunkStoreOptions options_;
-  mutable std::mutex mu_;  // serialises every public call (see the header comment)
+  mutable Mutex mu_;  // serialises every public call (see the header comment)
   std::vector<Chunk> chunks_;
   uint64_t state_stride_max_ = 0;                                 // largest state record
   uint64_t serving_stride_max_ = 0;                               // largest serving record
@@ -204,7 +205,7 @@ class ChunkStore {
   std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_;  // pipeline slots
   std::unique_ptr<SpillFile> state_file_, serving_file_;
   std::unique_ptr<IoEngine> engine_;
-  ChunkStoreStats stats_;
+  ChunkStoreStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace zps::server

@@ -46,6 +46,7 @@
 
 #include "zps/common/messages.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/server/job.h"
 #include "zps/server/step_commit.h"
 
@@ -157,43 +158,43 @@ class Coordinator {
     msg::ResumeState state;
   };
   void StartRecovery(const std::string& reason, std::vector<CommitCallback>& failed,
-                     std::vector<CheckpointCallback>& failed_ckpt);  // needs mu_
-  void PersistEpoch();                                               // needs mu_
-  bool AdvanceRecovery();  // needs mu_; true when the job runs again
+                     std::vector<CheckpointCallback>& failed_ckpt) REQUIRES(mu_);
+  void PersistEpoch() REQUIRES(mu_);
+  bool AdvanceRecovery() REQUIRES(mu_);  // true when the job runs again
 
   const uint32_t num_shards_;
   const CoordinatorOptions opts_;
-  mutable std::mutex mu_;
-  std::vector<std::string> endpoints_;          // guarded by mu_
-  std::vector<ShardEntry> shards_;              // guarded by mu_
-  msg::JobPhase phase_ = msg::JobPhase::kNoJob;  // guarded by mu_
-  uint64_t epoch_ = 0;                          // guarded by mu_
-  int64_t target_ = -1;                         // guarded by mu_; recovery target, -1 unknown
-  int64_t complete_ = 0;                        // guarded by mu_; newest checkpoint complete on
+  mutable Mutex mu_;
+  std::vector<std::string> endpoints_ GUARDED_BY(mu_);
+  std::vector<ShardEntry> shards_ GUARDED_BY(mu_);
+  msg::JobPhase phase_ GUARDED_BY(mu_) = msg::JobPhase::kNoJob;
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;
+  int64_t target_ GUARDED_BY(mu_) = -1;  // recovery target, -1 unknown
+  int64_t complete_ GUARDED_BY(mu_) = 0;  // newest checkpoint complete on
                                                 // every shard (0: none)
-  bool checkpoint_requested_ = false;           // guarded by mu_
-  std::vector<std::pair<int64_t, CheckpointCallback>> checkpoint_waiters_;  // guarded by mu_
-  std::optional<JobSpec> job_;                  // guarded by mu_
-  std::optional<StepCommit> commit_;            // guarded by mu_
-  int64_t step_ = 0;                            // guarded by mu_
-  int64_t optimizer_step_ = 0;                  // guarded by mu_
-  std::vector<std::optional<ChunkReport>> reports_;  // guarded by mu_; index = chunk
-  uint32_t reported_ = 0;                       // guarded by mu_
-  std::deque<CommitInfo> history_;              // guarded by mu_
-  std::vector<JobCallback> job_waiters_;        // guarded by mu_
-  std::multimap<int64_t, CommitCallback> commit_waiters_;  // guarded by mu_
+  bool checkpoint_requested_ GUARDED_BY(mu_) = false;
+  std::vector<std::pair<int64_t, CheckpointCallback>> checkpoint_waiters_ GUARDED_BY(mu_);
+  std::optional<JobSpec> job_ GUARDED_BY(mu_);
+  std::optional<StepCommit> commit_ GUARDED_BY(mu_);
+  int64_t step_ GUARDED_BY(mu_) = 0;
+  int64_t optimizer_step_ GUARDED_BY(mu_) = 0;
+  std::vector<std::optional<ChunkReport>> reports_ GUARDED_BY(mu_);  // index = chunk
+  uint32_t reported_ GUARDED_BY(mu_) = 0;
+  std::deque<CommitInfo> history_ GUARDED_BY(mu_);
+  std::vector<JobCallback> job_waiters_ GUARDED_BY(mu_);
+  std::multimap<int64_t, CommitCallback> commit_waiters_ GUARDED_BY(mu_);
   // Workers' AwaitCommit waiters (apart from the shards' reports: a new worker generation fails
   // only these), by step.
-  std::multimap<int64_t, CommitCallback> worker_waiters_;  // guarded by mu_
+  std::multimap<int64_t, CommitCallback> worker_waiters_ GUARDED_BY(mu_);
   // Pre-reduced jobs: the current worker generation (rank -> the session that joined), the step
   // its members resume at, how many generations started, and every session that ever joined
   // (session -> rank; AwaitCommit of a session not among the members is refused).
-  std::map<uint32_t, uint64_t> members_;          // guarded by mu_
-  int64_t members_step_ = 0;                      // guarded by mu_
-  uint64_t worker_generations_ = 0;               // guarded by mu_
-  std::map<uint64_t, uint32_t> joined_sessions_;  // guarded by mu_
-  bool shutdown_ = false;                       // guarded by mu_
-  Status shutdown_reason_;                      // guarded by mu_
+  std::map<uint32_t, uint64_t> members_ GUARDED_BY(mu_);
+  int64_t members_step_ GUARDED_BY(mu_) = 0;
+  uint64_t worker_generations_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, uint32_t> joined_sessions_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  Status shutdown_reason_ GUARDED_BY(mu_);
 };
 
 }  // namespace zps::server

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::server {
 
@@ -81,15 +82,15 @@ class KvStore {
   void TimerLoop();
 
   const KvStoreOptions opts_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 1;                               // guarded by mu_
-  std::map<std::string, std::vector<std::byte>> values_;  // guarded by mu_
-  size_t bytes_ = 0;                                      // guarded by mu_
-  std::multimap<std::string, uint64_t> by_key_;           // guarded by mu_; key -> waiter id
-  std::map<uint64_t, Waiter> waiters_;                    // guarded by mu_; by id
-  uint64_t next_waiter_ = 1;                              // guarded by mu_
-  bool stop_ = false;                                     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint64_t generation_ GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::vector<std::byte>> values_ GUARDED_BY(mu_);
+  size_t bytes_ GUARDED_BY(mu_) = 0;
+  std::multimap<std::string, uint64_t> by_key_ GUARDED_BY(mu_);  // key -> waiter id
+  std::map<uint64_t, Waiter> waiters_ GUARDED_BY(mu_);  // by id
+  uint64_t next_waiter_ GUARDED_BY(mu_) = 1;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread timer_;
 };
 

@@ -77,6 +77,7 @@
 #include "zps/common/dtype.h"
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 #include "zps/common/thread_pool.h"
 #include "zps/server/chunk_store.h"
 #include "zps/server/lr_schedule.h"
@@ -349,17 +350,19 @@ class ShardState {
   void Shutdown(const Status& reason);
 
   /// CRC32C over every chunk's master, m, v, serving copy and version: "stored state".
-  uint32_t StateCrc() const;
+  /// With a store, these three wait for an update pass in progress (the store's mutex), without
+  /// holding mu_: fetches and pushes go on meanwhile.
+  uint32_t StateCrc() const EXCLUDES(mu_);
   /// CRC32C over the step in progress: every gradient slot's bytes, reserved ranges and landed
   /// counts. A rejected push must leave it unchanged (tests; StateCrc does not cover the slots,
   /// which no push can reach until the step commits).
-  uint32_t GradientCrc() const;
+  uint32_t GradientCrc() const EXCLUDES(mu_);
   /// CRC32C over a local chunk's master, m, v and serving copy, in that order (as
   /// train::ReferenceTrainer::ChunkCrc). Errors: OutOfRange.
-  Result<uint32_t> ChunkCrc(uint32_t chunk) const;
+  Result<uint32_t> ChunkCrc(uint32_t chunk) const EXCLUDES(mu_);
   /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange; from the
   /// store.
-  Result<std::vector<float>> MasterOf(uint32_t chunk) const;
+  Result<std::vector<float>> MasterOf(uint32_t chunk) const EXCLUDES(mu_);
   /// The spill tier's figures. Waits for a store pass in progress: call it from the driver
   /// thread between steps (as the shard's metrics do).
   ShardStorageStats storage_stats() const;
@@ -394,7 +397,7 @@ class ShardState {
     FetchRequest req;
     FetchCallback cb;
   };
-  // A chunk's speculation (guarded by mu_): queued when its gradient completes, busy while the
+  // A chunk's speculation (under mu_): queued when its gradient completes, busy while the
   // speculation thread (or ReduceStep) reduces and maybe updates it, then reduced (report valid)
   // or speculated (report and spare valid).
   // kQueuedLate: reduced by ReduceStep (the step completed before the speculation thread got to
@@ -427,26 +430,29 @@ class ShardState {
     std::vector<Run> runs;
     int64_t version = -1;
     std::vector<Waiter> waiters;
-    SpecPhase spec = SpecPhase::kIdle;  // guarded by mu_
-    ChunkReport report;                 // guarded by mu_; kReduced / kSpeculated
-    CommitOrder spec_order;             // guarded by mu_; kSpeculated
-    int spare = -1;                     // guarded by mu_; index into spares_ (kSpeculated)
+    // These four are ShardState::mu_'s (a nested struct's annotation cannot name the
+    // enclosing object's mutex; the analysis checks them through Sealed and the REQUIRES(mu_)
+    // functions that take a Chunk).
+    SpecPhase spec = SpecPhase::kIdle;
+    ChunkReport report;      // kReduced / kSpeculated
+    CommitOrder spec_order;  // kSpeculated
+    int spare = -1;          // index into spares_ (kSpeculated)
   };
 
   ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job, ThreadPool* pool);
   Chunk* FindChunk(uint32_t id);
   const Chunk* FindChunk(uint32_t id) const;
-  bool ChunkReady(const Chunk& c) const;  // needs mu_
-  // Needs mu_. The chunk's gradients of the step in progress are complete and taken by the
-  // reduction (the step is sealed, or the speculation thread queued or reduced the chunk, which
-  // sums the slots in place): ForgetRank leaves its slots, and a rank's re-push is dropped.
-  bool Sealed(const Chunk& c) const {
+  bool ChunkReady(const Chunk& c) const REQUIRES(mu_);
+  // The chunk's gradients of the step in progress are complete and taken by the reduction (the
+  // step is sealed, or the speculation thread queued or reduced the chunk, which sums the slots
+  // in place): ForgetRank leaves its slots, and a rank's re-push is dropped.
+  bool Sealed(const Chunk& c) const REQUIRES(mu_) {
     return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
   }
-  bool StepReady(int64_t step) const;     // needs mu_
+  bool StepReady(int64_t step) const REQUIRES(mu_);
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
-  Status FreshSlots(Chunk& c);  // needs mu_; see ResetTo
+  Status FreshSlots(Chunk& c) REQUIRES(mu_);  // see ResetTo
   // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
   // Spilled serving copies (shard_state_serving.cc).
@@ -454,10 +460,10 @@ class ShardState {
   Status InitServingStore();  // after store_ is made: resident spans, staging, reader
   void StopServingReader();
   void ServingReaderLoop();
-  void QueueSpilledFetch(Waiter w);                                      // needs mu_
-  std::vector<Waiter> TakeSpilledFetches();                              // needs mu_
-  Status WriteSpilledServing(Chunk& c, std::span<const float> master);   // needs mu_
-  Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // needs mu_
+  void QueueSpilledFetch(Waiter w) REQUIRES(mu_);
+  std::vector<Waiter> TakeSpilledFetches() REQUIRES(mu_);
+  Status WriteSpilledServing(Chunk& c, std::span<const float> master) REQUIRES(mu_);
+  Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // store: not under mu_
   void BeginServingRewrite();                                            // takes mu_
   void EndServingRewrite(const Status& result);                          // takes mu_
   uint64_t StagingBytes() const;
@@ -517,39 +523,39 @@ class ShardState {
   std::thread serving_reader_;                   // "zps-serving-rd": answers spilled fetches
   std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t epoch_ = 0;          // guarded by mu_; ResetTo count (fences older push tickets)
-  int64_t sealed_step_ = INT64_MIN;  // guarded by mu_; complete, being reduced (ForgetRank)
-  bool shutdown_ = false;       // guarded by mu_
-  Status shutdown_reason_;      // guarded by mu_
-  std::deque<Waiter> spilled_q_;  // guarded by mu_; fetches of spilled serving copies to answer
-  // Guarded by mu_: odd while a pass rewrites serving copies (update, restore); a read of a
-  // spilled copy is valid only if the generation was even and the same before and after it.
-  uint64_t serving_gen_ = 0;
-  Status serving_error_;               // guarded by mu_; a failed update pass: spilled fetches fail
-  bool reader_stop_ = false;           // guarded by mu_
-  std::condition_variable reader_cv_;  // the serving reader waits on it (with mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;  // ResetTo count (fences older push tickets)
+  int64_t sealed_step_ GUARDED_BY(mu_) = INT64_MIN;  // complete, being reduced (ForgetRank)
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  Status shutdown_reason_ GUARDED_BY(mu_);
+  std::deque<Waiter> spilled_q_ GUARDED_BY(mu_);  // fetches of spilled serving copies to answer
+  // Odd while a pass rewrites serving copies (update, restore); a read of a spilled copy is
+  // valid only if the generation was even and the same before and after it.
+  uint64_t serving_gen_ GUARDED_BY(mu_) = 0;
+  Status serving_error_ GUARDED_BY(mu_);  // a failed update pass: spilled fetches fail
+  bool reader_stop_ GUARDED_BY(mu_) = false;
+  CondVar reader_cv_;  // the serving reader waits on it (with mu_)
 
   // Speculation (UpdateMode::kSpeculative). Spares are per chunk without a store (spares_[i]
   // belongs to chunks_[i]), else a pool of what fits in the budget (free_spares_).
   bool speculative_ = false;
   std::vector<Spare> spares_;
   uint64_t spare_bytes_ = 0;
-  std::vector<int> free_spares_;              // guarded by mu_
-  std::deque<size_t> spec_q_;                 // guarded by mu_; chunk indices to speculate
-  std::optional<CommitOrder> armed_;          // guarded by mu_
-  bool spec_stop_ = false;                    // guarded by mu_
-  int spec_busy_ = 0;                         // guarded by mu_; chunks being reduced/speculated
-  std::condition_variable spec_cv_;           // the speculation thread waits on it (with mu_)
-  std::thread spec_thread_;                   // "zps-speculate"
-  SpeculationStats spec_stats_;               // guarded by mu_
-  Status spec_error_;                         // guarded by mu_; a failed reduction (ReduceStep)
+  std::vector<int> free_spares_ GUARDED_BY(mu_);
+  std::deque<size_t> spec_q_ GUARDED_BY(mu_);  // chunk indices to speculate
+  std::optional<CommitOrder> armed_ GUARDED_BY(mu_);
+  bool spec_stop_ GUARDED_BY(mu_) = false;
+  int spec_busy_ GUARDED_BY(mu_) = 0;  // chunks being reduced/speculated
+  CondVar spec_cv_;                    // the speculation thread waits on it (with mu_)
+  std::thread spec_thread_;            // "zps-speculate"
+  SpeculationStats spec_stats_ GUARDED_BY(mu_);
+  Status spec_error_ GUARDED_BY(mu_);  // a failed reduction (ReduceStep)
   std::function<void(std::string_view, int64_t)> test_hook_;
-  // The open snapshot of a background checkpoint (shard_state_snapshot.cc); guarded by mu_.
-  std::weak_ptr<Snapshot> snapshot_;
-  std::mutex buffers_mu_;  // a leaf lock
-  std::multimap<size_t, AlignedBuffer<float>> buffers_;  // guarded by buffers_mu_; by size
+  // The open snapshot of a background checkpoint (shard_state_snapshot.cc).
+  std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
+  Mutex buffers_mu_ ACQUIRED_AFTER(mu_);  // a leaf lock
+  std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(buffers_mu_);  // by size
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
@@ -591,10 +597,10 @@ class ShardState::Snapshot {
 
   ShardState* state_;
   const int64_t version_;
-  mutable std::mutex mu_;
-  std::vector<Entry> entries_;  // guarded by mu_; per chunk (chunks_ order)
-  Status error_;                // guarded by mu_; a copy-on-write that failed
-  uint64_t cow_ = 0;            // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<Entry> entries_ GUARDED_BY(mu_);  // per chunk (chunks_ order)
+  Status error_ GUARDED_BY(mu_);                // a copy-on-write that failed
+  uint64_t cow_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zps::server

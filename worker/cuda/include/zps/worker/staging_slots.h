@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/common/thread_annotations.h"
 
 namespace zps::worker {
 
@@ -50,7 +51,7 @@ class SlotPool {
   /// free (the caller then allocates outside the pool).
   std::optional<Run> TryAcquire(size_t bytes) {
     const size_t need = bytes == 0 ? 1 : (bytes + slot_bytes_ - 1) / slot_bytes_;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     size_t start = 0, len = 0;
     for (size_t i = 0; i < used_.size(); ++i) {
       if (used_[i]) {
@@ -68,7 +69,7 @@ class SlotPool {
   }
   /// Returns a run (from TryAcquire) to the pool.
   void Release(Run run) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t k = run.first; k < run.first + run.count; ++k) used_[k] = false;
     free_ += run.count;
   }
@@ -76,18 +77,21 @@ class SlotPool {
     return memory_.subspan(run.first * slot_bytes_, run.count * slot_bytes_);
   }
   size_t slot_bytes() const { return slot_bytes_; }
-  size_t size() const { return used_.size(); }
+  size_t size() const {
+    MutexLock lock(&mu_);
+    return used_.size();
+  }
   size_t free_count() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return free_;
   }
 
  private:
   const std::span<std::byte> memory_;
   const size_t slot_bytes_;
-  mutable std::mutex mu_;
-  std::vector<bool> used_;      // guarded by mu_
-  size_t free_ = used_.size();  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<bool> used_ GUARDED_BY(mu_);
+  size_t free_ GUARDED_BY(mu_) = used_.size();
 };
 
 /// What InflightCopies needs of the events (cudaEvent_t in the backend, a fake in tests):
