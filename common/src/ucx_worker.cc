@@ -15,6 +15,8 @@
 #include <future>
 #include <string>
 
+#include <uct/api/uct.h>
+
 #include "zps/common/logging.h"
 #include "zps/common/ucx.h"
 
@@ -96,6 +98,100 @@ Status CheckPackedRkey(std::span<const std::byte> rkey) {
   }
   // Bytes after the md keys (system device and distances) are not checked: their layout
   // differs between UCX versions, and a short tail cannot make the walk above overrun.
+  return Status::Ok();
+}
+
+// UCX 1.13's ucp_ep_rkey_unpack crashes the process when a transport key fails to unpack: its
+// error path (ucp_rkey_destroy) releases the failed entry too, and uct_posix_rkey_release
+// dereferences the handle the failed unpack never set (SIGSEGV at address 0x8). A posix key
+// fails to unpack when its segment is gone: the owner freed the region, or exited (the key names
+// /proc/<pid>/fd/<fd>, which vanishes with the owner). So before UCP sees a key, each posix
+// entry in it is unpacked once directly with UCT, whose own failure is a plain status, and
+// released again. A key that fails is refused; the race that remains is the owner freeing the
+// segment, or dying, between this probe and ucp_ep_rkey_unpack (microseconds, once per key per
+// endpoint: unpacked keys are cached).
+struct PosixProbe {
+  uct_component_h component = nullptr;  // nullptr: no posix component, nothing to probe
+  size_t key_size = 0;                  // the posix md's packed rkey size
+};
+
+// The posix UCT component and its packed rkey size, looked up once per process (UCT components
+// are process-wide). Thread-safe (static initialisation).
+const PosixProbe& Posix() {
+  static const PosixProbe probe = [] {
+    PosixProbe p;
+    uct_component_h* components = nullptr;
+    unsigned count = 0;
+    if (uct_query_components(&components, &count) != UCS_OK) return p;
+    for (unsigned i = 0; i < count && p.component == nullptr; ++i) {
+      uct_component_attr_t attr{};
+      attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+      if (uct_component_query(components[i], &attr) != UCS_OK) continue;
+      if (std::strcmp(attr.name, "posix") != 0) continue;
+      uct_md_config_t* config = nullptr;
+      if (uct_md_config_read(components[i], nullptr, nullptr, &config) != UCS_OK) continue;
+      uct_md_h md = nullptr;
+      ucs_status_t st = uct_md_open(components[i], "posix", config, &md);
+      uct_config_release(config);
+      if (st != UCS_OK) continue;
+      uct_md_attr_t md_attr{};
+      if (uct_md_query(md, &md_attr) == UCS_OK && md_attr.rkey_packed_size > 0) {
+        p.component = components[i];
+        p.key_size = md_attr.rkey_packed_size;
+      }
+      uct_md_close(md);
+    }
+    uct_release_component_list(components);
+    if (p.component == nullptr) ZPS_LOG(WARNING) << "ucx: no posix component; rkeys are not probed";
+    return p;
+  }();
+  return probe;
+}
+
+// Whether the context's transports may include posix shared memory (UCX's default when none
+// are named).
+bool MayUsePosix(const std::string& transports) {
+  if (transports.empty()) return true;
+  std::string_view rest = transports;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view tl = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (tl == "posix" || tl == "shm" || tl == "sm" || tl == "mm" || tl == "all") return true;
+  }
+  return false;
+}
+
+// Unpacks and releases, with UCT, every entry of a layout-checked packed rkey that has the posix
+// key size (an entry of another md with that size fails the probe and the key is refused; in
+// UCX 1.13 only posix packs 24 bytes). An entry whose segment length is 0 is refused first:
+// uct_posix_rkey_unpack asserts on it.
+Status ProbePosixEntries(std::span<const std::byte> rkey) {
+  const PosixProbe& posix = Posix();
+  if (posix.component == nullptr) return Status::Ok();
+  uint64_t md_map;
+  std::memcpy(&md_map, rkey.data(), sizeof(md_map));
+  size_t pos = sizeof(uint64_t) + 1;
+  for (; md_map != 0; md_map &= md_map - 1) {
+    const size_t n = static_cast<uint8_t>(rkey[pos]);
+    const std::byte* entry = rkey.data() + pos + 1;
+    pos += 1 + n;
+    if (n != posix.key_size) continue;
+    if (n >= 3 * sizeof(uint64_t)) {  // seg_id, address, length in UCX 1.13
+      uint64_t length;
+      std::memcpy(&length, entry + 2 * sizeof(uint64_t), sizeof(length));
+      if (length == 0) return InvalidArgument("ucx: malformed rkey: posix segment of 0 bytes");
+    }
+    uct_rkey_bundle_t bundle{};
+    ucs_status_t st = uct_rkey_unpack(posix.component, entry, &bundle);
+    if (st != UCS_OK) {
+      return InvalidArgument(
+          std::string("ucx: rkey names a shared-memory segment that cannot be attached (freed, "
+                      "or its owner exited): ") +
+          ucs_status_string(st));
+    }
+    (void)uct_rkey_release(posix.component, &bundle);
+  }
   return Status::Ok();
 }
 }  // namespace
@@ -852,6 +948,13 @@ void Worker::GetNow(const Endpoint& ep, std::unique_ptr<Op> op, std::span<std::b
     if (Status bad = CheckPackedRkey(rkey); !bad.ok()) {
       Finish(std::move(op), std::move(bad));
       return;
+    }
+    if (MayUsePosix(context_.transports())) {
+      if (Status gone = ProbePosixEntries(rkey); !gone.ok()) {
+        ZPS_LOG(WARNING) << "ucx endpoint " << ep.id() << ": " << gone.message();
+        Finish(std::move(op), std::move(gone));
+        return;
+      }
     }
     ucp_rkey_h unpacked = nullptr;
     ucs_status_t st = ucp_ep_rkey_unpack(*resolved, rkey.data(), &unpacked);

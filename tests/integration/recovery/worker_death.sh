@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A worker (rank) that dies: 2 zps-server shards x 2 zps-train workers, real processes on
-# loopback (tcp). Rank 1 SIGKILLs itself at a named point (ZPS_TEST_CRASH_AT=<point>:<step>,
+# loopback (UCX tcp; ZPS_WD_TLS=shm for shared memory, where pushes go by PushRma and the shards
+# RMA-read the killed worker's staging region through its rkey). Rank 1 SIGKILLs itself at a named point (ZPS_TEST_CRASH_AT=<point>:<step>,
 # train/src/main.cc), and the test checks its stderr for the kill line, so a scenario cannot
 # pass with the victim dying elsewhere (or not at all).
 #   push     rank 1 dies at step 12 with three gradient pushes landed (the step half pushed) and
@@ -35,6 +36,7 @@
 set -euo pipefail
 bin=$1
 shift
+tls=${ZPS_WD_TLS:-tcp}
 model=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 work=$(mktemp -d)
@@ -85,13 +87,13 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
     # The lost rank: the coordinator shard's step timeout decides (shard 1 waits longer).
     if [[ $restart -eq 0 ]]; then timeout=$(( i == 0 ? 8 : 60 )); fi
     local args=(--ordinal "$i" --shards 2 --port "$p" --bind 127.0.0.1 --token-file "$work/token"
-                --metrics-port 0 --ucx-tls tcp --step-timeout "$timeout" --threads 1)
+                --metrics-port 0 --ucx-tls "$tls" --step-timeout "$timeout" --threads 1)
     [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:$port0")
     "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
     sp+=($!); pids+=($!)
   done
   local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
-               "${model[@]}" "${extra[@]}" --ucx-tls tcp --op-timeout 30 --log-every 1 --print-crcs)
+               "${model[@]}" "${extra[@]}" --ucx-tls "$tls" --op-timeout 30 --log-every 1 --print-crcs)
   "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
   local w0=$!; pids+=($w0)
   ZPS_TEST_CRASH_AT=$point "$bin/zps-train" "${wargs[@]}" --rank 1 \
@@ -158,7 +160,7 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
       fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
       dump "$dir"; return
     fi
-    echo "PASS $name: rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
+    echo "PASS $name ($tls): rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
     if ! wait_exit "$w0" 40; then fail "$name" "rank 0 still running 40 s after rank 1 died"; dump "$dir"; return; fi
     local rc=0

@@ -13,9 +13,11 @@
 //     truncated packed rkey, one byte): each must get INVALID_ARGUMENT (not a crash, not
 //     silence) and leave the gradient slots unchanged; then a push by RMA from the peer's real
 //     region lands (the slots change), so the checks above could see a change.
+//   - PushRma with the well-formed rkey of a region the peer has freed (StaleRkeyIsRefused, shm
+//     only): INVALID_ARGUMENT, the shard keeps serving (UCX 1.13's ucp_ep_rkey_unpack crashed
+//     the shard here; ucx::Worker::Get now probes posix keys with UCT first).
 //   Not covered: a well-formed rkey with a forged address (the documented trust limit,
-//   docs/protocol.md), and a stale rkey of a freed region, which crashes the shard inside UCX
-//   1.13 (DISABLED_StaleRkeyIsRefused below reproduces it).
+//   docs/protocol.md).
 // Over tcp UCX emulates RMA (the peer's UCX serves the get from its own memory), so the rkey
 // cases there check our layout check, not what UCX would do with the key.
 // CI time: ~3 s over tcp and ~1 s over shm on top of the tcp-only version.
@@ -438,7 +440,7 @@ TEST_P(DataPlaneBadInputTest, RmaErrorsAreTypedAndChangeNothing) {
 // failed"), and UCX's own error path then frees an uninitialised transport key: SIGSEGV in
 // uct_posix_rkey_release. Run it with --gtest_also_run_disabled_tests to see it; it passes once
 // the shard survives that (a UCX fix, or a check of the segment before unpacking).
-TEST_P(DataPlaneBadInputTest, DISABLED_StaleRkeyIsRefused) {
+TEST_P(DataPlaneBadInputTest, StaleRkeyIsRefused) {
   if (Tls() != "shm") GTEST_SKIP() << "over tcp the peer's own UCX serves emulated RMA";
   const uint64_t grads_before = GradientCrc();
   std::vector<std::byte> stale_rkey;

@@ -331,7 +331,10 @@ class Worker {
   /// packed `rkey` from the peer's MemoryRegion (unpacked once per endpoint and cached until the
   /// endpoint closes). `local` must stay valid until `done`; `keep_alive` is held until then;
   /// `local_region` (may be null) is `local`'s registration. Errors via done as for SendAm,
-  /// plus InvalidArgument for an rkey UCX cannot unpack. Connected endpoints only.
+  /// plus InvalidArgument for an rkey UCX cannot unpack, one whose packed layout is malformed,
+  /// and one naming a posix segment that is gone (freed, or its owner exited: probed with UCT
+  /// before UCP unpacks it, because UCX 1.13 crashes on that failure; a segment freed in the
+  /// microseconds between the probe and the unpack is not covered). Connected endpoints only.
   void Get(const Endpoint& ep, std::span<std::byte> local, uint64_t remote_address,
            std::span<const std::byte> rkey, std::shared_ptr<const void> keep_alive,
            DoneCallback done, const MemoryRegion* local_region = nullptr);
