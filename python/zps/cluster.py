@@ -23,6 +23,7 @@ import tempfile
 import time
 
 from zps._errors import ZpsError
+from zps.ports import free_ports
 
 
 def server_binary():
@@ -39,12 +40,6 @@ def server_binary():
         return found
     raise ZpsError("NOT_FOUND", f"zps-server not found ({candidate}, $ZPS_SERVER, PATH): "
                    "build zps first (./scripts/build.sh)")
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent():
@@ -69,7 +64,7 @@ class LocalCluster:
         self.token_file = self.dir / "token"
         self.token_file.write_text(self.token)
         self.token_file.chmod(0o600)
-        ports = [_free_port() for _ in range(shards)]
+        ports = free_ports(shards)
         self.endpoint = f"127.0.0.1:{ports[0]}"
         self.procs = []
         binary = server_binary()

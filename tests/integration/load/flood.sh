@@ -38,7 +38,9 @@ cleanup() {
 trap cleanup EXIT
 echo "load-test-token" > "$work/token"
 fail() { echo "FAIL: $*"; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
+zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
+free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
 scrape() {  # port file: the shard's protocol error counters, "kind value" per line
   curl -sf "http://127.0.0.1:$1/metrics" |
     sed -n 's/^zps_protocol_errors_total{kind="\([a-z_]*\)"} \([0-9.e+]*\)$/\1 \2/p' > "$2"

@@ -44,7 +44,9 @@ cleanup() {
 trap cleanup EXIT
 echo "recovery-test-token" > "$work/token"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
+zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
+free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
 now_ms() { date +%s%3N; }
 
 "$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,17 +21,31 @@
 
 namespace zps {
 
+// A free loopback port below the ephemeral range (python/zps/ports.py says why not port 0: an
+// ephemeral port is re-taken by outgoing connections before the server binds it), checked free by
+// binding it; the kernel's choice after 200 tries. 0 when no socket can be bound at all.
 inline uint16_t FreePort() {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return 0;
+  int low = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
   }
-  return ntohs(a.sin_port);
+  std::random_device rd;
+  std::uniform_int_distribution<int> pick(10000, low > 10001 ? low - 1 : 10001);
+  for (int attempt = 0; attempt <= 200; ++attempt) {
+    ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = attempt < 200 ? htons(static_cast<uint16_t>(pick(rd))) : 0;
+    socklen_t len = sizeof(a);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      return ntohs(a.sin_port);
+    }
+  }
+  return 0;
 }
 
 /// A zps-server child process; SIGKILLed and reaped when destroyed.
