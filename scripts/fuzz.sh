@@ -12,18 +12,9 @@ BUILD_DIR=${ZPS_FUZZ_BUILD_DIR:-build-fuzz}
 SECONDS_EACH=${ZPS_FUZZ_SECONDS:-30}
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(frame messages am_headers job_layout config checkpoint)
-# -O1 and line tables only: a sanitizer build compiles about a third faster than at -O2 -g, and
-# its reports still name files and lines (CI builds it cold, docs/testing.md).
-san_opt="-O1 -gline-tables-only -DNDEBUG"
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-fi
-cmake -S . -B "$BUILD_DIR" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$san_opt" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$san_opt" \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZPS_FUZZ=ON -DZPS_SANITIZE=address \
-  -DZPS_WITH_CUDA=OFF > /dev/null
+source scripts/lib/sanitizer-tree.sh
+configure_sanitizer_tree "$BUILD_DIR" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DZPS_FUZZ=ON -DZPS_SANITIZE=address -DZPS_WITH_CUDA=OFF
 cmake --build "$BUILD_DIR" -j "${ZPS_JOBS:-$(nproc)}" --target "${targets[@]/#/fuzz_}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

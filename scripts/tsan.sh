@@ -19,18 +19,9 @@ JOBS=${ZPS_JOBS:-$(nproc)}
 TESTS=(test_rpc test_ucx test_ucx_peer test_metrics test_shard test_server_kv
        test_checkpoint test_nvme test_worker_internal test_server_bad_input test_worker_dead_shard
        test_worker_optimizer_surface)
-# -O1 and line tables only: a sanitizer build compiles about a third faster than at -O2 -g, and
-# its reports still name files and lines (CI builds it cold, docs/testing.md).
-san_opt="-O1 -gline-tables-only -DNDEBUG"
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-fi
-cmake -S . -B "$BUILD_DIR" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$san_opt" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$san_opt" \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DZPS_SANITIZE=thread \
-  -DZPS_WERROR=ON >/dev/null
+source scripts/lib/sanitizer-tree.sh
+configure_sanitizer_tree "$BUILD_DIR" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DZPS_SANITIZE=thread -DZPS_WERROR=ON
 # Every library target (libzps_*.a, libzps_c.so), zps-server, and the subset's tests.
 mapfile -t libs < <(ninja -C "$BUILD_DIR" -t targets all | grep -oE '^lib/libzps[^:]*\.(a|so)' | sort -u)
 [[ ${#libs[@]} -gt 0 ]] || { echo "tsan.sh: no library targets found in $BUILD_DIR"; exit 1; }

@@ -38,6 +38,7 @@
 #include "zps/common/crc32c.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
+#include "optimizer_cases.h"
 
 namespace zps::server {
 namespace {
@@ -165,30 +166,8 @@ Inputs MakeInputs(DType grad, uint64_t seed) {
   return in;
 }
 
-struct Case {
-  const char* name;
-  OptimizerConfig config;
-};
-
-std::vector<Case> Cases() {
-  std::vector<Case> cases;
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kAdamW, c.weight_decay = 0.1f;
-  cases.push_back({"adamw", c});
-  c.bias_correction = false;
-  cases.push_back({"adamw_nobias", c});
-  c = {};
-  c.kind = OptimizerKind::kAdam, c.weight_decay = 0.01f, c.beta1 = 0.8f, c.eps = 1e-6f;
-  cases.push_back({"adam_l2", c});
-  c = {};
-  c.kind = OptimizerKind::kSgd, c.lr = 0.05f;
-  cases.push_back({"sgd_plain", c});
-  c.momentum = 0.9f, c.weight_decay = 1e-3f;
-  cases.push_back({"sgd_momentum", c});
-  c.nesterov = true;
-  cases.push_back({"sgd_nesterov", c});
-  return cases;
-}
+using test_cases::Case;
+using test_cases::Cases;
 
 constexpr DType kGradTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 constexpr DType kOutTypes[] = {DType::kF16, DType::kBF16, DType::kF32};

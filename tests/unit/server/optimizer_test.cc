@@ -27,6 +27,7 @@
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
+#include "optimizer_cases.h"
 
 namespace zps::server {
 namespace {
@@ -125,30 +126,8 @@ Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, floa
   return r;
 }
 
-struct Case {
-  const char* name;
-  OptimizerConfig config;
-};
-
-std::vector<Case> Cases() {
-  std::vector<Case> cases;
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kAdamW, c.weight_decay = 0.1f;
-  cases.push_back({"adamw", c});
-  c.bias_correction = false;
-  cases.push_back({"adamw_nobias", c});
-  c = {};
-  c.kind = OptimizerKind::kAdam, c.weight_decay = 0.01f, c.beta1 = 0.8f, c.eps = 1e-6f;
-  cases.push_back({"adam_l2", c});
-  c = {};
-  c.kind = OptimizerKind::kSgd, c.lr = 0.05f;
-  cases.push_back({"sgd_plain", c});
-  c.momentum = 0.9f, c.weight_decay = 1e-3f;
-  cases.push_back({"sgd_momentum", c});
-  c.nesterov = true;
-  cases.push_back({"sgd_nesterov", c});
-  return cases;
-}
+using test_cases::Case;
+using test_cases::Cases;
 
 // Runs the optimizer on elements [off, off+n) of a fresh state and checks every element against
 // the reference, and the copy against the scalar conversion.

@@ -1,0 +1,37 @@
+// The optimizer configurations the kernel tests run (optimizer_test.cc against a double-precision
+// reference, optimizer_golden_test.cc against stored CRCs): every kind, with and without bias
+// correction, L2 against decoupled decay, plain, momentum and Nesterov SGD.
+#pragma once
+
+#include <vector>
+
+#include "zps/server/optimizer.h"
+
+namespace zps::server::test_cases {
+
+struct Case {
+  const char* name;
+  OptimizerConfig config;
+};
+
+inline std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW, c.weight_decay = 0.1f;
+  cases.push_back({"adamw", c});
+  c.bias_correction = false;
+  cases.push_back({"adamw_nobias", c});
+  c = {};
+  c.kind = OptimizerKind::kAdam, c.weight_decay = 0.01f, c.beta1 = 0.8f, c.eps = 1e-6f;
+  cases.push_back({"adam_l2", c});
+  c = {};
+  c.kind = OptimizerKind::kSgd, c.lr = 0.05f;
+  cases.push_back({"sgd_plain", c});
+  c.momentum = 0.9f, c.weight_decay = 1e-3f;
+  cases.push_back({"sgd_momentum", c});
+  c.nesterov = true;
+  cases.push_back({"sgd_nesterov", c});
+  return cases;
+}
+
+}  // namespace zps::server::test_cases
