@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <string>
@@ -34,10 +35,12 @@
 #include <vector>
 
 #include "bench.h"
+#include "zps/common/aligned_buffer.h"
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/thread_pool.h"
 #include "zps/server/job.h"
+#include "zps/server/optimizer.h"
 #include "zps/server/shard_server.h"
 #include "zps/server/shard_state.h"
 #include "zps/worker/client.h"
@@ -148,6 +151,10 @@ Result<std::unique_ptr<Rig>> StartRig(const RigOptions& o) {
   wo.endpoint = "127.0.0.1:" + std::to_string(rig->server->port());
   wo.token = kToken;
   wo.ucx_tls = o.tls;
+  // Room for every layer's gradient buffer (RunSteps) in the push region.
+  wo.rma_push_bytes = std::max(wo.rma_push_bytes,
+                               static_cast<size_t>(o.layers * o.layer_elems * sizeof(float)) +
+                                   (size_t{64} << 20));
   ZPS_ASSIGN_OR_RETURN(rig->client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
   std::vector<float> init(o.layer_elems, 0.5f);
   for (int i = 0; i < o.layers; ++i) ZPS_RETURN_IF_ERROR(rig->client->PushInitial(i, init));
@@ -171,27 +178,55 @@ Result<double> FetchAll(worker::Client& c, const RigOptions& o, int64_t version)
 struct StepTimes {
   std::vector<double> step;   // last fetch to last fetch, steps[0] excluded
   std::vector<double> fetch;  // a second fetch of the published version: the transfer alone
+  // Where a step's time went, on the worker's thread (steps[0] excluded): the backward loop
+  // (sleeps + PushGradShared calls), the wait for the last push's
+  // acknowledgement, and the wait for the new version (the shard's work after the last push,
+  // then the fetch).
+  std::vector<double> backward, flush, await_version;
 };
 
 // Runs `steps` steps.
 Result<StepTimes> RunSteps(worker::Client& c, const RigOptions& o, int64_t steps,
                            double compute_s) {
-  std::vector<float> grad(o.layer_elems, 1e-3f);
+  // The gradients are where a GPU's copy engine would put them: in buffers of the Client's push
+  // region (AllocatePushBuffer), pushed from there without a copy (PushGradShared), so the
+  // worker's thread spends the step asleep ("computing"), as a GPU worker's CPU does; they do
+  // not change between steps, and each step's pushes are flushed before the next writes none.
+  std::vector<std::shared_ptr<std::byte[]>> grads;
+  for (int l = 0; l < o.layers; ++l) {
+    grads.push_back(c.AllocatePushBuffer(o.layer_elems * sizeof(float)));
+    std::fill_n(reinterpret_cast<float*>(grads.back().get()), o.layer_elems, 1e-3f);
+  }
   const auto per_layer = std::chrono::duration<double>(compute_s / o.layers);
   StepTimes out;
   Clock::time_point last{};
+  Clock::time_point flushed{};
+  auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   for (int64_t step = 0; step < steps; ++step) {
     ZPS_RETURN_IF_ERROR(FetchAll(c, o, step).status());
     const auto fetched = Clock::now();
-    if (step > 0) out.step.push_back(std::chrono::duration<double>(fetched - last).count());
+    if (step > 0) {
+      out.step.push_back(secs(last, fetched));
+      out.await_version.push_back(secs(flushed, fetched));
+    }
     ZPS_ASSIGN_OR_RETURN(double again, FetchAll(c, o, step));
     if (step > 0) out.fetch.push_back(again);
     last = Clock::now();  // the second fetch is not part of the step
     for (int l = o.layers - 1; l >= 0; --l) {
       std::this_thread::sleep_for(per_layer);
-      ZPS_RETURN_IF_ERROR(c.PushGrad(l, step, grad));
+      ZPS_RETURN_IF_ERROR(c.PushGradShared(
+          l, step, std::span<const std::byte>(grads[l].get(), o.layer_elems * sizeof(float)),
+          grads[l]));
     }
+    const auto pushed = Clock::now();
     ZPS_RETURN_IF_ERROR(c.FlushPushes());
+    flushed = Clock::now();
+    if (step + 1 < steps) {
+      out.backward.push_back(secs(last, pushed));
+      out.flush.push_back(secs(pushed, flushed));
+    }
   }
   return out;
 }
@@ -209,6 +244,51 @@ double Median(std::vector<double> v) {
 }
 
 // ---- overlap -----------------------------------------------------------------------------
+
+// The speculative update runs out of place (it reads the live master, m and v and writes a
+// spare), the synchronous one in place. Measured in the same run on one layer, with the pass's
+// thread count: the median of 5 of each (after a warm-up). On a machine where writing to other
+// lines costs more than rewriting the ones just read, speculation hides the pass only where the
+// backward compute is at least this much longer than the in-place pass.
+struct PlaceTimes {
+  double in_place = 0.0, out_of_place = 0.0;  // seconds per layer
+};
+
+Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
+  ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-place", .threads = o.threads}));
+  ZPS_ASSIGN_OR_RETURN(auto opt, server::Optimizer::Create(job.optimizer, pool.get()));
+  const uint64_t n = o.layer_elems;
+  std::vector<AlignedBuffer<float>> bufs;
+  for (int k = 0; k < 7; ++k) {
+    ZPS_ASSIGN_OR_RETURN(auto b, AlignedBuffer<float>::Allocate(n));
+    std::fill_n(b.data(), n, k == 6 ? 1e-3f : 0.5f);  // 0-2 live, 3-5 spare, 6 the gradient
+    bufs.push_back(std::move(b));
+  }
+  ZPS_ASSIGN_OR_RETURN(auto out, AlignedBuffer<uint16_t>::Allocate(n));
+  auto time = [&](bool place_out) -> Result<double> {
+    std::vector<double> t;
+    for (int r = 0; r < 6; ++r) {
+      server::UpdateParams up;
+      up.step = r + 1;
+      up.out16 = out.span();
+      server::ChunkState st{bufs[0].span(), bufs[1].span(), bufs[2].span()};
+      if (place_out) {
+        st = {bufs[3].span(), bufs[4].span(), bufs[5].span()};
+        up.source = server::ConstChunkState{bufs[0].span(), bufs[1].span(), bufs[2].span()};
+      }
+      const auto t0 = Clock::now();
+      ZPS_RETURN_IF_ERROR(opt->Update(st, {bufs[6].data(), DType::kF32, n}, up));
+      if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  PlaceTimes pt;
+  ZPS_ASSIGN_OR_RETURN(pt.in_place, time(false));
+  ZPS_ASSIGN_OR_RETURN(pt.out_of_place, time(true));
+  return pt;
+}
 
 struct OverlapOptions {
   RigOptions rig;
@@ -246,6 +326,12 @@ int RunOverlap(int argc, char** argv) {
   std::printf("references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
               "compute + pass %.3f s\n",
               compute, *pass, mx, sum);
+  auto places = MeasurePlaces(o.rig);
+  if (!places.ok()) return Fail("overlap", places.status());
+  const double oop = places->out_of_place / places->in_place;
+  std::printf("one layer's update: in place (sync) %.4f s, out of place (speculative) %.4f s "
+              "= %.2f x: the speculative pass is about %.3f s\n",
+              places->in_place, places->out_of_place, oop, *pass * oop);
   for (const std::string& mode : SplitList(o.modes)) {
     RigOptions r = o.rig;
     if (mode == "sync") {
@@ -266,6 +352,10 @@ int RunOverlap(int argc, char** argv) {
                 "%.2f x max(compute, pass)\n",
                 mode.c_str(), med, times->step.size(), Mean(times->step), med / mx, med / sum,
                 fetch, (med - fetch) / mx);
+    std::printf("%-17s   of which (medians): backward loop %.3f s (compute %.3f s + sending), last push acknowledged %.3f s later, new version fetched %.3f s "
+                "after that\n",
+                "", Median(times->backward), compute, Median(times->flush),
+                Median(times->await_version));
     std::fflush(stdout);
   }
   return 0;

@@ -355,6 +355,7 @@ Status ShardDriver::AwaitJob() {
   st->SetTestHook([](std::string_view point, int64_t step) { MaybeCrashAt(point, step); });
   job_ = job;
   state_ = host_.publish_state(std::move(st), job);
+  if (ckpt_ && o.checkpoint_mode == "background" && !spill) state_->ReserveSnapshotBuffers();
   ZPS_LOG(INFO) << "shard " << o.ordinal << " holds " << state_->chunk_ids().size() << " of "
                 << job.layout.num_chunks() << " chunks";
   if (const ShardStorageStats ss = state_->storage_stats(); ss.spilled) {

@@ -117,6 +117,10 @@ struct ShardMetrics {
   metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
   metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
   metrics::Gauge connected_workers;
+  // zps_speculative_chunks_total{outcome}: chunk updates of --update speculative by what the
+  // commit did with them (kPublished, kRedone, kDropped, kSync); 0 in sync mode.
+  std::array<metrics::Counter, 4> speculative_chunks;
+  enum Outcome { kPublished = 0, kRedone = 1, kDropped = 2, kSync = 3 };
 
   enum Tier { kMaster = 0, kOptimizerState = 1, kServing = 2, kNvme = 3 };
 
@@ -177,6 +181,16 @@ struct ShardMetrics {
                                               "Workers with an authenticated control-plane "
                                               "session to this shard."));
     ZPS_ASSIGN_OR_RETURN(m.connected_workers, cw->Add({}));
+    ZPS_ASSIGN_OR_RETURN(auto* sc, r.AddCounter("zps_speculative_chunks_total",
+                                                "Chunk updates of --update speculative, by what "
+                                                "the commit did: published (the speculation), "
+                                                "redone (the step clipped), dropped (skipped), "
+                                                "sync (not speculated: updated at the commit).",
+                                                {"outcome"}));
+    const char* outcomes[] = {"published", "redone", "dropped", "sync"};
+    for (int i = 0; i < 4; ++i) {
+      ZPS_ASSIGN_OR_RETURN(m.speculative_chunks[i], sc->Add({outcomes[i]}));
+    }
     return m;
   }
 };
@@ -276,8 +290,9 @@ struct ShardServer::Impl {
     return Status::Ok();
   }
   void SetMemoryGauges(const JobSpec& job);
-  void UpdateStorageMetrics();  // driver thread: spill I/O counters and memory gauges
+  void UpdateStorageMetrics();  // driver thread: spill I/O and speculation counters, memory gauges
   ShardStorageStats last_storage;  // driver thread only: the figures last exported
+  SpeculationStats last_spec;      // driver thread only: the figures last exported
   uint32_t storage_moments = 0;    // driver thread only: fp32 moment arrays per parameter
 
   // The answer to a data-plane message whose session is not (or no longer) valid.
@@ -703,11 +718,20 @@ void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
       static_cast<double>(elems * DTypeSize(job.shard.serving_dtype)));
   sm.memory[ShardMetrics::kNvme].Set(0);
   storage_moments = (needs_m ? 1 : 0) + (needs_v ? 1 : 0);
+  last_spec = {};  // a new state
   UpdateStorageMetrics();  // with a memory budget: the store's RAM and spill figures instead
 }
 
 void ShardServer::Impl::UpdateStorageMetrics() {
   if (state == nullptr) return;
+  const SpeculationStats spec = state->speculation_stats();
+  // A new job's state counts from 0 again.
+  auto delta = [](uint64_t now, uint64_t last) { return now >= last ? now - last : now; };
+  sm.speculative_chunks[ShardMetrics::kPublished].Inc(delta(spec.published, last_spec.published));
+  sm.speculative_chunks[ShardMetrics::kRedone].Inc(delta(spec.redone, last_spec.redone));
+  sm.speculative_chunks[ShardMetrics::kDropped].Inc(delta(spec.dropped, last_spec.dropped));
+  sm.speculative_chunks[ShardMetrics::kSync].Inc(delta(spec.sync, last_spec.sync));
+  last_spec = spec;
   const ShardStorageStats now = state->storage_stats();
   if (!now.spilled) return;
   const ChunkStoreStats& st = now.store;

@@ -125,6 +125,8 @@ ShardState::~ShardState() {
   Shutdown(Cancelled("shard state destroyed"));
   StopSpeculation();
   StopServingReader();
+  reserve_stop_ = true;
+  if (reserve_thread_.joinable()) reserve_thread_.join();
 }
 
 Status ShardState::InitServingStore() {

@@ -2,8 +2,12 @@
 // ShardState::Snapshot in shard_state.h. Lock order: ShardState::mu_ is never held while a
 // snapshot's mu_ is taken (ApplyCommit and ResetTo take the snapshot pointer first, then
 // release mu_ before Preserve).
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstring>
 
+#include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
 
 namespace zps::server {
@@ -28,8 +32,40 @@ void ShardState::GiveBuffer(AlignedBuffer<float> b) {
   buffers_.emplace(b.size(), std::move(b));
 }
 
+void ShardState::ReserveSnapshotBuffers() {
+  if (store_ || reserve_thread_.joinable()) return;
+  std::vector<size_t> sizes;
+  uint64_t bytes = 0;
+  for (const Chunk& c : chunks_) {
+    for (size_t n : {c.master.size(), c.m.size(), c.v.size()}) {
+      if (n == 0) continue;
+      sizes.push_back(n);
+      bytes += n * sizeof(float);
+    }
+  }
+  ZPS_LOG(INFO) << "shard " << ordinal_ << ": reserving " << bytes
+                << " bytes for the snapshots of background checkpoints";
+  reserve_thread_ = std::thread([this, sizes = std::move(sizes)] {
+    log::SetThreadName("zps-reserve");
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // best effort
+    for (size_t n : sizes) {
+      if (reserve_stop_.load(std::memory_order_relaxed)) return;
+      auto b = AlignedBuffer<float>::Allocate(n);  // zeroed: every page faulted in here
+      if (!b.ok()) {
+        ZPS_LOG(WARNING) << "shard " << ordinal_ << ": snapshot buffers not reserved: "
+                         << b.status().ToString();
+        return;
+      }
+      GiveBuffer(std::move(*b));
+    }
+  });
+}
+
 Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order) {
   Chunk& c = chunks_[i];
+  if (!snap.Live(i)) {  // the snapshot has its own copy: the live state is ours again
+    return UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
+  }
   ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> master, TakeBuffer(c.master.size()));
   ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> m, TakeBuffer(c.m.size()));
   ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> v, TakeBuffer(c.v.size()));
@@ -86,9 +122,9 @@ uint64_t ShardState::Snapshot::copied_on_write() const {
 Status ShardState::Snapshot::CopyLive(size_t index, AlignedBuffer<float>& master,
                                       AlignedBuffer<float>& m, AlignedBuffer<float>& v) const {
   const Chunk& c = state_->chunks_[index];
-  auto copy = [](const AlignedBuffer<float>& from, AlignedBuffer<float>& to) -> Status {
+  auto copy = [this](const AlignedBuffer<float>& from, AlignedBuffer<float>& to) -> Status {
     if (to.size() != from.size()) {
-      ZPS_ASSIGN_OR_RETURN(to, AlignedBuffer<float>::Allocate(from.size()));
+      ZPS_ASSIGN_OR_RETURN(to, state_->TakeBuffer(from.size()));  // every element written below
     }
     if (from.size() > 0) std::memcpy(to.data(), from.data(), from.size() * sizeof(float));
     return Status::Ok();
@@ -110,6 +146,11 @@ void ShardState::Snapshot::Preserve(size_t index) {
   }
 }
 
+bool ShardState::Snapshot::Live(size_t index) const {
+  MutexLock lock(&mu_);
+  return entries_[index].phase == Phase::kLive;
+}
+
 bool ShardState::Snapshot::Adopt(size_t index, AlignedBuffer<float>& master,
                                  AlignedBuffer<float>& m, AlignedBuffer<float>& v) {
   MutexLock lock(&mu_);
@@ -124,27 +165,31 @@ bool ShardState::Snapshot::Adopt(size_t index, AlignedBuffer<float>& master,
 }
 
 Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
-  AlignedBuffer<float> master, m, v;  // the live chunk's copy, taken under mu_ (a bounce)
-  for (size_t i = 0; i < state_->chunks_.size(); ++i) {  // entries_ is per chunk
-    const uint32_t id = state_->chunks_[i].id;
-    bool own = false;
+  const size_t n = state_->chunks_.size();  // entries_ is per chunk
+  // First every chunk no step has changed yet is copied, at memory speed, into buffers of the
+  // snapshot's own (from the pool the written buffers return to). From then on a step updates
+  // that chunk in place (UpdateForSnapshot), as without a checkpoint: only the steps that come
+  // before a chunk's copy pay for an out-of-place update, and the write itself (CRC, RocksDB,
+  // disk), which takes far longer than the copies, runs beside steps that change nothing it
+  // reads. Each copy holds mu_, so a step that wants to change that chunk waits for it.
+  for (size_t i = 0; i < n; ++i) {
+    MutexLock lock(&mu_);
+    ZPS_RETURN_IF_ERROR(error_);
+    Entry& e = entries_[i];
+    if (e.phase != Phase::kLive) continue;
+    ZPS_RETURN_IF_ERROR(CopyLive(i, e.master, e.m, e.v));
+    e.phase = Phase::kTaken;
+  }
+  for (size_t i = 0; i < n; ++i) {
     Entry* e = nullptr;
     {
       MutexLock lock(&mu_);
       ZPS_RETURN_IF_ERROR(error_);
       e = &entries_[i];
-      if (e->phase == Phase::kLive) {
-        // Copied under mu_, so a step that wants to change the chunk waits for the copy and
-        // then finds it taken.
-        ZPS_RETURN_IF_ERROR(CopyLive(i, master, m, v));
-        e->phase = Phase::kTaken;
-        own = true;
-      }
     }
     // Read without mu_: a kCopied or kTaken entry is not touched by Preserve or Adopt any more.
-    Status s = own ? fn(id, version_, master.span(), m.span(), v.span())
-                   : fn(id, version_, e->master.span(), e->m.span(), e->v.span());
-    if (!own) {  // written: the kept buffers serve the next out-of-place update
+    Status s = fn(state_->chunks_[i].id, version_, e->master.span(), e->m.span(), e->v.span());
+    {  // written: the buffers serve the next snapshot or out-of-place update
       MutexLock lock(&mu_);
       state_->GiveBuffer(std::move(e->master));
       state_->GiveBuffer(std::move(e->m));

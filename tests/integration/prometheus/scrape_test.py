@@ -13,7 +13,9 @@ The shards run with most of their state and serving copies spilled (--shard-memo
 --shard-serving-budget: each shard gets a --data-dir with O_DIRECT spill files) and checkpoint
 every CHECKPOINT_EVERY steps (ZPS_CHECKPOINT_EVERY, which every zps-server reads), so the NVMe,
 spill and checkpoint panels must show non-zero, finite values on every shard (NONZERO_PANELS),
-not only present series: a panel fed only zeros (or a 0/0 = NaN mean) fails the test.
+not only present series: a panel fed only zeros (or a 0/0 = NaN mean) fails the test. The job
+updates speculatively (--update speculative), so the speculation counter must show chunks both
+published from a speculation and updated at the commit on every shard.
 Everything listens on 127.0.0.1; every process is stopped on any exit. Fails, never skips, when
 something (a binary, a series, a panel named below) is missing.
 
@@ -41,8 +43,12 @@ CHECKPOINT_EVERY = 4
 # Spill as in integration.bit_identity.spill_serving (docs/nvme.md): 2048-element chunks; a
 # 168 KiB state budget holds the pipeline's 5 buffers + 2 chunks, a 44 KiB serving budget the
 # 4 fetch staging buffers + 5 pipeline buffers + 2 copies; every other chunk lives on disk.
-SPILL_ARGS = ["--chunk-elems", "2048", "--shard-memory-budget", "168KiB",
-              "--shard-serving-budget", "44KiB"]
+# The job updates speculatively (zps_speculative_chunks_total): a quarter of the state budget
+# goes to spare sets (docs/architecture.md), so 224 KiB leaves the store the 168 KiB above and
+# 56 KiB for 2 spares of a 2048-element chunk (14 B an element): some chunks are speculated
+# (published), the rest updated at the commit (sync).
+SPILL_ARGS = ["--chunk-elems", "2048", "--shard-memory-budget", "224KiB",
+              "--shard-serving-budget", "44KiB", "--update", "speculative"]
 # Panels whose every series must be finite and non-zero, and which must have one series per
 # shard where the panel is "by shard" (title ends so). Each title must exist in the dashboards.
 NONZERO_PANELS = [
@@ -381,6 +387,10 @@ scrape_configs:
         'sum(zps_spilled_fetches_total{job="zps-server", source="nvme"})': lambda v: v > 0,
         'min(zps_checkpoint_duration_seconds_count{job="zps-server"})': lambda v: v >= 1,
         'min(zps_checkpoint_last_success_timestamp_seconds{job="zps-server"})': lambda v: v > 0,
+        # Speculation, per shard: spares in use, and chunks beyond them updated at the commit.
+        'min(zps_speculative_chunks_total{job="zps-server", outcome="published"})': lambda v: v > 0,
+        'min(zps_speculative_chunks_total{job="zps-server", outcome="sync"})': lambda v: v > 0,
+        'sum(zps_speculative_chunks_total{job="zps-server", outcome="dropped"})': lambda v: v == 0,
         f'max(zps_current_step{{job="zps-server"}}) >= {CHECKPOINT_EVERY}': lambda v: v > 0,
     }
     for q, ok in live.items():

@@ -220,41 +220,85 @@ TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
   EXPECT_EQ(st.sync, 4u * ((*spec)->chunk_ids().size() - 1));
 }
 
-// A snapshot keeps the bytes of its version while steps change the state (copy-on-write), in
-// both update modes; a chunk the reader took before the step is not copied.
+// A snapshot keeps the bytes of its version while steps change the state, in both update
+// modes: a step before the visit hands every chunk's pre-update state to the snapshot
+// (copy-on-write, out of place); a step during the visit finds every chunk copied by the visit
+// already and updates in place.
 TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
   const Layout layout = SmallLayout();
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
-    auto s = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-    ASSERT_TRUE(s.ok());
-    PushAll(layout, {s->get()}, kInitStep, 9);
-    (*s)->ArmSpeculation(Assumed(0, 0));
-    PushAll(layout, {s->get()}, 0, 10);
-    Commit(**s, Assumed(0, 0), Assumed(1, 1));
-    std::vector<std::vector<float>> at1;
-    for (uint32_t c : (*s)->chunk_ids()) at1.push_back(*(*s)->MasterOf(c));
-    auto snap = (*s)->BeginSnapshot();
-    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
-    EXPECT_EQ((*s)->BeginSnapshot().status().code(), Code::kFailedPrecondition);  // one at a time
-    // The reader takes chunk 0 first, then a step changes every chunk, then the rest is read.
-    size_t visited = 0;
-    Status v = (*snap)->Visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
-                                  std::span<const float>, std::span<const float>) -> Status {
-      EXPECT_EQ(version, 1);
-      EXPECT_TRUE(std::equal(master.begin(), master.end(), at1[visited].begin()))
-          << "chunk " << chunk;
-      if (visited++ == 0) {
+    for (const bool step_before_visit : {true, false}) {
+      SCOPED_TRACE(std::string(mode == UpdateMode::kSync ? "sync" : "speculative") +
+                   (step_before_visit ? ", a step before the visit" : ", a step during it"));
+      auto s = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+      ASSERT_TRUE(s.ok());
+      PushAll(layout, {s->get()}, kInitStep, 9);
+      (*s)->ArmSpeculation(Assumed(0, 0));
+      PushAll(layout, {s->get()}, 0, 10);
+      Commit(**s, Assumed(0, 0), Assumed(1, 1));
+      std::vector<std::vector<float>> at1;
+      for (uint32_t c : (*s)->chunk_ids()) at1.push_back(*(*s)->MasterOf(c));
+      auto snap = (*s)->BeginSnapshot();
+      ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+      EXPECT_EQ((*s)->BeginSnapshot().status().code(), Code::kFailedPrecondition);  // one at a time
+      auto step = [&] {
         PushAll(layout, {s->get()}, 1, 11);
         Commit(**s, Assumed(1, 1), Assumed(2, 2));
+      };
+      if (step_before_visit) step();
+      size_t visited = 0;
+      Status v = (*snap)->Visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
+                                    std::span<const float>, std::span<const float>) -> Status {
+        EXPECT_EQ(version, 1);
+        EXPECT_TRUE(std::equal(master.begin(), master.end(), at1[visited].begin()))
+            << "chunk " << chunk;
+        if (visited++ == 0 && !step_before_visit) step();
+        return Status::Ok();
+      });
+      ASSERT_TRUE(v.ok()) << v.ToString();
+      EXPECT_EQ(visited, at1.size());
+      EXPECT_EQ((*snap)->copied_on_write(), step_before_visit ? at1.size() : 0u);
+      EXPECT_NE(*(*s)->MasterOf(0), at1[0]);  // the live state moved on
+      snap->reset();
+      EXPECT_TRUE((*s)->BeginSnapshot().ok());  // the first one is closed
+    }
+  }
+}
+
+// A step after the visit copied a chunk updates it in place: the same bits as a shard that
+// never checkpointed.
+TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
+  const Layout layout = SmallLayout();
+  for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
+    auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    ASSERT_TRUE(plain.ok() && ckpt.ok());
+    auto step = [&](ShardState& st, int64_t k) {
+      PushAll(layout, {&st}, k, 20 + static_cast<uint32_t>(k));
+      Commit(st, Assumed(k, k), Assumed(k + 1, k + 1));
+    };
+    for (ShardState* st : {plain->get(), ckpt->get()}) {
+      PushAll(layout, {st}, kInitStep, 9);
+      st->ArmSpeculation(Assumed(0, 0));
+      step(*st, 0);
+      step(*st, 1);
+    }
+    auto snap = (*ckpt)->BeginSnapshot();
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    size_t n = 0;
+    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>,
+                                  std::span<const float>, std::span<const float>) -> Status {
+      if (n++ == 0) {  // steps 2 and 3 run while the "write" goes on
+        step(**ckpt, 2);
+        step(**ckpt, 3);
       }
       return Status::Ok();
     });
     ASSERT_TRUE(v.ok()) << v.ToString();
-    EXPECT_EQ(visited, at1.size());
-    EXPECT_EQ((*snap)->copied_on_write(), at1.size() - 1);
-    EXPECT_NE(*(*s)->MasterOf(0), at1[0]);  // the live state moved on
-    snap->reset();
-    EXPECT_TRUE((*s)->BeginSnapshot().ok());  // the first one is closed
+    EXPECT_EQ((*snap)->copied_on_write(), 0u);
+    step(**plain, 2);
+    step(**plain, 3);
+    EXPECT_EQ((*plain)->StateCrc(), (*ckpt)->StateCrc());
   }
 }
 

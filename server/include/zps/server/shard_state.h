@@ -332,11 +332,18 @@ class ShardState {
   /// Takes a consistent snapshot of every chunk's master, m and v at the current version,
   /// copy-on-write per chunk: nothing is copied now; the first later change of a chunk (an
   /// update, a publish, a rollback) first hands that chunk's state to the snapshot, unless the
-  /// snapshot's reader already took it. The snapshot's Visit may then run on another thread
+  /// snapshot's reader already copied it (Visit copies every chunk first, then writes). The snapshot's Visit may then run on another thread
   /// while steps go on. One snapshot at a time. RAM state only (no store). Errors:
   /// FailedPrecondition (a store, a snapshot still open, chunks at different versions or
   /// uninitialised), ResourceExhausted.
   Result<std::shared_ptr<Snapshot>> BeginSnapshot();
+  /// Allocates and faults in one set of master, m and v buffers per chunk for the snapshots of
+  /// background checkpoints, on a thread of its own at the lowest CPU priority
+  /// ("zps-reserve"), and returns at once: the memory a first checkpoint would otherwise
+  /// page-fault in beside the steps (its copies, or out-of-place updates). They join the
+  /// buffer pool (the extra memory of background checkpoints is this one copy of the state).
+  /// RAM state only: does nothing with a store, or when called again.
+  void ReserveSnapshotBuffers();
 
   /// Answers now if the chunk is at >= min_version, else when it gets there. A chunk whose
   /// serving copy is spilled is answered from the serving reader thread once its copy is read
@@ -556,6 +563,8 @@ class ShardState {
   std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
   Mutex buffers_mu_ ACQUIRED_AFTER(mu_);  // a leaf lock
   std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(buffers_mu_);  // by size
+  std::thread reserve_thread_;               // "zps-reserve" (ReserveSnapshotBuffers)
+  std::atomic<bool> reserve_stop_{false};    // the destructor stops it between buffers
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
@@ -571,8 +580,9 @@ class ShardState::Snapshot {
   int64_t version() const { return version_; }
   /// Visits every chunk ascending, as ShardState::VisitChunkState, with the state as of the
   /// snapshot; `fn` runs on the calling thread without ShardState's lock, spans valid during
-  /// the call. Call once. Errors: ResourceExhausted (a copy-on-write could not allocate),
-  /// whatever `fn` returns (the visit stops).
+  /// the call. It first copies every chunk not yet changed into buffers of its own (a step
+  /// then updates that chunk in place), then calls `fn` for each. Call once. Errors:
+  /// ResourceExhausted (a copy could not allocate), whatever `fn` returns (the visit stops).
   Status Visit(const ChunkVisitor& fn);
   /// Chunks changed before the reader took them (kept for it: the copy-on-write count).
   uint64_t copied_on_write() const;
@@ -591,7 +601,9 @@ class ShardState::Snapshot {
   // needs the live state, takes the three buffers themselves (no copy) and returns true.
   bool Adopt(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
              AlignedBuffer<float>& v);
-  // Copies chunk `index`'s live state into the three buffers (sized here).
+  // Whether the snapshot still needs chunk `index`'s live state (no copy of its own yet).
+  bool Live(size_t index) const;
+  // Copies chunk `index`'s live state into the three buffers (sized here, from the pool).
   Status CopyLive(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
                   AlignedBuffer<float>& v) const;
 
