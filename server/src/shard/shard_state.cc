@@ -124,6 +124,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   ZPS_RETURN_IF_ERROR(ValidateShardJob(job, layout, optimizer));
   std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
+  if (job.update_mode == UpdateMode::kSpeculative) {
+    ZPS_ASSIGN_OR_RETURN(s->spec_optimizer_, Optimizer::Create(optimizer, nullptr));
+  }
   s->groups_ = job.param_groups;
   if (s->groups_.empty()) s->groups_.push_back({optimizer.lr, optimizer.weight_decay});
   s->chunk_ids_ = layout.ChunksOfShard(ordinal);
@@ -518,7 +521,10 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
         mine.push_back(i);
       }
     }
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
+    // Every chunk reduced; a speculation in progress (kSpeculating) has its report already.
+    cv_.Wait(lock, [&]() REQUIRES(mu_) {
+      return shutdown_ || spec_busy_ == spec_speculating_;
+    });
     if (shutdown_) return shutdown_reason_;
     ZPS_RETURN_IF_ERROR(spec_error_);
     sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
@@ -555,14 +561,18 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
     }
-    // A late speculation in progress finishes; those not started are updated here instead.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
+    // A speculation in progress finishes: with RAM state beside the pass over the other chunks
+    // (ApplySpeculative), with a store first. Those not started are updated here instead.
+    cv_.Wait(lock, [&]() REQUIRES(mu_) {
+      return shutdown_ || spec_busy_ == (store_ ? 0 : spec_speculating_);
+    });
     if (shutdown_) return shutdown_reason_;
     for (Chunk& c : chunks_) {
       if (c.spec == SpecPhase::kQueuedLate) c.spec = SpecPhase::kReduced;
     }
     for (const Chunk& c : chunks_) {
-      if (c.spec != SpecPhase::kReduced && c.spec != SpecPhase::kSpeculated) {
+      if (c.spec != SpecPhase::kReduced && c.spec != SpecPhase::kSpeculated &&
+          c.spec != SpecPhase::kSpeculating) {
         return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                   " before ReduceStep");
       }

@@ -166,7 +166,9 @@ Status ShardState::StoreUpdate(const CommitOrder& order) {
 }
 
 Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
-                               const CommitOrder& order, const ConstChunkState* source) const {
+                               const CommitOrder& order, const ConstChunkState* source,
+                               const Optimizer* opt) const {
+  if (opt == nullptr) opt = optimizer_.get();
   const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
   const float* grad = c.grads[0]->data();
   for (const Chunk::Run& r : c.runs) {
@@ -189,7 +191,7 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
     ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
     if (source != nullptr) up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
-    ZPS_RETURN_IF_ERROR(optimizer_->Update(part, {grad + r.begin, DType::kF32, n}, up));
+    ZPS_RETURN_IF_ERROR(opt->Update(part, {grad + r.begin, DType::kF32, n}, up));
   }
   return Status::Ok();
 }

@@ -79,7 +79,8 @@ SpeculationStats ShardState::speculation_stats() const {
   return out;
 }
 
-Result<ChunkReport> ShardState::ReduceChunk(Chunk& c) const {
+Result<ChunkReport> ShardState::ReduceChunk(Chunk& c, const Optimizer* opt) const {
+  if (opt == nullptr) opt = optimizer_.get();
   float* acc = c.grads[0]->data();
   for (size_t r = 1; r < c.grads.size(); ++r) {
     const float* g = c.grads[r]->data();
@@ -91,7 +92,7 @@ Result<ChunkReport> ShardState::ReduceChunk(Chunk& c) const {
     if (r.frozen) std::fill(acc + r.begin, acc + r.end, 0.0f);
   }
   ZPS_ASSIGN_OR_RETURN(GradStats st,
-                       optimizer_->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
+                       opt->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
   return ChunkReport{st.sum_squares, st.non_finite};
 }
 
@@ -111,13 +112,13 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
     ZPS_RETURN_IF_ERROR(CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master,
                                                   moments_ >= 1 ? st.m : std::span<float>(),
                                                   moments_ >= 2 ? st.v : std::span<float>())));
-    return UpdateChunk(c, st, serving, order);
+    return UpdateChunk(c, st, serving, order, nullptr, spec_optimizer_.get());
   }
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
   // ResetTo do, and both wait for the speculation in progress first. No copy: the pass moves
   // the same bytes as the synchronous update.
   const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
-  return UpdateChunk(c, st, serving, order, &live);
+  return UpdateChunk(c, st, serving, order, &live, spec_optimizer_.get());
 }
 
 void ShardState::SpeculationLoop() {
@@ -137,8 +138,9 @@ void ShardState::SpeculationLoop() {
       // Anything else: claimed by ReduceStep, taken back by ApplyCommit, or rolled back.
       if (c.spec != SpecPhase::kQueued && c.spec != SpecPhase::kQueuedLate) continue;
       late = c.spec == SpecPhase::kQueuedLate;
-      c.spec = SpecPhase::kBusy;
+      c.spec = late ? SpecPhase::kSpeculating : SpecPhase::kBusy;
       ++spec_busy_;
+      if (late) ++spec_speculating_;
       if (armed_ && armed_->step == c.version) {
         if (!store_) {
           spare = static_cast<int>(i);
@@ -150,9 +152,20 @@ void ShardState::SpeculationLoop() {
       }
     }
     Chunk& c = chunks_[i];
-    Result<ChunkReport> rep = late ? Result<ChunkReport>(ChunkReport{}) : ReduceChunk(c);
+    Result<ChunkReport> rep =
+        late ? Result<ChunkReport>(ChunkReport{}) : ReduceChunk(c, spec_optimizer_.get());
     Status st = rep.status();
     bool speculated = false;
+    if (st.ok() && order && !late) {
+      // The report is ready: ReduceStep need not wait for the update that follows.
+      {
+        MutexLock lock(&mu_);
+        c.report = *rep;
+        c.spec = SpecPhase::kSpeculating;
+        ++spec_speculating_;
+      }
+      cv_.SignalAll();
+    }
     if (st.ok() && order) {
       Status s = Speculate(c, spares_[spare], *order);
       if (s.ok()) {
@@ -165,6 +178,7 @@ void ShardState::SpeculationLoop() {
     {
       MutexLock lock(&mu_);
       --spec_busy_;
+      if (c.spec == SpecPhase::kSpeculating) --spec_speculating_;
       if (!st.ok()) {
         // A reduction cannot be repeated (it sums in place): the step fails at ReduceStep.
         spec_error_ = st.WithContext("reducing chunk " + std::to_string(c.id));
@@ -187,16 +201,33 @@ void ShardState::SpeculationLoop() {
   }
 }
 
+void ShardState::CopyServing(const std::vector<size_t>& chunks) {
+  constexpr size_t kPiece = size_t{1} << 20;  // bytes: fixed pieces, any thread count
+  struct Task {
+    std::byte* to;
+    const std::byte* from;
+    size_t bytes;
+  };
+  std::vector<Task> tasks;
+  for (size_t i : chunks) {
+    Chunk& c = chunks_[i];
+    auto* to = reinterpret_cast<std::byte*>(c.serving.data());
+    const auto* from = reinterpret_cast<const std::byte*>(spares_[i].serving.data());
+    for (size_t off = 0; off < c.serving.size_bytes(); off += kPiece) {
+      tasks.push_back({to + off, from + off, std::min(kPiece, c.serving.size_bytes() - off)});
+    }
+  }
+  auto run = [&](size_t k) { std::memcpy(tasks[k].to, tasks[k].from, tasks[k].bytes); };
+  if (pool_ != nullptr) {
+    pool_->ParallelFor(tasks.size(), run);
+  } else {
+    for (size_t k = 0; k < tasks.size(); ++k) run(k);
+  }
+}
+
 Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
   const uint64_t n = c.size;
   const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
-  if (!store_) {
-    std::swap(c.master, sp.master);
-    std::swap(c.m, sp.m);
-    std::swap(c.v, sp.v);
-    std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
-    return Status::Ok();
-  }
   auto part = [n](const AlignedBuffer<float>& b) {
     return b.size() == 0 ? std::span<const float>() : b.span().subspan(0, n);
   };
@@ -210,42 +241,77 @@ Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
 }
 
 Status ShardState::ApplySpeculative(const CommitOrder& order) {
+  // A chunk still being speculated (a late one, RAM state) is handled last: the pass over the
+  // others runs beside it on the other core.
+  std::vector<size_t> now, later;
+  {
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      (chunks_[i].spec == SpecPhase::kSpeculating ? later : now).push_back(i);
+    }
+  }
+  SpecCounts n;
+  ZPS_RETURN_IF_ERROR(ApplySpeculativeTo(now, order, n));
+  if (!later.empty()) {
+    {
+      MutexLock lock(&mu_);
+      cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
+      if (shutdown_) return shutdown_reason_;
+    }
+    ZPS_RETURN_IF_ERROR(ApplySpeculativeTo(later, order, n));
+  }
+  if (n.redone > 0) {
+    ZPS_LOG(INFO) << "step " << order.step << " clipped (grad_scale " << order.grad_scale
+                  << "): " << n.redone << " speculated chunks redone from their pre-update state";
+  } else if (n.dropped > 0) {
+    ZPS_LOG(INFO) << "step " << order.step << " skipped: " << n.dropped
+                  << " speculated chunks dropped (their state is unchanged)";
+  }
+  return Status::Ok();
+}
+
+Status ShardState::ApplySpeculativeTo(const std::vector<size_t>& chunks, const CommitOrder& order,
+                                      SpecCounts& n) {
   std::vector<char> use(chunks_.size(), 0);
   std::shared_ptr<Snapshot> snap;
-  uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
   {
     MutexLock lock(&mu_);
     snap = snapshot_.lock();
-    for (size_t i = 0; i < chunks_.size(); ++i) {
+    SpecCounts here;
+    for (size_t i : chunks) {
       const Chunk& c = chunks_[i];
       if (c.spec == SpecPhase::kSpeculated) {
         if (order.skip) {
-          ++dropped;
+          ++here.dropped;
         } else if (SameOrder(c.spec_order, order)) {
           use[i] = 1;
-          ++published;
+          ++here.published;
         } else {
-          ++redone;
+          ++here.redone;
         }
       } else if (!order.skip) {
-        ++sync;
+        ++here.sync;
       }
     }
-    spec_stats_.published += published;
-    spec_stats_.redone += redone;
-    spec_stats_.dropped += dropped;
-    spec_stats_.sync += sync;
-  }
-  if (redone > 0) {
-    ZPS_LOG(INFO) << "step " << order.step << " clipped (grad_scale " << order.grad_scale
-                  << "): " << redone << " speculated chunks redone from their pre-update state";
-  } else if (dropped > 0) {
-    ZPS_LOG(INFO) << "step " << order.step << " skipped: " << dropped
-                  << " speculated chunks dropped (their state is unchanged)";
+    spec_stats_.published += here.published;
+    spec_stats_.redone += here.redone;
+    spec_stats_.dropped += here.dropped;
+    spec_stats_.sync += here.sync;
+    n.published += here.published;
+    n.redone += here.redone;
+    n.dropped += here.dropped;
+    n.sync += here.sync;
   }
   if (order.skip) return Status::Ok();  // nothing live was written: nothing to restore
   if (!store_) {
-    for (size_t i = 0; i < chunks_.size(); ++i) {
+    // The published spares' 16-bit copies go into the serving region (its addresses stay, for
+    // one-sided fetches) in one pass across the pool, before the other chunks are updated.
+    std::vector<size_t> published;
+    for (size_t i : chunks) {
+      if (use[i]) published.push_back(i);
+    }
+    CopyServing(published);
+    for (size_t i : chunks) {
       Chunk& c = chunks_[i];
       if (use[i] && snap && snap->Adopt(i, c.master, c.m, c.v)) {
         // A checkpoint still needs the pre-update state: it took the live buffers themselves;
@@ -255,11 +321,13 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
         c.master = std::move(sp.master);
         c.m = std::move(sp.m);
         c.v = std::move(sp.v);
-        std::memcpy(c.serving.data(), sp.serving.data(), c.serving.size_bytes());
         continue;
       }
       if (use[i]) {
-        ZPS_RETURN_IF_ERROR(PublishSpare(c, spares_[i]));
+        Spare& sp = spares_[i];
+        std::swap(c.master, sp.master);
+        std::swap(c.m, sp.m);
+        std::swap(c.v, sp.v);
       } else if (snap) {
         ZPS_RETURN_IF_ERROR(UpdateForSnapshot(i, *snap, order));
       } else {
@@ -270,7 +338,7 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
     return Status::Ok();
   }
   std::vector<uint32_t> rest;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
+  for (size_t i : chunks) {
     if (use[i]) {
       ZPS_RETURN_IF_ERROR(PublishSpare(chunks_[i], spares_[chunks_[i].spare]));
     } else {

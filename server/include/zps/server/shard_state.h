@@ -409,7 +409,12 @@ class ShardState {
   // or speculated (report and spare valid).
   // kQueuedLate: reduced by ReduceStep (the step completed before the speculation thread got to
   // it), queued to be speculated while the coordinator decides.
-  enum class SpecPhase : uint8_t { kIdle, kQueued, kBusy, kReduced, kSpeculated, kQueuedLate };
+  // kBusy: being reduced (by the speculation thread or ReduceStep); kSpeculating: reduced, its
+  // report set, the speculative update running (ReduceStep does not wait for it, nor does the
+  // commit's pass over the other chunks with RAM state).
+  enum class SpecPhase : uint8_t {
+    kIdle, kQueued, kBusy, kReduced, kSpeculated, kQueuedLate, kSpeculating
+  };
   struct Spare {  // the updated state of a speculated chunk, until the commit
     AlignedBuffer<float> master, m, v;
     AlignedBuffer<uint16_t> serving;  // serving_words_ words an element
@@ -480,8 +485,10 @@ class ShardState {
   Status StoreUpdate(const CommitOrder& order);
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
   // `source` (out of place): the old state is read from there, `st` is written.
+  // `opt`: the optimizer to run it with (null: optimizer_, on the pool).
   Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
-                     const CommitOrder& order, const ConstChunkState* source = nullptr) const;
+                     const CommitOrder& order, const ConstChunkState* source = nullptr,
+                     const Optimizer* opt = nullptr) const;
   // The serving copy (serving_words_ words an element) of `master`.
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   Status BuildRuns();  // at Create: params_frozen, expected, runs of every chunk
@@ -489,12 +496,24 @@ class ShardState {
   Status InitSpeculation(uint64_t spare_budget);  // at Create: spares, the thread
   void StopSpeculation();
   void SpeculationLoop();
-  // Sums the slots in contributor order into slot 0, zeroes frozen runs, computes the report.
-  Result<ChunkReport> ReduceChunk(Chunk& c) const;
+  // Sums the slots in contributor order into slot 0, zeroes frozen runs, computes the report
+  // (with `opt`; null: optimizer_).
+  Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
   // Copies the live state into `sp` and updates it with `order`.
   Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
-  Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare (swap or store write)
+  Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare: the store write (store)
+  // RAM state: copies the spares' serving copies of `chunks` into their serving copies, across
+  // the pool (memory-bound: a second core doubles the copy rate here).
+  void CopyServing(const std::vector<size_t>& chunks);
+  // The commit of a speculative step: publishes, redoes or drops each chunk's speculation;
+  // a chunk still being speculated (RAM state) last, once its speculation is done.
   Status ApplySpeculative(const CommitOrder& order);
+  struct SpecCounts {
+    uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
+  };
+  // ApplySpeculative for `chunks` (indices; none in kSpeculating), adding to `n` and the stats.
+  Status ApplySpeculativeTo(const std::vector<size_t>& chunks, const CommitOrder& order,
+                            SpecCounts& n);
   static bool SameOrder(const CommitOrder& a, const CommitOrder& b);
   // Buffers handed back by a snapshot once written, reused for the next out-of-place update
   // while a snapshot is open (shard_state_snapshot.cc): no page faults, no zeroing.
@@ -512,6 +531,10 @@ class ShardState {
   const ShardJob job_;
   ThreadPool* pool_;
   std::unique_ptr<Optimizer> optimizer_;
+  // The speculation thread's: the same configuration without the pool (the same bits: the
+  // optimizer's work split does not depend on threads), so that a chunk it speculates runs
+  // beside the commit's pass over the others instead of queueing for the pool.
+  std::unique_ptr<Optimizer> spec_optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
   uint32_t serving_words_ = 1;      // 16-bit words per serving element (2 for fp32)
@@ -554,6 +577,7 @@ class ShardState {
   std::optional<CommitOrder> armed_ GUARDED_BY(mu_);
   bool spec_stop_ GUARDED_BY(mu_) = false;
   int spec_busy_ GUARDED_BY(mu_) = 0;  // chunks being reduced/speculated
+  int spec_speculating_ GUARDED_BY(mu_) = 0;  // of those, in kSpeculating
   CondVar spec_cv_;                    // the speculation thread waits on it (with mu_)
   std::thread spec_thread_;            // "zps-speculate"
   SpeculationStats spec_stats_ GUARDED_BY(mu_);
