@@ -37,7 +37,7 @@ namespace zps::server {
 
 /// Test hook: ZPS_TEST_CRASH_AT=<point>:<step> makes the process SIGKILL itself when it reaches
 /// `point` at `step` (points: push, update, decide, checkpoint, after-checkpoint, speculate,
-/// checkpoint-background). Honest crash
+/// speculating (before each chunk's speculative update), checkpoint-background). Honest crash
 /// points for the recovery test; nothing happens when the variable is unset.
 void MaybeCrashAt(std::string_view point, int64_t step);
 

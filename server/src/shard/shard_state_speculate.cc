@@ -76,6 +76,7 @@ SpeculationStats ShardState::speculation_stats() const {
   MutexLock lock(&mu_);
   SpeculationStats out = spec_stats_;
   for (const Chunk& c : chunks_) out.in_flight += c.spec == SpecPhase::kSpeculated ? 1 : 0;
+  out.busy = static_cast<uint32_t>(spec_busy_);
   return out;
 }
 
@@ -167,6 +168,7 @@ void ShardState::SpeculationLoop() {
       cv_.SignalAll();
     }
     if (st.ok() && order) {
+      if (test_hook_) test_hook_("speculating", order->step);
       Status s = Speculate(c, spares_[spare], *order);
       if (s.ok()) {
         speculated = true;
@@ -257,6 +259,7 @@ Status ShardState::ApplySpeculative(const CommitOrder& order) {
       MutexLock lock(&mu_);
       cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
       if (shutdown_) return shutdown_reason_;
+      spec_stats_.beside += later.size();
     }
     ZPS_RETURN_IF_ERROR(ApplySpeculativeTo(later, order, n));
   }

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -47,9 +49,13 @@ std::string SpillDir() {
   return dir;
 }
 
+// Which chunks PushAll pushes: all; all but the layout's last chunk; that chunk only.
+enum class Chunks { kAll, kAllButLast, kLastOnly };
+
 // Pushes the same values to every state (initial values, or the gradients of every contributor).
 void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step, uint32_t seed,
-             float scale = 1e-2f) {
+             float scale = 1e-2f, Chunks which = Chunks::kAll) {
+  const uint32_t last = layout.num_chunks() - 1;
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, step == kInitStep ? 0.5f : scale);
   const uint32_t contributors = step == kInitStep ? 1 : 4;
@@ -57,6 +63,10 @@ void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step
     auto pieces = layout.Pieces(p);
     ASSERT_TRUE(pieces.ok());
     for (const Piece& piece : *pieces) {
+      if ((which == Chunks::kAllButLast && piece.chunk == last) ||
+          (which == Chunks::kLastOnly && piece.chunk != last)) {
+        continue;
+      }
       for (uint32_t r = 0; r < contributors; ++r) {
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
@@ -133,6 +143,53 @@ TEST(ShardStateSpeculate, EveryOutcomeEqualsSync) {
   EXPECT_EQ(st.redone, 2u * n);
   EXPECT_EQ(st.dropped, 1u * n);
   EXPECT_EQ(st.sync, 0u);
+  EXPECT_EQ(st.in_flight, 0u);
+}
+
+// The commit comes while the speculation thread is still updating the chunk that completed the
+// step (held there by the test hook): ReduceStep takes its report without waiting for the
+// update, the commit's pass over the other chunks runs beside it (RAM state), and the chunk is
+// handled last. Every outcome still equals sync, step by step.
+TEST(ShardStateSpeculate, CommitBesideASpeculationInProgressEqualsSync) {
+  const Layout layout = SmallLayout();
+  OptimizerConfig opt;
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
+  ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
+  std::atomic<int> held{0};
+  (*spec)->SetTestHook([&](std::string_view point, int64_t) {
+    if (point != "speculating" || held.load() == 0) return;
+    std::this_thread::sleep_for(50ms);  // the commit starts meanwhile
+  });
+  const uint32_t n = static_cast<uint32_t>((*spec)->chunk_ids().size());
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 1);
+  (*spec)->ArmSpeculation(Assumed(0, 0));
+  int64_t applied = 0;
+  const int64_t steps = 6;
+  for (int64_t step = 0; step < steps; ++step) {
+    // Every chunk but the last is pushed and speculated; the last one's push then completes
+    // the step while the thread is idle, so it takes that chunk.
+    const uint32_t seed = 300 + static_cast<uint32_t>(step);
+    PushAll(layout, {sync->get(), spec->get()}, step, seed, 1e-2f, Chunks::kAllButLast);
+    WaitSpeculated(**spec, n - 1);
+    held = 1;
+    PushAll(layout, {sync->get(), spec->get()}, step, seed + 1000, 1e-2f, Chunks::kLastOnly);
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while ((*spec)->speculation_stats().busy == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    CommitOrder order = Assumed(step, applied);
+    if (step % 3 == 1) order.grad_scale *= 0.5f;  // clipped: the busy chunk is redone too
+    if (step == 4) order.skip = true;
+    if (!order.skip) ++applied;
+    Commit(**spec, order, Assumed(step + 1, applied));
+    held = 0;
+    Commit(**sync, order, std::nullopt);
+    ExpectSame(**sync, **spec, step);
+  }
+  const SpeculationStats st = (*spec)->speculation_stats();
+  EXPECT_EQ(st.beside, static_cast<uint64_t>(steps));  // the last chunk of every step
+  EXPECT_EQ(st.published + st.redone + st.sync, (steps - 1) * n);  // the applied steps
   EXPECT_EQ(st.in_flight, 0u);
 }
 

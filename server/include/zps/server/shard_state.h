@@ -238,7 +238,10 @@ struct SpeculationStats {
   uint64_t dropped = 0;    // speculated, but the step was skipped (overflow): the spare dropped
   uint64_t sync = 0;       // not speculated (no spare buffer free, not armed, or completed too
                            // late): updated at commit as in sync mode
+  uint64_t beside = 0;     // of all the above: still being speculated when the commit came
+                           // (RAM state: the commit's pass over the others ran beside it)
   uint32_t in_flight = 0;  // chunks speculated now, waiting for the commit
+  uint32_t busy = 0;       // chunks the speculation thread is reducing or updating now
   uint32_t spares = 0;     // spare buffer sets (chunks that can be speculated in one step)
   uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
 };
@@ -321,8 +324,9 @@ class ShardState {
   void ArmSpeculation(const CommitOrder& assumed);
   SpeculationStats speculation_stats() const;
   /// Test hook, called by the speculation thread after it speculated the first chunk of a step
-  /// ("speculate", step): the shard's named kill point inside speculation. Set before the first
-  /// push.
+  /// ("speculate", step): the shard's named kill point inside speculation; and before each
+  /// chunk's speculative update, once its report is out ("speculating", step: unit tests hold
+  /// the update there). Set before the first push.
   void SetTestHook(std::function<void(std::string_view point, int64_t step)> hook) {
     test_hook_ = std::move(hook);
   }
