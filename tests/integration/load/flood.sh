@@ -19,6 +19,8 @@
 # Prints p50/p99 of fetch and push request latency as the workers saw them and of the step time
 # (from the workers' zps_request_duration_seconds / zps_step_duration_seconds buckets).
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 world=${WORLD:-16}
@@ -29,18 +31,7 @@ runs=${RUNS:-flood}
 model=(--steps "$steps" --d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
        --log-every 1000000 --ucx-tls tcp --op-timeout 120 --max-recoveries 0 "$@")
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [[ -n ${KEEP_WORK:-} ]] && echo "work dir kept: $work" || rm -rf "$work"
-}
-trap cleanup EXIT
-echo "load-test-token" > "$work/token"
-fail() { echo "FAIL: $*"; exit 1; }
-# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
-zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
-free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
+work_init load-test-token
 scrape() {  # port file: the shard's protocol error counters, "kind value" per line
   curl -sf "http://127.0.0.1:$1/metrics" |
     sed -n 's/^zps_protocol_errors_total{kind="\([a-z_]*\)"} \([0-9.e+]*\)$/\1 \2/p' > "$2"
@@ -107,7 +98,7 @@ run() {  # name: flood or quiet, then maybe a digit
   local src=0
   for p in "${spids[@]}"; do wait "$p" || src=1; done
   if [[ $failed -ne 0 ]]; then
-    for f in "$dir"/rank*.err "$dir"/shard*.log; do echo "--- $f"; tail -5 "$f"; done
+    dump_logs 5 "$dir"/rank*.err "$dir"/shard*.log
     fail "run $name: a worker failed"
   fi
   [[ $src -eq 0 ]] || fail "run $name: a shard did not exit cleanly on SIGTERM"

@@ -15,6 +15,8 @@
 #   cut-worker   the workers' link is cut for 5 s at step 8, then restored: bit-identical end.
 # Usage: netns.sh BIN_DIR [scenario...]
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$(cd "$1" && pwd)
 shift
 model=(--steps 20 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
@@ -22,16 +24,12 @@ model=(--steps 20 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 -
 id=$$
 tag=z$((id % 100000))
 net=$((10 + id % 200))  # 10.<net>.0.0/24
-work=$(mktemp -d)
-pids=()
 made_ns=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+delete_namespaces() {
   for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
-trap cleanup EXIT
-echo "netns-test-token" > "$work/token"
+work_init netns-test-token
+on_cleanup delete_namespaces
 
 sw=${tag}sw
 hosts=(s0 s1 w)
@@ -73,7 +71,7 @@ import socket, sys
 socket.create_connection((sys.argv[1], 7071), timeout=2)
 ' "${addr[s0]}" 2> /dev/null; do
     tries=$((tries + 1))
-    (( tries > 20 )) && { echo "FAIL: the namespaces cannot reach each other"; exit 1; }
+    (( tries > 20 )) && fail "the namespaces cannot reach each other"
     sleep 0.2
   done
   wait "$lp" || true
@@ -81,26 +79,11 @@ socket.create_connection((sys.argv[1], 7071), timeout=2)
 cut() { ip -n "$sw" link set "${tag}${1}p" down; }      # host's link, at the switch
 restore() { ip -n "$sw" link set "${tag}${1}p" up; }
 
-"$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"
-grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
-echo "reference: $(wc -l < "$work/ref.crc") chunks"
+reference_crcs "${model[@]}"
 setup_net
 echo "namespaces: shard 0 ${addr[s0]}, shard 1 ${addr[s1]}, workers ${addr[w]} (bridge in $sw)"
 
-wait_exit() {  # pid timeout_s
-  local end=$(( $(date +%s) + $2 ))
-  while kill -0 "$1" 2>/dev/null; do
-    if (( $(date +%s) > end )); then return 1; fi
-    sleep 0.05
-  done
-}
-failures=0
-fail() { echo "FAIL $1: $2"; failures=$((failures+1)); }
-dump() {
-  for f in "$1"/worker0.err "$1"/worker1.err "$1"/shard0.log "$1"/shard1.log; do
-    [[ -f $f ]] && { echo "--- $f"; tail -n 12 "$f"; }
-  done
-}
+dump() { dump_logs 12 "$1"/worker0.err "$1"/worker1.err "$1"/shard0.log "$1"/shard1.log; }
 
 scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
   local name=$1 what=$2
@@ -128,11 +111,9 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
   local t_cut=0 host="" secs=""
   if [[ $what == cut:* ]]; then
     IFS=: read -r _ host secs <<< "$what"
-    local end=$(( $(date +%s) + 90 ))
-    until grep -qE "^step +8 " "$dir/worker0.out"; do
-      if (( $(date +%s) > end )); then fail "$name" "step 8 never reached"; dump "$dir"; return; fi
-      sleep 0.02
-    done
+    if ! wait_grep "$dir/worker0.out" "^step +8 " 90 0.02; then
+      scenario_fail "$name" "step 8 never reached"; dump "$dir"; return
+    fi
     cut "$host"
     t_cut=$(date +%s)
     echo "  $name: cut $host's link at step 8"
@@ -149,15 +130,15 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     for r in 0 1; do
       p=${w[$r]}
       if ! wait_exit "$p" "$limit"; then
-        fail "$name" "rank $r still running $limit s after the cut"; dump "$dir"; return
+        scenario_fail "$name" "rank $r still running $limit s after the cut"; dump "$dir"; return
       fi
       rc=0; wait "$p" 2>/dev/null || rc=$?
-      if [[ $rc -eq 0 ]]; then fail "$name" "rank $r exited 0"; dump "$dir"; return; fi
+      if [[ $rc -eq 0 ]]; then scenario_fail "$name" "rank $r exited 0"; dump "$dir"; return; fi
       if ! grep -m1 "re-joining the job" "$dir/worker$r.err" | grep -Eq "(by|of) shard 1"; then
-        fail "$name" "rank $r's first error does not name shard 1"; dump "$dir"; return
+        scenario_fail "$name" "rank $r's first error does not name shard 1"; dump "$dir"; return
       fi
       if ! tail -n 3 "$dir/worker$r.err" | grep -Eq "shard 1"; then
-        fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
+        scenario_fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
       fi
     done
     restore "$host"
@@ -165,20 +146,17 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     echo "PASS $name: both workers stopped $(( $(date +%s) - t_cut )) s after the cut; rank 0: $(tail -n 1 "$dir/worker0.err" | cut -c1-200)"
     return
   fi
-  local ok=1 p
-  for p in "${w[@]}"; do
-    if ! wait_exit "$p" 180; then ok=0; kill -9 "$p" 2>/dev/null || true; fi
-    wait "$p" 2>/dev/null || ok=0
-  done
+  local ok=1
+  join_pids 180 "${w[@]}" || ok=0
   kill -TERM "${sp[@]}" 2>/dev/null || true
   grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
-  if [[ $ok -ne 1 ]]; then fail "$name" "a worker failed"; dump "$dir"; return; fi
+  if [[ $ok -ne 1 ]]; then scenario_fail "$name" "a worker failed"; dump "$dir"; return; fi
   if ! diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
-    fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
+    scenario_fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
     dump "$dir"; return
   fi
   if ! grep -q "connected from ${addr[w]}" "$dir/shard1.log"; then
-    fail "$name" "shard 1 did not see the workers at their namespace address"; dump "$dir"; return
+    scenario_fail "$name" "shard 1 did not see the workers at their namespace address"; dump "$dir"; return
   fi
   local rejoins
   rejoins=$(cat "$dir/worker0.err" "$dir/worker1.err" | grep -c "re-joining the job" || true)
@@ -197,5 +175,4 @@ for s in "${sel[@]}"; do
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
-if [[ $failures -ne 0 ]]; then echo "FAIL: $failures scenario(s)"; exit 1; fi
-echo "PASS: every network-namespace scenario"
+scenarios_done "every network-namespace scenario"

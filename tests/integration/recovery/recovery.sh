@@ -26,6 +26,8 @@
 #                      at step 17 and the job rolls back to 5, the last complete one. Exits 77
 #                      (skipped) where a tmpfs cannot be mounted.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,25 +35,15 @@ model=(--steps 30 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 -
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 # shellcheck disable=SC2206  # word splitting of the extra flags is intended
 [[ -n ${ZPS_RECOVERY_MODEL_ARGS:-} ]] && model+=(${ZPS_RECOVERY_MODEL_ARGS})
-work=$(mktemp -d)
-pids=()
 mounts=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+unmount_all() {
   for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
-  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
-trap cleanup EXIT
-echo "recovery-test-token" > "$work/token"
+work_init recovery-test-token
+on_cleanup unmount_all
+lib_poll_s=0.02  # wait_exit
 
-# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
-zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
-free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
-now_ms() { date +%s%3N; }
-
-"$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"
-grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
-echo "reference: $(wc -l < "$work/ref.crc") chunks"
+reference_crcs "${model[@]}"
 
 declare -A shard_pid
 start_shard() {  # dir ordinal crash-spec
@@ -69,14 +61,6 @@ start_shard() {  # dir ordinal crash-spec
   fi
   shard_pid[$i]=$!
   pids+=($!)
-}
-
-wait_exit() {  # pid timeout_s
-  local end=$(( $(date +%s) + $2 ))
-  while kill -0 "$1" 2>/dev/null; do
-    if (( $(date +%s) > end )); then return 1; fi
-    sleep 0.02
-  done
 }
 
 # ---- hooks of the named scenarios (arguments: the scenario's dir) ----
@@ -139,7 +123,6 @@ declare -A expect_resume=(
   [corrupt-restarted]='10' [corrupt-survivor]='10' [disk-full]='5'
   [speculate]='10' [checkpoint-background]='5')
 
-failures=0
 scenario() {  # name victim point:step|timing:step [setup [before-restart [check]]]
   local name=$1 victim=$2 spec=$3 setup=${4:-} before_restart=${5:-} check=${6:-}
   local dir=$work/$name
@@ -163,57 +146,43 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     # On-demand checkpoint (zps-ckpt save), then a clean stop of both shards (SIGTERM: each
     # writes a shutdown checkpoint), then both restart from their --data-dir.
     local at=${spec#sigterm:}
-    local end=$(( $(date +%s) + 60 ))
-    until grep -qE "^step +$at " "$dir/worker0.out"; do
-      (( $(date +%s) > end )) && { echo "FAIL $name: step $at never reached"; failures=$((failures+1)); return; }
-      sleep 0.01
-    done
+    wait_grep "$dir/worker0.out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
     if ! "$bin/zps-ckpt" save --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
          --timeout 30 > "$dir/save.out" 2>&1; then
-      echo "FAIL $name: zps-ckpt save: $(cat "$dir/save.out")"; failures=$((failures+1)); return
+      scenario_fail "$name" "zps-ckpt save: $(cat "$dir/save.out")"; return
     fi
     echo "  $name: zps-ckpt save: $(cat "$dir/save.out")"
     kill -TERM "${shard_pid[0]}" "${shard_pid[1]}"
     wait_exit "${shard_pid[0]}" 20 && wait_exit "${shard_pid[1]}" 20 || {
-      echo "FAIL $name: shards did not stop on SIGTERM"; failures=$((failures+1)); return; }
+      scenario_fail "$name" "shards did not stop on SIGTERM"; return; }
     grep -h "shutdown checkpoint" "$dir"/shard*.log | sed "s/^/  $name: /" || true
     start_shard "$dir" 0 ""
     victim=1
   elif [[ $spec == timing:* ]]; then
     local at=${spec#timing:}
-    local end=$(( $(date +%s) + 60 ))
-    until grep -qE "^step +$at " "$dir/worker0.out"; do
-      (( $(date +%s) > end )) && { echo "FAIL $name: step $at never reached"; failures=$((failures+1)); return; }
-      sleep 0.01
-    done
+    wait_grep "$dir/worker0.out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
     kill -9 "${shard_pid[$victim]}"
   fi
   if ! wait_exit "${shard_pid[$victim]}" 60; then
-    echo "FAIL $name: shard $victim did not die at $spec"
-    failures=$((failures+1))
+    scenario_fail "$name" "shard $victim did not die at $spec"
     return
   fi
   # A named kill point: the victim must have died there (its own log line), not elsewhere.
   if [[ -n $crash && $spec != sigterm:* ]] && ! grep -q "ZPS_TEST_CRASH_AT=$crash: killing this process" "$dir/shard$victim.log"; then
-    echo "FAIL $name: shard $victim exited, but not at $crash"
+    scenario_fail "$name" "shard $victim exited, but not at $crash"
     tail -n 12 "$dir/shard$victim.log"
-    failures=$((failures+1))
     return
   fi
   local t_kill
   t_kill=$(now_ms)
   wait "${shard_pid[$victim]}" 2>/dev/null || true
   if [[ -n $before_restart ]] && ! $before_restart "$dir"; then
-    echo "FAIL $name: $before_restart"
-    failures=$((failures+1))
+    scenario_fail "$name" "$before_restart"
     return
   fi
   start_shard "$dir" "$victim" ""
   local ok=1
-  for p in "${w[@]}"; do
-    if ! wait_exit "$p" 120; then ok=0; kill -9 "$p" 2>/dev/null || true; fi
-    wait "$p" 2>/dev/null || ok=0
-  done
+  join_pids 120 "${w[@]}" || ok=0
   kill -TERM "${shard_pid[0]}" "${shard_pid[1]}" 2>/dev/null || true
   wait_exit "${shard_pid[0]}" 20 || true
   wait_exit "${shard_pid[1]}" 20 || true
@@ -243,12 +212,9 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   if [[ $ok -eq 1 ]] && [[ -n $resumed ]] && diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
     echo "PASS $name: shard $victim killed at $spec; ${resumed#recovery: }; recovery time (kill -> first resumed step) ${rec_ms} ms; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
-    echo "FAIL $name: shard $victim killed at $spec (workers ok=$ok, resumed='${resumed}')"
-    for f in "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log; do
-      echo "--- $f"; tail -n 12 "$f"
-    done
+    scenario_fail "$name" "shard $victim killed at $spec (workers ok=$ok, resumed='${resumed}')"
+    dump_logs 12 "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
     diff "$work/ref.crc" "$dir/dist.crc" | head -5 || true
-    failures=$((failures+1))
   fi
 }
 
@@ -273,8 +239,4 @@ for s in "${sel[@]}"; do
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
-if [[ $failures -ne 0 ]]; then
-  echo "FAIL: $failures scenario(s)"
-  exit 1
-fi
-echo "PASS: every scenario ended bit-identical to the uninterrupted run"
+scenarios_done "every scenario ended bit-identical to the uninterrupted run"

@@ -34,42 +34,18 @@
 #                with an error naming rank 1 (no session left), and rank 0 exits with it.
 # Usage: worker_death.sh BIN_DIR [scenario...]
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 tls=${ZPS_WD_TLS:-tcp}
 model=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
-}
-trap cleanup EXIT
-echo "worker-death-token" > "$work/token"
-# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
-zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
-free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
+work_init worker-death-token
 
-"$bin/zps-train" --mode reference "${model[@]}" --print-crcs > "$work/ref.out"
-grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
-echo "reference: $(wc -l < "$work/ref.crc") chunks"
+reference_crcs "${model[@]}"
 
-wait_exit() {  # pid timeout_s
-  local end=$(( $(date +%s) + $2 ))
-  while kill -0 "$1" 2>/dev/null; do
-    if (( $(date +%s) > end )); then return 1; fi
-    sleep 0.05
-  done
-}
-
-failures=0
-fail() { echo "FAIL $1: $2"; failures=$((failures+1)); }
-dump() {
-  for f in "$1"/worker0.err "$1"/worker1.err "$1"/worker1b.err "$1"/shard0.log "$1"/shard1.log; do
-    [[ -f $f ]] && { echo "--- $f"; tail -n 10 "$f"; }
-  done
-}
+dump() { dump_logs 10 "$1"/worker0.err "$1"/worker1.err "$1"/worker1b.err "$1"/shard0.log "$1"/shard1.log; }
 
 scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   local name=$1 point=$2 restart=$3
@@ -101,10 +77,10 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   ZPS_TEST_CRASH_AT=$point "$bin/zps-train" "${wargs[@]}" --rank 1 \
     > "$dir/worker1.out" 2> "$dir/worker1.err" &
   local w1=$!; pids+=($w1)
-  if ! wait_exit "$w1" 60; then fail "$name" "rank 1 did not die at $point"; dump "$dir"; return; fi
+  if ! wait_exit "$w1" 60; then scenario_fail "$name" "rank 1 did not die at $point"; dump "$dir"; return; fi
   wait "$w1" 2>/dev/null || true
   if ! grep -q "ZPS_TEST_CRASH_AT=$point: killing this process" "$dir/worker1.err"; then
-    fail "$name" "rank 1 exited, but not at $point"; dump "$dir"; return
+    scenario_fail "$name" "rank 1 exited, but not at $point"; dump "$dir"; return
   fi
   local t_kill
   t_kill=$(date +%s)
@@ -112,27 +88,24 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
     "$bin/zps-train" "${wargs[@]}" --rank 1 > "$dir/worker1b.out" 2> "$dir/worker1b.err" &
     local w1b=$!; pids+=($w1b)
     local ok=1
-    for p in $w0 $w1b; do
-      if ! wait_exit "$p" 120; then ok=0; kill -9 "$p" 2>/dev/null || true; fi
-      wait "$p" 2>/dev/null || ok=0
-    done
+    join_pids 120 "$w0" "$w1b" || ok=0
     kill -TERM "${sp[@]}" 2>/dev/null || true
     grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
     local joined
     joined=$(sed -nE 's/.*joined the job at step ([0-9]+).*/\1/p' "$dir/worker1b.err" | head -1)
     local want="^12$"
     [[ $point == worker-commit:* ]] && want="^1[23]$"
-    if [[ $ok -ne 1 ]]; then fail "$name" "a worker failed"; dump "$dir"; return; fi
+    if [[ $ok -ne 1 ]]; then scenario_fail "$name" "a worker failed"; dump "$dir"; return; fi
     if ! [[ $joined =~ $want ]]; then
-      fail "$name" "the restarted rank 1 joined at step '${joined}', expected $want"; dump "$dir"; return
+      scenario_fail "$name" "the restarted rank 1 joined at step '${joined}', expected $want"; dump "$dir"; return
     fi
     if [[ $pre -eq 0 ]] && grep -q "re-joining the job" "$dir/worker0.err"; then
-      fail "$name" "rank 0 had to re-join (it should only have waited)"; dump "$dir"; return
+      scenario_fail "$name" "rank 0 had to re-join (it should only have waited)"; dump "$dir"; return
     fi
     # Half pushed: some shard must have dropped what the old process pushed of step 12.
     if [[ $pre -eq 0 && $point == worker-push:* ]] &&
        ! grep -Eq "worker rank 1 connected again .*: [1-9][0-9]* elements it pushed" "$dir"/shard*.log; then
-      fail "$name" "no shard dropped rank 1's pushes of step 12"; dump "$dir"; return
+      scenario_fail "$name" "no shard dropped rank 1's pushes of step 12"; dump "$dir"; return
     fi
     if [[ $pre -eq 1 ]]; then
       # Every rank restarts the step: rank 0 re-joined at step 12 (or 13 after pre-commit), in
@@ -140,41 +113,41 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
       local rejoined
       rejoined=$(sed -nE 's/.*rank 0\): re-joined; resuming at step ([0-9]+).*/\1/p' "$dir/worker0.err" | tail -1)
       if ! [[ $rejoined =~ $want ]]; then
-        fail "$name" "rank 0 did not re-join at the restarted step (re-joined at '${rejoined}')"; dump "$dir"; return
+        scenario_fail "$name" "rank 0 did not re-join at the restarted step (re-joined at '${rejoined}')"; dump "$dir"; return
       fi
       if ! grep -Eq "rank [01] re-joined the job at step 1[23]: worker generation" "$dir/shard0.log"; then
-        fail "$name" "the coordinator did not start a new worker generation"; dump "$dir"; return
+        scenario_fail "$name" "the coordinator did not start a new worker generation"; dump "$dir"; return
       fi
       if [[ $name == pre-bucket || $name == pre-push ]] &&
          ! grep -Eq "connected again .*: [1-9][0-9]* elements pushed of the step in progress dropped \(pre-reduced" "$dir"/shard*.log; then
-        fail "$name" "no shard dropped the pushes of step 12"; dump "$dir"; return
+        scenario_fail "$name" "no shard dropped the pushes of step 12"; dump "$dir"; return
       fi
       if [[ $name == pre-backward || $name == pre-bucket ]] &&
          ! grep -q "UNAVAILABLE: step 12: gloo reduce-scatter" "$dir/worker0.err"; then
-        fail "$name" "rank 0's reduce-scatter did not fail (it should, at once, when rank 1 dies)"; dump "$dir"; return
+        scenario_fail "$name" "rank 0's reduce-scatter did not fail (it should, at once, when rank 1 dies)"; dump "$dir"; return
       fi
       if [[ $name == pre-push ]] &&
          ! grep -Eq "UNAVAILABLE: step 12: .*rank 1 re-joined the job at step 12: in a pre-reduced job every rank restarts the step" "$dir/worker0.err"; then
-        fail "$name" "rank 0's wait for the decision was not failed by rank 1's re-join"; dump "$dir"; return
+        scenario_fail "$name" "rank 0's wait for the decision was not failed by rank 1's re-join"; dump "$dir"; return
       fi
     fi
     if ! diff -q "$work/ref.crc" "$dir/dist.crc" > /dev/null; then
-      fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
+      scenario_fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
       dump "$dir"; return
     fi
     echo "PASS $name ($tls): rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
-    if ! wait_exit "$w0" 40; then fail "$name" "rank 0 still running 40 s after rank 1 died"; dump "$dir"; return; fi
+    if ! wait_exit "$w0" 40; then scenario_fail "$name" "rank 0 still running 40 s after rank 1 died"; dump "$dir"; return; fi
     local rc=0
     wait "$w0" 2>/dev/null || rc=$?
     local took=$(( $(date +%s) - t_kill ))
     kill -TERM "${sp[@]}" 2>/dev/null || true
-    if [[ $rc -eq 0 ]]; then fail "$name" "rank 0 exited 0 without rank 1"; dump "$dir"; return; fi
+    if [[ $rc -eq 0 ]]; then scenario_fail "$name" "rank 0 exited 0 without rank 1"; dump "$dir"; return; fi
     if ! grep -q "rank 1 never pushed the step" "$dir/shard0.log"; then
-      fail "$name" "shard 0's error does not name rank 1"; dump "$dir"; return
+      scenario_fail "$name" "shard 0's error does not name rank 1"; dump "$dir"; return
     fi
     if ! grep -q "rank 1 never pushed the step" "$dir/worker0.err"; then
-      fail "$name" "rank 0's error does not name rank 1"; dump "$dir"; return
+      scenario_fail "$name" "rank 0's error does not name rank 1"; dump "$dir"; return
     fi
     echo "PASS $name: rank 1 killed at $point, never restarted; rank 0 stopped ${took} s later with: $(grep -m1 'never pushed' "$dir/worker0.err" | cut -c1-220)"
   fi
@@ -196,5 +169,4 @@ for s in "${sel[@]}"; do
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
-if [[ $failures -ne 0 ]]; then echo "FAIL: $failures scenario(s)"; exit 1; fi
-echo "PASS: every worker-death scenario"
+scenarios_done "every worker-death scenario"

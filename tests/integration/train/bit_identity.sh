@@ -11,12 +11,13 @@
 # once (published, redone = a clipped step, dropped = a skipped step, sync = a chunk updated at
 # the commit, e.g. beyond the spares of a memory budget).
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 common=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
         --chunk-elems 8192 --world-size 2 --shards 2 --print-crcs --log-every 4 "$@")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work_init
 
 echo "== reference: ${common[*]}"
 "$bin/zps-train" --mode reference "${common[@]}" | tee "$work/ref.out"
@@ -33,26 +34,20 @@ fi
 grep '^chunk_crc' "$work/ref.out" > "$work/ref.crc"
 grep '^chunk_crc' "$work/dist.out" > "$work/dist.crc"
 n=$(wc -l < "$work/ref.crc")
-if [[ "$n" -lt 4 ]]; then
-  echo "FAIL: expected CRCs of at least 4 chunks, got $n"
-  exit 1
-fi
-if ! diff "$work/ref.crc" "$work/dist.crc"; then
-  echo "FAIL: distributed state differs from the reference"
-  exit 1
-fi
+if [[ "$n" -lt 4 ]]; then fail "expected CRCs of at least 4 chunks, got $n"; fi
+if ! diff "$work/ref.crc" "$work/dist.crc"; then fail "distributed state differs from the reference"; fi
 if [[ " $* " == *" --inject-overflow-step "* ]]; then
   for f in ref dist; do
-    grep -q 'skipped' "$work/$f.out" || { echo "FAIL: the forced overflow did not skip a step ($f)"; exit 1; }
+    grep -q 'skipped' "$work/$f.out" || fail "the forced overflow did not skip a step ($f)"
   done
 fi
 if [[ $spec -eq 1 ]]; then
   logs=$(sed -n 's/.*(logs in \(.*\))$/\1/p' "$work/dist.out" | head -1)
-  [[ -n $logs && -d $logs ]] || { echo "FAIL: no cluster log directory"; exit 1; }
+  [[ -n $logs && -d $logs ]] || fail "no cluster log directory"
   totals=$(grep -h "speculation totals" "$logs"/shard-*.log || true)
   rm -rf "$logs"
   echo "$totals"
-  [[ $(wc -l <<< "$totals") -eq 2 ]] || { echo "FAIL: expected the speculation totals of 2 shards"; exit 1; }
+  [[ $(wc -l <<< "$totals") -eq 2 ]] || fail "expected the speculation totals of 2 shards"
   for outcome in published ${BIT_IDENTITY_EXPECT:-}; do
     sum=0
     case $outcome in
@@ -65,10 +60,7 @@ if [[ $spec -eq 1 ]]; then
     while read -r line; do
       [[ $line =~ $re ]] && sum=$(( sum + BASH_REMATCH[1] ))
     done <<< "$totals"
-    if [[ $sum -eq 0 ]]; then
-      echo "FAIL: no chunk update was $outcome (the run did not exercise that path)"
-      exit 1
-    fi
+    if [[ $sum -eq 0 ]]; then fail "no chunk update was $outcome (the run did not exercise that path)"; fi
     echo "speculation: $sum chunk updates $outcome"
   done
 fi

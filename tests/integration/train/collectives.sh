@@ -23,6 +23,8 @@
 #     final held-out loss within 2e-3 (the summation order differs: rank order on the shard,
 #     Gloo's halving-doubling among the workers).
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 world=$2
 shift 2
@@ -32,17 +34,7 @@ steps=${STEPS:-8}
 model=(--steps "$steps" --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
        --log-every 1 --ucx-tls tcp "$@")
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
-}
-trap cleanup EXIT
-echo "collectives-test-token" > "$work/token"
-# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
-zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../python" && pwd)
-free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
+work_init collectives-test-token
 metric() {  # port name -> value
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
 }
@@ -74,9 +66,8 @@ run() {  # name reduction fetch-strategy [extra zps-train flags...]
   local failed=0
   for p in "${wpids[@]}"; do wait "$p" || failed=1; done
   if [[ $failed -ne 0 ]]; then
-    for f in "$dir"/*; do echo "--- $f"; tail -20 "$f"; done
-    echo "FAIL: run $name ($red, $fs) failed"
-    exit 1
+    dump_logs 20 "$dir"/*
+    fail "run $name ($red, $fs) failed"
   fi
   local push=0 fetch=0
   for ((i = 0; i < shards; i++)); do
@@ -91,7 +82,6 @@ run() {  # name reduction fetch-strategy [extra zps-train flags...]
   grep -E '^(step|held-out|summary|prefetch)' "$dir/rank0.out" | sed 's/^/   /'
 }
 
-fail() { echo "FAIL: $*"; exit 1; }
 run A server-sum direct
 run B pre-reduced bandwidth-centric
 if [[ $runs == scale ]]; then
