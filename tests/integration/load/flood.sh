@@ -117,17 +117,20 @@ run() {  # name: flood or quiet, then maybe a digit
     fail "run $name: the final state differs from the in-process reference"
   echo "   final state: $(wc -l < "$dir/crc") chunks bit-identical to the in-process reference"
   cat "$dir"/rank*.out | python3 "$(dirname "$0")/latency.py" "$name"
-  delta() {  # file-before file-after kind
+  # file-before file-after kind: sets delta_v. Not called in $(...), so that a missing series
+  # fails the test (fail exits) instead of a subshell.
+  delta() {
     local b a
     b=$(awk -v k="$3" '$1 == k {printf "%.0f", $2}' "$1")
     a=$(awk -v k="$3" '$1 == k {printf "%.0f", $2}' "$2")
     [[ -n $a && -n $b ]] || fail "no zps_protocol_errors_total{kind=\"$3\"} in $2"
-    echo $((a - b))
+    delta_v=$((a - b))
   }
   if [[ $kind == quiet ]]; then  # a job alone makes no protocol error: the flood's are the flood's
     for ((i = 0; i < shards; i++)); do
       for k in "${kinds[@]}"; do
-        [[ $(delta "$dir/before$i" "$dir/after$i" "$k") -eq 0 ]] ||
+        delta "$dir/before$i" "$dir/after$i" "$k"
+        [[ $delta_v -eq 0 ]] ||
           fail "run quiet: shard $i counted protocol errors of kind $k without a flood"
       done
     done
@@ -139,8 +142,10 @@ run() {  # name: flood or quiet, then maybe a digit
     for ((i = 0; i < shards; i++)); do
       for k in "${kinds[@]}"; do
         local d during seen
-        d=$(delta "$dir/before$i" "$dir/after$i" "$k")
-        during=$(delta "$dir/before$i" "$dir/during$i" "$k")
+        delta "$dir/before$i" "$dir/after$i" "$k"
+        d=$delta_v
+        delta "$dir/before$i" "$dir/during$i" "$k"
+        during=$delta_v
         seen=$(awk -v s="$i" -v k="$k" '$1 == "flood" && $2 == s && $6 == k {n += $5} END {print n + 0}' "$dir/flood.out")
         (( seen > 0 )) || fail "zps-flood saw no answer of kind $k from shard $i"
         (( d >= seen )) ||

@@ -76,8 +76,9 @@ socket.create_connection((sys.argv[1], 7071), timeout=2)
   done
   wait "$lp" || true
 }
-cut() { ip -n "$sw" link set "${tag}${1}p" down; }      # host's link, at the switch
-restore() { ip -n "$sw" link set "${tag}${1}p" up; }
+# (not named "cut": that would hide the cut command used below)
+cut_link() { ip -n "$sw" link set "${tag}${1}p" down; }      # host's link, at the switch
+restore_link() { ip -n "$sw" link set "${tag}${1}p" up; }
 
 reference_crcs "${model[@]}"
 setup_net
@@ -114,12 +115,12 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     if ! wait_grep "$dir/worker0.out" "^step +8 " 90 0.02; then
       scenario_fail "$name" "step 8 never reached"; dump "$dir"; return
     fi
-    cut "$host"
+    cut_link "$host"
     t_cut=$(date +%s)
     echo "  $name: cut $host's link at step 8"
     if [[ $secs != forever ]]; then
       sleep "$secs"
-      restore "$host"
+      restore_link "$host"
       echo "  $name: restored $host's link after $secs s"
     fi
   fi
@@ -141,7 +142,7 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
         scenario_fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
       fi
     done
-    restore "$host"
+    restore_link "$host"
     kill -9 "${sp[@]}" 2>/dev/null || true
     echo "PASS $name: both workers stopped $(( $(date +%s) - t_cut )) s after the cut; rank 0: $(tail -n 1 "$dir/worker0.err" | cut -c1-200)"
     return
