@@ -116,8 +116,8 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
     return UpdateChunk(c, st, serving, order, nullptr, spec_optimizer_.get());
   }
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
-  // ResetTo do, and both wait for the speculation in progress first. No copy: the pass moves
-  // the same bytes as the synchronous update.
+  // ResetTo do, and both wait for this chunk's speculation first (ApplyCommit handles it after
+  // the others). No copy: the pass reads and writes the same bytes as the synchronous update.
   const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
   return UpdateChunk(c, st, serving, order, &live, spec_optimizer_.get());
 }
@@ -243,8 +243,8 @@ Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
 }
 
 Status ShardState::ApplySpeculative(const CommitOrder& order) {
-  // A chunk still being speculated (a late one, RAM state) is handled last: the pass over the
-  // others runs beside it on the other core.
+  // A chunk still being speculated (kSpeculating; with RAM state only, ApplyCommit waits
+  // otherwise) is handled last: the pass over the others runs beside it.
   std::vector<size_t> now, later;
   {
     MutexLock lock(&mu_);
