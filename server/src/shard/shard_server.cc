@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/metrics.h"
@@ -327,6 +328,11 @@ struct ShardServer::Impl {
                   std::shared_ptr<const void> owner = nullptr);
   void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
+  // A data-plane message whose header does not decode: counted (invalid_argument), and logged
+  // at most 10 times a second with how many were held back (a flood of them would otherwise
+  // write a line each).
+  void DropMalformed(std::string_view what, const Status& why);
+  log::LogRateLimit malformed_log{10, std::chrono::seconds(1)};
   void HandlePush(ucx::AmMessage& m, bool rma);
   // Tells every worker session that `version` is published (kAmServingNotice; nothing when the
   // serving copies are not in a UCX region: no worker learned an address then).
@@ -386,11 +392,21 @@ void ShardServer::Impl::ReplyPush(const ucx::Endpoint& ep, uint64_t request, con
   });
 }
 
+void ShardServer::Impl::DropMalformed(std::string_view what, const Status& why) {
+  sm.pm.ProtocolError("invalid_argument");
+  uint64_t held_back = 0;
+  if (!malformed_log.Allow(&held_back)) return;
+  ZPS_LOG(WARNING) << "dropping malformed " << what << ": " << why.ToString()
+                   << (held_back == 0 ? std::string()
+                                      : " (" + std::to_string(held_back) +
+                                            " more malformed messages not logged; "
+                                            "zps_protocol_errors_total counts them)");
+}
+
 void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   auto h = msg::FetchHeader::Decode(m.header());
   if (!h.ok()) {
-    sm.pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "dropping malformed fetch: " << h.status().ToString();
+    DropMalformed("fetch", h.status());
     return;
   }
   const auto t0 = BeginRequest(metrics::kFetch);
@@ -450,16 +466,14 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
   if (rma) {
     auto d = msg::PushRmaHeader::Decode(m.header());
     if (!d.ok()) {
-      sm.pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "dropping malformed push: " << d.status().ToString();
+      DropMalformed("push", d.status());
       return;
     }
     rh = std::move(*d);
   } else {
     auto d = msg::PushHeader::Decode(m.header());
     if (!d.ok()) {
-      sm.pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "dropping malformed push: " << d.status().ToString();
+      DropMalformed("push", d.status());
       return;
     }
     rh.push = *d;

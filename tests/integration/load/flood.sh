@@ -162,6 +162,10 @@ run() {  # name: flood or quiet, then maybe a digit
     held=$(sed -n 's/.*(\([0-9]*\) more connections closed for protocol errors not logged.*/\1/p' \
              "$dir"/shard*.log | awk '{n += $1} END {print n + 0}')
     echo "   shard logs: $lines 'rpc: closing connection' lines, $held more held back by the log limit"
+    lines=$(cat "$dir"/shard*.log | grep -c 'dropping malformed' || true)
+    held=$(sed -n 's/.*(\([0-9]*\) more malformed messages not logged.*/\1/p' \
+             "$dir"/shard*.log | awk '{n += $1} END {print n + 0}')
+    echo "   shard logs: $lines 'dropping malformed' (data-plane) lines, $held more held back"
   fi
 }
 
