@@ -4,6 +4,9 @@
 // The live master, m, v and serving copy are never written before the commit, so the
 // "pre-update state" a redo starts from is simply the live one, and a skip restores nothing.
 // See shard_state.h and docs/architecture.md "The speculative step".
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -52,6 +55,10 @@ Status ShardState::InitSpeculation(uint64_t spares) {
                 << " bytes of spare buffers)";
   spec_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "zps-speculate");
+    // Below the progress thread that lands the pushes and the driver (both on the step's
+    // critical path): speculation takes the CPU they leave. Linux: a per-thread nice value;
+    // best effort. docs/benchmarks.md, "Overlap", has the measurement.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
     SpeculationLoop();
   });
   return Status::Ok();
