@@ -4,9 +4,6 @@
 // The live master, m, v and serving copy are never written before the commit, so the
 // "pre-update state" a redo starts from is simply the live one, and a skip restores nothing.
 // See shard_state.h and docs/architecture.md "The speculative step".
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -55,10 +52,6 @@ Status ShardState::InitSpeculation(uint64_t spares) {
                 << " bytes of spare buffers)";
   spec_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "zps-speculate");
-    // Below the progress thread that lands the pushes and the driver (both on the step's
-    // critical path): speculation takes the CPU they leave. Linux: a per-thread nice value;
-    // best effort. docs/benchmarks.md, "Overlap", has the measurement.
-    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
     SpeculationLoop();
   });
   return Status::Ok();
@@ -164,6 +157,7 @@ void ShardState::SpeculationLoop() {
         late ? Result<ChunkReport>(ChunkReport{}) : ReduceChunk(c, spec_optimizer_.get());
     Status st = rep.status();
     bool speculated = false;
+    bool reported = late;  // a late chunk's report is out already
     if (st.ok() && order && !late) {
       // The report is ready: ReduceStep need not wait for the update that follows.
       {
@@ -172,6 +166,7 @@ void ShardState::SpeculationLoop() {
         c.spec = SpecPhase::kSpeculating;
         ++spec_speculating_;
       }
+      reported = true;
       cv_.SignalAll();
     }
     if (st.ok() && order) {
@@ -193,7 +188,7 @@ void ShardState::SpeculationLoop() {
         spec_error_ = st.WithContext("reducing chunk " + std::to_string(c.id));
         c.spec = SpecPhase::kReduced;
       } else {
-        if (!late) c.report = *rep;
+        if (!reported) c.report = *rep;
         c.spec = speculated ? SpecPhase::kSpeculated : SpecPhase::kReduced;
         if (speculated) {
           c.spec_order = *order;
