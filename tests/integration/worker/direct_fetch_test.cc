@@ -30,14 +30,6 @@ constexpr char kToken[] = "direct-fetch-test-token";
 constexpr uint64_t kChunk = 2048;  // bf16: 4 KiB serving records
 constexpr uint32_t kParams = 12;   // one chunk each
 
-std::vector<float> Values(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * u(rng);
-  return v;
-}
-
 class DirectFetchTest : public ::testing::Test {
  protected:
   void TearDown() override {

@@ -29,14 +29,6 @@ constexpr char kToken[] = "optimizer-surface-test-token";
 constexpr int kShards = 2;
 constexpr uint32_t kWorld = 2, kMicro = 2;
 
-std::vector<float> Values(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * u(rng);
-  return v;
-}
-
 class OptimizerSurfaceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {

@@ -1,6 +1,6 @@
 // Test helpers for integration tests that run zps-server child processes: a free loopback
-// port, and a zps-server process (fork + exec of ZPS_SERVER_BIN) killed and reaped on
-// destruction.
+// port, a zps-server process (fork + exec of ZPS_SERVER_BIN) killed and reaped on
+// destruction, and deterministic test values.
 #pragma once
 
 #include <arpa/inet.h>
@@ -20,6 +20,15 @@
 #include "zps/common/scoped_fd.h"
 
 namespace zps {
+
+// n values uniform in [-scale, scale), the same for the same seed.
+inline std::vector<float> Values(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * u(rng);
+  return v;
+}
 
 // A free loopback port below the ephemeral range (python/zps/ports.py says why not port 0: an
 // ephemeral port is re-taken by outgoing connections before the server binds it), checked free by
