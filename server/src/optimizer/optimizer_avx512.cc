@@ -31,6 +31,14 @@ struct V {
   static F Set1(float x) { return _mm512_set1_ps(x); }
   static F Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  template <bool STREAM>
+  static void StoreState(float* p, F x) {
+    if constexpr (STREAM) {
+      _mm512_stream_ps(p, x);
+    } else {
+      _mm512_storeu_ps(p, x);
+    }
+  }
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F Fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }

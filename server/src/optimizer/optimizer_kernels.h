@@ -21,6 +21,7 @@ struct KernelArgs {
   bool has_out = false;  // write the serving copy (`out`, or `out32` when out_dtype is kF32)
   DType out_dtype = DType::kBF16;
   bool stream_out = false;    // non-temporal stores for the copy (large chunks only)
+  bool stream_state = false;  // non-temporal stores for master, m, v (out of place, large only)
   bool has_momentum = false;  // SGD: momentum > 0 (m is read and written)
   bool nesterov = false;
 

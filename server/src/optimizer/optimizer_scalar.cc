@@ -17,6 +17,10 @@ struct V {
   static F Set1(float x) { return x; }
   static F Load(const float* p) { return *p; }
   static void Store(float* p, F x) { *p = x; }
+  template <bool STREAM>
+  static void StoreState(float* p, F x) {
+    *p = x;
+  }
   static F Mul(F a, F b) { return a * b; }
   static F Fma(F a, F b, F c) { return a * b + c; }
   static F Fnma(F a, F b, F c) { return c - a * b; }

@@ -24,6 +24,7 @@
 #include <random>
 #include <vector>
 
+#include "zps/common/aligned_buffer.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
@@ -295,6 +296,55 @@ TEST(Optimizer, OutOfPlaceEqualsInPlace) {
     up.source = ConstChunkState{b.p, b.m, b.v};
     EXPECT_EQ((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up).code(),
               Code::kInvalidArgument);
+  }
+}
+
+// Out of place, large ranges write master, m and v with streaming stores where each of them is
+// on a cache line at the same element as master (RunRange's peel), and with ordinary stores
+// otherwise: every relative alignment, on a pool, gives the in-place bits, and the copy too.
+TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto pool = ThreadPool::Create({.name = "test-oop", .threads = 2});
+  ASSERT_TRUE(pool.ok());
+  const size_t n = 3 * 65536 + 77;
+  // {master, m, v, copy} offsets in elements from 64-byte-aligned bases: all on a line, all off
+  // it by the same amount, and each off by a different amount.
+  const size_t offsets[][4] = {{0, 0, 0, 0}, {3, 3, 3, 6}, {1, 0, 0, 0}, {0, 5, 0, 0},
+                               {0, 0, 0, 1}, {16, 16, 16, 32}, {2, 7, 9, 3}};
+  const State src = MakeState(n, DType::kBF16, 21);
+  for (const Case& cs : Cases()) {
+    auto opt = Optimizer::Create(cs.config, pool->get(), isa);
+    ASSERT_TRUE(opt.ok());
+    State ref = MakeState(n, DType::kBF16, 21);
+    UpdateParams up;
+    up.step = 5;
+    up.grad_scale = 0.25f;
+    up.out16 = ref.out;
+    ASSERT_TRUE((*opt)->Update({ref.p, ref.m, ref.v}, Grad(src, DType::kF32, 0, n), up).ok());
+    for (const auto& off : offsets) {
+      auto buf = [n] { return AlignedBuffer<float>::Allocate(n + 64).value(); };
+      AlignedBuffer<float> p = buf(), m = buf(), v = buf();
+      auto copy = AlignedBuffer<uint16_t>::Allocate(n + 64).value();
+      const std::span<float> dp = p.span().subspan(off[0], n), dm = m.span().subspan(off[1], n),
+                             dv = v.span().subspan(off[2], n);
+      const std::span<uint16_t> dc = copy.span().subspan(off[3], n);
+      up.out16 = dc;
+      up.source = ConstChunkState{src.p, src.m, src.v};
+      ASSERT_TRUE((*opt)->Update({dp, dm, dv}, Grad(src, DType::kF32, 0, n), up).ok());
+      up.source.reset();
+      const std::string at = std::string(cs.name) + " offsets " + std::to_string(off[0]) + "," +
+                             std::to_string(off[1]) + "," + std::to_string(off[2]) + "," +
+                             std::to_string(off[3]);
+      EXPECT_EQ(std::memcmp(dp.data(), ref.p.data(), n * 4), 0) << at;
+      const bool sgd = cs.config.kind == OptimizerKind::kSgd;
+      if (!sgd || cs.config.momentum > 0.0f) {  // plain SGD has no m
+        EXPECT_EQ(std::memcmp(dm.data(), ref.m.data(), n * 4), 0) << at;
+      }
+      if (!sgd) {
+        EXPECT_EQ(std::memcmp(dv.data(), ref.v.data(), n * 4), 0) << at;
+      }
+      EXPECT_EQ(std::memcmp(dc.data(), ref.out.data(), n * 2), 0) << at;
+    }
   }
 }
 
