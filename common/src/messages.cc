@@ -261,6 +261,7 @@ std::vector<std::byte> FetchRmaReplyHeader::Encode() const {
   w.Str(message.substr(0, kMaxErrorMessage));
   w.U64(remote_address);
   w.Blob(rkey);
+  w.I64(bank_delta);
   return w.Take();
 }
 Result<FetchRmaReplyHeader> FetchRmaReplyHeader::Decode(std::span<const std::byte> b) {
@@ -273,6 +274,7 @@ Result<FetchRmaReplyHeader> FetchRmaReplyHeader::Decode(std::span<const std::byt
   ZPS_ASSIGN_OR_RETURN(m.remote_address, r.U64("remote_address"));
   ZPS_ASSIGN_OR_RETURN(auto key, r.Blob("rkey", kMaxRkeyBytes));
   m.rkey.assign(key.begin(), key.end());
+  ZPS_ASSIGN_OR_RETURN(m.bank_delta, r.I64("bank_delta"));
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("FetchRmaReplyHeader"));
   return m;
 }

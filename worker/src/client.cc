@@ -329,7 +329,7 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   const uint32_t shard = piece->shard;
   if (ServingDirectory* d = Directory()) {
     d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype),
-                     h->version, h->remote_address, h->rkey);
+             h->version, h->remote_address, h->rkey, h->bank_delta);
   }
   ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
            [this, piece = std::move(*piece), version = h->version](Status st) {

@@ -1,7 +1,9 @@
 // What a worker knows of its shards' serving regions, for one-sided fetches (protocol 3,
 // docs/protocol.md "One-sided fetch of a published version"): per chunk, the address of its
 // serving copy (learned from a kAmFetchRmaReply), the version known to be there (from that reply
-// or a later kAmServingNotice), and per shard the region's packed rkey.
+// or a later kAmServingNotice), and per shard the region's packed rkey. A shard that serves from
+// two banks (speculative updates, protocol 4) says how far the other bank is (bank_delta):
+// versions of the learned one's parity are at the learned address, the others that far away.
 //
 // An entry is usable for a fetch at min_version m while m <= its version and this worker has not
 // pushed a gradient for the chunk at a step >= that version (with pre-reduced pushes: for any
@@ -44,9 +46,9 @@ class ServingDirectory {
   /// From a kAmFetchRmaReply of `shard`: the range at element `offset` of `chunk` is at
   /// `address` (elements of `esize` bytes) at `version`, in the region whose rkey is `rkey`.
   /// A different rkey than the one known replaces it and forgets the shard's other entries
-  /// (the region changed).
+  /// (the region changed). `bank_delta`: FetchRmaReplyHeader::bank_delta (0: one bank).
   void Learn(uint32_t shard, uint32_t chunk, uint64_t offset, size_t esize, int64_t version,
-             uint64_t address, std::span<const std::byte> rkey) {
+             uint64_t address, std::span<const std::byte> rkey, int64_t bank_delta = 0) {
     if (shard >= session_.size() || rkey.empty() || version < 0) return;
     MutexLock lock(&mu_);
     Shard& s = shards_[shard];
@@ -57,6 +59,8 @@ class ServingDirectory {
     }
     Entry& e = s.chunks[chunk];
     e.base = address - offset * esize;
+    e.base_version = version;
+    e.bank_delta = bank_delta;
     e.version = std::max(e.version, version);
   }
 
@@ -114,8 +118,12 @@ class ServingDirectory {
       auto p = pushed_.find(chunk);
       pushed = p == pushed_.end() ? INT64_MIN : p->second;
     }
-    if (pushed >= it->second.version) return std::nullopt;  // the shard may be rewriting it
-    return Hit{it->second.version, it->second.base + offset * esize, s.rkey};
+    const Entry& e = it->second;
+    if (pushed >= e.version) return std::nullopt;  // the shard may be rewriting it
+    // The bank of e.version: the learned one at the same parity, the other one otherwise.
+    const bool other = ((e.version - e.base_version) & 1) != 0;
+    const uint64_t base = e.base + (other ? static_cast<uint64_t>(e.bank_delta) : 0);
+    return Hit{e.version, base + offset * esize, s.rkey};
   }
 
   /// Forgets what is known of `shard` (it failed, or answered a fetch with an error).
@@ -127,8 +135,10 @@ class ServingDirectory {
 
  private:
   struct Entry {
-    uint64_t base = 0;  // the chunk's element 0
-    int64_t version = -1;
+    uint64_t base = 0;          // the chunk's element 0, at base_version
+    int64_t base_version = -1;  // the version of the reply that gave base
+    int64_t bank_delta = 0;     // bytes to the other bank (0: one bank)
+    int64_t version = -1;       // the highest version known published
   };
   struct Shard {
     std::vector<std::byte> rkey;

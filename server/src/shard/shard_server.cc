@@ -323,9 +323,10 @@ struct ShardServer::Impl {
   // coordinator's epoch + 1. Errors: Unavailable while the job recovers.
   Result<uint64_t> KvGeneration(uint64_t asked);
   void DriverLoop();
+  // `bank_bytes`: ShardState::serving_bank_bytes() (0: one bank).
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
                   std::span<const std::byte> data, bool rma,
-                  std::shared_ptr<const void> owner = nullptr);
+                  std::shared_ptr<const void> owner = nullptr, uint64_t bank_bytes = 0);
   void HandleFetch(ucx::AmMessage& m, bool rma);
   void ReplyPush(const ucx::Endpoint& ep, uint64_t request, const Status& s);
   // A data-plane message whose header does not decode: counted (invalid_argument), and logged
@@ -357,7 +358,7 @@ constexpr size_t kRendezvousMin = 64 * 1024;
 // send holds the owner until it completes (the staging buffer is then free again).
 void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s,
                                    int64_t version, std::span<const std::byte> data, bool rma,
-                                   std::shared_ptr<const void> owner) {
+                                   std::shared_ptr<const void> owner, uint64_t bank_bytes) {
   auto log_failure = [](Status st) {
     if (!st.ok()) ZPS_LOG(DEBUG) << "fetch reply not delivered: " << st.ToString();
   };
@@ -370,6 +371,10 @@ void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, co
     if (s.ok()) {
       h.remote_address = reinterpret_cast<uintptr_t>(data.data());
       h.rkey.assign(region->rkey().begin(), region->rkey().end());
+      if (bank_bytes > 0) {  // bank 0 is the region's first half, bank 1 its second
+        const bool first = h.remote_address < region->remote_address() + bank_bytes;
+        h.bank_delta = first ? static_cast<int64_t>(bank_bytes) : -static_cast<int64_t>(bank_bytes);
+      }
     }
     ucx->SendAm(ep, msg::kAmFetchRmaReply, h.Encode(), {}, nullptr, log_failure);
     return;
@@ -429,11 +434,12 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   // from then (serving latency, not the step's wait). It stays in flight all along.
   in_fetch_handler = true;
   st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-            [this, ep = session.ep, req = h->request, t0, rma](const Status& fs, int64_t v,
-                                                               std::span<const std::byte> data,
-                                                               std::shared_ptr<const void> owner) {
+            [this, ep = session.ep, req = h->request, t0, rma,
+             banks = st->serving_bank_bytes()](const Status& fs, int64_t v,
+                                               std::span<const std::byte> data,
+                                               std::shared_ptr<const void> owner) {
               const auto start = in_fetch_handler ? t0 : Clock::now();
-              ReplyFetch(ep, req, fs, v, data, rma, std::move(owner));
+              ReplyFetch(ep, req, fs, v, data, rma, std::move(owner), banks);
               if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
               EndRequest(metrics::kFetch, start);
             });

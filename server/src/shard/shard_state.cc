@@ -167,6 +167,11 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   size_t serving_bytes = 0;
   for (const Chunk& c : s->chunks_) serving_bytes += serving_stride(c.size);
   if (s->serving_in_store_) serving_bytes = 0;  // the store places them (InitServingStore)
+  // Speculation with the state in RAM writes the next version's serving copies beside the ones
+  // being served: two banks ("Serving banks" in shard_state.h).
+  const bool banked = job.update_mode == UpdateMode::kSpeculative && !spilling;
+  const size_t bank_bytes = serving_bytes;
+  if (banked) serving_bytes *= 2;
   std::span<std::byte> serving;
   if (serving_bytes > 0 && serving_alloc) {
     ZPS_ASSIGN_OR_RETURN(serving, serving_alloc(serving_bytes));
@@ -185,8 +190,14 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   for (Chunk& c : s->chunks_) {
     if (s->serving_in_store_) break;
     c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size * sw};
+    if (banked && bank_bytes > 0) {
+      c.banks[0] = c.serving;
+      c.banks[1] = {reinterpret_cast<uint16_t*>(serving.data() + bank_bytes + serving_off),
+                    c.size * sw};
+    }
     serving_off += serving_stride(c.size);
   }
+  if (banked) s->serving_bank_bytes_ = bank_bytes;
   ZPS_RETURN_IF_ERROR(s->BuildRuns());
   s->speculative_ = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
   uint64_t spares = 0;  // spare sets for speculation with a store
@@ -465,7 +476,9 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
             return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
           }
         } else {
+          c->serving = ServingFor(*c, 0);
           ToServing(master, c->serving);
+          MirrorServing(*c);  // frozen runs are never rewritten: both banks hold them
         }
         ResetCoverage(*c);
         Publish(*c, 0, ready);
@@ -590,7 +603,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     for (size_t i = 0; i < chunks_.size() && st.ok(); ++i) {
       Chunk& c = chunks_[i];
       if (snap) {  // a checkpoint is still being written: it keeps the pre-update buffers
-        st = UpdateForSnapshot(i, *snap, order);
+        st = UpdateForSnapshot(i, *snap, order, c.serving);
         continue;
       }
       st = UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
@@ -720,6 +733,7 @@ Status ShardState::FreshSlots(Chunk& c) {
 
 void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready) {
   c.version = version;
+  c.serving = ServingFor(c, version);
   auto keep = c.waiters.begin();
   for (auto it = c.waiters.begin(); it != c.waiters.end(); ++it) {
     if (it->req.min_version <= version) {

@@ -114,15 +114,18 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   }
   for (Chunk& c : chunks_) {
     if (store_) break;
+    c.serving = ServingFor(c, version);  // the bank of the version restored
     if (version < 0) {
       std::fill(c.master.span().begin(), c.master.span().end(), 0.0f);
       std::fill(c.m.span().begin(), c.m.span().end(), 0.0f);
       std::fill(c.v.span().begin(), c.v.span().end(), 0.0f);
       std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
+      MirrorServing(c);
       continue;
     }
     ZPS_RETURN_IF_ERROR(load(c.id, c.master.span(), c.m.span(), c.v.span()));
     ToServing(c.master.span(), c.serving);
+    MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
   if (version >= 1) {
     MutexLock lock(&mu_);

@@ -61,10 +61,11 @@ void ShardState::ReserveSnapshotBuffers() {
   });
 }
 
-Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order) {
+Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
+                                     std::span<uint16_t> serving) {
   Chunk& c = chunks_[i];
   if (!snap.Live(i)) {  // the snapshot has its own copy: the live state is ours again
-    return UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
+    return UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, serving, order);
   }
   ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> master, TakeBuffer(c.master.size()));
   ZPS_ASSIGN_OR_RETURN(AlignedBuffer<float> m, TakeBuffer(c.m.size()));
@@ -72,7 +73,7 @@ Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder
   // The live state is not written (the reader may copy it meanwhile); the new state goes to the
   // fresh buffers, which then replace it.
   const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
-  Status s = UpdateChunk(c, {master.span(), m.span(), v.span()}, c.serving, order, &live);
+  Status s = UpdateChunk(c, {master.span(), m.span(), v.span()}, serving, order, &live);
   if (!s.ok()) {
     GiveBuffer(std::move(master));
     GiveBuffer(std::move(m));

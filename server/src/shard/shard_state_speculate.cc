@@ -3,6 +3,8 @@
 // the commit publishes the spare, redoes the chunk from its live state, or drops the spare.
 // The live master, m, v and serving copy are never written before the commit, so the
 // "pre-update state" a redo starts from is simply the live one, and a skip restores nothing.
+// With RAM state the new serving copy goes straight into the chunk's next serving bank, which
+// no fetch reads ("Serving banks" in shard_state.h): the publish copies nothing.
 // See shard_state.h and docs/architecture.md "The speculative step".
 #include <algorithm>
 #include <bit>
@@ -35,10 +37,13 @@ Status ShardState::InitSpeculation(uint64_t spares) {
     if (moments_ >= 2 || (!store_ && chunks_[k].v.size() > 0)) {
       ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
     }
-    ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
+    if (store_) {
+      ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
+    }
     spare_bytes_ += (sp.master.size() + sp.m.size() + sp.v.size()) * sizeof(float) +
                     sp.serving.size() * sizeof(uint16_t);
   }
+  spare_bytes_ += serving_bank_bytes_;  // the second serving bank (RAM state)
   {
     MutexLock lock(&mu_);  // not shared yet (Create); for the analysis
     if (store_) {
@@ -108,8 +113,8 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
   };
   ChunkState st{part(sp.master), part(sp.m), part(sp.v)};
-  const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
   if (store_) {  // read into the spare, updated there in place
+    const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
     ZPS_RETURN_IF_ERROR(CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master,
                                                   moments_ >= 1 ? st.m : std::span<float>(),
                                                   moments_ >= 2 ? st.v : std::span<float>())));
@@ -118,8 +123,9 @@ Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
   // ResetTo do, and both wait for this chunk's speculation first (ApplyCommit handles it after
   // the others). No copy: the pass reads and writes the same bytes as the synchronous update.
+  // The serving copy of version step + 1 goes into its bank, which no fetch reads.
   const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
-  return UpdateChunk(c, st, serving, order, &live, spec_optimizer_.get());
+  return UpdateChunk(c, st, ServingFor(c, order.step + 1), order, &live, spec_optimizer_.get());
 }
 
 void ShardState::SpeculationLoop() {
@@ -205,28 +211,10 @@ void ShardState::SpeculationLoop() {
   }
 }
 
-void ShardState::CopyServing(const std::vector<size_t>& chunks) {
-  constexpr size_t kPiece = size_t{1} << 20;  // bytes: fixed pieces, any thread count
-  struct Task {
-    std::byte* to;
-    const std::byte* from;
-    size_t bytes;
-  };
-  std::vector<Task> tasks;
-  for (size_t i : chunks) {
-    Chunk& c = chunks_[i];
-    auto* to = reinterpret_cast<std::byte*>(c.serving.data());
-    const auto* from = reinterpret_cast<const std::byte*>(spares_[i].serving.data());
-    for (size_t off = 0; off < c.serving.size_bytes(); off += kPiece) {
-      tasks.push_back({to + off, from + off, std::min(kPiece, c.serving.size_bytes() - off)});
-    }
-  }
-  auto run = [&](size_t k) { std::memcpy(tasks[k].to, tasks[k].from, tasks[k].bytes); };
-  if (pool_ != nullptr) {
-    pool_->ParallelFor(tasks.size(), run);
-  } else {
-    for (size_t k = 0; k < tasks.size(); ++k) run(k);
-  }
+void ShardState::MirrorServing(const Chunk& c) {
+  if (c.banks[0].empty()) return;
+  std::span<uint16_t> other = c.serving.data() == c.banks[0].data() ? c.banks[1] : c.banks[0];
+  std::memcpy(other.data(), c.serving.data(), c.serving.size_bytes());
 }
 
 Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
@@ -307,17 +295,17 @@ Status ShardState::ApplySpeculativeTo(const std::vector<size_t>& chunks, const C
     n.dropped += here.dropped;
     n.sync += here.sync;
   }
-  if (order.skip) return Status::Ok();  // nothing live was written: nothing to restore
+  if (order.skip) {  // nothing live was written: nothing to restore
+    // The version advances over unchanged bytes: the next bank gets the current copy.
+    for (size_t i : chunks) MirrorServing(chunks_[i]);
+    return Status::Ok();
+  }
   if (!store_) {
-    // The published spares' 16-bit copies go into the serving region (its addresses stay, for
-    // one-sided fetches) in one pass across the pool, before the other chunks are updated.
-    std::vector<size_t> published;
-    for (size_t i : chunks) {
-      if (use[i]) published.push_back(i);
-    }
-    CopyServing(published);
+    // A published chunk's serving copy is in its next bank already; the others are written
+    // there now.
     for (size_t i : chunks) {
       Chunk& c = chunks_[i];
+      const std::span<uint16_t> next = ServingFor(c, order.step + 1);
       if (use[i] && snap && snap->Adopt(i, c.master, c.m, c.v)) {
         // A checkpoint still needs the pre-update state: it took the live buffers themselves;
         // the spare's become the live ones, and the spare is allocated again by the next
@@ -334,10 +322,9 @@ Status ShardState::ApplySpeculativeTo(const std::vector<size_t>& chunks, const C
         std::swap(c.m, sp.m);
         std::swap(c.v, sp.v);
       } else if (snap) {
-        ZPS_RETURN_IF_ERROR(UpdateForSnapshot(i, *snap, order));
+        ZPS_RETURN_IF_ERROR(UpdateForSnapshot(i, *snap, order, next));
       } else {
-        ZPS_RETURN_IF_ERROR(
-            UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order));
+        ZPS_RETURN_IF_ERROR(UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, next, order));
       }
     }
     return Status::Ok();

@@ -43,6 +43,27 @@ TEST(ServingDirectory, NoticeRaisesTheVersionOfLearnedChunksOnly) {
   EXPECT_FALSE(d.Lookup(0, 4, 0, 2, 5).has_value());  // never learned: no address
 }
 
+TEST(ServingDirectory, TwoBanksAlternateWithTheVersion) {
+  ServingDirectory d({kSession0, kSession1}, true);
+  // Version 4 of chunk 3 is in bank 0 at 0x10000; bank 1 is 0x8000 further.
+  d.Learn(0, 3, 8, 2, 4, 0x10010, kKey, 0x8000);
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 4)->address, 0x10000u);
+  ASSERT_TRUE(d.Notice(0, kSession0, 5).ok());  // version 5 is in the other bank
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 5)->address, 0x18000u);
+  EXPECT_EQ(d.Lookup(0, 3, 4, 2, 5)->address, 0x18008u);
+  ASSERT_TRUE(d.Notice(0, kSession0, 6).ok());  // and version 6 back in the first
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 6)->address, 0x10000u);
+  // A reply from bank 1 (version 7) says the other bank is before it.
+  d.Learn(0, 3, 0, 2, 7, 0x18000, kKey, -0x8000);
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 7)->address, 0x18000u);
+  ASSERT_TRUE(d.Notice(0, kSession0, 8).ok());
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 8)->address, 0x10000u);
+  // A late reply of an older version (6, bank 0) after the notice of 8: still bank 0 at 8.
+  d.Learn(0, 3, 0, 2, 6, 0x10000, kKey, 0x8000);
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 8)->version, 8);
+  EXPECT_EQ(d.Lookup(0, 3, 0, 2, 8)->address, 0x10000u);
+}
+
 TEST(ServingDirectory, StaleNoticeIsRefusedAndChangesNothing) {
   ServingDirectory d({kSession0, kSession1}, true);
   d.Learn(0, 3, 0, 2, 1, 0x10000, kKey);

@@ -35,7 +35,8 @@ namespace zps {
 
 /// 'Z','P','S','1' read as a little-endian u32.
 inline constexpr uint32_t kFrameMagic = 0x3153505Au;
-inline constexpr uint16_t kProtocolVersion = 3;  // 3: kAmServingNotice (docs/protocol.md)
+// 3: kAmServingNotice; 4: FetchRmaReplyHeader::bank_delta (docs/protocol.md)
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kFrameHeaderBytes = 32;
 /// Hard upper bound on payload_len. A header announcing more is rejected before anything else is
 /// read from the stream.

@@ -189,6 +189,9 @@ struct FetchReplyHeader {
 /// Reply to a kAmFetchRma, with no data: when code == 0 the requested range (length x serving
 /// dtype bytes) is at `remote_address` in the shard's region whose packed rkey is `rkey`, and
 /// stays unchanged at `version` until the worker's next push for that chunk (step protocol).
+/// `bank_delta` (protocol 4): nonzero when the shard serves from two banks, the byte offset from
+/// this range to the same range in the other bank, where versions of the other parity are
+/// (version + 1 at remote_address + bank_delta, version + 2 at remote_address again, ...).
 struct FetchRmaReplyHeader {
   uint64_t request = 0;
   uint32_t code = 0;  // zps::Code
@@ -196,6 +199,7 @@ struct FetchRmaReplyHeader {
   std::string message;
   uint64_t remote_address = 0;
   std::vector<std::byte> rkey;  // <= kMaxRkeyBytes; empty unless code == 0
+  int64_t bank_delta = 0;
   std::vector<std::byte> Encode() const;
   static Result<FetchRmaReplyHeader> Decode(std::span<const std::byte> b);
 };

@@ -47,6 +47,15 @@
 // from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
 // copies").
 //
+// Serving banks (speculative updates with the state in RAM): the serving block holds two copies
+// of every chunk's serving copy, bank 0 and bank 1, serving_bank_bytes() apart; version v is
+// served from bank v % 2. The update of step s (speculative, redone, or at the commit) writes
+// version s + 1 into the other bank while version s is still being fetched from its own, so the
+// commit copies nothing: the publish flips. A skipped step copies each chunk's bank forward
+// (its version advances, its bytes do not). What bank v % 2 held (version v - 2) is read by no
+// one: the update of step s - 1 needed every worker's push of step s - 1, after which a worker
+// reads version >= s only (docs/protocol.md, "One-sided fetch of a published version").
+//
 // Rollback fence: every ResetTo starts a new generation (epoch()). A push names the generation
 // its session was admitted at (PushRequest::epoch) and is refused before anything is reserved if
 // that is not the current one. A push already granted (a ticket) writes into the slot buffer the
@@ -323,6 +332,9 @@ class ShardState {
   /// ApplyCommit for the next step.
   void ArmSpeculation(const CommitOrder& assumed);
   SpeculationStats speculation_stats() const;
+  /// Bytes from a chunk's serving copy in bank 0 to the same copy in bank 1 of the serving block
+  /// (see "Serving banks"); 0 when there is one bank. Constant after Create; thread-safe.
+  uint64_t serving_bank_bytes() const { return serving_bank_bytes_; }
   /// Test hook, called by the speculation thread after it speculated the first chunk of a step
   /// ("speculate", step): the shard's named kill point inside speculation; and before each
   /// chunk's speculative update, once its report is out ("speculating", step: unit tests hold
@@ -421,7 +433,7 @@ class ShardState {
   };
   struct Spare {  // the updated state of a speculated chunk, until the commit
     AlignedBuffer<float> master, m, v;
-    AlignedBuffer<uint16_t> serving;  // serving_words_ words an element
+    AlignedBuffer<uint16_t> serving;  // with a store only (RAM state: the next serving bank)
   };
   class ServingStaging;  // staging buffers + read cache of spilled serving copies
   struct Chunk {
@@ -429,7 +441,9 @@ class ShardState {
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
     std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_, or the store's
-                                  // resident serving RAM), zeroed at Create; empty if spilled
+                                  // resident serving RAM), zeroed at Create; empty if spilled.
+                                  // With banks: banks[version % 2] (Publish sets it).
+    std::span<uint16_t> banks[2];  // "Serving banks"; empty when there is one
     // Per slot; shared with the push tickets writing into it (see "Rollback fence").
     std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
@@ -506,9 +520,15 @@ class ShardState {
   // Copies the live state into `sp` and updates it with `order`.
   Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
   Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare: the store write (store)
-  // RAM state: copies the spares' serving copies of `chunks` into their serving copies, across
-  // the pool (memory-bound: a second core doubles the copy rate here).
-  void CopyServing(const std::vector<size_t>& chunks);
+  // Where version `version` of c's serving copy is written and served from: its bank (version
+  // < 0: bank 0), or the one copy.
+  static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version) {
+    if (c.banks[0].empty()) return c.serving;
+    return c.banks[version > 0 ? version & 1 : 0];
+  }
+  // With banks: copies c's current serving copy into the other bank (after it was written
+  // outside a step, or for a skipped step, whose version advances over unchanged bytes).
+  static void MirrorServing(const Chunk& c);
   // The commit of a speculative step: publishes, redoes or drops each chunk's speculation;
   // a chunk still being speculated (RAM state) last, once its speculation is done.
   Status ApplySpeculative(const CommitOrder& order);
@@ -525,7 +545,8 @@ class ShardState {
   void GiveBuffer(AlignedBuffer<float> b);
   // The sync update of chunk i while `snap` may still need its state: out of place into fresh
   // buffers, then the old ones go to the snapshot (or back to the pool).
-  Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order);
+  Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
+                           std::span<uint16_t> serving);
   Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                         std::vector<float>& v) const;
   size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
@@ -546,6 +567,7 @@ class ShardState {
   std::vector<uint32_t> chunk_ids_;
   std::vector<Chunk> chunks_;  // same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given
+  uint64_t serving_bank_bytes_ = 0;       // "Serving banks"; 0: one bank
   // Set at Create when spilling; store chunk i is chunks_[i]. Internally synchronised (lock
   // order above). When set, Chunk::master/m/v are empty.
   std::unique_ptr<ChunkStore> store_;
