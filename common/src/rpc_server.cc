@@ -362,14 +362,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // lines (the metric counts every one). Refusals (no kind) are always logged.
     uint64_t held_back = 0;
     if (kind.empty() || srv_->protocol_error_log.Allow(&held_back)) {
-      ZPS_LOG(WARNING) << "rpc: closing connection from " << remote_
-                       << (authed_ ? " (" + peer_.name + ")" : std::string()) << ": "
-                       << s.ToString()
-                       << (held_back == 0 ? std::string()
-                                          : " (" + std::to_string(held_back) +
-                                                " more connections closed for protocol errors "
-                                                "not logged; zps_protocol_errors_total counts "
-                                                "them)");
+      const std::string line =
+          "rpc: closing connection from " + remote_ +
+          (authed_ ? " (" + peer_.name + ")" : std::string()) + ": " + s.ToString() +
+          (held_back == 0 ? std::string()
+                          : " (" + std::to_string(held_back) +
+                                " more connections closed for protocol errors not logged; "
+                                "zps_protocol_errors_total counts them)");
+      // A refusal with UNAVAILABLE is transient (the shard has no job yet, or is restoring):
+      // the peer retries, so each attempt is not a warning.
+      if (kind.empty() && s.code() == Code::kUnavailable) {
+        ZPS_LOG(INFO) << line;
+      } else {
+        ZPS_LOG(WARNING) << line;
+      }
     }
     SendError(id, s);
     closing_ = true;

@@ -600,13 +600,17 @@ void Worker::EpErrorCallback(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
                                                    " failed: " + ucs_status_string(status)));
 }
 
-void Worker::MarkFailed(uint64_t id, Status reason) {
+void Worker::MarkFailed(uint64_t id, Status reason, bool declared) {
   auto it = eps_.find(id);
   if (it == eps_.end() || it->second->failed) return;
   EpState& state = *it->second;
   state.failed = true;
   state.error = std::move(reason);
-  ZPS_LOG(WARNING) << state.error.ToString();
+  if (declared) {
+    ZPS_LOG(INFO) << "ucx endpoint " << id << " closed by its owner: " << state.error.ToString();
+  } else {
+    ZPS_LOG(WARNING) << state.error.ToString();
+  }
   Endpoint handle;
   handle.id_ = id;
   if (state.on_error) state.on_error(handle, state.error);
@@ -623,7 +627,7 @@ void Worker::Fail(const Endpoint& ep, Status reason) {
   auto* owned = new Status(std::move(reason));
   bool posted = Post([this, id, owned] {
     std::unique_ptr<Status> r(owned);
-    MarkFailed(id, std::move(*r));
+    MarkFailed(id, std::move(*r), /*declared=*/true);
   });
   if (!posted) delete owned;
 }

@@ -376,7 +376,9 @@ class Worker {
   // Progress thread only:
   Result<Endpoint> ConnectNow(std::vector<std::byte> address, ErrorCallback on_error,
                               int peer_pid);
-  void MarkFailed(uint64_t id, Status reason);
+  // `declared`: by the owner (Fail), who knows why and logs it: logged at INFO; otherwise (UCX
+  // or the peer-liveness check found it) at WARNING.
+  void MarkFailed(uint64_t id, Status reason, bool declared = false);
   void CheckPeers();
   void CloseNow(uint64_t id, DoneCallback done);
   void SendAmNow(const Endpoint& ep, std::unique_ptr<Op> op, uint16_t id,
