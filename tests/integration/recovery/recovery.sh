@@ -165,6 +165,7 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   fi
   if ! wait_exit "${shard_pid[$victim]}" 60; then
     scenario_fail "$name" "shard $victim did not die at $spec"
+    dump_logs 12 "$dir"/worker0.out "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
     return
   fi
   # A named kill point: the victim must have died there (its own log line), not elsewhere.
