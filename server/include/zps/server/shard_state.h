@@ -52,9 +52,11 @@
 // served from bank v % 2. The update of step s (speculative, redone, or at the commit) writes
 // version s + 1 into the other bank while version s is still being fetched from its own, so the
 // commit copies nothing: the publish flips. A skipped step copies each chunk's bank forward
-// (its version advances, its bytes do not). What bank v % 2 held (version v - 2) is read by no
-// one: the update of step s - 1 needed every worker's push of step s - 1, after which a worker
-// reads version >= s only (docs/protocol.md, "One-sided fetch of a published version").
+// (its version advances, its bytes do not). The bank that step s writes holds version s - 1,
+// which no one reads any more: a chunk is updated only once every worker pushed its step-s
+// gradient, which a worker does after reading version s. With one bank the copy was rewritten
+// one step earlier (at the commit of s - 1), under the same argument (docs/protocol.md,
+// "One-sided fetch of a published version").
 //
 // Rollback fence: every ResetTo starts a new generation (epoch()). A push names the generation
 // its session was admitted at (PushRequest::epoch) and is refused before anything is reserved if
