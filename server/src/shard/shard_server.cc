@@ -1000,18 +1000,8 @@ Status ShardServer::Start() {
     std::vector<std::byte> address(extra.begin(), extra.end());
     const bool posted = d->ucx->Post([d, st, peer, epoch, address = std::move(address), done]() {
       // On the progress thread Connect makes the endpoint at once (no wait).
-      auto ep = d->ucx->Connect(address, [d, rank = peer.rank, token = peer.session_token](
-                                             const ucx::Endpoint&, const Status& s) {
-        bool live = false;
-        {
-          MutexLock lock(&d->mu);
-          live = d->sessions.count(token) > 0;
-        }
-        if (live) {
-          ZPS_LOG(WARNING) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
-        } else {  // its session ended first (the worker disconnected or was replaced)
-          ZPS_LOG(INFO) << "data-plane endpoint of rank " << rank << " closed: " << s.ToString();
-        }
+      auto ep = d->ucx->Connect(address, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
+        ZPS_LOG(WARNING) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
       });
       if (!ep.ok()) return done(ep.status());
       // A rank's new session replaces any old one (its process restarted, or it re-joined after
