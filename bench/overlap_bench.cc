@@ -246,10 +246,11 @@ double Median(std::vector<double> v) {
 // ---- overlap -----------------------------------------------------------------------------
 
 // The speculative update runs out of place (it reads the live master, m and v and writes a
-// spare), the synchronous one in place. Measured in the same run on one layer, with the pass's
-// thread count: the median of 5 of each (after a warm-up). On a machine where writing to other
-// lines costs more than rewriting the ones just read, speculation hides the pass only where the
-// backward compute is at least this much longer than the in-place pass.
+// spare), the synchronous one in place. Measured in the same run over every layer (the pass's
+// working set), with the pass's thread count: alternating passes, the median of 5 of each (after
+// a warm-up), divided by the layer count. On a machine where writing to other lines costs more
+// than rewriting the ones just read, speculation hides the pass only where the backward compute
+// is at least this much longer than the in-place pass.
 struct PlaceTimes {
   double in_place = 0.0, out_of_place = 0.0;  // seconds per layer
 };

@@ -70,6 +70,7 @@
 // Thread-safety: all public methods are thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -526,7 +527,7 @@ class ShardState {
   // < 0: bank 0), or the one copy.
   static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version) {
     if (c.banks[0].empty()) return c.serving;
-    return c.banks[version > 0 ? version & 1 : 0];
+    return c.banks[std::max<int64_t>(version, 0) & 1];
   }
   // With banks: copies c's current serving copy into the other bank (after it was written
   // outside a step, or for a skipped step, whose version advances over unchanged bytes).
