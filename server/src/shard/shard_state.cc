@@ -378,7 +378,17 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
                            " is in a frozen parameter (never pushed)");
   }
   if (init) {
-    if (c->version != -1) return FailedPrecondition("chunk " + std::to_string(c->id) + " is already initialised");
+    if (c->version == 0) {
+      // Initialised, and no step applied yet: rank 0 joined again at step 0 (its step 0 failed
+      // without a rollback) and pushes the job's initial values again. They are the same bits
+      // (the same job, the same seed), so the copy is received and dropped.
+      return DiscardedPush(req, 0);
+    }
+    if (c->version > 0) {
+      return FailedPrecondition("chunk " + std::to_string(c->id) +
+                                " is already initialised and updated (version " +
+                                std::to_string(c->version) + ")");
+    }
   } else if (c->version == -1) {
     return FailedPrecondition("chunk " + std::to_string(c->id) + " is not initialised yet");
   } else if (req.step < c->version) {
@@ -399,15 +409,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
       // A restarted rank pushing again a step its old process completed (ForgetRank kept it):
       // the same rank computes the same bits (pre-reduced: the ranks redo the same
       // reduce-scatter of the same gradients), so the copy is received and dropped.
-      PushTicket t;
-      t.req_ = req;
-      t.slot_ = slot;
-      t.epoch_ = epoch_;
-      t.bytes_ = req.length * DTypeSize(req.dtype);
-      t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
-      t.dest_ = t.staging_.get();
-      t.discard_ = true;
-      return t;
+      return DiscardedPush(req, slot);
     }
     return AlreadyExists("elements [" + std::to_string(b) + ", " + std::to_string(e) +
                          ") of chunk " + std::to_string(c->id) + " were already pushed by " +
@@ -431,13 +433,25 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   return t;
 }
 
+PushTicket ShardState::DiscardedPush(const PushRequest& req, uint32_t slot) const {
+  PushTicket t;
+  t.req_ = req;
+  t.slot_ = slot;
+  t.epoch_ = epoch_;
+  t.bytes_ = req.length * DTypeSize(req.dtype);
+  t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
+  t.dest_ = t.staging_.get();
+  t.discard_ = true;
+  return t;
+}
+
 Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
   std::vector<std::pair<Waiter, Status>> ready;
   {
     MutexLock lock(&mu_);
     Chunk* c = FindChunk(t.req_.chunk);
     if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
-    if (t.discard_) return Status::Ok();  // a re-push into a sealed step (see BeginPush)
+    if (t.discard_) return Status::Ok();  // pushed again (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
     if (t.slot_buffer_ != c->grads[t.slot_]) {
       return Unavailable("push of a session its rank replaced (ForgetRank): dropped");

@@ -63,6 +63,14 @@ start_shard() {  # dir ordinal crash-spec
   pids+=($!)
 }
 
+# The whole job's recovery, in order, for a failed scenario: the coordinator's (shard 0's)
+# registrations, losses, rollbacks and joins, and each shard's kill line and restore.
+recovery_timeline() {  # the scenario's dir
+  echo "--- recovery timeline (shard 0: the coordinator)"
+  grep -hE "registered at|lost its control|job recovery|rolling back|job recovered|joined from|ZPS_TEST_CRASH_AT|restor|stops:" \
+    "$1"/shard0.log "$1"/shard1.log 2>/dev/null | sort -k2,2 | tail -n 40 || true
+}
+
 # ---- hooks of the named scenarios (arguments: the scenario's dir) ----
 newest_checkpoint() {  # shard dir -> the newest step zps-ckpt inspect lists
   "$bin/zps-ckpt" inspect --data-dir "$1/checkpoints" | awk '$1 ~ /^[0-9]+$/ {s=$1} END {print s}'
@@ -166,6 +174,7 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   if ! wait_exit "${shard_pid[$victim]}" 60; then
     scenario_fail "$name" "shard $victim did not die at $spec"
     dump_logs 12 "$dir"/worker0.out "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
+    recovery_timeline "$dir"
     return
   fi
   # A named kill point: the victim must have died there (its own log line), not elsewhere.
@@ -215,6 +224,7 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   else
     scenario_fail "$name" "shard $victim killed at $spec (workers ok=$ok, resumed='${resumed}')"
     dump_logs 12 "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
+    recovery_timeline "$dir"
     diff "$work/ref.crc" "$dir/dist.crc" | head -5 || true
   fi
 }

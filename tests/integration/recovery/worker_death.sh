@@ -29,6 +29,8 @@
 #                the coordinator starts a new worker generation and fails rank 0's wait
 #                (UNAVAILABLE), rank 0 re-joins too, the shards drop the step's pushes, and both
 #                redo step 12 with a new communicator.
+#   pre-push-0   as pre-push, at step 0: rank 0 joins again at step 0 and pushes the job's
+#                initial values again, which the shards drop (they have them already).
 #   pre-commit   rank 1 dies after every slice of step 12 landed; it re-joins at 12 or 13.
 #   pre-lost     as pre-push, never restarted: shard 0 stops the job within its --step-timeout
 #                with an error naming rank 1 (no session left), and rank 0 exits with it.
@@ -93,8 +95,9 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
     grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
     local joined
     joined=$(sed -nE 's/.*joined the job at step ([0-9]+).*/\1/p' "$dir/worker1b.err" | head -1)
-    local want="^12$"
-    [[ $point == worker-commit:* ]] && want="^1[23]$"
+    local at=${point##*:}
+    local want="^$at$"
+    [[ $point == worker-commit:* ]] && want="^($at|$((at + 1)))$"
     if [[ $ok -ne 1 ]]; then scenario_fail "$name" "a worker failed"; dump "$dir"; return; fi
     if ! [[ $joined =~ $want ]]; then
       scenario_fail "$name" "the restarted rank 1 joined at step '${joined}', expected $want"; dump "$dir"; return
@@ -105,7 +108,7 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
     # Half pushed: some shard must have dropped what the old process pushed of step 12.
     if [[ $pre -eq 0 && $point == worker-push:* ]] &&
        ! grep -Eq "worker rank 1 connected again .*: [1-9][0-9]* elements it pushed" "$dir"/shard*.log; then
-      scenario_fail "$name" "no shard dropped rank 1's pushes of step 12"; dump "$dir"; return
+      scenario_fail "$name" "no shard dropped rank 1's pushes of step $at"; dump "$dir"; return
     fi
     if [[ $pre -eq 1 ]]; then
       # Every rank restarts the step: rank 0 re-joined at step 12 (or 13 after pre-commit), in
@@ -115,19 +118,19 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
       if ! [[ $rejoined =~ $want ]]; then
         scenario_fail "$name" "rank 0 did not re-join at the restarted step (re-joined at '${rejoined}')"; dump "$dir"; return
       fi
-      if ! grep -Eq "rank [01] re-joined the job at step 1[23]: worker generation" "$dir/shard0.log"; then
+      if ! grep -Eq "rank [01] re-joined the job at step ($at|$((at + 1))): worker generation" "$dir/shard0.log"; then
         scenario_fail "$name" "the coordinator did not start a new worker generation"; dump "$dir"; return
       fi
-      if [[ $name == pre-bucket || $name == pre-push ]] &&
+      if [[ $name == pre-bucket || $name == pre-push* ]] &&
          ! grep -Eq "connected again .*: [1-9][0-9]* elements pushed of the step in progress dropped \(pre-reduced" "$dir"/shard*.log; then
-        scenario_fail "$name" "no shard dropped the pushes of step 12"; dump "$dir"; return
+        scenario_fail "$name" "no shard dropped the pushes of step $at"; dump "$dir"; return
       fi
       if [[ $name == pre-backward || $name == pre-bucket ]] &&
          ! grep -q "UNAVAILABLE: step 12: gloo reduce-scatter" "$dir/worker0.err"; then
         scenario_fail "$name" "rank 0's reduce-scatter did not fail (it should, at once, when rank 1 dies)"; dump "$dir"; return
       fi
-      if [[ $name == pre-push ]] &&
-         ! grep -Eq "UNAVAILABLE: step 12: .*rank 1 re-joined the job at step 12: in a pre-reduced job every rank restarts the step" "$dir/worker0.err"; then
+      if [[ $name == pre-push* ]] &&
+         ! grep -Eq "UNAVAILABLE: step $at: .*rank 1 re-joined the job at step $at: in a pre-reduced job every rank restarts the step" "$dir/worker0.err"; then
         scenario_fail "$name" "rank 0's wait for the decision was not failed by rank 1's re-join"; dump "$dir"; return
       fi
     fi
@@ -153,7 +156,7 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   fi
 }
 
-all=(push commit lost pre-backward pre-bucket pre-push pre-commit pre-lost)
+all=(push commit lost pre-backward pre-bucket pre-push pre-push-0 pre-commit pre-lost)
 sel=("$@")
 [[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
 for s in "${sel[@]}"; do
@@ -164,6 +167,7 @@ for s in "${sel[@]}"; do
     pre-backward) scenario pre-backward worker-push:12 1 --reduction pre-reduced ;;
     pre-bucket) scenario pre-bucket worker-push:12 1 --reduction pre-reduced --bucket-bytes 0 ;;
     pre-push) scenario pre-push worker-slice:12 1 --reduction pre-reduced ;;
+    pre-push-0) scenario pre-push-0 worker-slice:0 1 --reduction pre-reduced ;;
     pre-commit) scenario pre-commit worker-commit:12 1 --reduction pre-reduced ;;
     pre-lost) scenario pre-lost worker-slice:12 0 --reduction pre-reduced ;;
     *) echo "unknown scenario $s"; exit 2 ;;

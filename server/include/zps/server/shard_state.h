@@ -195,7 +195,7 @@ class PushTicket {
   // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
-  bool discard_ = false;  // a re-push into a sealed step (ForgetRank): received, then dropped
+  bool discard_ = false;  // pushed again (ShardState::BeginPush): received, then dropped
 };
 
 struct CommitOrder {
@@ -292,8 +292,12 @@ class ShardState {
   uint64_t epoch() const;
   /// Validates and reserves a push range. Errors: Unavailable (req.epoch is an older
   /// generation), OutOfRange (chunk not here, range outside a parameter), InvalidArgument (dtype,
-  /// rank, empty range), FailedPrecondition (stale or future step, already initialised),
-  /// AlreadyExists (overlaps a pushed range). Nothing changes on error.
+  /// rank, empty range), FailedPrecondition (stale or future step, initial values for a chunk
+  /// updated already), AlreadyExists (overlaps a pushed range). Nothing changes on error.
+  /// Pushed again, and dropped once received (the same bits are in place): a range of a sealed
+  /// step (a restarted rank), and initial values for a chunk at version 0 (rank 0 joined again
+  /// at step 0; its new session's hello dropped its initial pushes of chunks not complete yet,
+  /// ForgetRank).
   Result<PushTicket> BeginPush(const PushRequest& req);
   /// Completes (transfer OK) or abandons (transfer failed: the range is released) a push.
   /// Errors: Unavailable (a rollback happened since BeginPush: the pushed data is dropped).
@@ -483,6 +487,8 @@ class ShardState {
     return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
   }
   bool StepReady(int64_t step) const REQUIRES(mu_);
+  // A ticket that receives the push into a staging buffer and is dropped by FinishPush.
+  PushTicket DiscardedPush(const PushRequest& req, uint32_t slot) const REQUIRES(mu_);
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
   Status FreshSlots(Chunk& c) REQUIRES(mu_);  // see ResetTo
