@@ -62,6 +62,7 @@ struct RigOptions {
   std::string data_dir;
   int64_t checkpoint_every = 0;
   std::string checkpoint_mode = "background";
+  double checkpoint_pace = 0.0;
 };
 
 Result<Layout> MakeLayout(const RigOptions& o) {
@@ -144,6 +145,7 @@ Result<std::unique_ptr<Rig>> StartRig(const RigOptions& o) {
   so.data_dir = o.data_dir;
   so.checkpoint_every = o.checkpoint_every;
   so.checkpoint_mode = o.checkpoint_mode;
+  so.checkpoint_pace = o.checkpoint_pace;
   ZPS_ASSIGN_OR_RETURN(rig->server, server::ShardServer::Create(so));
   ZPS_RETURN_IF_ERROR(rig->server->Start());
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
@@ -389,6 +391,7 @@ struct StallOptions {
   int64_t every = 16;                 // Default: a checkpoint every 16 steps.
   int64_t steps = 34;                 // Default: 34 (checkpoints at 16 and 32).
   double compute_ms = -1.0;           // Default: -1 = the measured pass.
+  double pace = 0.75;                 // Default: 0.75 (the server's default is 0: unpaced).
 };
 
 int RunStall(int argc, char** argv) {
@@ -405,6 +408,7 @@ int RunStall(int argc, char** argv) {
   f.Add("tls", "UCX transports (shm, tcp)", &o.rig.tls);
   f.Add("compute-ms", "emulated backward compute per step, ms (-1 = the measured pass)",
         &o.compute_ms);
+  f.Add("pace", "--checkpoint-pace of the paced background mode", &o.pace);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) return Fail("checkpoint-stall", parsed.status());
   if (*parsed == ParseOutcome::kHelpShown) return 0;
@@ -421,7 +425,9 @@ int RunStall(int argc, char** argv) {
               o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 30), static_cast<long long>(o.every),
               compute, *pass, o.rig.tls.c_str());
   double base = 0.0;
-  for (const std::string mode : {"none", "sync", "background"}) {
+  // background-0: the background write at --checkpoint-pace 0 (as fast as it goes); background:
+  // paced (--pace).
+  for (const std::string mode : {"none", "sync", "background-0", "background"}) {
     RigOptions r = o.rig;
     const std::string dir = o.dir + "/zps-stall-" + std::to_string(::getpid()) + "-" + mode;
     std::error_code ec;
@@ -429,7 +435,8 @@ int RunStall(int argc, char** argv) {
     if (mode != "none") {
       r.data_dir = dir;
       r.checkpoint_every = o.every;
-      r.checkpoint_mode = mode;
+      r.checkpoint_mode = mode == "sync" ? "sync" : "background";
+      r.checkpoint_pace = mode == "background" ? o.pace : 0.0;
     }
     std::vector<double> times;
     {
@@ -457,7 +464,7 @@ int RunStall(int argc, char** argv) {
     auto x = [&](double v) { return base > 0 ? v / base : 1.0; };
     std::string line;
     for (double t : times) line += " " + std::to_string(t).substr(0, 5);
-    std::printf("%-10s mean step %.3f s (%.2f x none); at the checkpoint steps %.3f s (%.2f x); "
+    std::printf("%-12s mean step %.3f s (%.2f x none); at the checkpoint steps %.3f s (%.2f x); "
                 "the steps between %.3f s (%.2f x); steps:%s\n",
                 mode.c_str(), all, x(all), Mean(at), x(Mean(at)), Mean(beside), x(Mean(beside)),
                 line.c_str());

@@ -137,23 +137,23 @@ Status ShardCheckpoints::Write(const ShardState& state, const msg::ResumeState& 
 }
 
 Status ShardCheckpoints::WriteSnapshot(ShardState::Snapshot& snap, const msg::ResumeState& rs,
-                                       const std::function<void()>& after_first) {
+                                       const AfterChunk& after_chunk) {
   return WriteVisited([&](const ShardState::ChunkVisitor& fn) { return snap.Visit(fn); }, rs,
-                      after_first);
+                      after_chunk);
 }
 
 Status ShardCheckpoints::WriteVisited(const Visit& visit, const msg::ResumeState& rs,
-                                      const std::function<void()>& after_first) {
+                                      const AfterChunk& after_chunk) {
   Status s = Ready(/*writable=*/true);
   if (!s.ok()) return s.WithContext("checkpoint store " + dir_);
-  s = WriteOnce(visit, rs, after_first);
+  s = WriteOnce(visit, rs, after_chunk);
   if (s.ok() || s.code() == Code::kFailedPrecondition) return s;
   if (Status r = Reopen(); !r.ok()) ZPS_LOG(ERROR) << r.ToString();
   return s.WithContext("checkpoint store " + dir_);
 }
 
 Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& rs,
-                                   const std::function<void()>& after_first) {
+                                   const AfterChunk& after_chunk) {
   auto writer = store_->BeginCheckpoint(rs.step);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
@@ -161,6 +161,7 @@ Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& r
   }
   std::vector<float> zeros;
   bool first = true;
+  uint64_t written = 0;  // elements of the chunks added
   Status visited = visit(
       [&](uint32_t chunk, int64_t version, std::span<const float> master,
           std::span<const float> m, std::span<const float> v) -> Status {
@@ -172,11 +173,10 @@ Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& r
         ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
                        v.size() == master.size() ? v : std::span<const float>(zeros)};
         ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
-        if (first) {
-          MaybeCrashAt("checkpoint", rs.step);  // a write half done
-          if (after_first) after_first();
-        }
+        if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
         first = false;
+        written += master.size();
+        if (after_chunk) after_chunk(written);
         return Status::Ok();
       });
   ZPS_RETURN_IF_ERROR(visited);
@@ -580,7 +580,9 @@ Status ShardDriver::RunSteps(int64_t start) {
     resume_ = {step + 1, ci.next_loss_scale, ci.good_steps, ci.optimizer_step};
     host_.optimizer_pass->Observe(std::chrono::duration<double>(t_done - t_apply).count());
     if (!ci.skip) host_.optimizer_bytes->Inc(optimizer_bytes_per_step);
-    host_.step_duration->Observe(std::chrono::duration<double>(t_done - last_commit).count());
+    const double took = std::chrono::duration<double>(t_done - last_commit).count();
+    host_.step_duration->Observe(took);
+    step_seconds_ = step_seconds_ > 0.0 ? 0.75 * step_seconds_ + 0.25 * took : took;
     host_.current_step->Set(static_cast<double>(step + 1));
     last_commit = t_done;
     ZPS_LOG(DEBUG) << "step " << step << " published" << (ci.skip ? " (skipped)" : "");
@@ -616,6 +618,28 @@ void ShardDriver::StartCheckpoint(int64_t step) {
   bg_->snap = std::move(*snap);
   bg_->step = step;
   bg_->t0 = Clock::now();
+  bg_->last_chunk = bg_->t0;
+  // A periodic checkpoint's write is spread over --checkpoint-pace of the period, so that less
+  // of it runs beside each step; it stays done before the next one is due.
+  const int64_t every = host_.opts->checkpoint_every;
+  // The pacer spreads the chunks; the commit after them (RocksDB flushes what its memtables
+  // still hold, then syncs) takes what it took last time (a quarter of the budget the first
+  // time), so the write as a whole ends within the budget.
+  double budget = 0.0;
+  if (host_.opts->checkpoint_pace > 0.0 && every > 0 && step % every == 0) {
+    budget = host_.opts->checkpoint_pace * static_cast<double>(every) * step_seconds_;
+  }
+  const double chunks_budget =
+      std::max(0.0, budget - (commit_tail_ >= 0.0 ? commit_tail_ : 0.25 * budget));
+  uint64_t total = 0;
+  for (uint32_t id : state_->chunk_ids()) total += state_->layout().chunk_size(id);
+  bg_->pacer = std::make_unique<Pacer>(total, chunks_budget);
+  if (budget > 0.0) {
+    ZPS_LOG(INFO) << "checkpoint of step " << step << ": written in the background over "
+                  << budget << " s (--checkpoint-pace " << host_.opts->checkpoint_pace << " of "
+                  << every << " steps of " << step_seconds_ << " s; the chunks over "
+                  << chunks_budget << " s, then the commit)";
+  }
   BackgroundWrite* bg = bg_.get();
   const msg::ResumeState rs = resume_;
   ShardState* state = state_;
@@ -625,7 +649,12 @@ void ShardDriver::StartCheckpoint(int64_t step) {
     if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
       ZPS_LOG(DEBUG) << "setpriority for the checkpoint writer failed; it runs at normal priority";
     }
-    auto after_first = [bg, state] {
+    bool first = true;
+    auto after_chunk = [bg, state, first](uint64_t written) mutable {
+      bg->pacer->Wait(written);
+      bg->last_chunk = Clock::now();
+      if (!first) return;
+      first = false;
       // Test kill point: die in the middle of the background write, once a later step has
       // been applied (so the snapshot's copy-on-write has been exercised).
       static const bool armed = [] {
@@ -637,7 +666,8 @@ void ShardDriver::StartCheckpoint(int64_t step) {
       while (state->version() <= bg->step && Clock::now() < until) std::this_thread::sleep_for(5ms);
       MaybeCrashAt("checkpoint-background", bg->step);
     };
-    bg->result = ckpt_->WriteSnapshot(*bg->snap, rs, after_first);
+    bg->result = ckpt_->WriteSnapshot(*bg->snap, rs, after_chunk);
+    bg->commit_seconds = std::chrono::duration<double>(Clock::now() - bg->last_chunk).count();
     bg->done.store(true, std::memory_order_release);
   });
 }
@@ -645,6 +675,7 @@ void ShardDriver::StartCheckpoint(int64_t step) {
 bool ShardDriver::FinishCheckpoint(bool wait) {
   if (!bg_) return true;
   if (!wait && !bg_->done.load(std::memory_order_acquire)) return false;
+  bg_->pacer->Hurry();  // someone waits for it now
   bg_->thread.join();
   std::unique_ptr<BackgroundWrite> bg = std::move(bg_);
   const Status& s = bg->result;
@@ -653,6 +684,7 @@ bool ShardDriver::FinishCheckpoint(bool wait) {
   pending_protect_.reset();
   if (s.ok()) {
     last_checkpoint_ = bg->step;
+    commit_tail_ = bg->commit_seconds;
     host_.checkpoint_duration->Observe(secs);
     host_.checkpoint_last_success->SetToCurrentTime();
     ZPS_LOG(INFO) << "checkpoint of step " << bg->step << " committed in " << secs

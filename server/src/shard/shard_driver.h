@@ -24,6 +24,7 @@
 
 #include "zps/common/messages.h"
 #include "zps/common/metrics.h"
+#include "zps/common/pacer.h"
 #include "zps/common/rpc.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
@@ -59,11 +60,13 @@ class ShardCheckpoints {
   /// FailedPrecondition, ResourceExhausted (disk full: the message names the directory),
   /// IoError.
   Status Write(const ShardState& state, const msg::ResumeState& rs);
+  /// Called after each chunk is added with the elements of the chunks added so far (the
+  /// background writer paces itself and has a test kill point there).
+  using AfterChunk = std::function<void(uint64_t elems_written)>;
   /// As Write, from a snapshot (ShardState::BeginSnapshot) of step `rs.step`, on any one thread
-  /// while no other method runs. `after_first` (may be empty) runs after the first chunk is
-  /// added (the test kill point "checkpoint-background").
+  /// while no other method runs. `after_chunk` may be empty.
   Status WriteSnapshot(ShardState::Snapshot& snap, const msg::ResumeState& rs,
-                       const std::function<void()>& after_first);
+                       const AfterChunk& after_chunk);
   /// Loads checkpoint `step` into `state` (ShardState::ResetTo). Errors: NotFound, DataLoss,
   /// IoError, InvalidArgument (a checkpoint of another layout).
   Result<msg::ResumeState> Restore(ShardState& state, int64_t step, const Status& reason);
@@ -83,9 +86,8 @@ class ShardCheckpoints {
       : dir_(std::move(dir)), options_(options), store_(std::move(store)) {}
   using Visit = std::function<Status(const ShardState::ChunkVisitor&)>;
   Status WriteVisited(const Visit& visit, const msg::ResumeState& rs,
-                      const std::function<void()>& after_first);
-  Status WriteOnce(const Visit& visit, const msg::ResumeState& rs,
-                   const std::function<void()>& after_first);
+                      const AfterChunk& after_chunk);
+  Status WriteOnce(const Visit& visit, const msg::ResumeState& rs, const AfterChunk& after_chunk);
   // Closes and opens the store (writable; read-only when that fails for lack of room, or none
   // when even that fails). Errors: from the writable open.
   Status Reopen();
@@ -181,6 +183,8 @@ class ShardDriver {
   bool resync_ = false;      // RunSteps stopped for a recovery
   msg::ResumeState resume_;  // counters at state_'s version
   int64_t last_checkpoint_ = -1;
+  double step_seconds_ = 0.0;  // recent step time (moving average; paces background writes)
+  double commit_tail_ = -1.0;  // the last background write's commit, seconds (-1: none yet)
   // The background checkpoint writer ("zps-ckpt-write"): at most one; joined by the driver.
   struct BackgroundWrite {
     std::thread thread;
@@ -189,6 +193,9 @@ class ShardDriver {
     std::chrono::steady_clock::time_point t0;
     std::atomic<bool> done{false};
     Status result;  // set before done
+    std::unique_ptr<Pacer> pacer;  // --checkpoint-pace
+    std::chrono::steady_clock::time_point last_chunk;  // writer thread only, until done
+    double commit_seconds = 0.0;  // from the last chunk to the commit's end; set before done
   };
   std::unique_ptr<BackgroundWrite> bg_;
   std::optional<int64_t> pending_protect_;  // Protect deferred while bg_ runs

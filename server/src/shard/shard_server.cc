@@ -71,6 +71,11 @@ void ShardServerOptions::Register(Flags& f) {
         "background (snapshot, written while later steps run) or sync (training waits for the "
         "write)",
         &checkpoint_mode);
+  f.Add("checkpoint-pace",
+        "write a background checkpoint over about this fraction of the --checkpoint-every "
+        "period (its steps x the recent step time), so less of it runs beside each step and "
+        "the recovery point advances later; 0 = as fast as it goes (e.g. 0.75)",
+        &checkpoint_pace);
   f.Add("checkpoint-direct-io",
         "O_DIRECT checkpoint writes and reads (the data dir's filesystem must support it)",
         &checkpoint_direct_io);
@@ -80,6 +85,10 @@ Status ShardServerOptions::Finalize() {
   if (checkpoint_mode != "background" && checkpoint_mode != "sync") {
     return InvalidArgument("--checkpoint-mode must be background or sync; got '" +
                            checkpoint_mode + "'");
+  }
+  if (!(checkpoint_pace >= 0.0 && checkpoint_pace <= 1.0)) {
+    return InvalidArgument("--checkpoint-pace must be in [0, 1]; got " +
+                           std::to_string(checkpoint_pace));
   }
   if (!token_file.empty()) {
     ZPS_ASSIGN_OR_RETURN(token, ReadTokenFile(token_file));

@@ -208,6 +208,10 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
         ok=0; }
     done
   fi
+  if [[ ${ZPS_RECOVERY_SHARD_ARGS:-} == *checkpoint-pace* ]]; then  # the writes must be paced
+    grep -Eq 'checkpoint of step [0-9]+: written in the background over [0-9.e-]+ s' "$dir"/shard*.log || {
+      echo "(no shard paced a background checkpoint)"; ok=0; }
+  fi
   if [[ -n $check ]] && ! $check "$dir"; then ok=0; fi
   local resumed_at=""
   [[ $resumed =~ resumed\ at\ step\ ([0-9]+) ]] && resumed_at=${BASH_REMATCH[1]}

@@ -49,6 +49,12 @@ struct ShardServerOptions {
   /// "zps-ckpt-write" thread while later steps run; a shard with a --memory-budget writes
   /// synchronously. sync: written between steps, training waits (the earlier behaviour).
   std::string checkpoint_mode = "background";  // Default: background.
+  /// > 0: a background checkpoint of the --checkpoint-every period is written over about this
+  /// fraction of the period (its steps x the recent step time), so that less of the write runs
+  /// beside each step, and the recovery point advances that much later. A write someone waits
+  /// for (the next checkpoint, a restore, the shutdown) goes on unpaced; on-demand checkpoints
+  /// between the periodic ones are not paced.
+  double checkpoint_pace = 0.0;         // Default: 0 = as fast as it goes. In [0, 1].
   bool checkpoint_direct_io = false;    // Default: false. O_DIRECT checkpoint writes (flush) and
                                         // reads (needs a filesystem that supports it; faster on
                                         // NVMe, docs/benchmarks.md "Checkpoints").
