@@ -808,13 +808,16 @@ void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
     sessions.clear();
     sm.connected_workers.Set(0);
   }
+  // Waiting fetches are answered (`reason`: the worker re-joins at once) before their
+  // endpoints close: a reply sent after the close is lost, and the worker would wait for its
+  // --op-timeout instead.
+  if (ShardState* st = state_ptr.load()) st->FailWaiters(reason);
   // Before the close (which flushes it): the worker forgets the serving addresses it learned,
   // so it does not read the region one-sided while a restore rewrites it.
   for (auto& [token, ep] : eps) {
     if (serving_region) SendNotice(ep, token, msg::ServingNoticeHeader::kNoticeForget);
     ucx->Close(ep);
   }
-  if (ShardState* st = state_ptr.load()) st->FailWaiters(reason);
 }
 
 void ShardServer::Impl::SendNotice(const ucx::Endpoint& ep, uint64_t token, int64_t version) {
