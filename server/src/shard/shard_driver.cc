@@ -620,11 +620,10 @@ void ShardDriver::StartCheckpoint(int64_t step) {
   bg_->t0 = Clock::now();
   bg_->last_chunk = bg_->t0;
   // A periodic checkpoint's write is spread over --checkpoint-pace of the period, so that less
-  // of it runs beside each step; it stays done before the next one is due.
+  // of it runs beside each step. The pacer spreads the chunks; the commit after them (RocksDB
+  // flushes what its memtables still hold, then syncs) is given what it took last time (a
+  // quarter of the budget the first time), so the write as a whole ends within the budget.
   const int64_t every = host_.opts->checkpoint_every;
-  // The pacer spreads the chunks; the commit after them (RocksDB flushes what its memtables
-  // still hold, then syncs) takes what it took last time (a quarter of the budget the first
-  // time), so the write as a whole ends within the budget.
   double budget = 0.0;
   if (host_.opts->checkpoint_pace > 0.0 && every > 0 && step % every == 0) {
     budget = host_.opts->checkpoint_pace * static_cast<double>(every) * step_seconds_;

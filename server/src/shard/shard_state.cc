@@ -380,8 +380,9 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   if (init) {
     if (c->version == 0) {
       // Initialised, and no step applied yet: rank 0 joined again at step 0 (its step 0 failed
-      // without a rollback) and pushes the job's initial values again. They are the same bits
-      // (the same job, the same seed), so the copy is received and dropped.
+      // without a rollback) and pushes its initial values again. The shard keeps the values it
+      // holds, as a rank joining at a later step does (from the same process they are the same
+      // bits), so the copy is received and dropped.
       return DiscardedPush(req, 0);
     }
     if (c->version > 0) {
