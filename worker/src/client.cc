@@ -12,6 +12,7 @@
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/stream_copy.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 #include "region_arena.h"
@@ -260,7 +261,9 @@ struct Client::Impl {
     // Not zero-initialised: every byte is written below.
     auto data = AcquireStaging(grad.size() * DTypeSize(dt), in_arena);
     if (dt == DType::kF32) {
-      std::memcpy(data.get(), grad.data(), grad.size() * sizeof(float));
+      // Streaming stores: the block is read next by another core (the shard's RMA get, or the
+      // progress thread that sends it), never by this one (stream_copy.h).
+      StreamCopy({data.get(), grad.size() * sizeof(float)}, std::as_bytes(grad));
     } else {
       std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
       if (dt == DType::kF16) ConvertF32ToF16(grad, out);
@@ -736,7 +739,7 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
   }
   bool in_arena = false;
   auto data = impl_->AcquireStaging(grad.size(), &in_arena);
-  std::memcpy(data.get(), grad.data(), grad.size());
+  StreamCopy({data.get(), grad.size()}, grad);
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro);
 }
@@ -790,7 +793,7 @@ Status Client::PushInitial(uint32_t param, std::span<const float> values) {
   if (values.size() != l.param_numel(param)) return InvalidArgument("initial values: wrong length");
   bool in_arena = false;
   auto data = impl_->AcquireStaging(values.size() * 4, &in_arena);
-  std::memcpy(data.get(), values.data(), values.size() * 4);
+  StreamCopy({data.get(), values.size() * 4}, std::as_bytes(values));
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, -1, DType::kF32, bytes, std::move(data), in_arena, 0);
 }
