@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "zps/common/logging.h"
 
@@ -9,6 +11,9 @@ namespace zps {
 
 Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(const ThreadPoolOptions& options) {
   if (options.threads < 0) return InvalidArgument("thread count must be >= 0");
+  if (options.nice < -20 || options.nice > 19) {
+    return InvalidArgument("pool nice value must be in [-20, 19], got " + std::to_string(options.nice));
+  }
   ThreadPoolOptions opts = options;
   if (opts.threads == 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<ThreadPool> pool(new ThreadPool(opts));
@@ -48,6 +53,11 @@ void ThreadPool::WorkerLoop(int index) {
     CPU_ZERO(&set);
     CPU_SET(static_cast<unsigned>(index) % CPU_SETSIZE, &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  if (options_.nice != 0 &&
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), options_.nice) != 0) {
+    ZPS_LOG(DEBUG) << "pool thread " << options_.name << "-" << index << ": setpriority("
+                   << options_.nice << ") refused; it runs at the process's priority";
   }
   uint64_t seen = 0;
   for (;;) {

@@ -172,8 +172,13 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string
   ZPS_ASSIGN_OR_RETURN(auto db, Db::Open(dir, options));
   auto store = std::unique_ptr<CheckpointStore>(new CheckpointStore(std::move(db), options));
   if (!options.read_only && options.write_threads > 1) {
+    // A low-priority store's helpers run at nice 19, as the background writer that calls them
+    // does (RocksDB's own threads idle): at nice 0 one of them took half the framing work from
+    // the training step's cores.
     ZPS_ASSIGN_OR_RETURN(store->write_pool_,
-                         ThreadPool::Create({.name = "zps-ckpt-w", .threads = options.write_threads}));
+                         ThreadPool::Create({.name = "zps-ckpt-w",
+                                             .threads = options.write_threads,
+                                             .nice = options.low_priority ? 19 : 0}));
   }
   // No garbage collection here: the protected step (Protect) is not known yet, and removing
   // the job's last common checkpoint would be worse than keeping one too many until the next

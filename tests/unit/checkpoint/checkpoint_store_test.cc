@@ -4,9 +4,11 @@
 #include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -139,6 +141,42 @@ TEST(CheckpointStore, AnyWriteThreadCountStoresTheSameCheckpoint) {
   CheckpointOptions bad = SmallOptions();
   bad.write_threads = 0;
   EXPECT_EQ(bad.Validate().code(), Code::kInvalidArgument);
+}
+
+// The nice values of this process's threads named `name` (from /proc/self/task).
+std::vector<int> NiceOfThreadsNamed(const std::string& name) {
+  std::vector<int> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string c;
+    if (!std::getline(comm, c) || c != name) continue;
+    const auto tid = static_cast<id_t>(std::stol(task.path().filename().string()));
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, tid);
+    if (errno == 0) out.push_back(nice);
+  }
+  return out;
+}
+
+// A low-priority store (a background checkpoint's) runs its framing helpers at nice 19, as its
+// writer does; an ordinary one leaves them at the process's priority.
+TEST(CheckpointStore, LowPriorityStoreNicesItsWriteHelpers) {
+  const Layout layout = SmallLayout(1, 1536);
+  const int process_nice = ::getpriority(PRIO_PROCESS, 0);
+  for (bool low : {false, true}) {
+    SCOPED_TRACE(low ? "low_priority" : "normal");
+    TempDir dir;
+    CheckpointOptions o = SmallOptions();
+    o.write_threads = 2;
+    o.low_priority = low;
+    auto store = OpenStore(dir.sub("db"), o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 3).ok());  // the helper has started and run
+    const std::vector<int> nices = NiceOfThreadsNamed("zps-ckpt-w-1");
+    ASSERT_EQ(nices.size(), 1u);
+    EXPECT_EQ(nices[0], low ? 19 : process_nice);
+  }
 }
 
 TEST_F(CheckpointStoreTest, WriterRules) {

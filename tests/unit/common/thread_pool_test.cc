@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace zps {
@@ -32,6 +37,40 @@ TEST(ThreadPool, ManyRounds) {
 }
 
 TEST(ThreadPool, RejectsNegative) { EXPECT_FALSE(ThreadPool::Create({.threads = -1}).ok()); }
+
+TEST(ThreadPool, RejectsANiceValueOutOfRange) {
+  EXPECT_FALSE(ThreadPool::Create({.threads = 2, .nice = 20}).ok());
+  EXPECT_FALSE(ThreadPool::Create({.threads = 2, .nice = -21}).ok());
+}
+
+// Each pool thread runs at the nice value asked for; the caller keeps its own.
+TEST(ThreadPool, PoolThreadsTakeTheNiceValue) {
+  const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  auto pool = ThreadPool::Create({.name = "t", .threads = 3, .nice = 19});
+  ASSERT_TRUE(pool.ok());
+  std::mutex mu;
+  std::vector<std::pair<std::thread::id, int>> seen;
+  std::atomic<int> started{0};
+  // Three tasks that wait for each other: each of the three threads runs exactly one.
+  (*pool)->ParallelFor(3, [&](size_t) {
+    started.fetch_add(1);
+    while (started.load() < 3) std::this_thread::yield();
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(std::this_thread::get_id(),
+                      ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())));
+  });
+  ASSERT_EQ(seen.size(), 3u);
+  int pool_threads = 0;
+  for (const auto& [id, nice] : seen) {
+    if (id == std::this_thread::get_id()) {
+      EXPECT_EQ(nice, caller_nice);
+    } else {
+      EXPECT_EQ(nice, 19);
+      ++pool_threads;
+    }
+  }
+  EXPECT_EQ(pool_threads, 2);
+}
 
 }  // namespace
 }  // namespace zps
