@@ -12,7 +12,8 @@
 // ucx_perftest runs its two sides; --in-process keeps it in this process instead.
 //   fetch: parameters of S/2 elements (S bytes of bf16); `window` fetches in flight, each a
 //          whole parameter = one request of S bytes, until bytes-per-rep have arrived.
-//   push:  parameters of S/4 elements (S bytes of fp32 gradient); one step pushes every
+//   push:  parameters of S/e elements (S bytes of gradient in the job's --grad-dtype, e bytes
+//          an element: fp32 by default; PushGrad converts the fp32 input); one step pushes every
 //          parameter (`window` unacknowledged at most, as a training loop bounds the copies
 //          its pushes hold), timed until every push is acknowledged; the commit and
 //          the optimizer update that follow are not timed. "push" uses PushGrad (which
@@ -34,6 +35,7 @@
 
 #include "bench.h"
 #include "zps/common/config.h"
+#include "zps/common/dtype.h"
 #include "zps/common/logging.h"
 #include "zps/server/job.h"
 #include "zps/server/shard_server.h"
@@ -55,6 +57,7 @@ struct Options {
   std::string fetch_mode = "auto";         // Default: auto (rma on shared memory, else am).
   std::string push_mode = "auto";          // Default: auto (rma on shared memory, else am).
   bool direct_fetch = true;                // Default: true (one-sided fetch of known versions).
+  std::string grad_dtype = "fp32";         // Default: fp32 (the job's gradient type).
   int spin_us = -1;                        // Default: -1 = the shard's and worker's defaults.
   int shard_spin_us = -1;                  // Default: -1 = spin_us.
   int worker_spin_us = -1;                 // Default: -1 = spin_us.
@@ -180,6 +183,7 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
                                                             .num_shards = 1}));
   server::JobSpec job{std::move(layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kSgd;  // the cheapest update between push rounds
+  ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(o.grad_dtype));
   worker::WorkerOptions wo;
   wo.endpoint = "127.0.0.1:" + std::to_string(port);
   wo.token = kToken;
@@ -221,12 +225,19 @@ Result<double> FetchRep(worker::Client& c, int params, uint64_t bytes, int windo
 // (which copies into a staging buffer before it returns).
 Result<double> PushRep(worker::Client& c, int params, int64_t step, int window, bool shared) {
   const uint64_t n = c.layout().param_numel(0);
+  const DType dt = c.job().grad_dtype;
+  const size_t esize = DTypeSize(dt);
   // push_shared sends from a buffer the Client allocated (in its UCX staging region when
-  // pushes go by RMA, so the shard reads it with no copy on either side).
-  std::shared_ptr<std::byte[]> shared_buf = c.AllocatePushBuffer(shared ? n * sizeof(float) : 0);
-  std::span<float> shared_grad(reinterpret_cast<float*>(shared_buf.get()), shared ? n : 0);
-  std::fill(shared_grad.begin(), shared_grad.end(), 1e-3f);
-  const auto grad_bytes = std::as_bytes(std::span<const float>(shared_grad));
+  // pushes go by RMA, so the shard reads it with no copy on either side), in the job's type.
+  std::shared_ptr<std::byte[]> shared_buf = c.AllocatePushBuffer(shared ? n * esize : 0);
+  const std::span<const std::byte> grad_bytes(shared_buf.get(), shared ? n * esize : 0);
+  if (shared && dt == DType::kF32) {
+    std::span<float> g(reinterpret_cast<float*>(shared_buf.get()), n);
+    std::fill(g.begin(), g.end(), 1e-3f);
+  } else if (shared) {
+    std::span<uint16_t> g(reinterpret_cast<uint16_t*>(shared_buf.get()), n);
+    std::fill(g.begin(), g.end(), dt == DType::kF16 ? FloatToHalf(1e-3f) : FloatToBf16(1e-3f));
+  }
   std::vector<float> grad(shared ? 0 : n, 1e-3f);
   // Wait until the shard published this step (the previous update is done), untimed.
   ZPS_RETURN_IF_ERROR(c.Fetch(0, step).status());
@@ -239,7 +250,7 @@ Result<double> PushRep(worker::Client& c, int params, int64_t step, int window, 
   ZPS_RETURN_IF_ERROR(c.FlushPushes());
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   ZPS_RETURN_IF_ERROR(c.AwaitCommit(step).status());
-  return params * n * 4.0 / secs / 1e9;
+  return static_cast<double>(params * n * esize) / secs / 1e9;
 }
 
 void Print(const Options& o, const char* op, uint64_t size, std::vector<double> v) {
@@ -275,7 +286,8 @@ Status RunCase(const Options& o, const std::string& op, uint64_t size) {
   }
   if (op == "push" || op == "push_shared") {
     const bool shared = op == "push_shared";
-    const uint64_t elems = size / 4;
+    ZPS_ASSIGN_OR_RETURN(DType dt, ParseDType(o.grad_dtype));
+    const uint64_t elems = size / DTypeSize(dt);
     const int params = static_cast<int>(std::clamp<uint64_t>(o.bytes_per_rep / size, 2, 256));
     ZPS_ASSIGN_OR_RETURN(Rig rig, StartRig(o, elems, params));
     ZPS_RETURN_IF_ERROR(PushRep(*rig.client, params, 0, o.window, shared).status());
@@ -309,6 +321,8 @@ int Run(int argc, char** argv) {
         "with RMA fetches, read a known published version without a request (false: ask "
         "every time, the path before protocol 3)",
         &o.direct_fetch);
+  f.Add("grad-dtype", "the job's gradient type: fp32, fp16 or bf16 (push: PushGrad converts its "
+        "fp32 input to it; S bytes a request in that type)", &o.grad_dtype);
   f.Add("spin-us", "UCX progress-thread polling in shard and worker, µs (-1: their defaults)",
         &o.spin_us, -1, 1000000);
   f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);

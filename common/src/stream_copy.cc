@@ -12,6 +12,7 @@
 #include <string>
 
 #include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
 #include "zps/common/simd_convert.h"
 
 namespace zps {
@@ -60,6 +61,52 @@ ZPS_TARGET_AVX2 size_t StreamAvx2(std::byte* dst, const std::byte* src, size_t i
   }
   _mm_sfence();
   return i;
+}
+
+// 16 floats -> 16 halves (32 bytes) a store, from element `i` (out + i 32-byte aligned).
+template <bool kBf16>
+ZPS_TARGET_AVX512 size_t StreamTo16Avx512(const float* in, uint16_t* out, size_t i, size_t n) {
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(in + i);
+    const __m256i h = kBf16 ? simd::F32ToBF16x16(v) : simd::F32ToF16x16(v);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), h);
+  }
+  _mm_sfence();
+  return i;
+}
+
+// 8 floats -> 8 halves (16 bytes) a store, from element `i` (out + i 16-byte aligned).
+template <bool kBf16>
+ZPS_TARGET_AVX2 size_t StreamTo16Avx2(const float* in, uint16_t* out, size_t i, size_t n) {
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(in + i);
+    const __m128i h = kBf16 ? simd::F32ToBF16x8(v) : simd::F32ToF16x8(v);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  _mm_sfence();
+  return i;
+}
+
+template <bool kBf16>
+void StreamTo16(std::span<const float> in, std::span<uint16_t> out, size_t stream_from) {
+  const size_t n = in.size();
+  auto isa = ActiveIsa();
+  const Isa level = isa.ok() ? *isa : Isa::kScalar;
+  if (n * sizeof(uint16_t) < stream_from || level == Isa::kScalar) {
+    if (kBf16) ConvertF32ToBF16(in, out);
+    else ConvertF32ToF16(in, out);
+    return;
+  }
+  auto one = [](float f) { return kBf16 ? FloatToBf16(f) : FloatToHalf(f); };
+  const size_t align = level == Isa::kAvx512 ? 32 : 16;
+  const size_t head =
+      HeadBytes(reinterpret_cast<const std::byte*>(out.data()), align, n * sizeof(uint16_t)) /
+      sizeof(uint16_t);
+  size_t i = 0;
+  for (; i < head; ++i) out[i] = one(in[i]);
+  i = level == Isa::kAvx512 ? StreamTo16Avx512<kBf16>(in.data(), out.data(), i, n)
+                            : StreamTo16Avx2<kBf16>(in.data(), out.data(), i, n);
+  for (; i < n; ++i) out[i] = one(in[i]);
 }
 
 // The largest data or unified cache of cpu0 in sysfs ("32768K"), or 0.
@@ -116,6 +163,21 @@ void StreamCopy(std::span<std::byte> dst, std::span<const std::byte> src, size_t
   const size_t done = level == Isa::kAvx512 ? StreamAvx512(dst.data(), src.data(), head, n)
                                             : StreamAvx2(dst.data(), src.data(), head, n);
   std::memcpy(dst.data() + done, src.data() + done, n - done);
+}
+
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out) {
+  StreamTo16<false>(in, out, StreamCopyThreshold());
+}
+void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out) {
+  StreamTo16<true>(in, out, StreamCopyThreshold());
+}
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out,
+                           size_t stream_from) {
+  StreamTo16<false>(in, out, stream_from);
+}
+void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out,
+                            size_t stream_from) {
+  StreamTo16<true>(in, out, stream_from);
 }
 
 }  // namespace zps

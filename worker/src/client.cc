@@ -12,12 +12,12 @@
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/staging_pool.h"
 #include "zps/common/stream_copy.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
 #include "region_arena.h"
 #include "serving_directory.h"
-#include "staging_pool.h"
 
 namespace zps::worker {
 
@@ -260,14 +260,14 @@ struct Client::Impl {
     const DType dt = job.grad_dtype;
     // Not zero-initialised: every byte is written below.
     auto data = AcquireStaging(grad.size() * DTypeSize(dt), in_arena);
+    // Streaming stores: the block is read next by another core (the shard's RMA get, or the
+    // progress thread that sends it), never by this one (stream_copy.h).
     if (dt == DType::kF32) {
-      // Streaming stores: the block is read next by another core (the shard's RMA get, or the
-      // progress thread that sends it), never by this one (stream_copy.h).
       StreamCopy({data.get(), grad.size() * sizeof(float)}, std::as_bytes(grad));
     } else {
       std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
-      if (dt == DType::kF16) ConvertF32ToF16(grad, out);
-      else ConvertF32ToBF16(grad, out);
+      if (dt == DType::kF16) StreamConvertF32ToF16(grad, out);
+      else StreamConvertF32ToBF16(grad, out);
     }
     return data;
   }

@@ -428,7 +428,7 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   if (init || req.dtype == DType::kF32) {
     t.dest_ = reinterpret_cast<std::byte*>(t.slot_buffer_->data() + b);
   } else {
-    t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
+    t.staging_ = push_staging_.Acquire(t.bytes_);
     t.dest_ = t.staging_.get();
   }
   return t;
@@ -440,7 +440,7 @@ PushTicket ShardState::DiscardedPush(const PushRequest& req, uint32_t slot) cons
   t.slot_ = slot;
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
-  t.staging_ = std::make_unique<std::byte[]>(t.bytes_);
+  t.staging_ = push_staging_.Acquire(t.bytes_);
   t.dest_ = t.staging_.get();
   t.discard_ = true;
   return t;

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
 
 namespace zps {
 namespace {
@@ -82,6 +85,49 @@ TEST(StreamCopy, TheDefaultThresholdCopiesLargeBuffers) {
   EXPECT_EQ(dst[0], kFill);
   EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin() + 1));
   EXPECT_EQ(dst[size + 1], kFill);
+}
+
+// The streamed 16-bit conversions equal the cached ones (dtype.h) bit for bit, NaN payloads,
+// infinities and rounding ties included, at every 16-bit alignment of the output and at sizes
+// around the 8- and 16-lane loops, and write nothing around the output.
+TEST(StreamCopy, ConversionsEqualTheCachedOnesAtEveryAlignment) {
+  auto isa = ActiveIsa();
+  if (!isa.ok()) GTEST_SKIP() << isa.status().ToString();
+  std::mt19937 rng(17);
+  std::vector<float> in(4096 + 64);
+  for (auto& f : in) f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 65504.0f, 65520.0f,
+                            1.0f + 1.0f / 2048, 1e-8f};
+  for (size_t i = 0; i < std::size(specials); ++i) in[i * 7] = specials[i];
+  constexpr uint16_t kMark = 0xa5a5;
+  for (bool bf16 : {false, true}) {
+    for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 4096 + 3}) {
+      for (size_t offset = 0; offset < 17; ++offset) {
+        std::span<const float> src(in.data() + (offset % 3), n);
+        std::vector<uint16_t> want(n);
+        if (bf16) ConvertF32ToBF16(src, want);
+        else ConvertF32ToF16(src, want);
+        std::vector<uint16_t> out(n + 64, kMark);
+        // 64-byte aligned base, then `offset` elements in: every alignment a store can meet.
+        uint16_t* base = out.data();
+        while (reinterpret_cast<uintptr_t>(base) % 64 != 0) ++base;
+        std::span<uint16_t> dst(base + offset, n);
+        ASSERT_LE(base + offset + n, out.data() + out.size());
+        if (bf16) StreamConvertF32ToBF16(src, dst, /*stream_from=*/0);
+        else StreamConvertF32ToF16(src, dst, /*stream_from=*/0);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(dst[i], want[i]) << (bf16 ? "bf16" : "fp16") << " element " << i << " of "
+                                     << n << ", output offset " << offset;
+        }
+        for (uint16_t* p = out.data(); p < dst.data(); ++p) ASSERT_EQ(*p, kMark);
+        for (uint16_t* p = dst.data() + n; p < out.data() + out.size(); ++p) {
+          ASSERT_EQ(*p, kMark);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace zps {
@@ -37,5 +38,16 @@ size_t StreamCopyThreshold();
 void StreamCopy(std::span<std::byte> dst, std::span<const std::byte> src);
 /// The same, streaming from `stream_from` bytes up (tests use 0).
 void StreamCopy(std::span<std::byte> dst, std::span<const std::byte> src, size_t stream_from);
+
+/// ConvertF32ToF16 / ConvertF32ToBF16 (dtype.h), the same bits, with the 16-bit output
+/// streamed from StreamCopyThreshold() output bytes up (a gradient staged in the job's 16-bit
+/// gradient type). out.size() must be at least in.size().
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out);
+void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out);
+/// The same, streaming from `stream_from` output bytes up (tests use 0).
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out,
+                           size_t stream_from);
+void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out,
+                            size_t stream_from);
 
 }  // namespace zps

@@ -88,6 +88,7 @@
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/dtype.h"
 #include "zps/common/layout.h"
+#include "zps/common/staging_pool.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/common/thread_pool.h"
@@ -190,7 +191,7 @@ class PushTicket {
   uint32_t slot_ = 0;
   std::byte* dest_ = nullptr;
   size_t bytes_ = 0;
-  std::unique_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
+  std::shared_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
   // The slot buffer the push writes into, kept alive while the transfer may still write: after
   // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
@@ -585,6 +586,10 @@ class ShardState {
   mutable std::atomic<uint64_t> io_errors_{0};   // failed store operations
   bool serving_in_store_ = false;                // set at Create: serving copies are store records
   std::unique_ptr<ServingStaging> staging_;      // set at Create when a serving copy spills
+  // Where 16-bit pushes (and pushes received to be dropped) land before FinishPush: reused, not
+  // zeroed. Internally synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB
+  // of released buffers beyond those in flight.
+  mutable StagingPool push_staging_{size_t{64} << 20};
   std::thread serving_reader_;                   // "zps-serving-rd": answers spilled fetches
   std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 

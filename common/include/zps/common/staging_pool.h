@@ -1,11 +1,13 @@
-// staging_pool.h (worker internal) — reusable host buffers for the copies that pushes hold
-// while UCX sends them.
+// zps/common/staging_pool.h — reusable host buffers for the copies a transfer holds: a
+// worker's pushes (the API returns before the transfer), and a shard's 16-bit gradients, which
+// land in a staging buffer before they are converted into the fp32 slot.
 //
-// A push copies the caller's gradient (the API returns before the transfer) into a buffer that
-// the transfer keeps alive. Allocating it fresh every time costs a page fault per 4 KiB page
-// (glibc maps large blocks with mmap and unmaps them on free): on shared memory that doubled
-// the cost of a push. The pool keeps released buffers, up to `cache_bytes` in total, and hands
-// one back for a request of n bytes when its size is in [n, 2n].
+// Allocating such a buffer fresh every time costs a page fault per 4 KiB page (glibc maps
+// large blocks with mmap and unmaps them on free), and zeroing it when made with
+// std::make_unique<std::byte[]>: on shared memory that doubled the cost of a worker's push,
+// and took a shard's fp16 pushes to 1.1 GB/s at 64 MiB (docs/benchmarks.md, "Staging
+// copies"). The pool keeps released buffers, up to `cache_bytes` in total, and hands one back
+// for a request of n bytes when its size is in [n, 2n].
 //
 // Thread-safety: Acquire may be called from any thread; a buffer may be released (its last
 // shared_ptr copy dropped) on any thread, also after the pool is destroyed (it is then freed).
@@ -20,7 +22,7 @@
 
 #include "zps/common/thread_annotations.h"
 
-namespace zps::worker {
+namespace zps {
 
 class StagingPool {
  public:
@@ -76,4 +78,4 @@ class StagingPool {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace zps::worker
+}  // namespace zps
