@@ -453,6 +453,15 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
               EndRequest(metrics::kFetch, start);
             });
   in_fetch_handler = false;
+  // SetServing(false) (another thread) may have fenced this session and answered the waiting
+  // fetches between FindSession above and the Fetch: one parked after that would wait for a
+  // publish that the rollback never makes, and its answer from ResetTo would go to a closed
+  // endpoint (the worker then waits for its --op-timeout). While not accepting, every waiting
+  // fetch belongs to a fenced session: answer them now. The endpoint closes SetServing queued
+  // run on this thread after this handler, so the reply goes out first.
+  if (!accepting.load()) {
+    st->FailWaiters(Unavailable("this shard stopped serving (a rollback began); re-join"));
+  }
 }
 
 Status ShardServer::Impl::SetupDataPlane() {
