@@ -5,7 +5,7 @@
 // Allocating such a buffer fresh every time costs a page fault per 4 KiB page (glibc maps
 // large blocks with mmap and unmaps them on free), and zeroing it when made with
 // std::make_unique<std::byte[]>: on shared memory that doubled the cost of a worker's push,
-// and took a shard's fp16 pushes to 1.1 GB/s at 64 MiB (docs/benchmarks.md, "Staging
+// and held a shard's fp16 pushes at 64 MiB to about 1 GB/s (docs/benchmarks.md, "Staging
 // copies"). The pool keeps released buffers, up to `cache_bytes` in total, and hands one back
 // for a request of n bytes when its size is in [n, 2n].
 //

@@ -8,8 +8,9 @@
 // ordinary stores each destination line is first read for ownership and then sits modified in
 // this core's cache, where the reading core must fetch it from; with non-temporal stores the
 // lines go to memory once. On the 2-core guest of docs/benchmarks.md ("Staging copies") that
-// made a copying push at 16-64 MiB 1.2-1.3x faster, and at 1-4 MiB (which stay in its 32 MiB
-// last-level cache, where the reader finds them) slower: hence the threshold below. Do not use
+// made a copying push at 16-64 MiB about 1.2x faster (medians of alternating runs), and at
+// 1-4 MiB (which stay in its 32 MiB last-level cache, where the reader finds them) slower:
+// hence the threshold below. Do not use
 // it for a destination this core reads again soon.
 //
 // The bytes written are the same as memcpy's; only the cache behaviour differs. Copies below
