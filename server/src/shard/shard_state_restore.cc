@@ -175,7 +175,20 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
   const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
   const float* grad = c.grads[0]->data();
   for (const Chunk::Run& r : c.runs) {
-    if (r.frozen) continue;
+    if (r.frozen) {
+      // Never updated. Out of place, its state is carried over to the buffers that replace the
+      // live ones (a spare, or fresh ones beside a snapshot), which hold older bytes or none.
+      if (source != nullptr) {
+        auto keep = [&](std::span<const float> from, std::span<float> to) {
+          if (to.empty()) return;
+          std::copy(from.begin() + r.begin, from.begin() + r.end, to.begin() + r.begin);
+        };
+        keep(source->master, st.master);
+        keep(source->m, st.m);
+        keep(source->v, st.v);
+      }
+      continue;
+    }
     const ParamGroup& g = groups_[r.group];
     const uint64_t n = r.end - r.begin;
     UpdateParams up;

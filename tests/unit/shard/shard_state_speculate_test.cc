@@ -2,7 +2,8 @@
 // and orders: every outcome (published, clipped -> redone, skipped -> dropped) must leave the
 // same bits (chunk CRCs of master, m, v and serving copy); the redo must start from the
 // pre-update state; spares count against a memory budget; and copy-on-write snapshots keep the
-// bytes of their version while later steps run.
+// bytes of their version while later steps run. The job has a frozen parameter: an
+// out-of-place update (a spare, or fresh buffers beside a snapshot) must carry its state over.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -29,11 +30,14 @@ Layout SmallLayout() {
   return *l;
 }
 
+constexpr uint32_t kFrozenParam = 3;  // "d": served, never pushed, never updated
+
 ShardJob Job(UpdateMode mode) {
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   job.accumulation_steps = 2;  // 4 contributors, summed in contributor order
   job.param_groups = {{1e-2f, 0.1f}, {5e-3f, 0.0f}};
   job.param_group = {0, 1, 0, 1, 0};
+  job.frozen = {0, 0, 0, 1, 0};
   job.lr_schedule.kind = LrScheduleKind::kWarmupLR;
   job.lr_schedule.warmup_min_lr = 1e-3;
   job.lr_schedule.warmup_max_lr = 1e-2;
@@ -60,6 +64,7 @@ void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step
   std::normal_distribution<float> dist(0.0f, step == kInitStep ? 0.5f : scale);
   const uint32_t contributors = step == kInitStep ? 1 : 4;
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
+    if (p == kFrozenParam && step != kInitStep) continue;
     auto pieces = layout.Pieces(p);
     ASSERT_TRUE(pieces.ok());
     for (const Piece& piece : *pieces) {
@@ -356,6 +361,45 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
     step(**plain, 2);
     step(**plain, 3);
     EXPECT_EQ((*plain)->StateCrc(), (*ckpt)->StateCrc());
+  }
+}
+
+// Steps before the visit hand every chunk's pre-update state to the snapshot and update out of
+// place into other buffers: still the same bits as a shard that never checkpointed (the frozen
+// parameter's state included, which the update does not write).
+TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
+  const Layout layout = SmallLayout();
+  for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
+    SCOPED_TRACE(mode == UpdateMode::kSync ? "sync" : "speculative");
+    auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    ASSERT_TRUE(plain.ok() && ckpt.ok());
+    auto step = [&](ShardState& st, int64_t k) {
+      PushAll(layout, {&st}, k, 40 + static_cast<uint32_t>(k));
+      Commit(st, Assumed(k, k), Assumed(k + 1, k + 1));
+    };
+    for (ShardState* st : {plain->get(), ckpt->get()}) {
+      PushAll(layout, {st}, kInitStep, 9);
+      st->ArmSpeculation(Assumed(0, 0));
+      step(*st, 0);
+    }
+    auto snap = (*ckpt)->BeginSnapshot();
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    for (int64_t k = 1; k <= 3; ++k) {
+      step(**ckpt, k);
+      step(**plain, k);
+      ExpectSame(**plain, **ckpt, k);
+    }
+    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>,
+                                  std::span<const float>, std::span<const float>) -> Status {
+      return Status::Ok();
+    });
+    ASSERT_TRUE(v.ok()) << v.ToString();
+    EXPECT_EQ((*snap)->copied_on_write(), (*ckpt)->chunk_ids().size());
+    snap->reset();
+    step(**ckpt, 4);
+    step(**plain, 4);
+    ExpectSame(**plain, **ckpt, 4);
   }
 }
 
