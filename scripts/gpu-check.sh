@@ -3,7 +3,7 @@
 # torch 2.x, and none of Debian's packages: it runs from .gpu/ (scripts/gpu-bundle.sh, made on a
 # Debian build machine and carried over).
 #
-#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 32 MiB)
+#   scripts/gpu-bundle.sh                 # here: build, then pack .gpu/ (about 34 MiB)
 #   scripts/gpu-check.sh                  # there (OUT=dir for the JSON results, default .gpu/out)
 #
 # It checks that a CUDA device is there (else says so — "no CUDA device" — and exits 0 with
@@ -17,9 +17,26 @@
 #   3. the TransformerEncoder LM (examples/train_lm.py) on CUDA through zps (embedded 2-shard
 #      cluster on loopback, the CUDA backend) and with plain torch holding the whole model on
 #      the GPU, for two model sizes: tokens/s and the ratio (lm.jsonl).
+#
+#   scripts/gpu-check.sh --cpu-targets    # there: issue 11's CPU benchmarks only (no GPU needed)
+#
+# --cpu-targets runs, instead of all the above, the benchmarks of issue 11 that need more cores
+# than the 2-core build machine has (the emulated worker, UCX's progress thread and the shard's
+# optimizer must not share cores), each under `timeout`, output in $OUT/<name>.txt: zps-bench
+# overlap (192 MiB and 8 x 8 Mi elements, 1 and 4 optimizer threads), scripts/bench-transport.sh
+# against the bundled ucx_perftest (shm, 4/16/64 MiB, 2 rounds) and zps-bench checkpoint-stall
+# (1 GiB state, a checkpoint every 4 steps, in a temporary directory that it removes). 3.5-5
+# minutes on the 2-core build machine, at most 9.5 (the limits); it exits 1 if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+mode=gpu
+case ${1:-} in
+  "") ;;
+  --cpu-targets) mode=cpu ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+  *) echo "gpu-check.sh: unknown option $1 (--cpu-targets, --help)" >&2; exit 2 ;;
+esac
 out=${OUT:-$root/.gpu/out}
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -29,13 +46,17 @@ py=${PYTHON:-python3}
 # C library and loads libzps_c.so (C++ runtime linked in) with the carried UCX beside it.
 # The host's driver (libcuda.so.1) stays on the host's paths, after the carried ones.
 hostlibs=/usr/lib/x86_64-linux-gnu:/usr/lib64:/usr/local/cuda/lib64:/usr/local/cuda/compat
-for prog in zps-server zps-bench; do
-  cat > .gpu/bin/$prog.sh <<SH
+libpath=$root/.gpu/sys:$root/.gpu/lib:$hostlibs
+wrap() {  # $1 a program in .gpu/bin, $2 the script to write that runs it through the carried loader
+  cat > "$2" <<SH
 #!/bin/sh
-exec "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$root/.gpu/sys:$root/.gpu/lib:$hostlibs" \
-  "$root/.gpu/bin/$prog" "\$@"
+exec "$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$libpath" \
+  "$root/.gpu/bin/$1" "\$@"
 SH
-  chmod +x .gpu/bin/$prog.sh
+  chmod +x "$2"
+}
+for prog in zps-server zps-bench; do
+  wrap $prog .gpu/bin/$prog.sh
 done
 export ZPS_SERVER=$root/.gpu/bin/zps-server.sh
 export ZPS_NATIVE_LIB=$root/.gpu/lib/libzps_c.so
@@ -43,6 +64,93 @@ export LD_LIBRARY_PATH=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$root/.gpu/lib/ucx
 export PYTHONPATH=$root/python
 export ZPS_LOG_LEVEL=warning
+
+# Issue 11's CPU targets (--cpu-targets): no CUDA device, torch or pytest needed.
+# zps-bench transport and transport-raw start their peer with execv("/proc/self/exe"), which
+# through the wrapper above is the loader, not zps-bench: so these run a copy of zps-bench whose
+# ELF interpreter is the carried loader (through a link in /tmp: the path must fit in the 27
+# bytes of /lib64/ld-linux-x86-64.so.2), with the library path in LD_LIBRARY_PATH for it and the
+# peer it starts, and for nothing else (the host's programs must keep the host's C library). The
+# copy and the wrappers go in .gpu/run/ (not /tmp, which may be noexec); all of it goes at exit.
+cpu_targets() {
+  local bench failed=0 libs outside
+  # The host's programs here (python3 in bench-transport.sh) keep the host's libraries.
+  LD_LIBRARY_PATH=${LD_LIBRARY_PATH#"$root/.gpu/lib"}
+  LD_LIBRARY_PATH=${LD_LIBRARY_PATH#:}
+  [[ -n $LD_LIBRARY_PATH ]] || unset LD_LIBRARY_PATH
+  echo "== machine (CPU targets)"
+  echo "$(nproc) cores ($(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')," \
+    "$(awk '/^MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo) GiB)"
+  wdir=$root/.gpu/run  # (these three global: the EXIT trap reads them)
+  lddir=$(mktemp -d /tmp/zps.XXXXXX)
+  ckpt=$(mktemp -d "${TMPDIR:-/tmp}/zps-ckpt-stall.XXXXXX")
+  trap 'rm -rf "$wdir" "$lddir" "$ckpt"' EXIT
+  ln -s "$root/.gpu/sys/ld-linux-x86-64.so.2" "$lddir/ld"
+  rm -rf "$wdir"
+  mkdir -p "$wdir/bin"
+  cp .gpu/bin/zps-bench "$wdir/zps-bench"
+  $py - "$wdir/zps-bench" "$lddir/ld" <<'PY'
+import struct, sys
+interp = sys.argv[2].encode() + b"\0"
+with open(sys.argv[1], "r+b") as f:
+    h = f.read(64)
+    (phoff,), (phentsize, phnum) = struct.unpack_from("<Q", h, 32), struct.unpack_from("<HH", h, 54)
+    for i in range(phnum):
+        f.seek(phoff + i * phentsize)
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack("<IIQQQQ", f.read(40))
+        if p_type == 3:  # PT_INTERP
+            assert len(interp) <= p_filesz, "interpreter path too long"
+            f.seek(p_offset)
+            f.write(interp.ljust(p_filesz, b"\0"))
+            break
+    else:
+        sys.exit("zps-bench has no PT_INTERP")
+PY
+  bench=$wdir/bin/zps-bench
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libpath" "$wdir/zps-bench" > "$bench"
+  chmod +x "$bench"
+  # bench-transport.sh runs $BUILD_DIR/bin/zps-bench and the ucx_perftest on PATH.
+  [[ -x .gpu/bin/ucx_perftest ]] && wrap ucx_perftest "$wdir/bin/ucx_perftest"
+  libs=$(LD_LIBRARY_PATH=$libpath LD_TRACE_LOADED_OBJECTS=1 "$wdir/zps-bench" |
+    awk '/=>/ {print $3}')
+  outside=$(grep -v "^$root/.gpu/" <<<"$libs" | tr '\n' ' ' || true)
+  echo "zps-bench: $(wc -l <<<"$libs") libraries, from outside .gpu/: ${outside:-none}"
+  if [[ -x .gpu/bin/ucx_perftest ]]; then
+    libs=$("$root/.gpu/sys/ld-linux-x86-64.so.2" --library-path "$libpath" \
+      --list .gpu/bin/ucx_perftest | awk '/=>/ {print $3}')
+    outside=$(grep -v "^$root/.gpu/" <<<"$libs" | tr '\n' ' ' || true)
+    echo "ucx_perftest: $(wc -l <<<"$libs") libraries, from outside .gpu/: ${outside:-none}"
+  fi
+  run_target() {  # $1 name ($out/$1.txt), $2 limit in seconds, then the command
+    local name=$1 limit=$2 rc=0 start=$SECONDS
+    shift 2
+    echo "== $name"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt" || rc=$?
+    if (( rc != 0 )); then
+      echo "gpu-check: $name FAILED (exit $rc$( ((rc == 124)) && echo ", over ${limit} s"))"
+      failed=$((failed + 1))
+    fi
+    echo "($name: $((SECONDS - start)) s)"
+  }
+  run_target overlap 45 "$bench" overlap
+  run_target overlap-threads4 45 "$bench" overlap --threads 4
+  run_target overlap-8x8Mi 75 "$bench" overlap --layer-elems 8MiB --steps 8
+  run_target overlap-8x8Mi-threads4 75 "$bench" overlap --layer-elems 8MiB --steps 8 --threads 4
+  if [[ -x .gpu/bin/ucx_perftest ]]; then
+    run_target transport 150 env BUILD_DIR="$wdir" PATH="$wdir/bin:$PATH" \
+      scripts/bench-transport.sh --tls shm --reps 2 --sizes 4MiB,16MiB,64MiB
+  else
+    echo "gpu-check: no ucx_perftest in the bundle (scripts/gpu-bundle.sh); transport skipped"
+    failed=$((failed + 1))
+  fi
+  run_target checkpoint-stall 180 "$bench" checkpoint-stall --dir "$ckpt" --every 4 --steps 17
+  echo "gpu-check --cpu-targets: $failed failed; output in $out"
+  (( failed == 0 ))
+}
+if [[ $mode == cpu ]]; then
+  cpu_targets
+  exit
+fi
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
