@@ -366,7 +366,10 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
 
 // Steps before the visit hand every chunk's pre-update state to the snapshot and update out of
 // place into other buffers: still the same bits as a shard that never checkpointed (the frozen
-// parameter's state included, which the update does not write).
+// parameter's state included, which the update does not write). In speculative mode every chunk
+// is speculated before the commit, so the publish gives the live buffers to the snapshot and the
+// spare's become live; the next step speculates into a spare allocated again (it wrote through
+// a null pointer while a moved-from AlignedBuffer kept its size).
 TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
   const Layout layout = SmallLayout();
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
@@ -374,8 +377,10 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
     auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
     auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
     ASSERT_TRUE(plain.ok() && ckpt.ok());
+    const uint32_t n = static_cast<uint32_t>((*ckpt)->chunk_ids().size());
     auto step = [&](ShardState& st, int64_t k) {
       PushAll(layout, {&st}, k, 40 + static_cast<uint32_t>(k));
+      if (mode == UpdateMode::kSpeculative) WaitSpeculated(st, n);
       Commit(st, Assumed(k, k), Assumed(k + 1, k + 1));
     };
     for (ShardState* st : {plain->get(), ckpt->get()}) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "zps/common/status.h"
 
@@ -19,6 +20,15 @@ template <typename T>
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
+  /// A moved-from buffer is empty (size() 0, data() null), as a default-made one: code that
+  /// hands a buffer away and later asks its size must not see the old one.
+  AlignedBuffer(AlignedBuffer&& o) noexcept
+      : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    data_ = std::move(o.data_);
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
   /// Errors: ResourceExhausted when the allocation fails.
   static Result<AlignedBuffer> Allocate(size_t n) { return Make(n, /*zero=*/true); }
   /// As Allocate, without zeroing: the contents are unspecified (for buffers about to be
