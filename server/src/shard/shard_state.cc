@@ -152,9 +152,16 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
         ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
       }
     }
-    for (uint32_t k = 0; k < slots; ++k) {
+    // fp32 slots: one per slot for an fp32 job; for a 16-bit job only slot 0 (the initial
+    // values, and the sum of several 16-bit slots), beside its 16-bit slots.
+    const bool grads16 = job.grad_dtype != DType::kF32;
+    for (uint32_t k = 0; k < (grads16 ? 1 : slots); ++k) {
       ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
       c.grads.push_back(std::make_shared<AlignedBuffer<float>>(std::move(g)));
+    }
+    for (uint32_t k = 0; grads16 && k < slots; ++k) {
+      ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<uint16_t>::Allocate(c.size));
+      c.grads16.push_back(std::make_shared<AlignedBuffer<uint16_t>>(std::move(g)));
     }
     c.covered.resize(slots);
     c.landed.assign(slots, 0);
@@ -423,15 +430,27 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
   // Initial values land in gradient slot 0 too (free until the first step): no push ever writes
-  // into the master directly.
-  t.slot_buffer_ = c->grads[slot];
+  // into the master directly. 16-bit gradients land in their slot as they are.
   if (init || req.dtype == DType::kF32) {
+    t.slot_buffer_ = c->grads[slot];
     t.dest_ = reinterpret_cast<std::byte*>(t.slot_buffer_->data() + b);
   } else {
-    t.staging_ = push_staging_.Acquire(t.bytes_);
-    t.dest_ = t.staging_.get();
+    t.slot16_buffer_ = c->grads16[slot];
+    t.dest_ = reinterpret_cast<std::byte*>(t.slot16_buffer_->data() + b);
   }
   return t;
+}
+
+bool ShardState::TicketCurrent(const Chunk& c, const PushTicket& t) {
+  if (t.slot16_buffer_) {
+    return t.slot_ < c.grads16.size() && t.slot16_buffer_ == c.grads16[t.slot_];
+  }
+  return t.slot_ < c.grads.size() && t.slot_buffer_ == c.grads[t.slot_];
+}
+
+GradView ShardState::ReducedGrad(const Chunk& c) const {
+  if (c.grads16.size() == 1) return {c.grads16[0]->data(), job_.grad_dtype, c.size};
+  return {c.grads[0]->data(), DType::kF32, c.size};
 }
 
 PushTicket ShardState::DiscardedPush(const PushRequest& req, uint32_t slot) const {
@@ -454,24 +473,12 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
     if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
     if (t.discard_) return Status::Ok();  // pushed again (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
-    if (t.slot_buffer_ != c->grads[t.slot_]) {
+    if (!TicketCurrent(*c, t)) {
       return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
     }
     if (!transfer.ok()) {
       c->covered[t.slot_].erase(t.req_.offset);
       return Status::Ok();
-    }
-    if (t.staging_) {
-      lock.Unlock();  // the range is reserved: no one else writes it
-      const auto* src = reinterpret_cast<const uint16_t*>(t.staging_.get());
-      std::span<float> dst(t.slot_buffer_->data() + t.req_.offset, t.req_.length);
-      if (t.req_.dtype == DType::kF16) ConvertF16ToF32({src, t.req_.length}, dst);
-      else ConvertBF16ToF32({src, t.req_.length}, dst);
-      lock.Lock();
-      if (t.epoch_ != epoch_) return Unavailable("push overtaken by a rollback; re-join");
-      if (t.slot_buffer_ != c->grads[t.slot_]) {
-        return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
-      }
     }
     c->landed[t.slot_] += t.req_.length;
     if (t.req_.step == kInitStep) {
@@ -676,16 +683,10 @@ Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
     dropped += c.landed[slot];
     c.covered[slot].clear();
     c.landed[slot] = 0;
-    auto& g = c.grads[slot];
     // As FreshSlots: a buffer a ticket still holds is replaced, so the old transfer writes
     // into memory no one reads and FinishPush refuses it.
-    if (g.use_count() == 1) {
-      std::fill(g->span().begin(), g->span().end(), 0.0f);
-      return Status::Ok();
-    }
-    ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<float>::Allocate(c.size));
-    std::fill(fresh.span().begin(), fresh.span().end(), 0.0f);
-    g = std::make_shared<AlignedBuffer<float>>(std::move(fresh));
+    if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(FreshSlot(c.grads[slot], c.size));
+    if (slot < c.grads16.size()) ZPS_RETURN_IF_ERROR(FreshSlot(c.grads16[slot], c.size));
     return Status::Ok();
   };
   for (Chunk& c : chunks_) {
@@ -697,12 +698,12 @@ Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
     if (job_.mode == ReductionMode::kPreReduced) {
       // Slices have no per-rank owner, and every rank restarts the step with a new
       // communicator (the coordinator's worker generation): the whole step is pushed again.
-      for (uint32_t slot = 0; slot < c.grads.size(); ++slot) ZPS_RETURN_IF_ERROR(forget(c, slot));
+      for (uint32_t slot = 0; slot < c.covered.size(); ++slot) ZPS_RETURN_IF_ERROR(forget(c, slot));
       continue;
     }
     for (uint32_t micro = 0; micro < accum_; ++micro) {
       const uint32_t slot = rank * accum_ + micro;
-      if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));
+      if (slot < c.covered.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));
     }
   }
   return dropped;
@@ -732,17 +733,22 @@ void ShardState::ResetCoverage(Chunk& c) {
   std::fill(c.landed.begin(), c.landed.end(), 0);
 }
 
-Status ShardState::FreshSlots(Chunk& c) {
-  for (auto& g : c.grads) {
-    // Only tickets share a slot buffer, and none can be made without mu_: a count of 1 means no
-    // transfer can write into it any more.
-    if (g.use_count() == 1) {
-      std::fill(g->span().begin(), g->span().end(), 0.0f);
-      continue;
-    }
-    ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<float>::Allocate(c.size));
-    g = std::make_shared<AlignedBuffer<float>>(std::move(fresh));
+template <typename T>
+Status ShardState::FreshSlot(std::shared_ptr<AlignedBuffer<T>>& g, uint64_t size) {
+  // Only tickets share a slot buffer, and none can be made without mu_: a count of 1 means no
+  // transfer can write into it any more.
+  if (g.use_count() == 1) {
+    std::fill(g->span().begin(), g->span().end(), T{0});
+    return Status::Ok();
   }
+  ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<T>::Allocate(size));  // zeroed
+  g = std::make_shared<AlignedBuffer<T>>(std::move(fresh));
+  return Status::Ok();
+}
+
+Status ShardState::FreshSlots(Chunk& c) {
+  for (auto& g : c.grads) ZPS_RETURN_IF_ERROR(FreshSlot(g, c.size));
+  for (auto& g : c.grads16) ZPS_RETURN_IF_ERROR(FreshSlot(g, c.size));
   return Status::Ok();
 }
 
@@ -822,8 +828,9 @@ uint32_t ShardState::GradientCrc() const {
   MutexLock lock(&mu_);
   uint32_t crc = 0;
   for (const auto& c : chunks_) {
-    for (size_t slot = 0; slot < c.grads.size(); ++slot) {
-      crc = Crc32cExtend(crc, std::as_bytes(c.grads[slot]->span()));
+    for (const auto& g : c.grads) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
+    for (const auto& g : c.grads16) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
+    for (size_t slot = 0; slot < c.covered.size(); ++slot) {
       for (const auto& [b, e] : c.covered[slot]) {
         const uint64_t range[2] = {b, e};
         crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint64_t>(range)));

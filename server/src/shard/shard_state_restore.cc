@@ -173,7 +173,9 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
                                const Optimizer* opt) const {
   if (opt == nullptr) opt = optimizer_.get();
   const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
-  const float* grad = c.grads[0]->data();
+  const GradView grad = ReducedGrad(c);
+  const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
+  const size_t grad_size = DTypeSize(grad.dtype);
   for (const Chunk::Run& r : c.runs) {
     if (r.frozen) {
       // Never updated. Out of place, its state is carried over to the buffers that replace the
@@ -207,7 +209,8 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
     ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
     if (source != nullptr) up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
-    ZPS_RETURN_IF_ERROR(opt->Update(part, {grad + r.begin, DType::kF32, n}, up));
+    ZPS_RETURN_IF_ERROR(
+        opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
   return Status::Ok();
 }

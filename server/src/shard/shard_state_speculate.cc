@@ -92,13 +92,41 @@ Result<ChunkReport> ShardState::ReduceChunk(Chunk& c, const Optimizer* opt) cons
     const float* g = c.grads[r]->data();
     for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
   }
-  // Frozen parameters were never pushed: slot 0 may still hold their initial values. Zero
-  // them, so they add nothing to the norm (and nothing is read from them by the update).
-  for (const Chunk::Run& r : c.runs) {
-    if (r.frozen) std::fill(acc + r.begin, acc + r.end, 0.0f);
+  if (c.grads16.size() > 1) {
+    // acc = g0 + g1 + ... in contributor order, each widened (exactly) to fp32 first: the sums
+    // of fp32 slots that held the widened values. Block by block, in cache.
+    constexpr uint64_t kBlock = 4096;
+    float wide[kBlock];
+    auto widen = [&](size_t slot, uint64_t begin, uint64_t n, float* out) {
+      std::span<const uint16_t> in(c.grads16[slot]->data() + begin, n);
+      if (job_.grad_dtype == DType::kF16) {
+        ConvertF16ToF32(in, {out, n});
+      } else {
+        ConvertBF16ToF32(in, {out, n});
+      }
+    };
+    for (uint64_t b = 0; b < c.size; b += kBlock) {
+      const uint64_t n = std::min(kBlock, c.size - b);
+      widen(0, b, n, acc + b);
+      for (size_t r = 1; r < c.grads16.size(); ++r) {
+        widen(r, b, n, wide);
+        for (uint64_t i = 0; i < n; ++i) acc[b + i] += wide[i];
+      }
+    }
   }
-  ZPS_ASSIGN_OR_RETURN(GradStats st,
-                       opt->ComputeGradStats({acc, DType::kF32, c.size}, 1.0f));
+  // Frozen parameters were never pushed: the reduced gradient may still hold their initial
+  // values (slot 0). Zero them, so they add nothing to the norm (and nothing is read from them
+  // by the update). A 16-bit zero is all bits clear, as fp32's is.
+  const GradView g = ReducedGrad(c);
+  for (const Chunk::Run& r : c.runs) {
+    if (!r.frozen) continue;
+    if (g.dtype == DType::kF32) {
+      std::fill(acc + r.begin, acc + r.end, 0.0f);
+    } else {
+      std::fill(c.grads16[0]->data() + r.begin, c.grads16[0]->data() + r.end, uint16_t{0});
+    }
+  }
+  ZPS_ASSIGN_OR_RETURN(GradStats st, opt->ComputeGradStats(g, 1.0f));
   return ChunkReport{st.sum_squares, st.non_finite};
 }
 

@@ -3,11 +3,17 @@
 //
 // Per chunk it keeps the fp32 master, Adam m and v, the serving copy, a version, and the
 // gradient slots of the step in progress:
-//   - server-sum: one fp32 slot per contributor (rank * k + micro, k = accumulation_steps; with
+//   - server-sum: one slot per contributor (rank * k + micro, k = accumulation_steps; with
 //     k = 1 one per rank). ReduceStep sums them IN CONTRIBUTOR ORDER (acc = g0; acc += g1; ...),
 //     never arrival order, so results are reproducible.
 //   - pre-reduced: one slot per micro-batch (one with k = 1); ranks push disjoint slices of it;
 //     the slots are summed in micro order.
+// Slots hold the job's grad_dtype: a 16-bit push lands as it is, with no conversion on the
+// thread that completes the transfer (the UCX progress thread). With one slot the reduced
+// gradient is that 16-bit slot itself: the norm and the fused update read it directly. With
+// several, the reduction widens and sums them into the fp32 accumulator (slot 0 of `grads`),
+// exactly as fp32 slots holding the widened values would sum (widening is exact). Initial
+// values are fp32 and always land in that fp32 slot 0.
 // Parameter groups and frozen parameters (ShardJob): the update runs the fused optimizer once per
 // maximal run of a chunk whose elements share a group (padding takes the group of the parameter
 // before it), with that group's (scheduled) lr and weight decay; a run of a frozen parameter is
@@ -191,10 +197,12 @@ class PushTicket {
   uint32_t slot_ = 0;
   std::byte* dest_ = nullptr;
   size_t bytes_ = 0;
-  std::shared_ptr<std::byte[]> staging_;  // 16-bit grads land here, then convert to fp32
-  // The slot buffer the push writes into, kept alive while the transfer may still write: after
-  // a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
+  std::shared_ptr<std::byte[]> staging_;  // a push received to be dropped lands here
+  // The slot buffer the push writes into (fp32: initial values, fp32 jobs; 16-bit: a 16-bit
+  // job's step pushes; one of the two is set), kept alive while the transfer may still write:
+  // after a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
+  std::shared_ptr<AlignedBuffer<uint16_t>> slot16_buffer_;
   uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
   bool discard_ = false;  // pushed again (ShardState::BeginPush): received, then dropped
 };
@@ -452,8 +460,12 @@ class ShardState {
                                   // resident serving RAM), zeroed at Create; empty if spilled.
                                   // With banks: banks[version % 2] (Publish sets it).
     std::span<uint16_t> banks[2];  // "Serving banks"; empty when there is one
-    // Per slot; shared with the push tickets writing into it (see "Rollback fence").
+    // Shared with the push tickets writing into them (see "Rollback fence"). fp32 job: one
+    // fp32 slot per contributor in `grads`, `grads16` empty. 16-bit job: `grads16` has the
+    // slots; `grads` holds only slot 0, where initial values land and several 16-bit slots
+    // are summed.
     std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
+    std::vector<std::shared_ptr<AlignedBuffer<uint16_t>>> grads16;
     std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
     std::vector<uint64_t> landed;                        // per slot: elements completed
     std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
@@ -488,11 +500,20 @@ class ShardState {
     return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
   }
   bool StepReady(int64_t step) const REQUIRES(mu_);
+  // Whether the ticket's slot buffer is still the chunk's (not replaced by ForgetRank or a
+  // rollback since BeginPush).
+  static bool TicketCurrent(const Chunk& c, const PushTicket& t);
+  // The reduced gradient of a chunk (after ReduceChunk): the one 16-bit slot as it landed, or
+  // the fp32 slot 0.
+  GradView ReducedGrad(const Chunk& c) const;
   // A ticket that receives the push into a staging buffer and is dropped by FinishPush.
   PushTicket DiscardedPush(const PushRequest& req, uint32_t slot) const REQUIRES(mu_);
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   void ResetCoverage(Chunk& c);
   Status FreshSlots(Chunk& c) REQUIRES(mu_);  // see ResetTo
+  // Zeroes a slot buffer, or replaces it with a zeroed one while a ticket still holds it.
+  template <typename T>
+  static Status FreshSlot(std::shared_ptr<AlignedBuffer<T>>& g, uint64_t size);
   // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
   // Spilled serving copies (shard_state_serving.cc).
@@ -524,8 +545,9 @@ class ShardState {
   Status InitSpeculation(uint64_t spare_budget);  // at Create: spares, the thread
   void StopSpeculation();
   void SpeculationLoop();
-  // Sums the slots in contributor order into slot 0, zeroes frozen runs, computes the report
-  // (with `opt`; null: optimizer_).
+  // Sums the slots in contributor order into slot 0 (16-bit slots: widened into the fp32 slot
+  // 0; one 16-bit slot stays as it is), zeroes frozen runs of the reduced gradient, computes
+  // the report (with `opt`; null: optimizer_).
   Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
   // Copies the live state into `sp` and updates it with `order`.
   Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
@@ -586,9 +608,9 @@ class ShardState {
   mutable std::atomic<uint64_t> io_errors_{0};   // failed store operations
   bool serving_in_store_ = false;                // set at Create: serving copies are store records
   std::unique_ptr<ServingStaging> staging_;      // set at Create when a serving copy spills
-  // Where 16-bit pushes (and pushes received to be dropped) land before FinishPush: reused, not
-  // zeroed. Internally synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB
-  // of released buffers beyond those in flight.
+  // Where pushes received to be dropped land before FinishPush: reused, not zeroed. Internally
+  // synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB of released buffers
+  // beyond those in flight.
   mutable StagingPool push_staging_{size_t{64} << 20};
   std::thread serving_reader_;                   // "zps-serving-rd": answers spilled fetches
   std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
