@@ -125,7 +125,14 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
   if (job.update_mode == UpdateMode::kSpeculative) {
-    ZPS_ASSIGN_OR_RETURN(s->spec_optimizer_, Optimizer::Create(optimizer, nullptr));
+    // The speculation thread's own pool, as wide as the shard's (the thread is its caller):
+    // with one thread speculation ran 1 / threads as fast as the commit's pass; a pool of its
+    // own (not the shard's) keeps a chunk it speculates running beside that pass.
+    if (pool != nullptr && pool->size() > 1) {
+      ZPS_ASSIGN_OR_RETURN(s->spec_pool_,
+                           ThreadPool::Create({.name = "zps-spec", .threads = pool->size()}));
+    }
+    ZPS_ASSIGN_OR_RETURN(s->spec_optimizer_, Optimizer::Create(optimizer, s->spec_pool_.get()));
   }
   s->groups_ = job.param_groups;
   if (s->groups_.empty()) s->groups_.push_back({optimizer.lr, optimizer.weight_decay});

@@ -151,6 +151,33 @@ TEST(ShardStateSpeculate, EveryOutcomeEqualsSync) {
   EXPECT_EQ(st.in_flight, 0u);
 }
 
+// With an optimizer pool of several threads the speculation runs on a pool of its own as wide:
+// still the bits of a sync shard without any pool (the work split does not depend on threads).
+TEST(ShardStateSpeculate, SpeculationOnAPoolEqualsSync) {
+  const Layout layout = SmallLayout();
+  OptimizerConfig opt;
+  auto pool = ThreadPool::Create({.name = "test-opt", .threads = 3});
+  ASSERT_TRUE(pool.ok());
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, pool->get());
+  ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
+  const uint32_t n = static_cast<uint32_t>((*spec)->chunk_ids().size());
+  PushAll(layout, {sync->get(), spec->get()}, kInitStep, 11);
+  (*spec)->ArmSpeculation(Assumed(0, 0));
+  int64_t applied = 0;
+  for (int64_t step = 0; step < 4; ++step) {
+    PushAll(layout, {sync->get(), spec->get()}, step, 500 + static_cast<uint32_t>(step));
+    WaitSpeculated(**spec, n);
+    CommitOrder order = Assumed(step, applied);
+    if (step == 2) order.grad_scale *= 0.5f;  // clipped: redone (on the shard's pool)
+    ++applied;
+    Commit(**sync, order, std::nullopt);
+    Commit(**spec, order, Assumed(step + 1, applied));
+    ExpectSame(**sync, **spec, step);
+  }
+  EXPECT_EQ((*spec)->speculation_stats().published, 3u * n);
+}
+
 // The commit comes while the speculation thread is still updating the chunk that completed the
 // step (held there by the test hook): ReduceStep takes its report without waiting for the
 // update, the commit's pass over the other chunks runs beside it (RAM state), and the chunk is

@@ -588,9 +588,11 @@ class ShardState {
   const ShardJob job_;
   ThreadPool* pool_;
   std::unique_ptr<Optimizer> optimizer_;
-  // The speculation thread's: the same configuration without the pool (the same bits: the
-  // optimizer's work split does not depend on threads), so that a chunk it speculates runs
-  // beside the commit's pass over the others instead of queueing for the pool.
+  // The speculation thread's: the same configuration on a pool of its own, as wide as the
+  // shard's (none with one thread; the same bits: the optimizer's work split does not depend on
+  // threads), so that a chunk it speculates runs beside the commit's pass over the others
+  // instead of queueing for the shard's pool.
+  std::unique_ptr<ThreadPool> spec_pool_;  // "zps-spec-N"; destroyed after spec_optimizer_
   std::unique_ptr<Optimizer> spec_optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
