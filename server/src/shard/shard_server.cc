@@ -1021,8 +1021,11 @@ Status ShardServer::Start() {
     std::vector<std::byte> address(extra.begin(), extra.end());
     const bool posted = d->ucx->Post([d, st, peer, epoch, address = std::move(address), done]() {
       // On the progress thread Connect makes the endpoint at once (no wait).
+      // The failure itself is logged where it is decided (ucx::Worker: WARNING when UCX or
+      // the pid check found it, INFO when we declared it because the worker's control
+      // connection closed, as at the end of every job); this line names the rank.
       auto ep = d->ucx->Connect(address, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
-        ZPS_LOG(WARNING) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
+        ZPS_LOG(INFO) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
       });
       if (!ep.ok()) return done(ep.status());
       // A rank's new session replaces any old one (its process restarted, or it re-joined after
