@@ -377,6 +377,20 @@ int RunOverlap(int argc, char** argv) {
                 "after that\n",
                 "", Median(times->backward), compute, Median(times->flush),
                 Median(times->await_version));
+    if (mode == "speculative") {
+      // What no schedule of this rig can beat with one speculation thread: it updates the L
+      // chunks one after another (the out-of-place pass), from the first gradient on (compute
+      // / L into the step), and the last chunk no earlier than the last push (compute); then
+      // the fetch of the new version, which this rig's forward has no compute to hide. Commit
+      // round trips and sending are left out, so the floor is low.
+      const double spec_pass = *pass * oop, layers = o.rig.layers;
+      const double floor = std::max(compute / layers + spec_pass, compute + spec_pass / layers) +
+                           fetch;
+      std::printf("%-17s   floor of this rig: %.3f s = %.2f x max(compute, pass) (max(compute / "
+                  "layers + speculative pass, compute + speculative pass / layers) + fetch); "
+                  "the step is %.2f x the floor\n",
+                  "", floor, floor / mx, med / floor);
+    }
     std::fflush(stdout);
   }
   return 0;
@@ -392,6 +406,7 @@ struct StallOptions {
   int64_t steps = 34;                 // Default: 34 (checkpoints at 16 and 32).
   double compute_ms = -1.0;           // Default: -1 = the measured pass.
   double pace = 0.75;                 // Default: 0.75 (the server's default is 0: unpaced).
+  std::string update = "sync";        // Default: sync (--update of the job).
 };
 
 int RunStall(int argc, char** argv) {
@@ -409,10 +424,14 @@ int RunStall(int argc, char** argv) {
   f.Add("compute-ms", "emulated backward compute per step, ms (-1 = the measured pass)",
         &o.compute_ms);
   f.Add("pace", "--checkpoint-pace of the paced background mode", &o.pace);
+  f.Add("update", "the job's update mode: sync or speculative", &o.update);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) return Fail("checkpoint-stall", parsed.status());
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   if (o.dir.empty()) return Fail("checkpoint-stall", InvalidArgument("--dir is required"));
+  auto update = server::ParseUpdateMode(o.update);
+  if (!update.ok()) return Fail("checkpoint-stall", update.status());
+  o.rig.update = *update;
   log::SetLevel(std::getenv("ZPS_BENCH_DEBUG") ? log::Level::kDebug : log::Level::kWarning);
   o.rig.layer_elems = std::max<uint64_t>(64, o.state_bytes / 12 / o.rig.layers / 64 * 64);
   o.rig.chunk_elems = 4u << 20;
@@ -420,10 +439,10 @@ int RunStall(int argc, char** argv) {
   if (!pass.ok()) return Fail("checkpoint-stall", pass.status());
   const double compute = o.compute_ms >= 0 ? o.compute_ms / 1000.0 : *pass;
   std::printf("checkpoint-stall: %d layers x %llu elements (%.2f GiB of state), checkpoint "
-              "every %lld steps, compute %.3f s, pass %.3f s, ucx %s\n",
+              "every %lld steps, compute %.3f s, pass %.3f s, ucx %s, update %s\n",
               o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
               o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 30), static_cast<long long>(o.every),
-              compute, *pass, o.rig.tls.c_str());
+              compute, *pass, o.rig.tls.c_str(), o.update.c_str());
   double base = 0.0;
   // background-0: the background write at --checkpoint-pace 0 (as fast as it goes); background:
   // paced (--pace).
