@@ -10,6 +10,9 @@ launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  # With -g ccache also hashes the working directory (hash_dir), so without this a clone
+  # in another folder never hit; the price is debug info naming the first clone's folder.
+  export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=${ZPS_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
