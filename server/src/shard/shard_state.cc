@@ -125,9 +125,10 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
   if (job.update_mode == UpdateMode::kSpeculative) {
-    // The speculation thread's own pool, as wide as the shard's (the thread is its caller):
-    // with one thread speculation ran 1 / threads as fast as the commit's pass; a pool of its
-    // own (not the shard's) keeps a chunk it speculates running beside that pass.
+    // The speculation thread's own pool, as wide as the shard's (the thread is its caller), so
+    // that speculation gets the thread count --threads gives the commit's pass (not measured to
+    // help on 2 cores: docs/benchmarks.md); its own, not the shard's, so that a chunk it
+    // speculates runs beside that pass.
     if (pool != nullptr && pool->size() > 1) {
       ZPS_ASSIGN_OR_RETURN(s->spec_pool_,
                            ThreadPool::Create({.name = "zps-spec", .threads = pool->size()}));
