@@ -123,9 +123,9 @@ Status RunCapacity(const Options& o) {
   for (int i = 0; i < nparams; ++i) {
     specs.push_back({"p" + std::to_string(i), {static_cast<int64_t>(o.param_elems)}});
   }
-  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(specs, {.chunk_elems = o.chunk_elems,
-                                                            .align_elems = 64,
-                                                            .num_shards = 1}));
+  ZPS_ASSIGN_OR_RETURN(
+      Layout layout,
+      Layout::Build(specs, {.chunk_elems = o.chunk_elems, .align_elems = 64, .num_shards = 1}));
   server::JobSpec job{std::move(layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kAdamW;
   worker::WorkerOptions wo;
@@ -137,7 +137,8 @@ Status RunCapacity(const Options& o) {
   const auto t_joined = Clock::now();
 
   std::vector<float> buf(o.param_elems);
-  for (uint64_t i = 0; i < buf.size(); ++i) buf[i] = 0.02f * std::sin(0.001f * static_cast<float>(i));
+  for (uint64_t i = 0; i < buf.size(); ++i)
+    buf[i] = 0.02f * std::sin(0.001f * static_cast<float>(i));
   IoCounters io0 = ReadIo();
   for (int p = 0; p < nparams; ++p) ZPS_RETURN_IF_ERROR(client->PushInitial(p, buf));
   ZPS_RETURN_IF_ERROR(client->FlushPushes());
@@ -147,10 +148,11 @@ Status RunCapacity(const Options& o) {
   const auto t_init = Clock::now();
   IoCounters io1 = ReadIo();
   auto [rss0, hwm0] = ReadRss();
-  std::printf("setup: shard start + job + spill files %.1f s; initial values pushed and stored "
-              "%.1f s (%.2f GiB written to disk); RSS %.2f GiB (peak %.2f)\n",
-              Secs(t_connect, t_joined), Secs(t_joined, t_init), GiB(io1.write - io0.write),
-              GiB(rss0), GiB(hwm0));
+  std::printf(
+      "setup: shard start + job + spill files %.1f s; initial values pushed and stored "
+      "%.1f s (%.2f GiB written to disk); RSS %.2f GiB (peak %.2f)\n",
+      Secs(t_connect, t_joined), Secs(t_joined, t_init), GiB(io1.write - io0.write), GiB(rss0),
+      GiB(hwm0));
   std::fflush(stdout);
 
   std::vector<double> step_secs;
@@ -172,13 +174,13 @@ Status RunCapacity(const Options& o) {
     auto [rss, hwm] = ReadRss();
     const double upd = Secs(t1, t2);
     step_secs.push_back(Secs(t0, t3));
-    std::printf("step %lld: push %.2f s, update %.2f s (spill read %.0f MB/s, write %.0f MB/s "
-                "over the update; %.2f + %.2f GiB), fetch %.2f s, step %.2f s "
-                "(%.0f Mparam/s); RSS %.2f GiB (peak %.2f)\n",
-                static_cast<long long>(step), Secs(t0, t1), upd,
-                (b.read - a.read) / upd / 1e6, (b.write - a.write) / upd / 1e6,
-                GiB(b.read - a.read), GiB(b.write - a.write), Secs(t2, t3), Secs(t0, t3),
-                total / Secs(t0, t3) / 1e6, GiB(rss), GiB(hwm));
+    std::printf(
+        "step %lld: push %.2f s, update %.2f s (spill read %.0f MB/s, write %.0f MB/s "
+        "over the update; %.2f + %.2f GiB), fetch %.2f s, step %.2f s "
+        "(%.0f Mparam/s); RSS %.2f GiB (peak %.2f)\n",
+        static_cast<long long>(step), Secs(t0, t1), upd, (b.read - a.read) / upd / 1e6,
+        (b.write - a.write) / upd / 1e6, GiB(b.read - a.read), GiB(b.write - a.write), Secs(t2, t3),
+        Secs(t0, t3), total / Secs(t0, t3) / 1e6, GiB(rss), GiB(hwm));
     std::fflush(stdout);
   }
   ZPS_ASSIGN_OR_RETURN(auto last, client->Fetch(0, o.steps));

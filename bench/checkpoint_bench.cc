@@ -32,20 +32,20 @@ using server::CheckpointOptions;
 using server::CheckpointStore;
 
 struct Options {
-  std::string dir;                        // Default: none (required)
-  uint64_t bytes = 2ull << 30;            // Default: 2 GiB of master + m + v
-  int64_t chunk_elems = 4 << 20;          // Default: 4 Mi elements (48 MiB of state per chunk)
-  uint64_t slice_bytes = 4ull << 20;      // Default: 4 MiB
-  uint64_t write_buffer = 64ull << 20;    // Default: 64 MiB memtables
-  int write_buffers = 8;                  // Default: 8
-  int background_jobs = 8;                // Default: 8
-  uint64_t write_io = 8ull << 20;         // Default: 8 MiB
-  bool direct_writes = false;             // Default: off
-  bool direct_reads = false;              // Default: off
-  int write_threads = 2;                  // Default: 2
-  int read_threads = 2;                   // Default: 2
-  int reps = 1;                           // Default: 1
-  bool json = false;                      // Default: false
+  std::string dir;                      // Default: none (required)
+  uint64_t bytes = 2ull << 30;          // Default: 2 GiB of master + m + v
+  int64_t chunk_elems = 4 << 20;        // Default: 4 Mi elements (48 MiB of state per chunk)
+  uint64_t slice_bytes = 4ull << 20;    // Default: 4 MiB
+  uint64_t write_buffer = 64ull << 20;  // Default: 64 MiB memtables
+  int write_buffers = 8;                // Default: 8
+  int background_jobs = 8;              // Default: 8
+  uint64_t write_io = 8ull << 20;       // Default: 8 MiB
+  bool direct_writes = false;           // Default: off
+  bool direct_reads = false;            // Default: off
+  int write_threads = 2;                // Default: 2
+  int read_threads = 2;                 // Default: 2
+  int reps = 1;                         // Default: 1
+  bool json = false;                    // Default: false
 };
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -124,12 +124,13 @@ int Run(int argc, char** argv) {
   std::filesystem::remove_all(db, ec);
 
   if (!o.json) {
-    std::printf("checkpoint of %.2f GiB (%u chunks of %llu elements), slices %llu KiB, "
-                "direct writes %s, direct reads %s, %d read threads\n",
-                static_cast<double>(total) / (1 << 30), layout->num_chunks(),
-                static_cast<unsigned long long>(chunk),
-                static_cast<unsigned long long>(o.slice_bytes >> 10), o.direct_writes ? "on" : "off",
-                o.direct_reads ? "on" : "off", o.read_threads);
+    std::printf(
+        "checkpoint of %.2f GiB (%u chunks of %llu elements), slices %llu KiB, "
+        "direct writes %s, direct reads %s, %d read threads\n",
+        static_cast<double>(total) / (1 << 30), layout->num_chunks(),
+        static_cast<unsigned long long>(chunk),
+        static_cast<unsigned long long>(o.slice_bytes >> 10), o.direct_writes ? "on" : "off",
+        o.direct_reads ? "on" : "off", o.read_threads);
   }
   int rc = 0;
   for (int rep = 0; rep < o.reps && rc == 0; ++rep) {
@@ -145,8 +146,8 @@ int Run(int argc, char** argv) {
       for (uint32_t c = 0; c < layout->num_chunks(); ++c) {
         const uint64_t n = layout->chunk_size(c);
         master[0] = static_cast<float>(c);
-        Status s = (*w)->AddChunk(c, rep, {std::span(master.data(), n), std::span(m.data(), n),
-                                           std::span(v.data(), n)});
+        Status s = (*w)->AddChunk(
+            c, rep, {std::span(master.data(), n), std::span(m.data(), n), std::span(v.data(), n)});
         if (!s.ok()) return Fail(s);
       }
       auto t1 = std::chrono::steady_clock::now();
@@ -188,15 +189,17 @@ int Run(int argc, char** argv) {
     }
     const double gb = static_cast<double>(total) / 1e9;
     if (o.json) {
-      std::printf("{\"bench\":\"checkpoint\",\"bytes\":%llu,\"write_s\":%.3f,\"commit_s\":%.3f,"
-                  "\"read_s\":%.3f,\"write_cpu_s\":%.3f,\"read_cpu_s\":%.3f,"
-                  "\"write_gbps\":%.3f,\"read_gbps\":%.3f}\n",
-                  static_cast<unsigned long long>(total), write_s, commit_s, read_s, write_cpu,
-                  read_cpu, gb / write_s, gb / read_s);
+      std::printf(
+          "{\"bench\":\"checkpoint\",\"bytes\":%llu,\"write_s\":%.3f,\"commit_s\":%.3f,"
+          "\"read_s\":%.3f,\"write_cpu_s\":%.3f,\"read_cpu_s\":%.3f,"
+          "\"write_gbps\":%.3f,\"read_gbps\":%.3f}\n",
+          static_cast<unsigned long long>(total), write_s, commit_s, read_s, write_cpu, read_cpu,
+          gb / write_s, gb / read_s);
     } else {
-      std::printf("rep %d: write %.3f GB/s (%.2f s, of which commit %.2f s; %.2f CPU-s), "
-                  "read %.3f GB/s (%.2f s; %.2f CPU-s)\n",
-                  rep, gb / write_s, write_s, commit_s, write_cpu, gb / read_s, read_s, read_cpu);
+      std::printf(
+          "rep %d: write %.3f GB/s (%.2f s, of which commit %.2f s; %.2f CPU-s), "
+          "read %.3f GB/s (%.2f s; %.2f CPU-s)\n",
+          rep, gb / write_s, write_s, commit_s, write_cpu, gb / read_s, read_s, read_cpu);
     }
     std::fflush(stdout);
   }

@@ -25,12 +25,12 @@ using server::IoRequest;
 using server::SpillFile;
 
 struct Options {
-  std::string dir;                  // Default: "" (required)
-  uint64_t bytes = 1ull << 30;      // Default: 1 GiB
-  uint64_t block = 1ull << 20;      // Default: 1 MiB
-  int depth = 16;                   // Default: 16
-  int reps = 1;                     // Default: 1
-  bool json = false;                // Default: false
+  std::string dir;              // Default: "" (required)
+  uint64_t bytes = 1ull << 30;  // Default: 1 GiB
+  uint64_t block = 1ull << 20;  // Default: 1 MiB
+  int depth = 16;               // Default: 16
+  int reps = 1;                 // Default: 1
+  bool json = false;            // Default: false
 };
 
 int Fail(const Status& s) { return bench::Fail("disk", s); }
@@ -44,9 +44,12 @@ Result<double> Pass(server::IoEngine& io, const SpillFile& file, const AlignedBu
   while (done < blocks) {
     while (issued < blocks && io.in_flight() < io.depth()) {
       const size_t slot = issued % pool.count();
-      ZPS_RETURN_IF_ERROR(io.Push({.op = op, .fd = file.fd(), .buf = pool.buffer(slot),
+      ZPS_RETURN_IF_ERROR(io.Push({.op = op,
+                                   .fd = file.fd(),
+                                   .buf = pool.buffer(slot),
                                    .len = static_cast<uint32_t>(block),
-                                   .offset = issued * block, .tag = issued}));
+                                   .offset = issued * block,
+                                   .tag = issued}));
       ++issued;
     }
     ZPS_ASSIGN_OR_RETURN(auto c, io.Wait());
@@ -98,10 +101,11 @@ int Run(int argc, char** argv) {
     if (!r.ok()) return Fail(r.status());
     const double mb = static_cast<double>(o.bytes) / 1e6;
     if (o.json) {
-      std::printf("{\"bench\":\"disk\",\"bytes\":%llu,\"block\":%llu,\"depth\":%d,"
-                  "\"write_mbps\":%.0f,\"read_mbps\":%.0f}\n",
-                  static_cast<unsigned long long>(o.bytes),
-                  static_cast<unsigned long long>(o.block), o.depth, mb / *w, mb / *r);
+      std::printf(
+          "{\"bench\":\"disk\",\"bytes\":%llu,\"block\":%llu,\"depth\":%d,"
+          "\"write_mbps\":%.0f,\"read_mbps\":%.0f}\n",
+          static_cast<unsigned long long>(o.bytes), static_cast<unsigned long long>(o.block),
+          o.depth, mb / *w, mb / *r);
     } else {
       std::printf("rep %d: sequential O_DIRECT write %.0f MB/s, read %.0f MB/s (%llu KiB x %d)\n",
                   rep, mb / *w, mb / *r, static_cast<unsigned long long>(o.block >> 10), o.depth);

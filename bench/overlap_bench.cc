@@ -92,8 +92,8 @@ Result<double> MeasurePass(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
   job.shard.update_mode = server::UpdateMode::kSync;
   ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-pass", .threads = o.threads}));
-  ZPS_ASSIGN_OR_RETURN(auto st, server::ShardState::Create(job.layout, 0, job.shard,
-                                                           job.optimizer, pool.get()));
+  ZPS_ASSIGN_OR_RETURN(
+      auto st, server::ShardState::Create(job.layout, 0, job.shard, job.optimizer, pool.get()));
   auto push_all = [&](int64_t step, float value) -> Status {
     for (uint32_t c : st->chunk_ids()) {
       // One push per parameter piece of the chunk.
@@ -101,8 +101,8 @@ Result<double> MeasurePass(const RigOptions& o) {
         ZPS_ASSIGN_OR_RETURN(auto pieces, job.layout.Pieces(p));
         for (const Piece& piece : pieces) {
           if (piece.chunk != c) continue;
-          ZPS_ASSIGN_OR_RETURN(auto t, st->BeginPush({step, c, piece.chunk_offset, piece.length,
-                                                      0, DType::kF32}));
+          ZPS_ASSIGN_OR_RETURN(
+              auto t, st->BeginPush({step, c, piece.chunk_offset, piece.length, 0, DType::kF32}));
           auto dst = t.destination();
           std::fill_n(reinterpret_cast<float*>(dst.data()), piece.length, value);
           ZPS_RETURN_IF_ERROR(st->FinishPush(std::move(t), Status::Ok()));
@@ -154,9 +154,9 @@ Result<std::unique_ptr<Rig>> StartRig(const RigOptions& o) {
   wo.token = kToken;
   wo.ucx_tls = o.tls;
   // Room for every layer's gradient buffer (RunSteps) in the push region.
-  wo.rma_push_bytes = std::max(wo.rma_push_bytes,
-                               static_cast<size_t>(o.layers * o.layer_elems * sizeof(float)) +
-                                   (size_t{64} << 20));
+  wo.rma_push_bytes =
+      std::max(wo.rma_push_bytes,
+               static_cast<size_t>(o.layers * o.layer_elems * sizeof(float)) + (size_t{64} << 20));
   ZPS_ASSIGN_OR_RETURN(rig->client, worker::Client::Connect(wo, job.Serialize(), job.Hash()));
   std::vector<float> init(o.layer_elems, 0.5f);
   for (int i = 0; i < o.layers; ++i) ZPS_RETURN_IF_ERROR(rig->client->PushInitial(i, init));
@@ -259,7 +259,8 @@ struct PlaceTimes {
 
 Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
-  ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-place", .threads = o.threads}));
+  ZPS_ASSIGN_OR_RETURN(auto pool,
+                       ThreadPool::Create({.name = "bench-place", .threads = o.threads}));
   ZPS_ASSIGN_OR_RETURN(auto opt, server::Optimizer::Create(job.optimizer, pool.get()));
   const uint64_t n = o.layer_elems;
   // Per layer: live master, m, v (0-2), a spare set (3-5), the gradient (6) and the 16-bit
@@ -339,20 +340,22 @@ int RunOverlap(int argc, char** argv) {
   if (!pass.ok()) return Fail("overlap", pass.status());
   const double compute = o.compute_ms >= 0 ? o.compute_ms / 1000.0 : *pass;
   const double mx = std::max(compute, *pass), sum = compute + *pass;
-  std::printf("overlap: %d layers x %llu elements (AdamW, %.0f MiB of state), %d optimizer "
-              "thread(s), ucx %s\n",
-              o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
-              o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 20), o.rig.threads,
-              o.rig.tls.c_str());
-  std::printf("references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
-              "compute + pass %.3f s\n",
-              compute, *pass, mx, sum);
+  std::printf(
+      "overlap: %d layers x %llu elements (AdamW, %.0f MiB of state), %d optimizer "
+      "thread(s), ucx %s\n",
+      o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
+      o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 20), o.rig.threads, o.rig.tls.c_str());
+  std::printf(
+      "references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
+      "compute + pass %.3f s\n",
+      compute, *pass, mx, sum);
   auto places = MeasurePlaces(o.rig);
   if (!places.ok()) return Fail("overlap", places.status());
   const double oop = places->out_of_place / places->in_place;
-  std::printf("one layer's update: in place (sync) %.4f s, out of place (speculative) %.4f s "
-              "= %.2f x: the speculative pass is about %.3f s\n",
-              places->in_place, places->out_of_place, oop, *pass * oop);
+  std::printf(
+      "one layer's update: in place (sync) %.4f s, out of place (speculative) %.4f s "
+      "= %.2f x: the speculative pass is about %.3f s\n",
+      places->in_place, places->out_of_place, oop, *pass * oop);
   for (const std::string& mode : SplitList(o.modes)) {
     RigOptions r = o.rig;
     if (mode == "sync") {
@@ -368,15 +371,17 @@ int RunOverlap(int argc, char** argv) {
     auto times = RunSteps(*(*rig)->client, r, o.steps, compute);
     if (!times.ok()) return Fail("overlap", times.status());
     const double med = Median(times->step), fetch = Median(times->fetch);
-    std::printf("%-17s step %.3f s (median of %zu; mean %.3f)  = %.2f x max(compute, pass), "
-                "%.2f x (compute + pass); fetch of a published version %.3f s: step - fetch = "
-                "%.2f x max(compute, pass)\n",
-                mode.c_str(), med, times->step.size(), Mean(times->step), med / mx, med / sum,
-                fetch, (med - fetch) / mx);
-    std::printf("%-17s   of which (medians): backward loop %.3f s (compute %.3f s + sending), last push acknowledged %.3f s later, new version fetched %.3f s "
-                "after that\n",
-                "", Median(times->backward), compute, Median(times->flush),
-                Median(times->await_version));
+    std::printf(
+        "%-17s step %.3f s (median of %zu; mean %.3f)  = %.2f x max(compute, pass), "
+        "%.2f x (compute + pass); fetch of a published version %.3f s: step - fetch = "
+        "%.2f x max(compute, pass)\n",
+        mode.c_str(), med, times->step.size(), Mean(times->step), med / mx, med / sum, fetch,
+        (med - fetch) / mx);
+    std::printf(
+        "%-17s   of which (medians): backward loop %.3f s (compute %.3f s + sending), last push "
+        "acknowledged %.3f s later, new version fetched %.3f s "
+        "after that\n",
+        "", Median(times->backward), compute, Median(times->flush), Median(times->await_version));
     if (mode == "speculative") {
       // What no schedule of this rig can beat with one speculation thread: it updates the L
       // chunks one after another (the out-of-place pass), from the first gradient on (compute
@@ -384,12 +389,13 @@ int RunOverlap(int argc, char** argv) {
       // the fetch of the new version, which this rig's forward has no compute to hide. Commit
       // round trips and sending are left out, so the floor is low.
       const double spec_pass = *pass * oop, layers = o.rig.layers;
-      const double floor = std::max(compute / layers + spec_pass, compute + spec_pass / layers) +
-                           fetch;
-      std::printf("%-17s   floor of this rig: %.3f s = %.2f x max(compute, pass) (max(compute / "
-                  "layers + speculative pass, compute + speculative pass / layers) + fetch); "
-                  "the step is %.2f x the floor\n",
-                  "", floor, floor / mx, med / floor);
+      const double floor =
+          std::max(compute / layers + spec_pass, compute + spec_pass / layers) + fetch;
+      std::printf(
+          "%-17s   floor of this rig: %.3f s = %.2f x max(compute, pass) (max(compute / "
+          "layers + speculative pass, compute + speculative pass / layers) + fetch); "
+          "the step is %.2f x the floor\n",
+          "", floor, floor / mx, med / floor);
     }
     std::fflush(stdout);
   }
@@ -438,11 +444,12 @@ int RunStall(int argc, char** argv) {
   auto pass = MeasurePass(o.rig);
   if (!pass.ok()) return Fail("checkpoint-stall", pass.status());
   const double compute = o.compute_ms >= 0 ? o.compute_ms / 1000.0 : *pass;
-  std::printf("checkpoint-stall: %d layers x %llu elements (%.2f GiB of state), checkpoint "
-              "every %lld steps, compute %.3f s, pass %.3f s, ucx %s, update %s\n",
-              o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
-              o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 30), static_cast<long long>(o.every),
-              compute, *pass, o.rig.tls.c_str(), o.update.c_str());
+  std::printf(
+      "checkpoint-stall: %d layers x %llu elements (%.2f GiB of state), checkpoint "
+      "every %lld steps, compute %.3f s, pass %.3f s, ucx %s, update %s\n",
+      o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
+      o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 30), static_cast<long long>(o.every), compute,
+      *pass, o.rig.tls.c_str(), o.update.c_str());
   double base = 0.0;
   // background-0: the background write at --checkpoint-pace 0 (as fast as it goes); background:
   // paced (--pace).
@@ -483,10 +490,11 @@ int RunStall(int argc, char** argv) {
     auto x = [&](double v) { return base > 0 ? v / base : 1.0; };
     std::string line;
     for (double t : times) line += " " + std::to_string(t).substr(0, 5);
-    std::printf("%-12s mean step %.3f s (%.2f x none); at the checkpoint steps %.3f s (%.2f x); "
-                "the steps between %.3f s (%.2f x); steps:%s\n",
-                mode.c_str(), all, x(all), Mean(at), x(Mean(at)), Mean(beside), x(Mean(beside)),
-                line.c_str());
+    std::printf(
+        "%-12s mean step %.3f s (%.2f x none); at the checkpoint steps %.3f s (%.2f x); "
+        "the steps between %.3f s (%.2f x); steps:%s\n",
+        mode.c_str(), all, x(all), Mean(at), x(Mean(at)), Mean(beside), x(Mean(beside)),
+        line.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -47,22 +47,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string tls = "tcp";                 // Default: tcp. "shm" = posix,cma,self.
-  std::string sizes = "4MiB,16MiB,64MiB";  // Default: 4, 16, 64 MiB per request.
+  std::string tls = "tcp";                     // Default: tcp. "shm" = posix,cma,self.
+  std::string sizes = "4MiB,16MiB,64MiB";      // Default: 4, 16, 64 MiB per request.
   std::string ops = "fetch,push,push_shared";  // Default: all three.
-  uint64_t bytes_per_rep = 512ull << 20;   // Default: 512 MiB moved per repetition.
-  int reps = 3;                            // Default: 3 (after one warm-up).
-  int window = 2;                          // Default: 2 requests in flight.
-  bool json = false;                       // Default: false (a table).
-  std::string fetch_mode = "auto";         // Default: auto (rma on shared memory, else am).
-  std::string push_mode = "auto";          // Default: auto (rma on shared memory, else am).
-  bool direct_fetch = true;                // Default: true (one-sided fetch of known versions).
-  std::string grad_dtype = "fp32";         // Default: fp32 (the job's gradient type).
-  int spin_us = -1;                        // Default: -1 = the shard's and worker's defaults.
-  int shard_spin_us = -1;                  // Default: -1 = spin_us.
-  int worker_spin_us = -1;                 // Default: -1 = spin_us.
-  bool in_process = false;                 // Default: false (the shard in a second process).
-  bool serve = false;                      // Internal: run as that second process.
+  uint64_t bytes_per_rep = 512ull << 20;       // Default: 512 MiB moved per repetition.
+  int reps = 3;                                // Default: 3 (after one warm-up).
+  int window = 2;                              // Default: 2 requests in flight.
+  bool json = false;                           // Default: false (a table).
+  std::string fetch_mode = "auto";             // Default: auto (rma on shared memory, else am).
+  std::string push_mode = "auto";              // Default: auto (rma on shared memory, else am).
+  bool direct_fetch = true;                    // Default: true (one-sided fetch of known versions).
+  std::string grad_dtype = "fp32";             // Default: fp32 (the job's gradient type).
+  int spin_us = -1;                            // Default: -1 = the shard's and worker's defaults.
+  int shard_spin_us = -1;                      // Default: -1 = spin_us.
+  int worker_spin_us = -1;                     // Default: -1 = spin_us.
+  bool in_process = false;                     // Default: false (the shard in a second process).
+  bool serve = false;                          // Internal: run as that second process.
 };
 
 constexpr char kToken[] = "zps-bench-transport";
@@ -94,8 +94,13 @@ class ShardProcess {
       return ErrnoError("pipe2", e);
     }
     const int shard_spin = o.shard_spin_us >= 0 ? o.shard_spin_us : o.spin_us;
-    std::vector<std::string> args = {"zps-bench", "transport", "--serve", "--tls", o.tls,
-                                     "--shard-spin-us", std::to_string(shard_spin)};
+    std::vector<std::string> args = {"zps-bench",
+                                     "transport",
+                                     "--serve",
+                                     "--tls",
+                                     o.tls,
+                                     "--shard-spin-us",
+                                     std::to_string(shard_spin)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -178,9 +183,9 @@ Result<Rig> StartRig(const Options& o, uint64_t param_elems, int params) {
   for (int i = 0; i < params; ++i) {
     specs.push_back({"p" + std::to_string(i), {static_cast<int64_t>(param_elems)}});
   }
-  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(specs, {.chunk_elems = param_elems,
-                                                            .align_elems = 64,
-                                                            .num_shards = 1}));
+  ZPS_ASSIGN_OR_RETURN(
+      Layout layout,
+      Layout::Build(specs, {.chunk_elems = param_elems, .align_elems = 64, .num_shards = 1}));
   server::JobSpec job{std::move(layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kSgd;  // the cheapest update between push rounds
   ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(o.grad_dtype));
@@ -257,12 +262,12 @@ void Print(const Options& o, const char* op, uint64_t size, std::vector<double> 
   std::sort(v.begin(), v.end());
   double median = v[v.size() / 2], best = v.back();
   if (o.json) {
-    std::printf("{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
-                "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d,"
-                "\"fetch_mode\":\"%s\",\"push_mode\":\"%s\",\"shard\":\"%s\"}\n",
-                op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(),
-                o.window, o.fetch_mode.c_str(), o.push_mode.c_str(),
-                o.in_process ? "in_process" : "process");
+    std::printf(
+        "{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
+        "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d,"
+        "\"fetch_mode\":\"%s\",\"push_mode\":\"%s\",\"shard\":\"%s\"}\n",
+        op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(), o.window,
+        o.fetch_mode.c_str(), o.push_mode.c_str(), o.in_process ? "in_process" : "process");
   } else {
     std::printf("%-6s %-4s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
                 static_cast<unsigned long long>(size), median, best);
@@ -315,22 +320,24 @@ int Run(int argc, char** argv) {
   f.Add("window", "requests in flight", &o.window, 1, 64);
   f.Add("json", "one JSON object per line", &o.json);
   f.Add("fetch-mode", "auto (rma on shared memory, else am), am or rma", &o.fetch_mode);
-  f.Add("push-mode", "auto (rma on shared memory, else am), am or rma (push only; push_shared "
-        "is always am)", &o.push_mode);
+  f.Add("push-mode",
+        "auto (rma on shared memory, else am), am or rma (push only; push_shared "
+        "is always am)",
+        &o.push_mode);
   f.Add("direct-fetch",
         "with RMA fetches, read a known published version without a request (false: ask "
         "every time, the path before protocol 3)",
         &o.direct_fetch);
-  f.Add("grad-dtype", "the job's gradient type: fp32, fp16 or bf16 (push: PushGrad converts its "
-        "fp32 input to it; S bytes a request in that type)", &o.grad_dtype);
+  f.Add("grad-dtype",
+        "the job's gradient type: fp32, fp16 or bf16 (push: PushGrad converts its "
+        "fp32 input to it; S bytes a request in that type)",
+        &o.grad_dtype);
   f.Add("spin-us", "UCX progress-thread polling in shard and worker, µs (-1: their defaults)",
         &o.spin_us, -1, 1000000);
   f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);
   f.Add("worker-spin-us", "as spin-us, for the worker only", &o.worker_spin_us, -1, 1000000);
-  f.Add("in-process", "run the shard in this process (default: a second process)",
-        &o.in_process);
-  f.Add("serve", "internal: run as the shard process (prints PORT, stops at stdin EOF)",
-        &o.serve);
+  f.Add("in-process", "run the shard in this process (default: a second process)", &o.in_process);
+  f.Add("serve", "internal: run as the shard process (prints PORT, stops at stdin EOF)", &o.serve);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-bench transport: %s\n", parsed.status().ToString().c_str());

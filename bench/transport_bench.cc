@@ -54,7 +54,7 @@ constexpr uint16_t kPush = 12;          // fetcher → source: data into the reg
 struct Request {
   uint64_t offset;  // in the source's region
   uint64_t size;
-  uint64_t slot;    // the fetcher's buffer, echoed back in the reply header
+  uint64_t slot;  // the fetcher's buffer, echoed back in the reply header
 };
 
 struct Options {
@@ -159,20 +159,20 @@ int RunSource(const Options& o, uint64_t max_size) {
   // --reply-ep, through the message's reply endpoint.
   auto back = std::make_shared<ucx::Endpoint>();
   bool use_reply_ep = o.reply_ep;
-  Status st = worker->SetAmHandler(kFetchRequest, [worker, reg, force_rndv, back,
-                                                   use_reply_ep](ucx::AmMessage& m) {
-    Request r{};
-    if (m.header().size() != sizeof(r)) return;
-    std::memcpy(&r, m.header().data(), sizeof(r));
-    if (r.offset > reg->memory().size() || r.size > reg->memory().size() - r.offset) return;
-    ucx::SendOptions so;
-    so.force_rendezvous = force_rndv;
-    so.region = reg;
-    // Inline on the progress thread, so the reply endpoint is valid.
-    const ucx::Endpoint& to = use_reply_ep || !back->valid() ? m.reply_endpoint() : *back;
-    worker->SendAm(to, kFetchData, m.header(),
-                   reg->memory().subspan(r.offset, r.size), nullptr, nullptr, so);
-  });
+  Status st = worker->SetAmHandler(
+      kFetchRequest, [worker, reg, force_rndv, back, use_reply_ep](ucx::AmMessage& m) {
+        Request r{};
+        if (m.header().size() != sizeof(r)) return;
+        std::memcpy(&r, m.header().data(), sizeof(r));
+        if (r.offset > reg->memory().size() || r.size > reg->memory().size() - r.offset) return;
+        ucx::SendOptions so;
+        so.force_rendezvous = force_rndv;
+        so.region = reg;
+        // Inline on the progress thread, so the reply endpoint is valid.
+        const ucx::Endpoint& to = use_reply_ep || !back->valid() ? m.reply_endpoint() : *back;
+        worker->SendAm(to, kFetchData, m.header(), reg->memory().subspan(r.offset, r.size), nullptr,
+                       nullptr, so);
+      });
   if (st.ok()) {
     st = worker->SetAmHandler(kPush, [reg](ucx::AmMessage& m) {
       if (m.data_length() > reg->memory().size()) return;
@@ -242,11 +242,16 @@ std::unique_ptr<Source> SpawnSource(const Options& o, uint64_t max_size) {
   if (pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
-    const char* argv[] = {"zps-bench",     "transport-raw",
-                          "--role",        "source",
-                          "--tls",         o.tls.c_str(),
-                          "--sizes",       size_arg.c_str(),
-                          "--spin-us",     spin_arg.c_str(),
+    const char* argv[] = {"zps-bench",
+                          "transport-raw",
+                          "--role",
+                          "source",
+                          "--tls",
+                          o.tls.c_str(),
+                          "--sizes",
+                          size_arg.c_str(),
+                          "--spin-us",
+                          spin_arg.c_str(),
                           o.register_only ? "--register-only=true" : "--register-only=false",
                           o.auto_protocol ? "--auto-protocol=true" : "--auto-protocol=false",
                           o.reply_ep ? "--reply-ep=true" : "--reply-ep=false",
@@ -298,7 +303,8 @@ class Runner {
       if (!posted) return Cancelled("worker stopped");
     }
     MutexLock lock(&mu_);
-    if (!cv_.WaitFor(lock, 120s, [&]() REQUIRES(mu_) { return completed_ >= count_ || !error_.ok(); })) {
+    if (!cv_.WaitFor(lock, 120s,
+                     [&]() REQUIRES(mu_) { return completed_ >= count_ || !error_.ok(); })) {
       return DeadlineExceeded("case did not finish in 120 s");
     }
     if (!error_.ok()) return error_;
@@ -311,9 +317,9 @@ class Runner {
     std::memcpy(&r, m.header().data(), std::min(sizeof(r), m.header().size()));
     size_t slot = static_cast<size_t>(r.slot);
     if (slot >= slots_.size()) return;
-    m.Receive(slots_[slot]->memory().first(m.data_length()),
-              [this, slot](Status s) { Completed(slot, std::move(s)); })
-        .IgnoreError();
+    m.Receive(slots_[slot]->memory().first(m.data_length()), [this, slot](Status s) {
+       Completed(slot, std::move(s));
+     }).IgnoreError();
   }
 
  private:
@@ -327,8 +333,8 @@ class Runner {
     ucx::MemoryRegion& local = *slots_[slot];
     auto done = [this, slot](Status s) { Completed(slot, std::move(s)); };
     if (op_ == "get") {
-      worker_.Get(ep_, local.memory().first(size_), src_.remote_address, src_.rkey, nullptr,
-                  done, &local);
+      worker_.Get(ep_, local.memory().first(size_), src_.remote_address, src_.rkey, nullptr, done,
+                  &local);
     } else if (op_ == "am_push") {
       ucx::SendOptions so;
       so.force_rendezvous = force_rndv_;
@@ -339,11 +345,12 @@ class Runner {
       auto header = std::as_bytes(std::span<const Request>(&r, 1));
       ucx::SendOptions so;
       so.force_eager = true;
-      worker_.SendAm(ep_, kFetchRequest, header, {}, nullptr,
-                     [this](Status s) {
-                       if (!s.ok()) Fail(std::move(s));
-                     },
-                     so);
+      worker_.SendAm(
+          ep_, kFetchRequest, header, {}, nullptr,
+          [this](Status s) {
+            if (!s.ok()) Fail(std::move(s));
+          },
+          so);
     }
   }
 
@@ -507,8 +514,10 @@ int RunTransportBench(int argc, char** argv) {
   flags.Add("register-only", "source region: register malloc'd memory instead of UCX-allocated",
             &o.register_only);
   flags.Add("auto-protocol", "let UCX choose eager/rendezvous for AM payloads", &o.auto_protocol);
-  flags.Add("reply-ep", "am_fetch: the source answers through the AM reply endpoint instead of "
-            "an endpoint it connects to the fetcher", &o.reply_ep);
+  flags.Add("reply-ep",
+            "am_fetch: the source answers through the AM reply endpoint instead of "
+            "an endpoint it connects to the fetcher",
+            &o.reply_ep);
   flags.Add("role", "internal: fetcher or source", &o.role);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {

@@ -2,11 +2,10 @@
 // rpc_client.cc and rpc_server.cc.
 #pragma once
 
-#include <string>
-#include <string_view>
-
 #include <boost/asio/error.hpp>
 #include <boost/system/error_code.hpp>
+#include <string>
+#include <string_view>
 
 #include "zps/common/status.h"
 

@@ -6,9 +6,8 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace zps {
 namespace {
@@ -69,16 +68,26 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   }
   std::string unit = Trim(std::string_view(s).substr(i));
   double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KiB") mult = 1024.0;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else return InvalidArgument("unknown byte unit '" + unit + "' in '" + s + "'");
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else if (unit == "TB")
+    mult = 1e12;
+  else
+    return InvalidArgument("unknown byte unit '" + unit + "' in '" + s + "'");
   double bytes = v * mult;
   if (bytes > static_cast<double>(std::numeric_limits<uint64_t>::max() / 2)) {
     return OutOfRange("byte size '" + s + "' is too large");
@@ -116,7 +125,8 @@ Result<std::string> ReadTokenFile(const std::string& path) {
 std::string EnvName(std::string_view option) {
   std::string env = "ZPS_";
   for (char c : option) {
-    env += (c == '-' || c == '.') ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    env += (c == '-' || c == '.') ? '_'
+                                  : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   }
   return env;
 }
@@ -142,11 +152,11 @@ void Flags::Add(std::string name, std::string help, bool* field) {
 void Flags::Add(std::string name, std::string help, double* field) {
   std::ostringstream def;
   def << *field;
-  options_.push_back({std::move(name), std::move(help), def.str(), false,
-                      [field](std::string_view v) -> Status {
-                        ZPS_ASSIGN_OR_RETURN(*field, ParseDouble(v));
-                        return Status::Ok();
-                      }});
+  options_.push_back(
+      {std::move(name), std::move(help), def.str(), false, [field](std::string_view v) -> Status {
+         ZPS_ASSIGN_OR_RETURN(*field, ParseDouble(v));
+         return Status::Ok();
+       }});
 }
 
 void Flags::Add(std::string name, std::string help, int64_t* field, int64_t min, int64_t max) {
@@ -219,9 +229,12 @@ Status Flags::ApplyFile(const std::string& path) const {
       return InvalidArgument("config file '" + path + "': unknown option '" + key + "'");
     }
     std::string text;
-    if (value.is_string()) text = value.get<std::string>();
-    else if (value.is_boolean()) text = value.get<bool>() ? "true" : "false";
-    else if (value.is_number()) text = value.dump();
+    if (value.is_string())
+      text = value.get<std::string>();
+    else if (value.is_boolean())
+      text = value.get<bool>() ? "true" : "false";
+    else if (value.is_number())
+      text = value.dump();
     else {
       return InvalidArgument("config file '" + path + "': option '" + key +
                              "' must be a string, number or boolean");
@@ -304,9 +317,9 @@ std::string Flags::Help() const {
   out << " [options]\n\n" << summary_ << "\n\nOptions (config file < ZPS_* environment < flags):\n";
   out << "  --config PATH\n      JSON config file with option names as keys (env ZPS_CONFIG)\n";
   for (const auto& o : options_) {
-    out << "  --" << o.name << (o.is_bool ? "" : "=VALUE") << "\n      " << o.help
-        << " (env " << EnvName(o.name) << ", default: "
-        << (o.default_text.empty() ? "\"\"" : o.default_text) << ")\n";
+    out << "  --" << o.name << (o.is_bool ? "" : "=VALUE") << "\n      " << o.help << " (env "
+        << EnvName(o.name) << ", default: " << (o.default_text.empty() ? "\"\"" : o.default_text)
+        << ")\n";
   }
   out << "  --help\n      show this help and exit\n";
   return out.str();

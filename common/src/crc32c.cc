@@ -54,8 +54,7 @@ __attribute__((target("sse4.2"))) ShiftTables MakeShiftTables() {
 }
 
 inline uint32_t Shift(const ShiftTables& z, uint32_t c) {
-  return z.t[0][c & 0xffu] ^ z.t[1][(c >> 8) & 0xffu] ^ z.t[2][(c >> 16) & 0xffu] ^
-         z.t[3][c >> 24];
+  return z.t[0][c & 0xffu] ^ z.t[1][(c >> 8) & 0xffu] ^ z.t[2][(c >> 16) & 0xffu] ^ z.t[3][c >> 24];
 }
 
 const ShiftTables& Tables();

@@ -11,9 +11,9 @@
 namespace zps {
 namespace {
 
-constexpr FrameError kAllFrameErrors[] = {FrameError::kBadMagic,  FrameError::kBadVersion,
-                                          FrameError::kOversize,  FrameError::kTruncated,
-                                          FrameError::kBadCrc,    FrameError::kUnknownType};
+constexpr FrameError kAllFrameErrors[] = {FrameError::kBadMagic, FrameError::kBadVersion,
+                                          FrameError::kOversize, FrameError::kTruncated,
+                                          FrameError::kBadCrc,   FrameError::kUnknownType};
 
 template <typename T>
 T LoadLe(const std::byte* p) {
@@ -28,12 +28,18 @@ void StoreLe(std::byte* p, T v) {
 
 Code FrameErrorCode(FrameError e) {
   switch (e) {
-    case FrameError::kBadMagic: return Code::kInvalidArgument;
-    case FrameError::kBadVersion: return Code::kFailedPrecondition;
-    case FrameError::kOversize: return Code::kResourceExhausted;
-    case FrameError::kTruncated: return Code::kInvalidArgument;
-    case FrameError::kBadCrc: return Code::kDataLoss;
-    case FrameError::kUnknownType: return Code::kUnimplemented;
+    case FrameError::kBadMagic:
+      return Code::kInvalidArgument;
+    case FrameError::kBadVersion:
+      return Code::kFailedPrecondition;
+    case FrameError::kOversize:
+      return Code::kResourceExhausted;
+    case FrameError::kTruncated:
+      return Code::kInvalidArgument;
+    case FrameError::kBadCrc:
+      return Code::kDataLoss;
+    case FrameError::kUnknownType:
+      return Code::kUnimplemented;
   }
   return Code::kInternal;
 }
@@ -42,12 +48,18 @@ Code FrameErrorCode(FrameError e) {
 
 std::string_view FrameErrorName(FrameError e) {
   switch (e) {
-    case FrameError::kBadMagic: return "bad_magic";
-    case FrameError::kBadVersion: return "bad_version";
-    case FrameError::kOversize: return "oversize";
-    case FrameError::kTruncated: return "truncated";
-    case FrameError::kBadCrc: return "bad_crc";
-    case FrameError::kUnknownType: return "unknown_type";
+    case FrameError::kBadMagic:
+      return "bad_magic";
+    case FrameError::kBadVersion:
+      return "bad_version";
+    case FrameError::kOversize:
+      return "oversize";
+    case FrameError::kTruncated:
+      return "truncated";
+    case FrameError::kBadCrc:
+      return "bad_crc";
+    case FrameError::kUnknownType:
+      return "unknown_type";
   }
   return "unknown";
 }
@@ -125,9 +137,9 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const std::byte> bytes, uint32_t
   h.crc32c = LoadLe<uint32_t>(p + kFrameCrcOffset);
   uint32_t bound = max_payload < kMaxPayloadBytes ? max_payload : kMaxPayloadBytes;
   if (h.payload_len > bound) {
-    return FrameErrorStatus(FrameError::kOversize, "payload length " +
-                                                       std::to_string(h.payload_len) +
-                                                       " exceeds the bound " + std::to_string(bound));
+    return FrameErrorStatus(FrameError::kOversize,
+                            "payload length " + std::to_string(h.payload_len) +
+                                " exceeds the bound " + std::to_string(bound));
   }
   return h;
 }
@@ -138,9 +150,9 @@ Status VerifyFrameCrc(std::span<const std::byte> header_bytes, std::span<const s
   }
   uint32_t len = LoadLe<uint32_t>(header_bytes.data() + 16);
   if (payload.size() != len) {
-    return FrameErrorStatus(FrameError::kTruncated, "payload has " +
-                                                        std::to_string(payload.size()) + " of " +
-                                                        std::to_string(len) + " bytes");
+    return FrameErrorStatus(
+        FrameError::kTruncated,
+        "payload has " + std::to_string(payload.size()) + " of " + std::to_string(len) + " bytes");
   }
   uint32_t want = LoadLe<uint32_t>(header_bytes.data() + kFrameCrcOffset);
   uint32_t got = Crc32cExtend(0, header_bytes.first(kFrameCrcOffset));

@@ -55,12 +55,13 @@ Result<Layout> Layout::Build(std::vector<ParamSpec> specs, LayoutOptions options
       return InvalidArgument("duplicate parameter name '" + s.name + "'");
     }
     if (s.shape.empty() || s.shape.size() > kMaxRank) {
-      return InvalidArgument("parameter '" + s.name + "' must have 1.." +
-                             std::to_string(kMaxRank) + " dims");
+      return InvalidArgument("parameter '" + s.name + "' must have 1.." + std::to_string(kMaxRank) +
+                             " dims");
     }
     uint64_t n = 1;
     for (int64_t d : s.shape) {
-      if (d <= 0 || static_cast<uint64_t>(d) > kMaxTotalElems || n > kMaxTotalElems / static_cast<uint64_t>(d)) {
+      if (d <= 0 || static_cast<uint64_t>(d) > kMaxTotalElems ||
+          n > kMaxTotalElems / static_cast<uint64_t>(d)) {
         return InvalidArgument("parameter '" + s.name + "' has a bad shape");
       }
       n *= static_cast<uint64_t>(d);
@@ -102,7 +103,8 @@ Result<uint32_t> Layout::Find(std::string_view name) const {
 }
 
 Result<std::vector<Piece>> Layout::Pieces(uint32_t id, uint64_t begin, uint64_t len) const {
-  if (id >= specs_.size()) return OutOfRange("parameter id " + std::to_string(id) + " out of range");
+  if (id >= specs_.size())
+    return OutOfRange("parameter id " + std::to_string(id) + " out of range");
   if (begin > numels_[id] || len > numels_[id] - begin) {
     return OutOfRange("range [" + std::to_string(begin) + ", +" + std::to_string(len) +
                       ") outside parameter '" + specs_[id].name + "'");

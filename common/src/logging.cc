@@ -19,10 +19,14 @@ thread_local char t_name[32] = "";
 
 char LevelChar(Level level) {
   switch (level) {
-    case Level::kDebug: return 'D';
-    case Level::kInfo: return 'I';
-    case Level::kWarning: return 'W';
-    case Level::kError: return 'E';
+    case Level::kDebug:
+      return 'D';
+    case Level::kInfo:
+      return 'I';
+    case Level::kWarning:
+      return 'W';
+    case Level::kError:
+      return 'E';
   }
   return '?';
 }

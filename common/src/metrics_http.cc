@@ -23,9 +23,9 @@
 #include <string>
 #include <thread>
 
-#include "zps/common/scoped_fd.h"
 #include "zps/common/logging.h"
 #include "zps/common/metrics.h"
+#include "zps/common/scoped_fd.h"
 
 namespace zps::metrics {
 

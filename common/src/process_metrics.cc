@@ -65,10 +65,10 @@ std::vector<std::string> UcxTransportClasses(const ucx::Context& context) {
 
 Result<ProcessMetrics> ProcessMetrics::Create(Registry& r, std::string_view role) {
   ProcessMetrics m;
-  ZPS_ASSIGN_OR_RETURN(auto* build,
-                       r.AddGauge("zps_build_info",
-                                  "Always 1; the labels say which build runs in which role.",
-                                  {"version", "revision", "role"}));
+  ZPS_ASSIGN_OR_RETURN(
+      auto* build,
+      r.AddGauge("zps_build_info", "Always 1; the labels say which build runs in which role.",
+                 {"version", "revision", "role"}));
   ZPS_ASSIGN_OR_RETURN(Gauge b, build->Add({std::string(BuildVersion()),
                                             std::string(BuildRevision()), std::string(role)}));
   b.Set(1);
@@ -76,9 +76,9 @@ Result<ProcessMetrics> ProcessMetrics::Create(Registry& r, std::string_view role
                        r.AddGauge("zps_current_step",
                                   "Index of the training step in progress (= steps committed)."));
   ZPS_ASSIGN_OR_RETURN(m.current_step, step->Add({}));
-  ZPS_ASSIGN_OR_RETURN(auto* sd, r.AddHistogram("zps_step_duration_seconds",
-                                                "Wall time of one training step.", {},
-                                                StepDurationBuckets()));
+  ZPS_ASSIGN_OR_RETURN(
+      auto* sd, r.AddHistogram("zps_step_duration_seconds", "Wall time of one training step.", {},
+                               StepDurationBuckets()));
   ZPS_ASSIGN_OR_RETURN(m.step_duration, sd->Add({}));
   ZPS_ASSIGN_OR_RETURN(auto* fb, r.AddCounter("zps_fetch_bytes_total",
                                               "Bytes of 16-bit parameters served (shard) or "
@@ -91,23 +91,23 @@ Result<ProcessMetrics> ProcessMetrics::Create(Registry& r, std::string_view role
   ZPS_ASSIGN_OR_RETURN(auto* rd, r.AddHistogram("zps_request_duration_seconds",
                                                 "Duration of one request, by operation.", {"op"},
                                                 RequestDurationBuckets()));
-  ZPS_ASSIGN_OR_RETURN(auto* in, r.AddGauge("zps_inflight_requests",
-                                            "Requests being served (shard) or awaited (worker).",
-                                            {"op"}));
+  ZPS_ASSIGN_OR_RETURN(auto* in,
+                       r.AddGauge("zps_inflight_requests",
+                                  "Requests being served (shard) or awaited (worker).", {"op"}));
   for (size_t i = 0; i < kOpNames.size(); ++i) {
     ZPS_ASSIGN_OR_RETURN(m.request_duration[i], rd->Add({std::string(kOpNames[i])}));
     ZPS_ASSIGN_OR_RETURN(m.inflight[i], in->Add({std::string(kOpNames[i])}));
   }
-  ZPS_ASSIGN_OR_RETURN(auto* pe, r.AddCounter("zps_protocol_errors_total",
-                                              "Frames and requests rejected, by reason.",
-                                              {"kind"}));
+  ZPS_ASSIGN_OR_RETURN(auto* pe,
+                       r.AddCounter("zps_protocol_errors_total",
+                                    "Frames and requests rejected, by reason.", {"kind"}));
   for (size_t i = 0; i < kProtocolErrorKinds.size(); ++i) {
     ZPS_ASSIGN_OR_RETURN(m.protocol_errors[i], pe->Add({std::string(kProtocolErrorKinds[i])}));
   }
-  ZPS_ASSIGN_OR_RETURN(m.ucx_transport,
-                       r.AddGauge("zps_ucx_transport_info",
-                                  "1 for each UCX transport class the data plane has enabled.",
-                                  {"transport"}));
+  ZPS_ASSIGN_OR_RETURN(
+      m.ucx_transport,
+      r.AddGauge("zps_ucx_transport_info",
+                 "1 for each UCX transport class the data plane has enabled.", {"transport"}));
   return m;
 }
 

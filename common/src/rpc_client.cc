@@ -9,8 +9,6 @@
 // Asio uses std::atomic_thread_fence, which GCC warns about under -fsanitize=thread.
 #pragma GCC diagnostic ignored "-Wtsan"
 #endif
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
-
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <deque>
@@ -19,6 +17,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include "asio_status.h"
 #include "rpc_internal.h"
@@ -149,8 +148,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
   if (o.connect_timeout_ms <= 0) return InvalidArgument("rpc client: connect_timeout_ms <= 0");
   auto impl = std::make_unique<Impl>();
   impl->where = o.host + ":" + std::to_string(o.port);
-  auto hello = internal::EncodeHello(kProtocolVersion, o.role, o.rank, o.name, o.token,
-                                     o.hello_extra);
+  auto hello =
+      internal::EncodeHello(kProtocolVersion, o.role, o.rank, o.name, o.token, o.hello_extra);
   if (hello.size() > kMaxHelloPayloadBytes) {
     return InvalidArgument("rpc client: hello of " + std::to_string(hello.size()) +
                            " bytes exceeds the bound " + std::to_string(kMaxHelloPayloadBytes));
@@ -201,8 +200,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
   return client;
 }
 
-Result<std::vector<std::byte>> Client::Impl::Call(uint16_t type,
-                                                  std::span<const std::byte> payload,
+Result<std::vector<std::byte>> Client::Impl::Call(uint16_t type, std::span<const std::byte> payload,
                                                   std::chrono::milliseconds timeout) {
   if (!IsRequestType(type)) {
     return InvalidArgument("rpc call: type " + std::to_string(type) + " is not a request type");
@@ -272,8 +270,7 @@ void Client::Impl::OnHeader(const error_code& ec, size_t n) {
   if (closed) return;
   if (ec) {
     DoClose(Unavailable("connection to " + where + " closed" +
-                        (ec == asio::error::eof && n == 0 ? std::string()
-                                                          : ": " + ec.message())));
+                        (ec == asio::error::eof && n == 0 ? std::string() : ": " + ec.message())));
     return;
   }
   auto h = DecodeFrameHeader(rx_hdr);
@@ -321,8 +318,8 @@ void Client::Impl::OnFrame() {
   }
   if (!p) {
     if (rx_cur.type == kTypeError) {
-      ZPS_LOG(WARNING) << "rpc client: error from " << where << " (request "
-                       << rx_cur.request_id << "): " << DecodeErrorPayload(rx_payload).ToString();
+      ZPS_LOG(WARNING) << "rpc client: error from " << where << " (request " << rx_cur.request_id
+                       << "): " << DecodeErrorPayload(rx_payload).ToString();
     }
     // Otherwise a reply to a call that already timed out: dropped.
     ReadHeader();
@@ -361,7 +358,8 @@ void Client::Impl::DoClose(const Status& why) {
 
 void Client::Impl::Close() {
   std::call_once(close_once, [this] {
-    asio::post(io, [this] { DoClose(Unavailable("connection to " + where + " closed by Close()")); });
+    asio::post(io,
+               [this] { DoClose(Unavailable("connection to " + where + " closed by Close()")); });
     work.reset();
     if (thread.joinable()) thread.join();
     // Anything posted after the join never runs; make sure no Call waits on it.

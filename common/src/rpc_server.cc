@@ -14,8 +14,6 @@
 // Asio uses std::atomic_thread_fence, which GCC warns about under -fsanitize=thread.
 #pragma GCC diagnostic ignored "-Wtsan"
 #endif
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
-
 #include <boost/asio.hpp>
 #include <cstring>
 #include <deque>
@@ -23,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include "asio_status.h"
 #include "rpc_internal.h"
@@ -80,7 +79,7 @@ struct Server::Impl {
   bool started GUARDED_BY(mu) = false;
   bool stopped GUARDED_BY(mu) = false;
   std::unordered_map<Connection*, std::weak_ptr<Connection>> conns GUARDED_BY(mu);
-  std::vector<std::thread> threads;                                  // Start/Stop only
+  std::vector<std::thread> threads;  // Start/Stop only
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -135,22 +134,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (ec || self->closed_ || self->closing_) return;
       if (self->timer_.expiry() > asio::steady_timer::clock_type::now()) return;  // re-armed
       const bool authed = self->authed_;
-      self->Fail("timeout", 0,
-                 DeadlineExceeded(authed ? "idle timeout: no frame for " +
-                                               std::to_string(self->srv_->opts.idle_timeout_ms) + " ms"
-                                         : "no hello within " +
-                                               std::to_string(self->srv_->opts.hello_timeout_ms) +
-                                               " ms"));
+      self->Fail(
+          "timeout", 0,
+          DeadlineExceeded(authed ? "idle timeout: no frame for " +
+                                        std::to_string(self->srv_->opts.idle_timeout_ms) + " ms"
+                                  : "no hello within " +
+                                        std::to_string(self->srv_->opts.hello_timeout_ms) + " ms"));
     });
   }
 
   void ReadHeader() {
     if (closed_ || closing_) return;
     reading_ = true;
-    asio::async_read(sock_, asio::buffer(hdr_),
-                     [self = shared_from_this()](const error_code& ec, size_t n) {
-                       self->OnHeader(ec, n);
-                     });
+    asio::async_read(
+        sock_, asio::buffer(hdr_),
+        [self = shared_from_this()](const error_code& ec, size_t n) { self->OnHeader(ec, n); });
   }
 
   void OnHeader(const error_code& ec, size_t n) {
@@ -186,10 +184,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     reading_ = true;
-    asio::async_read(sock_, asio::buffer(payload_),
-                     [self = shared_from_this()](const error_code& e, size_t) {
-                       self->OnPayload(e);
-                     });
+    asio::async_read(
+        sock_, asio::buffer(payload_),
+        [self = shared_from_this()](const error_code& e, size_t) { self->OnPayload(e); });
   }
 
   void OnPayload(const error_code& ec) {
@@ -465,7 +462,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   std::shared_ptr<Server::Impl> srv_;  // first: destroyed last, after the socket and timer
-  tcp::socket sock_;  // its executor is this connection's strand (made at accept)
+  tcp::socket sock_;                   // its executor is this connection's strand (made at accept)
   asio::any_io_executor strand_;
   asio::steady_timer timer_;
   std::string remote_;
@@ -483,7 +480,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool reading_ = false;  // a read (frame or drain) is outstanding on sock_
   bool authed_ = false;
   bool hello_pending_ = false;  // an asynchronous hello hook has not answered yet
-  bool closing_ = false;  // an error was sent; no more reads or dispatch
+  bool closing_ = false;        // an error was sent; no more reads or dispatch
   bool closed_ = false;
   Peer peer_;
 };
@@ -552,7 +549,8 @@ Server::Server(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Result<std::unique_ptr<Server>> Server::Create(ServerOptions opts) {
   if (opts.io_threads < 1) return InvalidArgument("rpc server: io_threads must be >= 1");
   if (opts.max_connections == 0) return InvalidArgument("rpc server: max_connections must be > 0");
-  if (opts.hello_timeout_ms <= 0) return InvalidArgument("rpc server: hello_timeout_ms must be > 0");
+  if (opts.hello_timeout_ms <= 0)
+    return InvalidArgument("rpc server: hello_timeout_ms must be > 0");
   if (opts.idle_timeout_ms < 0) return InvalidArgument("rpc server: idle_timeout_ms must be >= 0");
   error_code ec;
   auto addr = asio::ip::make_address(opts.bind_address, ec);

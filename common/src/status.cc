@@ -6,21 +6,36 @@ namespace zps {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
-    case Code::kNotFound: return "NOT_FOUND";
-    case Code::kAlreadyExists: return "ALREADY_EXISTS";
-    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case Code::kOutOfRange: return "OUT_OF_RANGE";
-    case Code::kUnauthenticated: return "UNAUTHENTICATED";
-    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case Code::kUnavailable: return "UNAVAILABLE";
-    case Code::kDataLoss: return "DATA_LOSS";
-    case Code::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case Code::kIoError: return "IO_ERROR";
-    case Code::kUnimplemented: return "UNIMPLEMENTED";
-    case Code::kInternal: return "INTERNAL";
-    case Code::kCancelled: return "CANCELLED";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case Code::kNotFound:
+      return "NOT_FOUND";
+    case Code::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case Code::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case Code::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case Code::kUnauthenticated:
+      return "UNAUTHENTICATED";
+    case Code::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case Code::kUnavailable:
+      return "UNAVAILABLE";
+    case Code::kDataLoss:
+      return "DATA_LOSS";
+    case Code::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case Code::kIoError:
+      return "IO_ERROR";
+    case Code::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case Code::kInternal:
+      return "INTERNAL";
+    case Code::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }

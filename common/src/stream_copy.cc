@@ -1,7 +1,6 @@
 #include "zps/common/stream_copy.h"
 
 #include <immintrin.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,8 +92,10 @@ void StreamTo16(std::span<const float> in, std::span<uint16_t> out, size_t strea
   auto isa = ActiveIsa();
   const Isa level = isa.ok() ? *isa : Isa::kScalar;
   if (n * sizeof(uint16_t) < stream_from || level == Isa::kScalar) {
-    if (kBf16) ConvertF32ToBF16(in, out);
-    else ConvertF32ToF16(in, out);
+    if (kBf16)
+      ConvertF32ToBF16(in, out);
+    else
+      ConvertF32ToF16(in, out);
     return;
   }
   auto one = [](float f) { return kBf16 ? FloatToBf16(f) : FloatToHalf(f); };
@@ -122,9 +123,12 @@ size_t SysfsLastLevelCache() {
     const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), value);
     if (ec != std::errc()) continue;
     const char unit = end < size.data() + size.size() ? *end : ' ';
-    if (unit == 'K') value <<= 10;
-    else if (unit == 'M') value <<= 20;
-    else if (unit == 'G') value <<= 30;
+    if (unit == 'K')
+      value <<= 10;
+    else if (unit == 'M')
+      value <<= 20;
+    else if (unit == 'G')
+      value <<= 30;
     best = std::max(best, value);
   }
   return best;
@@ -171,8 +175,7 @@ void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out) {
 void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out) {
   StreamTo16<true>(in, out, StreamCopyThreshold());
 }
-void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out,
-                           size_t stream_from) {
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out, size_t stream_from) {
   StreamTo16<false>(in, out, stream_from);
 }
 void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out,

@@ -12,10 +12,12 @@ namespace zps {
 Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(const ThreadPoolOptions& options) {
   if (options.threads < 0) return InvalidArgument("thread count must be >= 0");
   if (options.nice < -20 || options.nice > 19) {
-    return InvalidArgument("pool nice value must be in [-20, 19], got " + std::to_string(options.nice));
+    return InvalidArgument("pool nice value must be in [-20, 19], got " +
+                           std::to_string(options.nice));
   }
   ThreadPoolOptions opts = options;
-  if (opts.threads == 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (opts.threads == 0)
+    opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<ThreadPool> pool(new ThreadPool(opts));
   try {
     for (int i = 1; i < opts.threads; ++i) {

@@ -1,8 +1,9 @@
 // UCX status conversion, Context and MemoryRegion. The Worker lives in ucx_worker.cc.
+#include "zps/common/ucx.h"
+
 #include <string>
 
 #include "zps/common/logging.h"
-#include "zps/common/ucx.h"
 
 namespace zps::ucx {
 
@@ -70,7 +71,7 @@ Result<std::unique_ptr<Context>> Context::Create(const ContextOptions& options) 
       std::string_view tl = rest.substr(0, comma);
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
       static constexpr std::string_view kShmOnly[] = {"posix", "sysv", "cma", "knem",
-                                                      "xpmem", "self", "sm", "shm"};
+                                                      "xpmem", "self", "sm",  "shm"};
       bool shm = false;
       for (auto name : kShmOnly) shm = shm || tl == name;
       if (!shm) ctx->peer_failure_capable_ = true;  // tcp, rc, ud, dc, ib, all, ^exclusions...

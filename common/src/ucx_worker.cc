@@ -6,6 +6,7 @@
 // submission queue.
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <uct/api/uct.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +15,6 @@
 #include <cstring>
 #include <future>
 #include <string>
-
-#include <uct/api/uct.h>
 
 #include "zps/common/logging.h"
 #include "zps/common/ucx.h"
@@ -232,7 +231,8 @@ Status Worker::Init() {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoError("epoll_ctl", errno);
+    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      return ErrnoError("epoll_ctl", errno);
   }
   return Status::Ok();
 }
@@ -528,23 +528,22 @@ void Worker::SendCallback(void* request, ucs_status_t status, void* user_data) {
   self->Finish(std::unique_ptr<Op>(op), std::move(result));
 }
 
-void Worker::RecvCallback(void* request, ucs_status_t status, size_t /*length*/,
-                          void* user_data) {
+void Worker::RecvCallback(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
   SendCallback(request, status, user_data);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Endpoints
 
-Result<Endpoint> Worker::Connect(std::span<const std::byte> remote_address,
-                                 ErrorCallback on_error, int peer_pid) {
+Result<Endpoint> Worker::Connect(std::span<const std::byte> remote_address, ErrorCallback on_error,
+                                 int peer_pid) {
   if (remote_address.empty()) return InvalidArgument("ucx: empty worker address");
   std::vector<std::byte> address(remote_address.begin(), remote_address.end());
   if (OnProgressThread()) return ConnectNow(std::move(address), std::move(on_error), peer_pid);
   auto promise = std::make_shared<std::promise<Result<Endpoint>>>();
   auto future = promise->get_future();
-  bool posted = Post([this, promise, address = std::move(address),
-                      on_error = std::move(on_error), peer_pid]() mutable {
+  bool posted = Post([this, promise, address = std::move(address), on_error = std::move(on_error),
+                      peer_pid]() mutable {
     promise->set_value(ConnectNow(std::move(address), std::move(on_error), peer_pid));
   });
   if (!posted) return FailedPrecondition("ucx: Connect on a worker that is not running");
@@ -731,8 +730,8 @@ void Worker::IssueClose(EpState& state, bool force) {
   state.close_issued = true;
   state.rkeys.clear();
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = &Worker::CloseCallback;
   p.user_data = &state;
   p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -833,8 +832,8 @@ void Worker::SendAmNow(const Endpoint& ep, std::unique_ptr<Op> op, uint16_t id,
   }
   op->ep_id = ep.id();
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = &Worker::SendCallback;
   p.user_data = op.get();
   p.flags = 0;
@@ -904,8 +903,7 @@ Status AmMessage::Receive(std::span<std::byte> dest, DoneCallback done) {
   p.cb.recv_am = &Worker::RecvCallback;
   p.user_data = op.get();
   worker_->ops_started_.fetch_add(1, std::memory_order_relaxed);
-  ucs_status_ptr_t req =
-      ucp_am_recv_data_nbx(worker_->raw(), data_, dest.data(), length_, &p);
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->raw(), data_, dest.data(), length_, &p);
   worker_->Track(req, std::move(op), "ucp_am_recv_data_nbx");
   return Status::Ok();
 }
@@ -930,10 +928,10 @@ void Worker::Get(const Endpoint& ep, std::span<std::byte> local, uint64_t remote
     return;
   }
   Op* raw = op.release();
-  bool posted = Post([this, ep, raw, local, remote_address, key = std::move(key),
-                      local_region]() mutable {
-    GetNow(ep, std::unique_ptr<Op>(raw), local, remote_address, std::move(key), local_region);
-  });
+  bool posted =
+      Post([this, ep, raw, local, remote_address, key = std::move(key), local_region]() mutable {
+        GetNow(ep, std::unique_ptr<Op>(raw), local, remote_address, std::move(key), local_region);
+      });
   if (!posted) Finish(std::unique_ptr<Op>(raw), NotRunning());
 }
 
@@ -978,8 +976,8 @@ void Worker::GetNow(const Endpoint& ep, std::unique_ptr<Op> op, std::span<std::b
     p.memh = local_region->raw();
   }
   ops_started_.fetch_add(1, std::memory_order_relaxed);
-  ucs_status_ptr_t req = ucp_get_nbx(*resolved, local.data(), local.size(), remote_address,
-                                     it->second.get(), &p);
+  ucs_status_ptr_t req =
+      ucp_get_nbx(*resolved, local.data(), local.size(), remote_address, it->second.get(), &p);
   Track(req, std::move(op), "ucp_get_nbx");
 }
 

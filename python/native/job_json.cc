@@ -2,10 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace zps::capi {
 namespace {
@@ -82,7 +81,8 @@ Result<Json> Parse(std::string_view text, const char* what) {
 }
 
 Result<std::vector<ParamSpec>> ParamsFromJson(const Json& list) {
-  if (!list.is_array() || list.empty()) return InvalidArgument("job.params must be a non-empty list");
+  if (!list.is_array() || list.empty())
+    return InvalidArgument("job.params must be a non-empty list");
   std::vector<ParamSpec> specs;
   specs.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
@@ -93,7 +93,8 @@ Result<std::vector<ParamSpec>> ParamsFromJson(const Json& list) {
     const Json* shape = f.Get("shape");
     if (shape == nullptr || !shape->is_array()) return f.Bad("shape", "a list of dimensions");
     for (const auto& d : *shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() <= 0) return f.Bad("shape", "positive integers");
+      if (!d.is_number_integer() || d.get<int64_t>() <= 0)
+        return f.Bad("shape", "positive integers");
       s.shape.push_back(d.get<int64_t>());
     }
     // A 0-dimensional tensor (a scalar parameter) is one element.
@@ -198,7 +199,8 @@ Status ShardFromJson(const Json& j, server::ShardJob* s) {
   }
   ZPS_RETURN_IF_ERROR(IntList(f, "param_group", &s->param_group, 1 << 20));
   ZPS_RETURN_IF_ERROR(IntList(f, "frozen", &s->frozen, 1));
-  if (const Json* ls = f.Get("lr_schedule")) ZPS_RETURN_IF_ERROR(ScheduleFromJson(*ls, &s->lr_schedule));
+  if (const Json* ls = f.Get("lr_schedule"))
+    ZPS_RETURN_IF_ERROR(ScheduleFromJson(*ls, &s->lr_schedule));
   ZPS_ASSIGN_OR_RETURN(s->mode, server::ParseReductionMode(reduction));
   ZPS_ASSIGN_OR_RETURN(s->update_mode, server::ParseUpdateMode(update));
   ZPS_ASSIGN_OR_RETURN(s->grad_dtype, ParseDType(grad));
@@ -221,7 +223,8 @@ Result<server::JobSpec> JobFromJson(std::string_view json) {
   ZPS_RETURN_IF_ERROR(f.Number("num_shards", &lo.num_shards, 1, 65536));
   ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(std::move(specs), lo));
   server::JobSpec job{std::move(layout), {}, {}, {}};
-  if (const Json* o = f.Get("optimizer")) ZPS_RETURN_IF_ERROR(OptimizerFromJson(*o, &job.optimizer));
+  if (const Json* o = f.Get("optimizer"))
+    ZPS_RETURN_IF_ERROR(OptimizerFromJson(*o, &job.optimizer));
   if (const Json* c = f.Get("commit")) ZPS_RETURN_IF_ERROR(CommitFromJson(*c, &job.commit));
   if (const Json* s = f.Get("shard")) ZPS_RETURN_IF_ERROR(ShardFromJson(*s, &job.shard));
   ZPS_RETURN_IF_ERROR(f.Finish());

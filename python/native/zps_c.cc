@@ -10,10 +10,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "job_json.h"
 #include "zps/common/dtype.h"
@@ -33,8 +32,8 @@
 struct zps_client {
 #if ZPS_C_WITH_CUDA
   // Before `client`: the Client allocates from its staging slots, so it goes first.
-  std::unique_ptr<zps::worker::CudaBackend> cuda;         // null: no options.cuda_device
-  std::unique_ptr<zps::worker::NcclCollectives> nccl;     // pre-reduced device gradients
+  std::unique_ptr<zps::worker::CudaBackend> cuda;      // null: no options.cuda_device
+  std::unique_ptr<zps::worker::NcclCollectives> nccl;  // pre-reduced device gradients
 #endif
   std::unique_ptr<zps::worker::Client> client;
   zps::worker::WorkerOptions options;
@@ -42,7 +41,8 @@ struct zps_client {
   bool pre_reduced = false;
   zps::Mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
   std::unique_ptr<zps::worker::Prefetcher> prefetcher PT_GUARDED_BY(mu);
-  std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held GUARDED_BY(mu);  // by zps_acquire
+  std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held
+      GUARDED_BY(mu);  // by zps_acquire
 };
 
 namespace {
@@ -91,8 +91,10 @@ void Convert(const std::byte* src, zps::DType from, void* dst, zps::DType to, si
   const auto* s16 = reinterpret_cast<const uint16_t*>(src);
   if (to == DType::kF32) {
     std::span<float> out(static_cast<float*>(dst), n);
-    if (from == DType::kBF16) zps::ConvertBF16ToF32({s16, n}, out);
-    else zps::ConvertF16ToF32({s16, n}, out);
+    if (from == DType::kBF16)
+      zps::ConvertBF16ToF32({s16, n}, out);
+    else
+      zps::ConvertF16ToF32({s16, n}, out);
     return;
   }
   // To a 16-bit type: through fp32 (exact from the other 16-bit type only for fp32 sources).
@@ -109,7 +111,8 @@ void Convert(const std::byte* src, zps::DType from, void* dst, zps::DType to, si
 namespace {
 zps::Status NeedCuda(const zps_client* c) {
   ZPS_RETURN_IF_ERROR(NeedClient(c));
-  if (!c->cuda) return zps::FailedPrecondition("the client has no CUDA backend (options.cuda_device)");
+  if (!c->cuda)
+    return zps::FailedPrecondition("the client has no CUDA backend (options.cuda_device)");
   return zps::Status::Ok();
 }
 }  // namespace
@@ -164,8 +167,7 @@ zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
 
 extern "C" {
 
-int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_ms,
-                       uint32_t* out) {
+int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_ms, uint32_t* out) {
   return Guard([&]() -> zps::Status {
     if (endpoint == nullptr || token == nullptr || out == nullptr || timeout_ms <= 0) {
       return zps::InvalidArgument("bad argument");
@@ -176,11 +178,10 @@ int zps_cluster_shards(const char* endpoint, const char* token, int64_t timeout_
     while (true) {
       auto rpc = zps::rpc::Client::Connect(co);
       if (rpc.ok()) {
-        ZPS_ASSIGN_OR_RETURN(auto reply, (*rpc)->Call(zps::msg::kStatus, {},
-                                                      std::chrono::milliseconds(timeout_ms)));
-        auto doc = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(reply.data()),
-                                                     reply.size()),
-                                         nullptr, false);
+        ZPS_ASSIGN_OR_RETURN(
+            auto reply, (*rpc)->Call(zps::msg::kStatus, {}, std::chrono::milliseconds(timeout_ms)));
+        auto doc = nlohmann::json::parse(
+            std::string(reinterpret_cast<const char*>(reply.data()), reply.size()), nullptr, false);
         if (doc.is_discarded() || !doc.contains("shards") || !doc["shards"].is_number_unsigned()) {
           return zps::InvalidArgument("the coordinator's status has no shard count");
         }
@@ -207,10 +208,10 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
     auto c = std::make_unique<zps_client>();
     if (opts.cuda_device >= 0) {
 #if ZPS_C_WITH_CUDA
-      ZPS_ASSIGN_OR_RETURN(c->cuda, zps::worker::CudaBackend::Create(
-                                        {.device = opts.cuda_device,
-                                         .slot_bytes = opts.cuda_slot_bytes,
-                                         .slots = opts.cuda_slots}));
+      ZPS_ASSIGN_OR_RETURN(c->cuda,
+                           zps::worker::CudaBackend::Create({.device = opts.cuda_device,
+                                                             .slot_bytes = opts.cuda_slot_bytes,
+                                                             .slots = opts.cuda_slots}));
       opts.worker.device = c->cuda->staging();
 #else
       return zps::FailedPrecondition(kNoCudaBuild);
@@ -403,11 +404,11 @@ int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad, uint
     }
     // pre-reduced: sum over the ranks in place, then push this rank's slice of the parameter.
     ZPS_RETURN_IF_ERROR(c->collectives->ReduceScatter({grad, numel}));
-    const auto slice = zps::worker::RankSlice(numel, c->collectives->world_size(),
-                                              c->collectives->rank());
+    const auto slice =
+        zps::worker::RankSlice(numel, c->collectives->world_size(), c->collectives->rank());
     if (slice.length == 0) return zps::Status::Ok();
-    return c->client->PushGradRange(param, step, slice.begin,
-                                    {grad + slice.begin, slice.length}, micro);
+    return c->client->PushGradRange(param, step, slice.begin, {grad + slice.begin, slice.length},
+                                    micro);
   });
 }
 
@@ -458,8 +459,8 @@ int zps_read_master(zps_client* c, uint32_t param, int64_t min_version, float* d
         req.chunk = piece.chunk;
         req.offset = piece.chunk_offset + done;
         req.length = std::min(piece.length - done, zps::msg::kMaxReadMaster);
-        auto reply = c->client->CallShard(layout.shard_of_chunk(piece.chunk),
-                                          zps::msg::kReadMaster, req.Encode());
+        auto reply = c->client->CallShard(layout.shard_of_chunk(piece.chunk), zps::msg::kReadMaster,
+                                          req.Encode());
         if (!reply.ok()) {
           // Unavailable: the shard has not published min_version yet; wait and ask again.
           if (reply.status().code() != zps::Code::kUnavailable ||
@@ -525,8 +526,8 @@ int zps_checkpoint_now(zps_client* c, int64_t timeout_ms, int64_t* step) {
     if (step == nullptr || timeout_ms <= 0) return zps::InvalidArgument("bad argument");
     ZPS_ASSIGN_OR_RETURN(auto co, ToolOptions(c->options.endpoint, c->options.token));
     ZPS_ASSIGN_OR_RETURN(auto rpc, zps::rpc::Client::Connect(co));
-    ZPS_ASSIGN_OR_RETURN(auto reply,
-                         rpc->Call(zps::msg::kCheckpointNow, {}, std::chrono::milliseconds(timeout_ms)));
+    ZPS_ASSIGN_OR_RETURN(
+        auto reply, rpc->Call(zps::msg::kCheckpointNow, {}, std::chrono::milliseconds(timeout_ms)));
     ZPS_ASSIGN_OR_RETURN(auto done, zps::msg::CheckpointDone::Decode(reply));
     *step = done.step;
     return zps::Status::Ok();
@@ -543,7 +544,6 @@ int zps_cuda_available(int device) {
 #endif
   });
 }
-
 
 int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
                         uint64_t stream) {
@@ -606,11 +606,11 @@ int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad
       c->nccl->set_stream(st);
       ZPS_RETURN_IF_ERROR(c->nccl->ReduceScatter({g, numel}));
       if (slice.length == 0) return zps::Status::Ok();
-      ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(g + slice.begin,
-                                                          slice.length * sizeof(float), st));
-      return c->client->PushGradRange(
-          param, step, slice.begin, {reinterpret_cast<const float*>(host.data()), slice.length},
-          micro);
+      ZPS_ASSIGN_OR_RETURN(auto host,
+                           c->cuda->CopyToHost(g + slice.begin, slice.length * sizeof(float), st));
+      return c->client->PushGradRange(param, step, slice.begin,
+                                      {reinterpret_cast<const float*>(host.data()), slice.length},
+                                      micro);
     }
     // No NCCL: the whole gradient to a pinned slot, reduce-scattered there with Gloo.
     ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(grad, numel * sizeof(float), st));
@@ -657,4 +657,3 @@ int zps_cuda_info(zps_client* c, char* buf, size_t len) {
 }
 
 }  // extern "C"
-

@@ -43,8 +43,8 @@ typedef struct zps_client zps_client;
 enum { ZPS_DTYPE_F32 = 0, ZPS_DTYPE_F16 = 1, ZPS_DTYPE_BF16 = 2 };
 
 typedef struct zps_job_info {
-  int64_t resume_step;   /* the step to train next (0 for a new job) */
-  double loss_scale;     /* the loss scale to use for resume_step */
+  int64_t resume_step; /* the step to train next (0 for a new job) */
+  double loss_scale;   /* the loss scale to use for resume_step */
   uint32_t world_size;
   uint32_t rank;
   uint32_t num_params;
@@ -56,24 +56,24 @@ typedef struct zps_job_info {
 
 typedef struct zps_commit_info {
   int64_t step;
-  int32_t skip;            /* 1: the step was skipped (fp16 overflow) */
-  float grad_scale;        /* what multiplied each summed gradient element */
-  double global_norm;      /* of the averaged, unscaled gradient */
-  double loss_scale;       /* used by this step */
-  double next_loss_scale;  /* to use for the next step */
-  int64_t optimizer_step;  /* applied updates after this step */
-  int32_t checkpoint;      /* 1: the shards checkpoint the state after this step */
+  int32_t skip;           /* 1: the step was skipped (fp16 overflow) */
+  float grad_scale;       /* what multiplied each summed gradient element */
+  double global_norm;     /* of the averaged, unscaled gradient */
+  double loss_scale;      /* used by this step */
+  double next_loss_scale; /* to use for the next step */
+  int64_t optimizer_step; /* applied updates after this step */
+  int32_t checkpoint;     /* 1: the shards checkpoint the state after this step */
 } zps_commit_info;
 
 typedef struct zps_stats {
   uint64_t fetched_bytes;
   uint64_t pushed_bytes;
-  uint64_t live_bytes;      /* fetched buffers the prefetcher holds (<= max_live_bytes) */
+  uint64_t live_bytes; /* fetched buffers the prefetcher holds (<= max_live_bytes) */
   uint64_t acquires;
-  uint64_t hits;            /* acquires already fetched or in flight */
+  uint64_t hits; /* acquires already fetched or in flight */
   uint64_t prefetches;
   uint64_t trace_rebuilds;
-  uint64_t wait_ns;         /* time spent waiting for fetches */
+  uint64_t wait_ns; /* time spent waiting for fetches */
 } zps_stats;
 
 ZPS_C_EXPORT int zps_c_api_version(void);
@@ -85,10 +85,12 @@ ZPS_C_EXPORT const char* zps_code_name(int code);
 /* Builds the job from `job_json` (docs/pytorch.md, "The job description"), connects to the
  * coordinator named in `options_json` ({"endpoint", "token", "rank", "ucx_tls", "op_timeout_ms",
  * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes", "reduction", "fetch_strategy",
- * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives"}), joins (rank 0 registers the job) and
- * connects to every shard. Unknown keys are InvalidArgument. Errors: as zps::worker::Client::Connect. */
+ * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives"}), joins (rank 0
+ * registers the job) and connects to every shard. Unknown keys are InvalidArgument. Errors: as
+ * zps::worker::Client::Connect. */
 ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
-/* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid. */
+/* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid.
+ */
 ZPS_C_EXPORT void zps_close(zps_client* c);
 /* Asks the coordinator at `endpoint` (host:port) how many shards its job has, with `token`,
  * waiting up to timeout_ms for it to answer (a coordinator still starting is retried). */
@@ -101,7 +103,8 @@ ZPS_C_EXPORT int zps_job_info_get(zps_client* c, zps_job_info* out);
 ZPS_C_EXPORT int zps_stats_get(zps_client* c, zps_stats* out);
 
 /* Rank 0 of a new job: the initial fp32 values of `param` (numel elements). */
-ZPS_C_EXPORT int zps_push_initial(zps_client* c, uint32_t param, const float* values, uint64_t numel);
+ZPS_C_EXPORT int zps_push_initial(zps_client* c, uint32_t param, const float* values,
+                                  uint64_t numel);
 
 /* Prefetcher: parameters are needed at version >= step from now on. */
 ZPS_C_EXPORT int zps_begin_step(zps_client* c, int64_t step);
@@ -112,7 +115,7 @@ ZPS_C_EXPORT int zps_end_step(zps_client* c);
  * Errors: from the fetch (UNAVAILABLE, DEADLINE_EXCEEDED, OUT_OF_RANGE); INVALID_ARGUMENT for a
  * bad dtype. */
 ZPS_C_EXPORT int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
-                   const int32_t* dst_dtype);
+                                const int32_t* dst_dtype);
 /* As zps_fetch_into for one parameter, but hands out the fetched buffer itself (serving dtype,
  * numel elements at *data, *bytes bytes) for a copy the caller makes (e.g. to a GPU). Valid until
  * zps_release(c, param). */
@@ -163,8 +166,8 @@ ZPS_C_EXPORT int zps_cuda_available(int device);
  * the work queued on `stream` (a cudaStream_t; 0 = the legacy default stream), which then waits
  * for the copies. Returns once the copies are queued. Needs options.cuda_device (else
  * FAILED_PRECONDITION). Errors: from the fetch; from CUDA. */
-ZPS_C_EXPORT int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n,
-                                     void* const* dst, uint64_t stream);
+ZPS_C_EXPORT int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* const* dst,
+                                     uint64_t stream);
 /* As zps_push_grad, from DEVICE memory: numel elements of grad_dtype (ZPS_DTYPE_*) read after
  * the work queued on `stream`, copied into a pinned slot on the copy stream, then pushed.
  * Returns once `grad` has been read. With options.reduction "pre-reduced" (more than one rank)
@@ -183,4 +186,4 @@ ZPS_C_EXPORT int zps_cuda_info(zps_client* c, char* buf, size_t len);
 }
 #endif
 
-#endif  /* ZPS_C_H_ */
+#endif /* ZPS_C_H_ */

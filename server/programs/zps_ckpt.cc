@@ -17,21 +17,21 @@
 #include "zps/common/dtype.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
-#include "zps/server/shard_server.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_export.h"
+#include "zps/server/shard_server.h"
 
 namespace {
 
 struct Options {
-  std::string data_dir;      // Default: none — comma-separated checkpoint stores
-  bool verify = false;       // Default: false — inspect reads every value
-  int64_t step = -1;         // Default: -1 — the newest step committed on every shard
-  std::string out;           // Default: none — export output file
+  std::string data_dir;        // Default: none — comma-separated checkpoint stores
+  bool verify = false;         // Default: false — inspect reads every value
+  int64_t step = -1;           // Default: -1 — the newest step committed on every shard
+  std::string out;             // Default: none — export output file
   std::string dtype = "fp32";  // Default: fp32
-  std::string endpoint;      // Default: none — save: the coordinator's control endpoint
-  std::string token_file;    // Default: none — save: the shared auth secret's file
-  int64_t timeout_s = 600;   // Default: 600 s — save: longest wait for the checkpoint
+  std::string endpoint;        // Default: none — save: the coordinator's control endpoint
+  std::string token_file;      // Default: none — save: the shared auth secret's file
+  int64_t timeout_s = 600;     // Default: 600 s — save: longest wait for the checkpoint
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -101,10 +101,11 @@ zps::Status Export(const Options& o) {
   e.out = o.out;
   ZPS_ASSIGN_OR_RETURN(e.dtype, zps::ParseDType(o.dtype));
   ZPS_ASSIGN_OR_RETURN(auto stats, zps::server::ExportSafetensors(e));
-  std::printf("exported step %lld: %llu parameters, %llu bytes (%s) to %s; peak buffer %llu bytes\n",
-              static_cast<long long>(stats.step), static_cast<unsigned long long>(stats.params),
-              static_cast<unsigned long long>(stats.file_bytes), o.dtype.c_str(), o.out.c_str(),
-              static_cast<unsigned long long>(stats.peak_buffer_bytes));
+  std::printf(
+      "exported step %lld: %llu parameters, %llu bytes (%s) to %s; peak buffer %llu bytes\n",
+      static_cast<long long>(stats.step), static_cast<unsigned long long>(stats.params),
+      static_cast<unsigned long long>(stats.file_bytes), o.dtype.c_str(), o.out.c_str(),
+      static_cast<unsigned long long>(stats.peak_buffer_bytes));
   return zps::Status::Ok();
 }
 
@@ -113,11 +114,11 @@ zps::Status Save(const Options& o) {
   if (o.token_file.empty()) return zps::InvalidArgument("save needs --token-file");
   ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
   ZPS_ASSIGN_OR_RETURN(std::string token, zps::ReadTokenFile(o.token_file));
-  zps::rpc::ClientOptions co{hp.first, hp.second, token, zps::msg::kRoleTool, 0, "zps-ckpt", {},
-                             5000};
+  zps::rpc::ClientOptions co{hp.first, hp.second,  token, zps::msg::kRoleTool,
+                             0,        "zps-ckpt", {},    5000};
   ZPS_ASSIGN_OR_RETURN(auto client, zps::rpc::Client::Connect(co));
-  ZPS_ASSIGN_OR_RETURN(auto reply, client->Call(zps::msg::kCheckpointNow, {},
-                                                std::chrono::seconds(o.timeout_s)));
+  ZPS_ASSIGN_OR_RETURN(
+      auto reply, client->Call(zps::msg::kCheckpointNow, {}, std::chrono::seconds(o.timeout_s)));
   ZPS_ASSIGN_OR_RETURN(auto done, zps::msg::CheckpointDone::Decode(reply));
   std::printf("checkpoint of step %lld complete on all %u shards\n",
               static_cast<long long>(done.step), done.shards);

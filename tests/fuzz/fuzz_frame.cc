@@ -8,7 +8,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (h.ok()) {
     ZPS_FUZZ_CHECK(h->payload_len <= zps::kMaxPayloadBytes);
     if (size >= zps::kFrameHeaderBytes) {
-      (void)zps::VerifyFrameCrc(in.first(zps::kFrameHeaderBytes), in.subspan(zps::kFrameHeaderBytes));
+      (void)zps::VerifyFrameCrc(in.first(zps::kFrameHeaderBytes),
+                                in.subspan(zps::kFrameHeaderBytes));
     }
   }
   (void)zps::DecodeFrameHeader(in, 64);  // the pre-handshake bound

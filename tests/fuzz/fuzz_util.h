@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <span>
 
-#define ZPS_FUZZ_CHECK(cond)                                                     \
-  do {                                                                          \
-    if (!(cond)) __builtin_trap(); /* libFuzzer reports it as a crash */        \
+#define ZPS_FUZZ_CHECK(cond)                                             \
+  do {                                                                   \
+    if (!(cond)) __builtin_trap(); /* libFuzzer reports it as a crash */ \
   } while (0)
 
 namespace zps::fuzz {

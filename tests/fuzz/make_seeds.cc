@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   // frame
   Write("frame", "join", zps::EncodeFrame(msg::kJoin, 7, msg::Join{1, job.Hash(), spec}.Encode()));
   Write("frame", "empty", zps::EncodeFrame(msg::kStatus, 1, {}));
-  Write("frame", "error", zps::EncodeFrame(0xFFFF, 3, zps::EncodeErrorPayload(
-                                                          zps::Unavailable("shard 1 is gone"))));
+  Write("frame", "error",
+        zps::EncodeFrame(0xFFFF, 3, zps::EncodeErrorPayload(zps::Unavailable("shard 1 is gone"))));
   // messages (tag = the case in fuzz_messages.cc)
   msg::JoinReply jr;
   jr.shard_endpoints = {"10.0.0.1:7070", "10.0.0.2:7070"};
@@ -72,17 +72,23 @@ int main(int argc, char** argv) {
   msg::ChunkCrcs crcs;
   crcs.version = 5;
   crcs.crcs = {{0, 0x1234}, {2, 0x5678}};
-  const std::vector<std::vector<std::byte>> m = {
-      msg::ChunkCrcsRequest{3}.Encode(),   msg::ReadMasterRequest{1, 2, 0, 64}.Encode(),
-      msg::MasterRange{}.Encode(),         crcs.Encode(),
-      msg::RegisterShard{1, "10.0.0.2:7070"}.Encode(),
-      msg::Join{0, job.Hash(), spec}.Encode(),
-      jr.Encode(),                         rep.Encode(),
-      msg::CommitInfo{}.Encode(),          msg::AwaitCommit{12}.Encode(),
-      msg::CheckpointReport{}.Encode(),    msg::ShardSync{}.Encode(),
-      msg::ShardSyncReply{}.Encode(),      msg::CheckpointDone{}.Encode(),
-      msg::KvSet{0, "zps/key", Text("value")}.Encode(), msg::KvGet{0, "zps/key", 100}.Encode(),
-      msg::KvReply{}.Encode()};
+  const std::vector<std::vector<std::byte>> m = {msg::ChunkCrcsRequest{3}.Encode(),
+                                                 msg::ReadMasterRequest{1, 2, 0, 64}.Encode(),
+                                                 msg::MasterRange{}.Encode(),
+                                                 crcs.Encode(),
+                                                 msg::RegisterShard{1, "10.0.0.2:7070"}.Encode(),
+                                                 msg::Join{0, job.Hash(), spec}.Encode(),
+                                                 jr.Encode(),
+                                                 rep.Encode(),
+                                                 msg::CommitInfo{}.Encode(),
+                                                 msg::AwaitCommit{12}.Encode(),
+                                                 msg::CheckpointReport{}.Encode(),
+                                                 msg::ShardSync{}.Encode(),
+                                                 msg::ShardSyncReply{}.Encode(),
+                                                 msg::CheckpointDone{}.Encode(),
+                                                 msg::KvSet{0, "zps/key", Text("value")}.Encode(),
+                                                 msg::KvGet{0, "zps/key", 100}.Encode(),
+                                                 msg::KvReply{}.Encode()};
   for (size_t i = 0; i < m.size(); ++i) {
     Write("messages", std::to_string(i), Tagged(static_cast<uint8_t>(i), m[i]));
   }
@@ -107,8 +113,9 @@ int main(int argc, char** argv) {
   Write("job_layout", "job-v1", Tagged(1, spec));
   Write("job_layout", "job-v2", Tagged(1, job2.Serialize()));
   // config
-  Write("config", "all", Text(R"({"name": "n", "on": true, "ratio": 0.5, "steps": 7, )"
-                              R"("port": 7070, "budget": "64KiB", "mode": "b"})"));
+  Write("config", "all",
+        Text(R"({"name": "n", "on": true, "ratio": 0.5, "steps": 7, )"
+             R"("port": 7070, "budget": "64KiB", "mode": "b"})"));
   Write("config", "bad", Text(R"({"port": 70000})"));
   // checkpoint: key (8 bytes, big-endian) + a manifest (format 1) / a global record
   {

@@ -130,7 +130,8 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     std::ofstream(token_file) << token << "\n";
     ::chmod(token_file.c_str(), 0600);
   }
-  if (cluster.metrics_port != 0 && cluster.metrics_port + cluster.shards + cluster.workers > 65536) {
+  if (cluster.metrics_port != 0 &&
+      cluster.metrics_port + cluster.shards + cluster.workers > 65536) {
     return InvalidArgument("--metrics-port " + std::to_string(cluster.metrics_port) +
                            " leaves no room for " +
                            std::to_string(cluster.shards + cluster.workers) + " ports");
@@ -147,14 +148,15 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   std::printf("zps local cluster: %d shards + %d workers on loopback (logs in %s)\n",
               cluster.shards, cluster.workers, dir.c_str());
   if (cluster.metrics_port != 0) {
-    std::printf("zps local cluster: /metrics on 127.0.0.1, shards at ports %d-%d, workers at "
-                "%d-%d\n",
-                metrics_port(0), metrics_port(cluster.shards - 1), metrics_port(cluster.shards),
-                metrics_port(cluster.shards + cluster.workers - 1));
+    std::printf(
+        "zps local cluster: /metrics on 127.0.0.1, shards at ports %d-%d, workers at "
+        "%d-%d\n",
+        metrics_port(0), metrics_port(cluster.shards - 1), metrics_port(cluster.shards),
+        metrics_port(cluster.shards + cluster.workers - 1));
   }
   std::fflush(stdout);
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = [](int sig) { g_signal = sig; };
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -180,7 +182,8 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     if (cluster.shard_memory_budget > 0 || cluster.shard_serving_budget > 0) {
       args.push_back("--data-dir=" + dir + "/shard-" + std::to_string(i) + "-data");
     }
-    auto c = Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");
+    auto c =
+        Spawn("shard-" + std::to_string(i), args, dir + "/shard-" + std::to_string(i) + ".log");
     if (!c.ok()) {
       result = c.status();
       break;

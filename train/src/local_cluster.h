@@ -9,14 +9,14 @@
 namespace zps::train {
 
 struct LocalCluster {
-  int shards = 2;       // zps-server processes (ordinal 0 is the coordinator)
-  int workers = 2;      // zps-train --mode worker processes
-  std::string ucx_tls;  // passed to every process ("" = UCX's choice)
-  int metrics_port = 0;  // 0 = no metrics; else shard i serves on base+i, worker r on
-                         // base+shards+r (all on 127.0.0.1)
-  uint64_t shard_memory_budget = 0;  // > 0: every shard gets --memory-budget and its own
-                                     // --data-dir (<temp dir>/shard-i-data: spill files and
-                                     // checkpoints); 0 = neither (all in RAM)
+  int shards = 2;                     // zps-server processes (ordinal 0 is the coordinator)
+  int workers = 2;                    // zps-train --mode worker processes
+  std::string ucx_tls;                // passed to every process ("" = UCX's choice)
+  int metrics_port = 0;               // 0 = no metrics; else shard i serves on base+i, worker r on
+                                      // base+shards+r (all on 127.0.0.1)
+  uint64_t shard_memory_budget = 0;   // > 0: every shard gets --memory-budget and its own
+                                      // --data-dir (<temp dir>/shard-i-data: spill files and
+                                      // checkpoints); 0 = neither (all in RAM)
   uint64_t shard_serving_budget = 0;  // > 0: every shard gets --serving-budget (and the
                                       // --data-dir above)
 };

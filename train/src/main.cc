@@ -13,8 +13,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "local_cluster.h"
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
@@ -37,7 +38,6 @@
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
-#include "local_cluster.h"
 
 namespace zps::train {
 namespace {
@@ -45,61 +45,63 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct TrainOptions {
-  std::string mode = "auto";       // Default: auto = worker when an endpoint is set, else local.
-  std::string endpoint;            // Default: "". Coordinator host:port (ZPS_ENDPOINT).
-  std::string token;               // Default: "".
-  std::string token_file;          // Default: "".
-  int rank = 0;                    // Default: 0.
-  int world_size = 2;              // Default: 2 ranks.
-  int shards = 2;                  // Default: 2 shards.
-  int64_t steps = 400;             // Default: 400 steps (about two minutes on 2 idle cores).
+  std::string mode = "auto";        // Default: auto = worker when an endpoint is set, else local.
+  std::string endpoint;             // Default: "". Coordinator host:port (ZPS_ENDPOINT).
+  std::string token;                // Default: "".
+  std::string token_file;           // Default: "".
+  int rank = 0;                     // Default: 0.
+  int world_size = 2;               // Default: 2 ranks.
+  int shards = 2;                   // Default: 2 shards.
+  int64_t steps = 400;              // Default: 400 steps (about two minutes on 2 idle cores).
   std::string optimizer = "adamw";  // Default: adamw.
-  double lr = 3e-3;                // Default: 3e-3.
-  double weight_decay = 0.0;       // Default: 0.
+  double lr = 3e-3;                 // Default: 3e-3.
+  double weight_decay = 0.0;        // Default: 0.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
-  double max_grad_norm = 1.0;      // Default: 1.0 (0 = no clipping).
+  double max_grad_norm = 1.0;                     // Default: 1.0 (0 = no clipping).
   // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
   // warmup_max_lr = --lr), WarmupDecayLR (the same, then linear decay to 0 at total-num-steps)
   // or WarmupCosineLR (ratio of --lr; DeepSpeed's default ratios).
-  std::string lr_schedule = "none";  // Default: none (constant --lr).
-  int64_t warmup_num_steps = 1000;   // Default: 1000 (DeepSpeed's).
-  int64_t total_num_steps = 0;       // Default: 0 = --steps.
-  std::string warmup_type = "log";   // Default: log (DeepSpeed's).
-  bool loss_scaling = false;       // Default: false. fp16 dynamic loss scaling (fp16 grads).
-  double initial_loss_scale = 65536.0;  // Default: 2^16.
-  std::string grad_dtype = "";     // Default: fp32, or fp16 with loss scaling.
-  std::string serving_dtype = "";  // Default: bf16, or fp16 with loss scaling.
+  std::string lr_schedule = "none";      // Default: none (constant --lr).
+  int64_t warmup_num_steps = 1000;       // Default: 1000 (DeepSpeed's).
+  int64_t total_num_steps = 0;           // Default: 0 = --steps.
+  std::string warmup_type = "log";       // Default: log (DeepSpeed's).
+  bool loss_scaling = false;             // Default: false. fp16 dynamic loss scaling (fp16 grads).
+  double initial_loss_scale = 65536.0;   // Default: 2^16.
+  std::string grad_dtype = "";           // Default: fp32, or fp16 with loss scaling.
+  std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
   std::string reduction = "server-sum";  // Default: server-sum.
-  std::string update = "sync";     // Default: sync (the job's update mode; reference: ignored).
+  std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
-  uint64_t bucket_bytes = 16ull << 20;  // Default: 16 MiB of fp32 gradient per reduce-scatter.
-  std::string gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
-  uint64_t chunk_elems = 256u << 10;  // Default: 256 Ki elements (1 MiB of fp32) per chunk.
-  int64_t inject_overflow_step = -1;  // Default: never.
+  uint64_t bucket_bytes = 16ull << 20;    // Default: 16 MiB of fp32 gradient per reduce-scatter.
+  std::string
+      gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
+  uint64_t chunk_elems = 256u << 10;       // Default: 256 Ki elements (1 MiB of fp32) per chunk.
+  int64_t inject_overflow_step = -1;       // Default: never.
   uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB.
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB.
-  std::string ucx_tls;             // Default: "" (UCX_TLS or UCX's choice).
-  int log_every = 10;              // Default: every 10 steps.
-  bool print_crcs = false;         // Default: false. Print per-chunk state CRCs at the end.
-  bool print_latency = false;      // Default: false. Worker: print its histograms at the end.
+  std::string ucx_tls;                     // Default: "" (UCX_TLS or UCX's choice).
+  int log_every = 10;                      // Default: every 10 steps.
+  bool print_crcs = false;                 // Default: false. Print per-chunk state CRCs at the end.
+  bool print_latency = false;         // Default: false. Worker: print its histograms at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
-  int64_t op_timeout_s = 300;      // Default: 300 s for any single wait.
-  int max_recoveries = 20;         // Default: 20. Rejoins after a lost shard/coordinator.
-  int metrics_port = 0;            // Default: 0 = off. Worker: its /metrics port. Local: the base
-                                   // port (shard i: base+i, worker r: base+shards+r).
+  int64_t op_timeout_s = 300;         // Default: 300 s for any single wait.
+  int max_recoveries = 20;            // Default: 20. Rejoins after a lost shard/coordinator.
+  int metrics_port = 0;  // Default: 0 = off. Worker: its /metrics port. Local: the base
+                         // port (shard i: base+i, worker r: base+shards+r).
   std::string metrics_bind = "0.0.0.0";  // Default: all interfaces. Where /metrics listens.
-  uint64_t shard_memory_budget = 0;  // Default: 0 = all in RAM. Local mode: each shard's
-                                     // --memory-budget (spill under the cluster's temp dir).
-                                     // Other modes ignore it.
-  uint64_t shard_serving_budget = 0;  // Default: 0 = all in RAM. Local mode: each shard's
-                                      // --serving-budget. Other modes ignore it.
+  uint64_t shard_memory_budget = 0;      // Default: 0 = all in RAM. Local mode: each shard's
+                                         // --memory-budget (spill under the cluster's temp dir).
+                                         // Other modes ignore it.
+  uint64_t shard_serving_budget = 0;     // Default: 0 = all in RAM. Local mode: each shard's
+                                         // --serving-budget. Other modes ignore it.
   ModelConfig model;
   DataOptions data;
   std::string corpus;
 };
 
 void Register(Flags& f, TrainOptions& o) {
-  f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)", &o.mode);
+  f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)",
+        &o.mode);
   f.Add("endpoint", "coordinator host:port (worker mode)", &o.endpoint);
   f.Add("token", "shared auth secret (prefer token-file)", &o.token);
   f.Add("token-file", "file holding the shared auth secret", &o.token_file);
@@ -146,8 +148,10 @@ void Register(Flags& f, TrainOptions& o) {
         "endpoint is on loopback, else the host name)",
         &o.gloo_hostname);
   f.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", &o.chunk_elems);
-  f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step", &o.inject_overflow_step, -1, INT64_MAX);
-  f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)", &o.prefetch_bytes);
+  f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step",
+        &o.inject_overflow_step, -1, INT64_MAX);
+  f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)",
+             &o.prefetch_bytes);
   f.AddBytes("max-live-bytes", "fetched parameter bytes held at most", &o.max_live_bytes);
   f.Add("ucx-tls", "UCX transports (e.g. tcp, posix,cma,self)", &o.ucx_tls);
   f.Add("log-every", "print progress every N steps", &o.log_every, 1, 1000000);
@@ -178,10 +182,11 @@ void Register(Flags& f, TrainOptions& o) {
 }
 
 Result<server::JobSpec> BuildJob(const TrainOptions& o) {
-  ZPS_ASSIGN_OR_RETURN(Layout layout,
-                       Layout::Build(LayoutSpecs(Specs(o.model)),
-                                     {.chunk_elems = o.chunk_elems, .align_elems = 64,
-                                      .num_shards = static_cast<uint32_t>(o.shards)}));
+  ZPS_ASSIGN_OR_RETURN(
+      Layout layout,
+      Layout::Build(LayoutSpecs(Specs(o.model)), {.chunk_elems = o.chunk_elems,
+                                                  .align_elems = 64,
+                                                  .num_shards = static_cast<uint32_t>(o.shards)}));
   server::JobSpec job{std::move(layout), {}, {}, {}};
   ZPS_ASSIGN_OR_RETURN(job.shard.mode, server::ParseReductionMode(o.reduction));
   job.shard.world_size = static_cast<uint32_t>(o.world_size);
@@ -255,7 +260,8 @@ Status RunReference(const TrainOptions& o) {
   d.seq_len = o.model.seq_len;
   d.world = o.world_size;
   ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
-  std::vector<std::vector<uint8_t>> batches(o.world_size, std::vector<uint8_t>(loader->batch_bytes()));
+  std::vector<std::vector<uint8_t>> batches(o.world_size,
+                                            std::vector<uint8_t>(loader->batch_bytes()));
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     auto ts = Clock::now();
@@ -289,7 +295,8 @@ Status RunReference(const TrainOptions& o) {
 
 // ---- worker mode: one rank against a running job --------------------------------------------
 
-Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& loader, int64_t version) {
+Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& loader,
+                        int64_t version) {
   const int rows = std::min(loader.eval_windows(), 8);
   if (rows == 0) return std::nan("");
   std::vector<uint8_t> tokens(static_cast<size_t>(rows) * (loader.options().seq_len + 1));
@@ -342,7 +349,8 @@ Status RunWorker(const TrainOptions& o) {
   const auto spec = job.Serialize();
   // Metrics first, so /healthz answers while the worker joins; /readyz once it has joined.
   metrics::Registry registry;
-  ZPS_ASSIGN_OR_RETURN(metrics::ProcessMetrics pm, metrics::ProcessMetrics::Create(registry, "worker"));
+  ZPS_ASSIGN_OR_RETURN(metrics::ProcessMetrics pm,
+                       metrics::ProcessMetrics::Create(registry, "worker"));
   std::atomic<bool> joined{false};
   std::unique_ptr<metrics::Exporter> exporter;
   if (o.metrics_port != 0) {
@@ -428,9 +436,9 @@ Status RunWorker(const TrainOptions& o) {
     }
     worker::PrefetchOptions po{o.prefetch_bytes, o.max_live_bytes};
     if (bandwidth_centric) po.gather = collectives.get();
-    access_ptr = std::make_unique<WorkerAccess>(client.get(), po,
-                                                pre_reduced ? collectives.get() : nullptr,
-                                                o.bucket_bytes / sizeof(float));
+    access_ptr =
+        std::make_unique<WorkerAccess>(client.get(), po, pre_reduced ? collectives.get() : nullptr,
+                                       o.bucket_bytes / sizeof(float));
     if (std::getenv("ZPS_TEST_CRASH_AT") != nullptr) {
       access_ptr->set_after_push([&client](int64_t step, int pushes) {
         if (pushes != 3) return;
@@ -471,8 +479,8 @@ Status RunWorker(const TrainOptions& o) {
   if (lead && start == 0) {
     ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *eval_ptr, *loader, 0));
     std::printf("rank 0: %llu parameters, %u chunks on %d shards; held-out loss at start %.4f\n",
-                static_cast<unsigned long long>(CountParams(o.model)), client->layout().num_chunks(),
-                o.shards, eval_start);
+                static_cast<unsigned long long>(CountParams(o.model)),
+                client->layout().num_chunks(), o.shards, eval_start);
   }
   double loss_scale = client->job().loss_scale;
   std::vector<uint8_t> batch(loader->batch_bytes());
@@ -502,13 +510,15 @@ Status RunWorker(const TrainOptions& o) {
       MaybeCrashAt("worker-commit", step);
       ZPS_ASSIGN_OR_RETURN(commit, client->AwaitCommit(step));
       return Status::Ok();
-    }().WithContext("step " + std::to_string(step));
+    }()
+                             .WithContext("step " + std::to_string(step));
     if (!st.ok()) {
       if (!Recoverable(st) || recoveries >= o.max_recoveries) return st;
       ++recoveries;
       if (!recovering) failure_seen = Clock::now();
       recovering = true;
-      std::fprintf(stderr, "zps-train (rank %d): %s; re-joining the job (recovery %d of at most %d)\n",
+      std::fprintf(stderr,
+                   "zps-train (rank %d): %s; re-joining the job (recovery %d of at most %d)\n",
                    o.rank, st.ToString().c_str(), recoveries, o.max_recoveries);
       ZPS_RETURN_IF_ERROR(join_retrying().WithContext("re-joining after a failure"));
       const int64_t resume = client->resume_step();
@@ -520,11 +530,12 @@ Status RunWorker(const TrainOptions& o) {
       continue;
     }
     if (recovering && lead) {
-      std::printf("recovery: resumed at step %lld; first resumed step done %.3fs after the failure "
-                  "was seen (unix_ms %lld)\n",
-                  static_cast<long long>(step),
-                  std::chrono::duration<double>(Clock::now() - failure_seen).count(),
-                  static_cast<long long>(UnixMillis()));
+      std::printf(
+          "recovery: resumed at step %lld; first resumed step done %.3fs after the failure "
+          "was seen (unix_ms %lld)\n",
+          static_cast<long long>(step),
+          std::chrono::duration<double>(Clock::now() - failure_seen).count(),
+          static_cast<long long>(UnixMillis()));
       std::fflush(stdout);
     }
     recovering = false;
@@ -532,17 +543,19 @@ Status RunWorker(const TrainOptions& o) {
     losses.push_back(out.loss);
     step_time_sum += std::chrono::duration<double>(Clock::now() - ts).count();
     pm.step_duration.ObserveSince(ts);
-    if (lead && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start || commit.skip)) {
+    if (lead &&
+        ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start || commit.skip)) {
       auto now = Clock::now();
       double window = std::chrono::duration<double>(now - t_window).count();
       int64_t n = step == start ? 1 : std::min<int64_t>(o.log_every, step + 1 - start);
       double fetch_mbps = (client->fetched_bytes() - fetched0) / window / 1e6;
       double push_mbps = (client->pushed_bytes() - pushed0) / window / 1e6;
-      std::printf("step %5lld  loss %.4f  norm %.3f%s  tokens/s %.0f  fetch %.1f MB/s  push %.1f MB/s"
-                  "  step %.3fs\n",
-                  static_cast<long long>(step), out.loss, commit.global_norm,
-                  commit.skip ? " (skipped: overflow)" : "", tokens_per_step * n / window,
-                  fetch_mbps, push_mbps, window / n);
+      std::printf(
+          "step %5lld  loss %.4f  norm %.3f%s  tokens/s %.0f  fetch %.1f MB/s  push %.1f MB/s"
+          "  step %.3fs\n",
+          static_cast<long long>(step), out.loss, commit.global_norm,
+          commit.skip ? " (skipped: overflow)" : "", tokens_per_step * n / window, fetch_mbps,
+          push_mbps, window / n);
       std::fflush(stdout);
       t_window = now;
       fetched0 = client->fetched_bytes();
@@ -566,17 +579,20 @@ Status RunWorker(const TrainOptions& o) {
       first += losses[i];
       last += losses[losses.size() - 1 - i];
     }
-    std::printf("summary: %lld steps in %.1fs, %.3fs/step; train loss %.4f -> %.4f (mean of %zu "
-                "steps)\n",
-                static_cast<long long>(o.steps - start), total, step_time_sum / std::max<size_t>(1, losses.size()),
-                first / std::max<size_t>(1, k), last / std::max<size_t>(1, k), k);
-    std::printf("prefetch: %llu acquires, %llu hits, %llu fetched ahead, %llu trace rebuilds, "
-                "%llu gathered, %.2fs waiting for data\n",
-                static_cast<unsigned long long>(ps.acquires), static_cast<unsigned long long>(ps.hits),
-                static_cast<unsigned long long>(ps.prefetches),
-                static_cast<unsigned long long>(ps.trace_rebuilds),
-                static_cast<unsigned long long>(ps.gathers),
-                std::chrono::duration<double>(ps.wait).count());
+    std::printf(
+        "summary: %lld steps in %.1fs, %.3fs/step; train loss %.4f -> %.4f (mean of %zu "
+        "steps)\n",
+        static_cast<long long>(o.steps - start), total,
+        step_time_sum / std::max<size_t>(1, losses.size()), first / std::max<size_t>(1, k),
+        last / std::max<size_t>(1, k), k);
+    std::printf(
+        "prefetch: %llu acquires, %llu hits, %llu fetched ahead, %llu trace rebuilds, "
+        "%llu gathered, %.2fs waiting for data\n",
+        static_cast<unsigned long long>(ps.acquires), static_cast<unsigned long long>(ps.hits),
+        static_cast<unsigned long long>(ps.prefetches),
+        static_cast<unsigned long long>(ps.trace_rebuilds),
+        static_cast<unsigned long long>(ps.gathers),
+        std::chrono::duration<double>(ps.wait).count());
     ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *eval_ptr, *loader, o.steps));
     if (!std::isnan(eval_start)) {
       std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
@@ -645,16 +661,24 @@ int main(int argc, char** argv) {
   Status s = o.model.Validate();
   if (s.ok() && !o.token_file.empty()) {
     auto t = ReadTokenFile(o.token_file);
-    if (t.ok()) o.token = *t;
-    else s = t.status();
+    if (t.ok())
+      o.token = *t;
+    else
+      s = t.status();
   }
   std::string mode = o.mode;
   if (mode == "auto") mode = o.endpoint.empty() ? "local" : "worker";
   if (s.ok()) {
-    if (mode == "reference") s = RunReference(o);
-    else if (mode == "worker") s = o.token.empty() ? InvalidArgument("worker mode needs a token (--token-file or ZPS_TOKEN_FILE)") : RunWorker(o);
-    else if (mode == "local") s = RunLocal(o, argc, argv);
-    else s = InvalidArgument("--mode must be auto, local, worker or reference");
+    if (mode == "reference")
+      s = RunReference(o);
+    else if (mode == "worker")
+      s = o.token.empty()
+              ? InvalidArgument("worker mode needs a token (--token-file or ZPS_TOKEN_FILE)")
+              : RunWorker(o);
+    else if (mode == "local")
+      s = RunLocal(o, argc, argv);
+    else
+      s = InvalidArgument("--mode must be auto, local, worker or reference");
   }
   if (!s.ok()) {
     std::fprintf(stderr, "zps-train (rank %d): %s\n", o.rank, s.ToString().c_str());

@@ -13,8 +13,7 @@ namespace zps::train {
 Status ReferenceOptions::Validate() const {
   if (world < 1 || world > (1 << 16))
     return InvalidArgument("reference: world must be in [1, 65536]");
-  if (serving_dtype != DType::kF32 && serving_dtype != DType::kF16 &&
-      serving_dtype != DType::kBF16)
+  if (serving_dtype != DType::kF32 && serving_dtype != DType::kF16 && serving_dtype != DType::kBF16)
     return InvalidArgument("reference: serving_dtype must be fp16, bf16 or fp32");
   if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
   ZPS_RETURN_IF_ERROR(lr_schedule.Validate());

@@ -8,7 +8,10 @@ namespace zps::train {
 
 WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
                            worker::Collectives* reduce, uint64_t bucket_elems)
-    : client_(client), prefetcher_(client, prefetch), reduce_(reduce), bucket_elems_(bucket_elems) {}
+    : client_(client),
+      prefetcher_(client, prefetch),
+      reduce_(reduce),
+      bucket_elems_(bucket_elems) {}
 
 Status WorkerAccess::FlushGradients() {
   if (reduce_ == nullptr || entries_.empty()) return Status::Ok();
@@ -53,8 +56,10 @@ Result<std::vector<std::span<const float>>> WorkerAccess::Acquire(std::span<cons
       std::memcpy(view.data(), b.bytes().data(), n * sizeof(float));
     } else {
       std::span<const uint16_t> src(reinterpret_cast<const uint16_t*>(b.bytes().data()), n);
-      if (b.dtype == DType::kBF16) ConvertBF16ToF32(src, view);
-      else ConvertF16ToF32(src, view);
+      if (b.dtype == DType::kBF16)
+        ConvertBF16ToF32(src, view);
+      else
+        ConvertF16ToF32(src, view);
     }
     out.emplace_back(view);
   }

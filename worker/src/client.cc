@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
+#include "region_arena.h"
+#include "serving_directory.h"
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
@@ -16,8 +18,6 @@
 #include "zps/common/stream_copy.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
-#include "region_arena.h"
-#include "serving_directory.h"
 
 namespace zps::worker {
 
@@ -49,7 +49,8 @@ struct FetchOp::State {
 
 Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::milliseconds timeout) {
   MutexLock lock(&state_->mu);
-  if (!state_->cv.WaitFor(lock, timeout, [&]() REQUIRES(state_->mu) { return state_->remaining == 0; })) {
+  if (!state_->cv.WaitFor(lock, timeout,
+                          [&]() REQUIRES(state_->mu) { return state_->remaining == 0; })) {
     std::vector<uint32_t> who = state_->waiting;
     std::sort(who.begin(), who.end());
     who.erase(std::unique(who.begin(), who.end()), who.end());
@@ -79,7 +80,7 @@ struct Client::Impl {
     size_t bytes = 0;
     uint32_t shard = 0;
     Clock::time_point start;
-    uint32_t chunk = 0;       // for the serving directory (FetchRma replies)
+    uint32_t chunk = 0;  // for the serving directory (FetchRma replies)
     uint64_t chunk_offset = 0;
   };
   struct PendingPush {
@@ -96,13 +97,13 @@ struct Client::Impl {
   std::unique_ptr<ucx::Worker> ucx;
   std::unique_ptr<rpc::Client> coord;
   std::vector<std::unique_ptr<rpc::Client>> shard_rpc;
-  std::vector<uint64_t> session;     // per shard
-  std::vector<ucx::Endpoint> eps;    // per shard
+  std::vector<uint64_t> session;   // per shard
+  std::vector<ucx::Endpoint> eps;  // per shard
   msg::JoinReply job;
   std::optional<Layout> layout;
   std::atomic<uint64_t> next_request{1};
   std::atomic<uint64_t> fetched{0}, pushed{0};
-  StagingPool staging;     // the copies pushes hold while UCX sends them
+  StagingPool staging;  // the copies pushes hold while UCX sends them
   // Host parameter buffers when no Device was given: reused, so that a fetch does not page
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
@@ -266,8 +267,10 @@ struct Client::Impl {
       StreamCopy({data.get(), grad.size() * sizeof(float)}, std::as_bytes(grad));
     } else {
       std::span<uint16_t> out(reinterpret_cast<uint16_t*>(data.get()), grad.size());
-      if (dt == DType::kF16) StreamConvertF32ToF16(grad, out);
-      else StreamConvertF32ToBF16(grad, out);
+      if (dt == DType::kF16)
+        StreamConvertF32ToF16(grad, out);
+      else
+        StreamConvertF32ToBF16(grad, out);
     }
     return data;
   }
@@ -331,8 +334,8 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
   const uint32_t shard = piece->shard;
   if (ServingDirectory* d = Directory()) {
-    d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype),
-             h->version, h->remote_address, h->rkey, h->bank_delta);
+    d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype), h->version,
+             h->remote_address, h->rkey, h->bank_delta);
   }
   ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
            [this, piece = std::move(*piece), version = h->version](Status st) {
@@ -366,8 +369,8 @@ void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
 
 Status Client::Impl::SetupUcx() {
   ZPS_ASSIGN_OR_RETURN(ucx_context, ucx::Context::Create({.transports = opts.ucx_tls}));
-  ZPS_ASSIGN_OR_RETURN(ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx",
-                                                               .spin = opts.ucx_spin}));
+  ZPS_ASSIGN_OR_RETURN(
+      ucx, ucx::Worker::Create(*ucx_context, {.thread_name = "worker-ucx", .spin = opts.ucx_spin}));
   ZPS_RETURN_IF_ERROR(pm.SetUcxTransports(*ucx_context));
   if (device != nullptr) {
     ZPS_RETURN_IF_ERROR(device->AttachUcx(*ucx_context));
@@ -399,12 +402,12 @@ Status Client::Impl::SetupUcx() {
                        << region.status().ToString();
     }
   }
-  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchReply,
-                                        [this](ucx::AmMessage& m) { OnFetchReply(m); }));
-  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmFetchRmaReply,
-                                        [this](ucx::AmMessage& m) { OnFetchRmaReply(m); }));
-  ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmServingNotice,
-                                        [this](ucx::AmMessage& m) { OnServingNotice(m); }));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmFetchReply, [this](ucx::AmMessage& m) { OnFetchReply(m); }));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmFetchRmaReply, [this](ucx::AmMessage& m) { OnFetchRmaReply(m); }));
+  ZPS_RETURN_IF_ERROR(
+      ucx->SetAmHandler(msg::kAmServingNotice, [this](ucx::AmMessage& m) { OnServingNotice(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
     auto h = msg::PushReplyHeader::Decode(m.header());
     if (!h.ok()) {
@@ -427,8 +430,10 @@ Status Client::Impl::JoinJob(std::span<const std::byte> spec, uint64_t hash) {
   const auto payload = join.Encode();
   while (std::chrono::steady_clock::now() < deadline) {
     if (!coord || !coord->connected()) {
-      rpc::ClientOptions co{hp.first, hp.second, opts.token, msg::kRoleTool, opts.rank,
-                            "worker-" + std::to_string(opts.rank), {}, 5000};
+      rpc::ClientOptions co{hp.first,   hp.second,
+                            opts.token, msg::kRoleTool,
+                            opts.rank,  "worker-" + std::to_string(opts.rank),
+                            {},         5000};
       auto c = rpc::Client::Connect(co);
       if (!c.ok()) {
         last = c.status();
@@ -465,9 +470,9 @@ Status Client::Impl::ConnectShards() {
   eps.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(job.shard_endpoints[i]));
-    rpc::ClientOptions co{hp.first, hp.second, opts.token,
+    rpc::ClientOptions co{hp.first,         hp.second, opts.token,
                           msg::kRoleWorker, opts.rank, "worker-" + std::to_string(opts.rank),
-                          ucx->Address(), 5000};
+                          ucx->Address(),   5000};
     // A shard refuses workers (Unavailable) until it has loaded the job: retry with backoff.
     const auto deadline = std::chrono::steady_clock::now() + opts.connect_timeout;
     auto backoff = 20ms;
@@ -478,17 +483,19 @@ Status Client::Impl::ConnectShards() {
         break;
       }
       if (c.status().code() != Code::kUnavailable || std::chrono::steady_clock::now() > deadline) {
-        return c.status().WithContext("shard " + std::to_string(i) + " at " + job.shard_endpoints[i]);
+        return c.status().WithContext("shard " + std::to_string(i) + " at " +
+                                      job.shard_endpoints[i]);
       }
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
     session[i] = shard_rpc[i]->session_token();
     auto addr = shard_rpc[i]->hello_reply_extra();
-    ZPS_ASSIGN_OR_RETURN(eps[i], ucx->Connect(addr, [this, i](const ucx::Endpoint&, const Status& s) {
-                           ZPS_LOG(WARNING) << "shard " << i << " data plane failed: " << s.ToString();
-                           FailShard(i, Unavailable("shard " + std::to_string(i) + " lost: " + s.message()));
-                         }));
+    ZPS_ASSIGN_OR_RETURN(
+        eps[i], ucx->Connect(addr, [this, i](const ucx::Endpoint&, const Status& s) {
+          ZPS_LOG(WARNING) << "shard " << i << " data plane failed: " << s.ToString();
+          FailShard(i, Unavailable("shard " + std::to_string(i) + " lost: " + s.message()));
+        }));
   }
   if (fetch_rma && opts.direct_fetch) {
     directory_owner = std::make_unique<ServingDirectory>(session, job.reduction_mode == 0);
@@ -505,8 +512,8 @@ void Client::Impl::WatchShards() {
     for (size_t i = 0; i < eps.size(); ++i) {
       if (failed[i] || eps[i].peer_error_handling() || shard_rpc[i]->connected()) continue;
       failed[i] = true;
-      ucx->Fail(eps[i], Unavailable("shard " + std::to_string(i) +
-                                    ": control-plane connection lost"));
+      ucx->Fail(eps[i],
+                Unavailable("shard " + std::to_string(i) + ": control-plane connection lost"));
     }
   }
 }
@@ -538,8 +545,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
   for (const auto& ep : impl->eps) any_without_ucx_errors |= !ep.peer_error_handling();
   if (any_without_ucx_errors) impl->watch = std::thread([d = impl.get()] { d->WatchShards(); });
   ZPS_LOG(INFO) << "rank " << options.rank << " joined: " << impl->layout->num_params()
-                << " parameters on " << impl->job.shard_endpoints.size() << " shards, resume at step "
-                << impl->job.resume_step;
+                << " parameters on " << impl->job.shard_endpoints.size()
+                << " shards, resume at step " << impl->job.resume_step;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -573,11 +580,11 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   st->buffer->param = param;
   st->buffer->begin = begin;
   st->buffer->dtype = impl_->job.serving_dtype;
-  if (length == 0) {  // an empty slice (a rank beyond a small parameter's last element)
+  if (length == 0) {          // an empty slice (a rank beyond a small parameter's last element)
     MutexLock lock(&st->mu);  // not shared yet; for the analysis
     if (param >= impl_->layout->num_params() || begin > impl_->layout->param_numel(param)) {
-      st->error = OutOfRange("parameter " + std::to_string(param) + " range at " +
-                             std::to_string(begin));
+      st->error =
+          OutOfRange("parameter " + std::to_string(param) + " range at " + std::to_string(begin));
     }
     st->version = min_version;
     return FetchOp(st);
@@ -595,9 +602,8 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   if (impl_->device == nullptr) {
     auto mem = impl_->host_params.Acquire(bytes);
     std::byte* raw = mem.get();
-    st->buffer->memory = DeviceBuffer(raw, bytes, [mem = std::move(mem)](std::byte*) mutable {
-      mem.reset();
-    });
+    st->buffer->memory =
+        DeviceBuffer(raw, bytes, [mem = std::move(mem)](std::byte*) mutable { mem.reset(); });
   } else {
     auto mem = impl_->device->Allocate(bytes);
     if (!mem.ok()) {
@@ -618,20 +624,24 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
     impl_->pm.inflight[metrics::kFetch].Inc();
-    Impl::FetchPiece fp{st, (p.param_offset - begin) * esize, p.length * esize, shard,
-                        Impl::Clock::now(), p.chunk, p.chunk_offset};
+    Impl::FetchPiece fp{st,
+                        (p.param_offset - begin) * esize,
+                        p.length * esize,
+                        shard,
+                        Impl::Clock::now(),
+                        p.chunk,
+                        p.chunk_offset};
     if (ServingDirectory* d = impl_->Directory()) {
       // A published version whose address is known: read it without asking (no round trip).
-      if (auto hit = d->Lookup(shard, p.chunk, p.chunk_offset, esize,
-                                              min_version)) {
+      if (auto hit = d->Lookup(shard, p.chunk, p.chunk_offset, esize, min_version)) {
         ++impl_->direct_fetches;
         std::span<std::byte> dest(st->buffer->memory.data() + fp.byte_offset, fp.bytes);
-        impl_->ucx->Get(impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
-                        [impl = impl_.get(), d, piece = std::move(fp),
-                         version = hit->version](Status s) {
-                          if (!s.ok()) d->Forget(piece.shard);
-                          impl->FinishFetch(piece, s, version);
-                        });
+        impl_->ucx->Get(
+            impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
+            [impl = impl_.get(), d, piece = std::move(fp), version = hit->version](Status s) {
+              if (!s.ok()) d->Forget(piece.shard);
+              impl->FinishFetch(piece, s, version);
+            });
         continue;
       }
     }
@@ -641,8 +651,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     }
     msg::FetchHeader h{impl_->session[shard], req, p.chunk, p.chunk_offset, p.length, min_version};
     impl_->ucx->SendAm(impl_->eps[shard], impl_->fetch_rma ? msg::kAmFetchRma : msg::kAmFetch,
-                       h.Encode(), {}, nullptr,
-                       [impl = impl_.get(), req, shard](Status s) {
+                       h.Encode(), {}, nullptr, [impl = impl_.get(), req, shard](Status s) {
                          if (s.ok()) return;
                          if (auto piece = impl->TakeFetch(req)) {
                            impl->EndRequest(metrics::kFetch, piece->start);
@@ -681,8 +690,8 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
       // By RMA the shard reads the block after the AM went out: hold it until the reply.
       pushes[req] = {shard, Clock::now(), in_arena ? owner : nullptr};
     }
-    msg::PushHeader h{session[shard], req, step, p.chunk, p.chunk_offset, p.length, contributor,
-                      dtype};
+    msg::PushHeader h{session[shard], req,      step,        p.chunk,
+                      p.chunk_offset, p.length, contributor, dtype};
     std::span<const std::byte> bytes(data + (p.param_offset - begin) * esize, p.length * esize);
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
@@ -691,7 +700,8 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     };
     if (in_arena) {
       const ucx::MemoryRegion& region = push_arena->region();
-      msg::PushRmaHeader rh{h, reinterpret_cast<uintptr_t>(bytes.data()),
+      msg::PushRmaHeader rh{h,
+                            reinterpret_cast<uintptr_t>(bytes.data()),
                             {region.rkey().begin(), region.rkey().end()}};
       ucx->SendAm(eps[shard], msg::kAmPushRma, rh.Encode(), {}, nullptr, std::move(on_sent));
       continue;
@@ -707,8 +717,7 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
   return PushGrad(param, step, grad, 0);
 }
 
-Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> grad,
-                        uint32_t micro) {
+Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> grad, uint32_t micro) {
   ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
@@ -801,9 +810,9 @@ Status Client::PushInitial(uint32_t param, std::span<const float> values) {
 Status Client::FlushPushes() {
   MutexLock lock(&impl_->mu);
   if (!impl_->push_cv.WaitFor(lock, impl_->opts.op_timeout,
-                               [&]() REQUIRES(impl_->mu) { return impl_->pushes.empty(); })) {
-    return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
-                            " pushes unacknowledged (" + impl_->PendingShards() + ") after " +
+                              [&]() REQUIRES(impl_->mu) { return impl_->pushes.empty(); })) {
+    return DeadlineExceeded(std::to_string(impl_->pushes.size()) + " pushes unacknowledged (" +
+                            impl_->PendingShards() + ") after " +
                             std::to_string(impl_->opts.op_timeout.count()) + " ms");
   }
   Status s = impl_->push_error;
@@ -816,8 +825,8 @@ Status Client::AwaitPushesBelow(size_t max_pending) {
   if (!impl_->push_cv.WaitFor(lock, impl_->opts.op_timeout, [&]() REQUIRES(impl_->mu) {
         return impl_->pushes.size() < std::max<size_t>(max_pending, 1) || !impl_->push_error.ok();
       })) {
-    return DeadlineExceeded(std::to_string(impl_->pushes.size()) +
-                            " pushes unacknowledged (" + impl_->PendingShards() + ") after " +
+    return DeadlineExceeded(std::to_string(impl_->pushes.size()) + " pushes unacknowledged (" +
+                            impl_->PendingShards() + ") after " +
                             std::to_string(impl_->opts.op_timeout.count()) + " ms");
   }
   return impl_->push_error;

@@ -16,8 +16,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -150,7 +150,7 @@ class ServingDirectory {
   mutable Mutex mu_;
   std::vector<Shard> shards_ GUARDED_BY(mu_);
   std::unordered_map<uint32_t, int64_t> pushed_ GUARDED_BY(mu_);  // chunk -> highest step
-  int64_t any_pushed_ GUARDED_BY(mu_) = INT64_MIN;                 // pre-reduced
+  int64_t any_pushed_ GUARDED_BY(mu_) = INT64_MIN;                // pre-reduced
   const bool per_chunk_;
 };
 

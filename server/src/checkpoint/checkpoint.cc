@@ -135,9 +135,12 @@ int64_t NowUnixMs() {
 
 std::string_view VerificationName(Verification v) {
   switch (v) {
-    case Verification::kManifestOk: return "manifest-ok";
-    case Verification::kVerified: return "verified";
-    case Verification::kCorrupt: return "CORRUPT";
+    case Verification::kManifestOk:
+      return "manifest-ok";
+    case Verification::kVerified:
+      return "verified";
+    case Verification::kCorrupt:
+      return "CORRUPT";
   }
   return "?";
 }
@@ -199,8 +202,8 @@ Status CheckpointStore::CleanUpIntents() {
   for (const auto& [key, value] : intents) {
     if (key.size() != 9) return DataLoss("checkpoint store " + dir() + ": malformed intent key");
     const auto step = static_cast<int64_t>(GetBe64(key.data() + 1));
-    ZPS_LOG(WARNING) << "checkpoint store " << dir() << ": removing uncommitted checkpoint "
-                     << step << " (begun, never committed)";
+    ZPS_LOG(WARNING) << "checkpoint store " << dir() << ": removing uncommitted checkpoint " << step
+                     << " (begun, never committed)";
     const std::string b = StepKey('d', step), e = StepKey('d', step + 1);
     ZPS_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(b, e), "batch"));
     ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(key), "batch"));
@@ -215,7 +218,8 @@ Status CheckpointStore::DeleteSteps(const std::vector<int64_t>& steps) {
   // Manifest and data go together in one synced batch: a checkpoint is never half deleted.
   for (int64_t s : steps) {
     ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(StepKey('m', s)), "batch"));
-    ZPS_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(StepKey('d', s), StepKey('d', s + 1)), "batch"));
+    ZPS_RETURN_IF_ERROR(
+        FromRocks(batch.DeleteRange(StepKey('d', s), StepKey('d', s + 1)), "batch"));
   }
   ZPS_RETURN_IF_ERROR(db_->Write(batch, true, false, "delete checkpoints"));
   const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
@@ -328,8 +332,7 @@ Result<std::vector<std::pair<uint32_t, int64_t>>> CheckpointStore::GetChunkVersi
 Status CheckpointStore::PutCatalog(std::string_view name, std::span<const std::byte> value) {
   ZPS_RETURN_IF_ERROR(CheckWritable());
   if (name.empty() || name.size() > kMaxCatalogName) {
-    return InvalidArgument("catalog name must be 1.." + std::to_string(kMaxCatalogName) +
-                           " bytes");
+    return InvalidArgument("catalog name must be 1.." + std::to_string(kMaxCatalogName) + " bytes");
   }
   return db_->PutFramedSync(CatalogKey(name), value);
 }
@@ -487,7 +490,8 @@ Status CheckpointStore::DropCheckpointsAfter(int64_t step) {
   }
   ZPS_ASSIGN_OR_RETURN(auto manifests, db_->Scan(StepKey('m', step + 1), "n"));
   std::vector<int64_t> steps;
-  for (const auto& kv : manifests) steps.push_back(static_cast<int64_t>(GetBe64(kv.first.data() + 1)));
+  for (const auto& kv : manifests)
+    steps.push_back(static_cast<int64_t>(GetBe64(kv.first.data() + 1)));
   return DeleteSteps(steps);
 }
 
@@ -502,7 +506,8 @@ CheckpointWriter::CheckpointWriter(CheckpointStore* store, int64_t step, Layout 
       layout_(std::move(layout)),
       shard_(shard),
       batches_(static_cast<size_t>(store->options_.write_threads)) {
-  for (auto& b : batches_) b = std::make_unique<rocksdb::WriteBatch>(store->options_.slice_bytes + 256);
+  for (auto& b : batches_)
+    b = std::make_unique<rocksdb::WriteBatch>(store->options_.slice_bytes + 256);
   local_ = layout_.ChunksOfShard(shard_);
   added_.assign(local_.size(), false);
 }
@@ -633,8 +638,8 @@ Status CheckpointWriter::Commit() {
   info.chunks = chunks_;
   std::sort(info.chunks.begin(), info.chunks.end(),
             [](const ChunkEntry& a, const ChunkEntry& b) { return a.chunk < b.chunk; });
-  auto manifest = EncodeManifest(info, store_->options_.slice_bytes, has_state_, state_len_,
-                                 state_crc_);
+  auto manifest =
+      EncodeManifest(info, store_->options_.slice_bytes, has_state_, state_len_, state_crc_);
   rocksdb::WriteBatch batch;
   ZPS_RETURN_IF_ERROR(AddFramed(batch, StepKey('m', step_), manifest));
   ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(StepKey('p', step_)), "batch"));
@@ -643,8 +648,8 @@ Status CheckpointWriter::Commit() {
   // 3. Older checkpoints go.
   Status gc = store_->CollectGarbage();
   if (!gc.ok()) {
-    ZPS_LOG(WARNING) << "checkpoint " << step_ << " committed; garbage collection failed: "
-                     << gc.ToString();
+    ZPS_LOG(WARNING) << "checkpoint " << step_
+                     << " committed; garbage collection failed: " << gc.ToString();
   }
   return Status::Ok();
 }
@@ -665,9 +670,10 @@ std::vector<uint32_t> CheckpointReader::chunks() const {
 Status CheckpointReader::ReadSlices(uint32_t chunk, uint8_t kind, std::span<std::byte> out) const {
   const uint64_t n = (out.size() + slice_bytes_ - 1) / slice_bytes_;
   for (uint64_t i = 0; i < n; ++i) {
-    auto part = out.subspan(i * slice_bytes_, std::min<uint64_t>(slice_bytes_, out.size() - i * slice_bytes_));
-    Status s = store_->db_->GetFramedInto(DataKey(info_.step, chunk, kind, static_cast<uint32_t>(i)),
-                                          part, snapshot_->get());
+    auto part = out.subspan(i * slice_bytes_,
+                            std::min<uint64_t>(slice_bytes_, out.size() - i * slice_bytes_));
+    Status s = store_->db_->GetFramedInto(
+        DataKey(info_.step, chunk, kind, static_cast<uint32_t>(i)), part, snapshot_->get());
     if (!s.ok()) {
       static constexpr const char* kNames[] = {"master", "m", "v", "state"};
       return s.WithContext("checkpoint " + std::to_string(info_.step) + " in " + store_->dir() +

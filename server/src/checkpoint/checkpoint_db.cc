@@ -20,11 +20,11 @@
 // the result is the same CRC32C (same pre/post conditioning), so files stay compatible both ways.
 // (Against a shared librocksdb the option has no effect and RocksDB keeps its own.)
 extern "C" uint32_t __wrap__ZN7rocksdb6crc32c6ExtendEjPKcm(uint32_t crc, const char* buf,
-                                                          size_t size);
+                                                           size_t size);
 extern "C" uint32_t __wrap__ZN7rocksdb6crc32c6ExtendEjPKcm(uint32_t crc, const char* buf,
-                                                          size_t size) {
-  return zps::Crc32cExtend(crc, std::span<const std::byte>(
-                                    reinterpret_cast<const std::byte*>(buf), size));
+                                                           size_t size) {
+  return zps::Crc32cExtend(
+      crc, std::span<const std::byte>(reinterpret_cast<const std::byte*>(buf), size));
 }
 
 namespace zps::server::detail {
@@ -188,8 +188,9 @@ Status Db::GetFramedInto(std::string_view key, std::span<std::byte> out,
   rocksdb::PinnableSlice value;
   // RocksDB's blob-record CRC is skipped here: the value's own CRC32C over key and payload
   // (Unframe, below) checks the same bytes end to end, and a second pass costs read throughput.
-  rocksdb::Status s = db_->Get(ReadOpts(snap, /*rocks_checksums=*/false), db_->DefaultColumnFamily(),
-                               rocksdb::Slice(key.data(), key.size()), &value);
+  rocksdb::Status s =
+      db_->Get(ReadOpts(snap, /*rocks_checksums=*/false), db_->DefaultColumnFamily(),
+               rocksdb::Slice(key.data(), key.size()), &value);
   if (s.IsNotFound()) return DataLoss("a value of the checkpoint is missing");
   ZPS_RETURN_IF_ERROR(FromRocks(s, "read from " + dir_));
   ZPS_ASSIGN_OR_RETURN(auto payload, Unframe(key, value.ToStringView()));

@@ -190,8 +190,9 @@ Result<ExportStats> ExportSafetensors(const ExportOptions& o) {
         if (o.dtype == DType::kF32) {
           std::memcpy(out_buf.data() + at, src + done, n * 4);
         } else {
-          ConvertF32ToBF16(std::span<const float>(src + done, n),
-                           std::span<uint16_t>(reinterpret_cast<uint16_t*>(out_buf.data() + at), n));
+          ConvertF32ToBF16(
+              std::span<const float>(src + done, n),
+              std::span<uint16_t>(reinterpret_cast<uint16_t*>(out_buf.data() + at), n));
         }
         done += n;
       }

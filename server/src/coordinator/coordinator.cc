@@ -15,8 +15,8 @@ Coordinator::~Coordinator() { Shutdown(Cancelled("coordinator stopped")); }
 
 Status Coordinator::RegisterShard(uint32_t ordinal, std::string endpoint, uint64_t session) {
   if (ordinal >= num_shards_) {
-    return OutOfRange("shard ordinal " + std::to_string(ordinal) + " >= " +
-                      std::to_string(num_shards_));
+    return OutOfRange("shard ordinal " + std::to_string(ordinal) +
+                      " >= " + std::to_string(num_shards_));
   }
   if (endpoint.empty()) return InvalidArgument("shard endpoint is empty");
   std::vector<CommitCallback> failed;
@@ -117,8 +117,8 @@ void Coordinator::ShardLost(uint32_t ordinal, uint64_t session) {
 
 Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
   if (r.ordinal >= num_shards_) {
-    return OutOfRange("shard ordinal " + std::to_string(r.ordinal) + " >= " +
-                      std::to_string(num_shards_));
+    return OutOfRange("shard ordinal " + std::to_string(r.ordinal) +
+                      " >= " + std::to_string(num_shards_));
   }
   std::vector<std::pair<CheckpointCallback, Result<msg::CheckpointDone>>> done;
   std::vector<CommitCallback> rolled_back;
@@ -140,8 +140,8 @@ Status Coordinator::ReportCheckpoints(const msg::CheckpointReport& r) {
     std::vector<int64_t> record = r.steps;
     if (r.has_result && r.result_code != 0) {
       Status failed = msg::StatusFromWire(r.result_code, r.result_message)
-                          .WithContext("shard " + std::to_string(r.ordinal) + " checkpoint of step " +
-                                       std::to_string(r.result_step));
+                          .WithContext("shard " + std::to_string(r.ordinal) +
+                                       " checkpoint of step " + std::to_string(r.result_step));
       ZPS_LOG(ERROR) << failed.ToString();
       for (auto& [min_step, cb] : checkpoint_waiters_) done.emplace_back(std::move(cb), failed);
       checkpoint_waiters_.clear();
@@ -251,8 +251,8 @@ bool Coordinator::AdvanceRecovery() {
 
 Result<msg::ShardSyncReply> Coordinator::ShardSync(const msg::ShardSync& sync) {
   if (sync.ordinal >= num_shards_) {
-    return OutOfRange("shard ordinal " + std::to_string(sync.ordinal) + " >= " +
-                      std::to_string(num_shards_));
+    return OutOfRange("shard ordinal " + std::to_string(sync.ordinal) +
+                      " >= " + std::to_string(num_shards_));
   }
   MutexLock lock(&mu_);
   if (shutdown_) return shutdown_reason_;
@@ -501,11 +501,18 @@ void Coordinator::Report(int64_t step, uint32_t ordinal,
     for (auto& r : reports_) ordered.push_back(*r);
     CommitDecision d = commit_->Decide(ordered);
     if (!d.skip) ++optimizer_step_;
-    const bool checkpoint = checkpoint_requested_ ||
-                            (opts_.checkpoint_every > 0 && (step + 1) % opts_.checkpoint_every == 0);
+    const bool checkpoint = checkpoint_requested_ || (opts_.checkpoint_every > 0 &&
+                                                      (step + 1) % opts_.checkpoint_every == 0);
     checkpoint_requested_ = false;
-    decided = {step, d.skip, d.grad_scale, d.global_norm, d.loss_scale, d.next_loss_scale,
-               optimizer_step_, commit_->state().good_steps, checkpoint};
+    decided = {step,
+               d.skip,
+               d.grad_scale,
+               d.global_norm,
+               d.loss_scale,
+               d.next_loss_scale,
+               optimizer_step_,
+               commit_->state().good_steps,
+               checkpoint};
     decided.protect_checkpoint = complete_;
     history_.push_back(decided);
     if (history_.size() > kHistory) history_.pop_front();

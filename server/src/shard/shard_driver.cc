@@ -162,23 +162,22 @@ Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& r
   std::vector<float> zeros;
   bool first = true;
   uint64_t written = 0;  // elements of the chunks added
-  Status visited = visit(
-      [&](uint32_t chunk, int64_t version, std::span<const float> master,
-          std::span<const float> m, std::span<const float> v) -> Status {
-        if (version != rs.step) {
-          return FailedPrecondition("state at version " + std::to_string(version) +
-                                    ", checkpoint of step " + std::to_string(rs.step));
-        }
-        if (m.size() != master.size() || v.size() != master.size()) zeros.assign(master.size(), 0.0f);
-        ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
-                       v.size() == master.size() ? v : std::span<const float>(zeros)};
-        ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
-        if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
-        first = false;
-        written += master.size();
-        if (after_chunk) after_chunk(written);
-        return Status::Ok();
-      });
+  Status visited = visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
+                             std::span<const float> m, std::span<const float> v) -> Status {
+    if (version != rs.step) {
+      return FailedPrecondition("state at version " + std::to_string(version) +
+                                ", checkpoint of step " + std::to_string(rs.step));
+    }
+    if (m.size() != master.size() || v.size() != master.size()) zeros.assign(master.size(), 0.0f);
+    ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
+                   v.size() == master.size() ? v : std::span<const float>(zeros)};
+    ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
+    if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
+    first = false;
+    written += master.size();
+    if (after_chunk) after_chunk(written);
+    return Status::Ok();
+  });
   ZPS_RETURN_IF_ERROR(visited);
   ZPS_RETURN_IF_ERROR((*writer)->SetState(EncodeResume(rs)));
   return (*writer)->Commit();
@@ -248,16 +247,21 @@ Status ShardDriver::Connect() {
   // The coordinator shard (0) reaches its own coordinator like any other client: over loopback
   // when it listens on every interface, else at the one address it is bound to (with
   // --bind 10.0.0.1 nothing listens on 127.0.0.1).
-  const std::string coord = o.ordinal == 0 ? SelfAddress(o.bind_address, host_.rpc_port)
-                                           : o.coordinator;
+  const std::string coord =
+      o.ordinal == 0 ? SelfAddress(o.bind_address, host_.rpc_port) : o.coordinator;
   ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(coord));
   auto backoff = 100ms;
   const auto deadline = Clock::now() + std::chrono::seconds(o.step_timeout_s);
   for (;;) {
     if (host_.stopping()) return Cancelled("stopping");
-    rpc::ClientOptions co{hp.first, hp.second, o.token, msg::kRoleShard,
-                          static_cast<uint32_t>(o.ordinal), "shard-" + std::to_string(o.ordinal),
-                          {}, 5000};
+    rpc::ClientOptions co{hp.first,
+                          hp.second,
+                          o.token,
+                          msg::kRoleShard,
+                          static_cast<uint32_t>(o.ordinal),
+                          "shard-" + std::to_string(o.ordinal),
+                          {},
+                          5000};
     auto client = rpc::Client::Connect(co);
     if (client.ok()) {
       MutexLock lock(&mu_);
@@ -338,7 +342,8 @@ Status ShardDriver::AwaitJob() {
     so.file_prefix = "shard-" + std::to_string(o.ordinal);
     std::error_code ec;
     std::filesystem::create_directories(so.spill_dir, ec);
-    if (ec) return IoError("cannot create the spill directory '" + so.spill_dir + "': " + ec.message());
+    if (ec)
+      return IoError("cannot create the spill directory '" + so.spill_dir + "': " + ec.message());
     spill = so;
   }
   // Serving copies in UCX-allocated memory (one region), so that workers on shared memory Get
@@ -360,9 +365,9 @@ Status ShardDriver::AwaitJob() {
                 << job.layout.num_chunks() << " chunks";
   if (const ShardStorageStats ss = state_->storage_stats(); ss.spilled) {
     ZPS_LOG(INFO) << "shard " << o.ordinal << " memory budget " << o.memory_budget << ": "
-                  << ss.store.state_resident << "/" << ss.store.chunks
-                  << " chunk states in RAM, " << ss.store.chunks - ss.store.state_resident
-                  << " spilled (" << ss.store.state_file_bytes << " bytes in the spill file)";
+                  << ss.store.state_resident << "/" << ss.store.chunks << " chunk states in RAM, "
+                  << ss.store.chunks - ss.store.state_resident << " spilled ("
+                  << ss.store.state_file_bytes << " bytes in the spill file)";
     if (ss.serving_in_store) {
       ZPS_LOG(INFO) << "shard " << o.ordinal << " serving budget " << o.serving_budget << ": "
                     << ss.store.serving_resident << "/" << ss.store.chunks
@@ -407,7 +412,8 @@ Result<int64_t> ShardDriver::SyncToJob() {
       if (!synced_ && fresh && reply->target_step == 0) {
         epoch_ = reply->epoch;
         synced_ = true;
-        resume_ = {0, job_->commit.dynamic_loss_scale ? job_->commit.initial_loss_scale : 1.0, 0, 0};
+        resume_ = {0, job_->commit.dynamic_loss_scale ? job_->commit.initial_loss_scale : 1.0, 0,
+                   0};
         host_.set_serving(true, Status::Ok());
         return 0;
       }
@@ -494,8 +500,8 @@ Status ShardDriver::Run() {
     }
     Status s = RunSteps(*start);
     if (resync_ && !host_.stopping()) {
-      ZPS_LOG(WARNING) << "shard " << host_.opts->ordinal << " syncs with the job again: "
-                       << s.ToString();
+      ZPS_LOG(WARNING) << "shard " << host_.opts->ordinal
+                       << " syncs with the job again: " << s.ToString();
       continue;
     }
     return s;
@@ -505,9 +511,8 @@ Status ShardDriver::Run() {
 Status ShardDriver::RunSteps(int64_t start) {
   const auto& o = *host_.opts;
   const auto& job = *job_;
-  const int state_arrays = job.optimizer.kind != OptimizerKind::kSgd
-                               ? 2
-                               : (job.optimizer.momentum > 0.0f ? 1 : 0);
+  const int state_arrays =
+      job.optimizer.kind != OptimizerKind::kSgd ? 2 : (job.optimizer.momentum > 0.0f ? 1 : 0);
   uint64_t owned_elems = 0;
   for (uint32_t c : state_->chunk_ids()) owned_elems += job.layout.chunk_size(c);
   const uint64_t optimizer_bytes_per_step = owned_elems * 4 * 2 * (1 + state_arrays);
@@ -531,7 +536,8 @@ Status ShardDriver::RunSteps(int64_t start) {
       if (!r.ok()) return resync(r.status());
       if (r->epoch != epoch_ || r->phase != msg::JobPhase::kRunning) {
         FinishCheckpoint(true);  // a rollback restores through the store the writer uses
-        return resync(Unavailable("the job is recovering (epoch " + std::to_string(r->epoch) + ")"));
+        return resync(
+            Unavailable("the job is recovering (epoch " + std::to_string(r->epoch) + ")"));
       }
       if (Clock::now() > deadline) {
         // Name who is missing: a worker that died and never came back (docs/operations.md).
@@ -550,7 +556,8 @@ Status ShardDriver::RunSteps(int64_t start) {
     }
     ZPS_ASSIGN_OR_RETURN(auto reports, state_->ReduceStep(step));
     msg::Report rep{step, static_cast<uint32_t>(o.ordinal), {}};
-    for (const auto& [chunk, r] : reports) rep.chunks.push_back({chunk, r.sum_squares, r.non_finite});
+    for (const auto& [chunk, r] : reports)
+      rep.chunks.push_back({chunk, r.sum_squares, r.non_finite});
     auto reply = Call(msg::kReport, rep.Encode(), std::chrono::seconds(o.step_timeout_s));
     if (!reply.ok()) {
       if (host_.stopping()) return Cancelled("stopping");
@@ -609,8 +616,8 @@ void ShardDriver::StartCheckpoint(int64_t step) {
   }
   auto snap = state_->BeginSnapshot();
   if (!snap.ok()) {
-    ZPS_LOG(DEBUG) << "checkpoint of step " << step << " written synchronously: "
-                   << snap.status().ToString();
+    ZPS_LOG(DEBUG) << "checkpoint of step " << step
+                   << " written synchronously: " << snap.status().ToString();
     CheckpointAndReport(step);
     return;
   }
@@ -634,10 +641,10 @@ void ShardDriver::StartCheckpoint(int64_t step) {
   for (uint32_t id : state_->chunk_ids()) total += state_->layout().chunk_size(id);
   bg_->pacer = std::make_unique<Pacer>(total, chunks_budget);
   if (budget > 0.0) {
-    ZPS_LOG(INFO) << "checkpoint of step " << step << ": written in the background over "
-                  << budget << " s (--checkpoint-pace " << host_.opts->checkpoint_pace << " of "
-                  << every << " steps of " << step_seconds_ << " s; the chunks over "
-                  << chunks_budget << " s, then the commit)";
+    ZPS_LOG(INFO) << "checkpoint of step " << step << ": written in the background over " << budget
+                  << " s (--checkpoint-pace " << host_.opts->checkpoint_pace << " of " << every
+                  << " steps of " << step_seconds_ << " s; the chunks over " << chunks_budget
+                  << " s, then the commit)";
   }
   BackgroundWrite* bg = bg_.get();
   const msg::ResumeState rs = resume_;

@@ -16,10 +16,10 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zps/common/messages.h"
@@ -177,7 +177,7 @@ class ShardDriver {
   // Driver thread only:
   std::optional<JobSpec> job_;
   ShardState* state_ = nullptr;
-  bool synced_ = false;      // state_ matches the job at epoch_
+  bool synced_ = false;  // state_ matches the job at epoch_
   uint64_t epoch_ = 0;
   bool verified_ = false;    // the startup listing (with verification) was done
   bool resync_ = false;      // RunSteps stopped for a recovery
@@ -192,8 +192,8 @@ class ShardDriver {
     int64_t step = 0;
     std::chrono::steady_clock::time_point t0;
     std::atomic<bool> done{false};
-    Status result;  // set before done
-    std::unique_ptr<Pacer> pacer;  // --checkpoint-pace
+    Status result;                                     // set before done
+    std::unique_ptr<Pacer> pacer;                      // --checkpoint-pace
     std::chrono::steady_clock::time_point last_chunk;  // writer thread only, until done
     double commit_seconds = 0.0;  // from the last chunk to the commit's end; set before done
   };

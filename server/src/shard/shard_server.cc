@@ -6,28 +6,27 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
-#include <nlohmann/json.hpp>
-
+#include "shard_driver.h"
 #include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/metrics.h"
 #include "zps/common/process_metrics.h"
 #include "zps/common/rpc.h"
-#include "zps/common/thread_pool.h"
 #include "zps/common/thread_annotations.h"
+#include "zps/common/thread_pool.h"
 #include "zps/common/ucx.h"
 #include "zps/server/checkpoint_catalog.h"
 #include "zps/server/coordinator.h"
-#include "zps/server/kv_store.h"
 #include "zps/server/job.h"
+#include "zps/server/kv_store.h"
 #include "zps/server/shard_state.h"
-#include "shard_driver.h"
 
 namespace zps::server {
 
@@ -36,7 +35,8 @@ using namespace std::chrono_literals;
 void ShardServerOptions::Register(Flags& f) {
   f.Add("ordinal", "this shard's ordinal (0 also runs the coordinator)", &ordinal, 0, 4095);
   f.Add("shards", "number of shards in the job", &shards, 1, 4096);
-  f.Add("coordinator", "host:port of the coordinator, i.e. of shard 0 (shard 0 hosts it and ignores this)",
+  f.Add("coordinator",
+        "host:port of the coordinator, i.e. of shard 0 (shard 0 hosts it and ignores this)",
         &coordinator);
   f.Add("bind", "address the control plane listens on", &bind_address);
   f.Add("advertise-host", "host name or address peers use to reach this shard", &advertise_host);
@@ -45,13 +45,11 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("token-file", "file holding the shared auth secret", &token_file);
   f.Add("ucx-tls", "UCX transports, e.g. tcp or posix,cma,self (empty: UCX_TLS or UCX default)",
         &ucx_tls);
-  f.Add("ucx-spin-us",
-        "microseconds the UCX progress thread polls after activity before it sleeps",
+  f.Add("ucx-spin-us", "microseconds the UCX progress thread polls after activity before it sleeps",
         &ucx_spin_us, 0, 1000000);
   f.Add("threads", "optimizer threads (0 = one per CPU)", &optimizer_threads, 0, 1024);
   f.Add("pin-threads", "pin optimizer threads to CPUs", &pin_threads);
-  f.Add("step-timeout", "seconds to wait for one step's gradients", &step_timeout_s, 1,
-        86400 * 7);
+  f.Add("step-timeout", "seconds to wait for one step's gradients", &step_timeout_s, 1, 86400 * 7);
   f.Add("log-level", "debug, info, warning or error", &log_level);
   f.Add("metrics-port", "HTTP port for /metrics, /healthz, /readyz (0 = off)", &metrics_port, 0,
         65535);
@@ -83,8 +81,8 @@ void ShardServerOptions::Register(Flags& f) {
 
 Status ShardServerOptions::Finalize() {
   if (checkpoint_mode != "background" && checkpoint_mode != "sync") {
-    return InvalidArgument("--checkpoint-mode must be background or sync; got '" +
-                           checkpoint_mode + "'");
+    return InvalidArgument("--checkpoint-mode must be background or sync; got '" + checkpoint_mode +
+                           "'");
   }
   if (!(checkpoint_pace >= 0.0 && checkpoint_pace <= 1.0)) {
     return InvalidArgument("--checkpoint-pace must be in [0, 1]; got " +
@@ -118,14 +116,14 @@ Status ShardServerOptions::Finalize() {
 // The shard's metrics (docs/metrics.md), resolved at Create. Hot paths touch only these handles.
 struct ShardMetrics {
   metrics::ProcessMetrics pm;
-  metrics::Histogram optimizer_pass;           // zps_optimizer_pass_seconds
-  metrics::Counter optimizer_bytes;            // zps_optimizer_bytes_total
-  metrics::Counter nvme_read, nvme_write, nvme_errors;  // zps_nvme_*: 0 without --memory-budget
+  metrics::Histogram optimizer_pass;                       // zps_optimizer_pass_seconds
+  metrics::Counter optimizer_bytes;                        // zps_optimizer_bytes_total
+  metrics::Counter nvme_read, nvme_write, nvme_errors;     // zps_nvme_*: 0 without --memory-budget
   metrics::Counter nvme_serving_read, nvme_serving_write;  // 0 without --serving-budget
   std::array<metrics::Counter, 2> spilled_fetches;         // zps_spilled_fetches_total{nvme, cache}
-  std::array<metrics::Gauge, 4> memory;        // zps_memory_bytes{tier}
-  metrics::Histogram checkpoint_duration;      // 0 until checkpoints land
-  metrics::Gauge checkpoint_last_success;      // 0 until checkpoints land
+  std::array<metrics::Gauge, 4> memory;                    // zps_memory_bytes{tier}
+  metrics::Histogram checkpoint_duration;                  // 0 until checkpoints land
+  metrics::Gauge checkpoint_last_success;                  // 0 until checkpoints land
   metrics::Gauge connected_workers;
   // zps_speculative_chunks_total{outcome}: chunk updates of --update speculative by what the
   // commit did with them (kPublished, kRedone, kDropped, kSync); 0 in sync mode.
@@ -153,8 +151,8 @@ struct ShardMetrics {
     ZPS_ASSIGN_OR_RETURN(auto* nw, r.AddCounter("zps_nvme_write_bytes_total",
                                                 "Bytes written to the NVMe spill tier."));
     ZPS_ASSIGN_OR_RETURN(m.nvme_write, nw->Add({}));
-    ZPS_ASSIGN_OR_RETURN(auto* ne, r.AddCounter("zps_nvme_io_errors_total",
-                                                "NVMe reads and writes that failed."));
+    ZPS_ASSIGN_OR_RETURN(
+        auto* ne, r.AddCounter("zps_nvme_io_errors_total", "NVMe reads and writes that failed."));
     ZPS_ASSIGN_OR_RETURN(m.nvme_errors, ne->Add({}));
     ZPS_ASSIGN_OR_RETURN(auto* nsr,
                          r.AddCounter("zps_nvme_serving_read_bytes_total",
@@ -172,8 +170,8 @@ struct ShardMetrics {
                                                 {"source"}));
     ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[0], sf->Add({"nvme"}));
     ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[1], sf->Add({"cache"}));
-    ZPS_ASSIGN_OR_RETURN(auto* mem, r.AddGauge("zps_memory_bytes", "Bytes held per tier.",
-                                               {"tier"}));
+    ZPS_ASSIGN_OR_RETURN(auto* mem,
+                         r.AddGauge("zps_memory_bytes", "Bytes held per tier.", {"tier"}));
     const char* tiers[] = {"master", "optimizer_state", "serving", "nvme"};
     for (int i = 0; i < 4; ++i) {
       ZPS_ASSIGN_OR_RETURN(m.memory[i], mem->Add({tiers[i]}));
@@ -229,18 +227,18 @@ struct ShardServer::Impl {
   std::unique_ptr<rpc::Server> rpc;
   std::unique_ptr<CoordinatorCatalog> catalog;  // coordinator with --data-dir; before coordinator
   std::unique_ptr<Coordinator> coordinator;
-  std::unique_ptr<KvStore> kv;  // the coordinator's rendezvous store (KvSet/KvGet)
-  std::unique_ptr<ShardState> state;          // set once by the driver, before state_ptr
+  std::unique_ptr<KvStore> kv;        // the coordinator's rendezvous store (KvSet/KvGet)
+  std::unique_ptr<ShardState> state;  // set once by the driver, before state_ptr
   std::atomic<ShardState*> state_ptr{nullptr};
-  std::unique_ptr<ShardDriver> drv;           // the step driver's logic (shard_driver.cc)
-  std::atomic<bool> accepting{false};         // workers may connect (set by the driver)
+  std::unique_ptr<ShardDriver> drv;    // the step driver's logic (shard_driver.cc)
+  std::atomic<bool> accepting{false};  // workers may connect (set by the driver)
   std::thread driver;
   std::once_flag stop_once;
 
   Mutex mu;
   CondVar cv;
   std::unordered_map<uint64_t, Session> sessions GUARDED_BY(mu);  // key = session token
-  std::unordered_set<uint64_t> fenced GUARDED_BY(mu);  // sessions from before a rollback
+  std::unordered_set<uint64_t> fenced GUARDED_BY(mu);             // sessions from before a rollback
   bool stopping GUARDED_BY(mu) = false;
   bool finished GUARDED_BY(mu) = false;
   Status fatal GUARDED_BY(mu);
@@ -284,9 +282,12 @@ struct ShardServer::Impl {
   }
   static std::string_view PushErrorKind(Code c) {
     switch (c) {
-      case Code::kFailedPrecondition: return "stale_step";
-      case Code::kAlreadyExists: return "duplicate_push";
-      default: return "invalid_argument";
+      case Code::kFailedPrecondition:
+        return "stale_step";
+      case Code::kAlreadyExists:
+        return "duplicate_push";
+      default:
+        return "invalid_argument";
     }
   }
   Status Liveness() {
@@ -309,7 +310,8 @@ struct ShardServer::Impl {
   Status SessionError(uint64_t token) {
     MutexLock lock(&mu);
     if (fenced.count(token) != 0) {
-      return Unavailable("this session ended: the shard rolled back or lost the coordinator; re-join");
+      return Unavailable(
+          "this session ended: the shard rolled back or lost the coordinator; re-join");
     }
     return Unauthenticated("unknown session token");
   }
@@ -325,7 +327,7 @@ struct ShardServer::Impl {
   }
 
   void SetupCoordinatorRpcs();
-  Status SetupDataPlane();  // every AM handler, or the error of the first that failed
+  Status SetupDataPlane();     // every AM handler, or the error of the first that failed
   void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
   void SetupKvRpcs();          // coordinator: the collectives' rendezvous (KvSet/KvGet)
   // The KV generation a request names (0 = current), after moving the store to the
@@ -375,8 +377,8 @@ void ShardServer::Impl::ReplyFetch(const ucx::Endpoint& ep, uint64_t request, co
   const bool in_region = region != nullptr && region->Contains(data.data(), data.size());
   if (rma && (!s.ok() || in_region)) {
     // No data: the worker Gets the range from the serving region (docs/data-plane.md).
-    msg::FetchRmaReplyHeader h{request, static_cast<uint32_t>(s.code()), version, s.message(),
-                               0, {}};
+    msg::FetchRmaReplyHeader h{request, static_cast<uint32_t>(s.code()), version, s.message(), 0,
+                               {}};
     if (s.ok()) {
       h.remote_address = reinterpret_cast<uintptr_t>(data.data());
       h.rkey.assign(region->rkey().begin(), region->rkey().end());
@@ -443,10 +445,9 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
   // from then (serving latency, not the step's wait). It stays in flight all along.
   in_fetch_handler = true;
   st->Fetch({h->chunk, h->offset, h->length, h->min_version},
-            [this, ep = session.ep, req = h->request, t0, rma,
-             banks = st->serving_bank_bytes()](const Status& fs, int64_t v,
-                                               std::span<const std::byte> data,
-                                               std::shared_ptr<const void> owner) {
+            [this, ep = session.ep, req = h->request, t0, rma, banks = st->serving_bank_bytes()](
+                const Status& fs, int64_t v, std::span<const std::byte> data,
+                std::shared_ptr<const void> owner) {
               const auto start = in_fetch_handler ? t0 : Clock::now();
               ReplyFetch(ep, req, fs, v, data, rma, std::move(owner), banks);
               if (fs.ok()) sm.pm.fetch_bytes.Inc(data.size());
@@ -524,17 +525,16 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
   if (h->length > (1ull << 40) || (rma ? m.data_length() != 0 : carried != expected)) {
     sm.pm.ProtocolError("invalid_argument");
     ReplyPush(session.ep, h->request,
-              InvalidArgument("push carries " + std::to_string(m.data_length()) +
-                              " bytes for " + std::to_string(h->length) + " elements of " +
+              InvalidArgument("push carries " + std::to_string(m.data_length()) + " bytes for " +
+                              std::to_string(h->length) + " elements of " +
                               std::string(DTypeName(h->dtype)) +
                               (rma ? " (a push by RMA carries none)" : "")));
     EndRequest(metrics::kPush, t0);
     return;
   }
   MaybeCrashAt("push", h->step);
-  auto ticket =
-      st->BeginPush({h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch,
-                     session.rank});
+  auto ticket = st->BeginPush(
+      {h->step, h->chunk, h->offset, h->length, h->rank, h->dtype, session.epoch, session.rank});
   if (!ticket.ok()) {
     sm.pm.ProtocolError(PushErrorKind(ticket.status().code()));
     ReplyPush(session.ep, h->request, ticket.status());
@@ -566,73 +566,76 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
 
 void ShardServer::Impl::SetupCoordinatorRpcs() {
   Coordinator* c = coordinator.get();
-  rpc->Register(msg::kRegisterShard, Timed([c](const rpc::Peer& peer, std::span<const std::byte> p,
-                                               rpc::Responder r) {
-    auto m = msg::RegisterShard::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-      return r.Error(InvalidArgument("RegisterShard must come from shard " +
-                                     std::to_string(m->ordinal) + "'s own connection"));
-    }
-    Status s = c->RegisterShard(m->ordinal, m->endpoint, peer.session_id);
-    if (!s.ok()) return r.Error(s);
-    r.Reply({});
-  }));
-  rpc->Register(msg::kAwaitJob, [this, c](const rpc::Peer&, std::span<const std::byte>,
-                                          rpc::Responder r) {
-    c->AwaitJob([r, poll = LongPoll()](const Result<JobSpec>& j) mutable {
-      if (!j.ok()) return r.Error(j.status());
-      r.Reply(j->Serialize());
-    });
-  });
-  rpc->Register(msg::kJoin, [this, c](const rpc::Peer& peer, std::span<const std::byte> p,
-                                      rpc::Responder r) {
-    auto poll = LongPoll();
-    auto m = msg::Join::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    std::optional<JobSpec> spec;
-    if (!m->job_spec.empty()) {
-      auto j = JobSpec::Deserialize(m->job_spec);
-      if (!j.ok()) return r.Error(j.status().WithContext("job spec"));
-      spec = std::move(*j);
-    }
-    auto info = c->Join(m->rank, spec, m->job_hash, peer.session_id);
-    if (!info.ok()) return r.Error(info.status());
-    // A new worker generation (a pre-reduced rank re-joined) drops the old communicator's
-    // rendezvous keys and fails its parked Gets now, not at the next kv call.
-    kv->Advance(c->kv_generation());
-    ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote << ", resume at step "
-                  << info->resume_step;
-    c->AwaitJob([r, info = *info, poll](const Result<JobSpec>& j) mutable {
-      if (!j.ok()) return r.Error(j.status());
-      msg::JoinReply reply;
-      reply.job_hash = info.job_hash;
-      reply.resume_step = info.resume_step;
-      reply.loss_scale = info.loss_scale;
-      reply.shard_endpoints = info.shard_endpoints;
-      reply.layout = j->layout.Serialize();
-      reply.reduction_mode = static_cast<uint8_t>(j->shard.mode);
-      reply.world_size = j->shard.world_size;
-      reply.grad_dtype = j->shard.grad_dtype;
-      reply.serving_dtype = j->shard.serving_dtype;
-      reply.accumulation_steps = j->shard.accumulation_steps;
-      r.Reply(reply.Encode());
-    });
-  });
-  rpc->Register(msg::kReport, [this, c](const rpc::Peer&, std::span<const std::byte> p,
-                                        rpc::Responder r) {
-    auto poll = LongPoll();
-    auto m = msg::Report::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    std::vector<std::pair<uint32_t, ChunkReport>> reports;
-    reports.reserve(m->chunks.size());
-    for (const auto& ch : m->chunks) reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
-    c->Report(m->step, m->ordinal, reports, [r, poll](const Result<CommitInfo>& ci) mutable {
-      if (!ci.ok()) return r.Error(ci.status());
-      MaybeCrashAt("decide", ci->step);  // decided, not yet told
-      r.Reply(ci->Encode());
-    });
-  });
+  rpc->Register(
+      msg::kRegisterShard,
+      Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+        auto m = msg::RegisterShard::Decode(p);
+        if (!m.ok()) return r.Error(m.status());
+        if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+          return r.Error(InvalidArgument("RegisterShard must come from shard " +
+                                         std::to_string(m->ordinal) + "'s own connection"));
+        }
+        Status s = c->RegisterShard(m->ordinal, m->endpoint, peer.session_id);
+        if (!s.ok()) return r.Error(s);
+        r.Reply({});
+      }));
+  rpc->Register(msg::kAwaitJob,
+                [this, c](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
+                  c->AwaitJob([r, poll = LongPoll()](const Result<JobSpec>& j) mutable {
+                    if (!j.ok()) return r.Error(j.status());
+                    r.Reply(j->Serialize());
+                  });
+                });
+  rpc->Register(msg::kJoin,
+                [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+                  auto poll = LongPoll();
+                  auto m = msg::Join::Decode(p);
+                  if (!m.ok()) return r.Error(m.status());
+                  std::optional<JobSpec> spec;
+                  if (!m->job_spec.empty()) {
+                    auto j = JobSpec::Deserialize(m->job_spec);
+                    if (!j.ok()) return r.Error(j.status().WithContext("job spec"));
+                    spec = std::move(*j);
+                  }
+                  auto info = c->Join(m->rank, spec, m->job_hash, peer.session_id);
+                  if (!info.ok()) return r.Error(info.status());
+                  // A new worker generation (a pre-reduced rank re-joined) drops the old
+                  // communicator's rendezvous keys and fails its parked Gets now, not at the next
+                  // kv call.
+                  kv->Advance(c->kv_generation());
+                  ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote
+                                << ", resume at step " << info->resume_step;
+                  c->AwaitJob([r, info = *info, poll](const Result<JobSpec>& j) mutable {
+                    if (!j.ok()) return r.Error(j.status());
+                    msg::JoinReply reply;
+                    reply.job_hash = info.job_hash;
+                    reply.resume_step = info.resume_step;
+                    reply.loss_scale = info.loss_scale;
+                    reply.shard_endpoints = info.shard_endpoints;
+                    reply.layout = j->layout.Serialize();
+                    reply.reduction_mode = static_cast<uint8_t>(j->shard.mode);
+                    reply.world_size = j->shard.world_size;
+                    reply.grad_dtype = j->shard.grad_dtype;
+                    reply.serving_dtype = j->shard.serving_dtype;
+                    reply.accumulation_steps = j->shard.accumulation_steps;
+                    r.Reply(reply.Encode());
+                  });
+                });
+  rpc->Register(
+      msg::kReport, [this, c](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
+        auto poll = LongPoll();
+        auto m = msg::Report::Decode(p);
+        if (!m.ok()) return r.Error(m.status());
+        std::vector<std::pair<uint32_t, ChunkReport>> reports;
+        reports.reserve(m->chunks.size());
+        for (const auto& ch : m->chunks)
+          reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
+        c->Report(m->step, m->ordinal, reports, [r, poll](const Result<CommitInfo>& ci) mutable {
+          if (!ci.ok()) return r.Error(ci.status());
+          MaybeCrashAt("decide", ci->step);  // decided, not yet told
+          r.Reply(ci->Encode());
+        });
+      });
   rpc->Register(msg::kAwaitCommit,
                 [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
                   auto poll = LongPoll();
@@ -652,28 +655,29 @@ void ShardServer::Impl::SetupCoordinatorRpcs() {
 
 void ShardServer::Impl::SetupDurabilityRpcs() {
   Coordinator* c = coordinator.get();
-  rpc->Register(msg::kCheckpointReport, Timed([c](const rpc::Peer& peer,
-                                                  std::span<const std::byte> p, rpc::Responder r) {
-    auto m = msg::CheckpointReport::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-      return r.Error(InvalidArgument("a checkpoint report must come from the shard itself"));
-    }
-    Status s = c->ReportCheckpoints(*m);
-    if (!s.ok()) return r.Error(s);
-    r.Reply({});
-  }));
-  rpc->Register(msg::kShardSync, Timed([c](const rpc::Peer& peer, std::span<const std::byte> p,
-                                           rpc::Responder r) {
-    auto m = msg::ShardSync::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-      return r.Error(InvalidArgument("a shard sync must come from the shard itself"));
-    }
-    auto reply = c->ShardSync(*m);
-    if (!reply.ok()) return r.Error(reply.status());
-    r.Reply(reply->Encode());
-  }));
+  rpc->Register(
+      msg::kCheckpointReport,
+      Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+        auto m = msg::CheckpointReport::Decode(p);
+        if (!m.ok()) return r.Error(m.status());
+        if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+          return r.Error(InvalidArgument("a checkpoint report must come from the shard itself"));
+        }
+        Status s = c->ReportCheckpoints(*m);
+        if (!s.ok()) return r.Error(s);
+        r.Reply({});
+      }));
+  rpc->Register(msg::kShardSync,
+                Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
+                  auto m = msg::ShardSync::Decode(p);
+                  if (!m.ok()) return r.Error(m.status());
+                  if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
+                    return r.Error(InvalidArgument("a shard sync must come from the shard itself"));
+                  }
+                  auto reply = c->ShardSync(*m);
+                  if (!reply.ok()) return r.Error(reply.status());
+                  r.Reply(reply->Encode());
+                }));
   rpc->Register(msg::kCheckpointNow, [this, c](const rpc::Peer& peer, std::span<const std::byte>,
                                                rpc::Responder r) {
     ZPS_LOG(INFO) << "checkpoint requested by " << peer.name << " from " << peer.remote;
@@ -696,28 +700,28 @@ Result<uint64_t> ShardServer::Impl::KvGeneration(uint64_t asked) {
 }
 
 void ShardServer::Impl::SetupKvRpcs() {
-  rpc->Register(msg::kKvSet, Timed([this](const rpc::Peer&, std::span<const std::byte> p,
-                                          rpc::Responder r) {
-    auto m = msg::KvSet::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    auto g = KvGeneration(m->generation);
-    if (!g.ok()) return r.Error(g.status());
-    Status s = kv->Set(*g, m->key, std::move(m->value));
-    if (!s.ok()) return r.Error(s);
-    r.Reply(msg::KvReply{*g, {}}.Encode());
-  }));
-  rpc->Register(msg::kKvGet, [this](const rpc::Peer&, std::span<const std::byte> p,
-                                    rpc::Responder r) {
-    auto m = msg::KvGet::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    auto g = KvGeneration(m->generation);
-    if (!g.ok()) return r.Error(g.status());
-    kv->Get(*g, m->key, std::chrono::milliseconds(m->wait_ms),
-            [r, g = *g, poll = LongPoll()](const Result<std::vector<std::byte>>& v) mutable {
-              if (!v.ok()) return r.Error(v.status());
-              r.Reply(msg::KvReply{g, *v}.Encode());
-            });
-  });
+  rpc->Register(msg::kKvSet,
+                Timed([this](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
+                  auto m = msg::KvSet::Decode(p);
+                  if (!m.ok()) return r.Error(m.status());
+                  auto g = KvGeneration(m->generation);
+                  if (!g.ok()) return r.Error(g.status());
+                  Status s = kv->Set(*g, m->key, std::move(m->value));
+                  if (!s.ok()) return r.Error(s);
+                  r.Reply(msg::KvReply{*g, {}}.Encode());
+                }));
+  rpc->Register(
+      msg::kKvGet, [this](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
+        auto m = msg::KvGet::Decode(p);
+        if (!m.ok()) return r.Error(m.status());
+        auto g = KvGeneration(m->generation);
+        if (!g.ok()) return r.Error(g.status());
+        kv->Get(*g, m->key, std::chrono::milliseconds(m->wait_ms),
+                [r, g = *g, poll = LongPoll()](const Result<std::vector<std::byte>>& v) mutable {
+                  if (!v.ok()) return r.Error(v.status());
+                  r.Reply(msg::KvReply{g, *v}.Encode());
+                });
+      });
 }
 
 std::string ShardServer::Impl::StatusJson() {
@@ -756,7 +760,7 @@ void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
       static_cast<double>(elems * DTypeSize(job.shard.serving_dtype)));
   sm.memory[ShardMetrics::kNvme].Set(0);
   storage_moments = (needs_m ? 1 : 0) + (needs_v ? 1 : 0);
-  last_spec = {};  // a new state
+  last_spec = {};          // a new state
   UpdateStorageMetrics();  // with a memory budget: the store's RAM and spill figures instead
 }
 
@@ -876,10 +880,10 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ZPS_ASSIGN_OR_RETURN(impl->sm, ShardMetrics::Create(impl->registry));
   ZPS_ASSIGN_OR_RETURN(impl->ucx_context, ucx::Context::Create({.transports = options.ucx_tls}));
   ZPS_RETURN_IF_ERROR(impl->sm.pm.SetUcxTransports(*impl->ucx_context));
-  ZPS_ASSIGN_OR_RETURN(impl->ucx,
-                       ucx::Worker::Create(*impl->ucx_context,
-                                           {.thread_name = "shard-ucx",
-                                            .spin = std::chrono::microseconds(options.ucx_spin_us)}));
+  ZPS_ASSIGN_OR_RETURN(
+      impl->ucx, ucx::Worker::Create(*impl->ucx_context,
+                                     {.thread_name = "shard-ucx",
+                                      .spin = std::chrono::microseconds(options.ucx_spin_us)}));
   rpc::ServerOptions ro;
   ro.bind_address = options.bind_address;
   ro.port = static_cast<uint16_t>(options.port);
@@ -888,12 +892,14 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
   ZPS_ASSIGN_OR_RETURN(impl->rpc, rpc::Server::Create(ro));
   std::unique_ptr<ShardCheckpoints> checkpoints;
   if (!options.data_dir.empty()) {
-    ZPS_ASSIGN_OR_RETURN(checkpoints, ShardCheckpoints::Open(
-        options.data_dir, {.direct_writes = options.checkpoint_direct_io,
-                           .direct_reads = options.checkpoint_direct_io,
-                           // A background write frames on its own (niced) thread alone.
-                           .write_threads = options.checkpoint_mode == "background" ? 1 : 2,
-                           .low_priority = options.checkpoint_mode == "background"}));
+    ZPS_ASSIGN_OR_RETURN(
+        checkpoints,
+        ShardCheckpoints::Open(options.data_dir,
+                               {.direct_writes = options.checkpoint_direct_io,
+                                .direct_reads = options.checkpoint_direct_io,
+                                // A background write frames on its own (niced) thread alone.
+                                .write_threads = options.checkpoint_mode == "background" ? 1 : 2,
+                                .low_priority = options.checkpoint_mode == "background"}));
   }
   if (options.ordinal == 0) {  // shard 0 hosts the coordinator; --coordinator is for the others
     CoordinatorOptions co;
@@ -959,12 +965,12 @@ Status ShardServer::Start() {
     d->SetupDurabilityRpcs();
     d->SetupKvRpcs();
   }
-  d->rpc->Register(msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>,
-                                              rpc::Responder r) {
-    std::string s = d->StatusJson();
-    r.Reply(std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
-                                   reinterpret_cast<const std::byte*>(s.data()) + s.size()));
-  }));
+  d->rpc->Register(
+      msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
+        std::string s = d->StatusJson();
+        r.Reply(std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
+                                       reinterpret_cast<const std::byte*>(s.data()) + s.size()));
+      }));
   d->rpc->Register(msg::kChunkCrcs, d->Timed([d](const rpc::Peer&, std::span<const std::byte> p,
                                                  rpc::Responder r) {
     auto m = msg::ChunkCrcsRequest::Decode(p);
@@ -1096,18 +1102,17 @@ Status ShardServer::Start() {
     ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
     // Without UCX peer-failure handling (shared memory) the control-plane connection is how we
     // learn that the worker is gone: fail the endpoint, so nothing waits on it, then close it.
-    if (!ep.peer_error_handling()) d->ucx->Fail(ep, Unavailable("worker rank " +
-                                                                std::to_string(peer.rank) +
-                                                                " disconnected"));
+    if (!ep.peer_error_handling())
+      d->ucx->Fail(ep, Unavailable("worker rank " + std::to_string(peer.rank) + " disconnected"));
     d->ucx->Close(ep);
   });
   if (d->opts.metrics_port != 0) {
     metrics::ExporterOptions eo;
     eo.bind_address = d->opts.bind_address;
     eo.port = static_cast<uint16_t>(d->opts.metrics_port);
-    ZPS_ASSIGN_OR_RETURN(d->exporter,
-                         metrics::Exporter::Start(eo, &d->registry, [d] { return d->Liveness(); },
-                                                  [d] { return d->Readiness(); }));
+    ZPS_ASSIGN_OR_RETURN(d->exporter, metrics::Exporter::Start(
+                                          eo, &d->registry, [d] { return d->Liveness(); },
+                                          [d] { return d->Readiness(); }));
   }
   ZPS_RETURN_IF_ERROR(d->ucx->Start());
   ZPS_RETURN_IF_ERROR(d->rpc->Start());
@@ -1136,7 +1141,8 @@ void ShardServer::StopOnce() {
     d->stopping = true;
   }
   d->cv.SignalAll();
-  if (d->coordinator) d->coordinator->Shutdown(Unavailable("the coordinator is shutting down; retry"));
+  if (d->coordinator)
+    d->coordinator->Shutdown(Unavailable("the coordinator is shutting down; retry"));
   if (ShardState* st = d->state_ptr.load()) st->Shutdown(Cancelled("shard shutting down"));
   d->drv->Interrupt();
   if (d->driver.joinable()) d->driver.join();
@@ -1148,8 +1154,6 @@ void ShardServer::StopOnce() {
 
 uint16_t ShardServer::port() const { return impl_->rpc->port(); }
 
-uint16_t ShardServer::metrics_port() const {
-  return impl_->exporter ? impl_->exporter->port() : 0;
-}
+uint16_t ShardServer::metrics_port() const { return impl_->exporter ? impl_->exporter->port() : 0; }
 
 }  // namespace zps::server

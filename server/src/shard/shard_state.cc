@@ -42,9 +42,10 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
   }
   if (job.accumulation_steps == 0 || job.accumulation_steps > 1024 ||
       uint64_t{job.world_size} * job.accumulation_steps > 65536) {
-    return InvalidArgument("accumulation_steps must be in [1, 1024] with world_size * "
-                           "accumulation_steps <= 65536, got " +
-                           std::to_string(job.accumulation_steps));
+    return InvalidArgument(
+        "accumulation_steps must be in [1, 1024] with world_size * "
+        "accumulation_steps <= 65536, got " +
+        std::to_string(job.accumulation_steps));
   }
   if (job.update_mode != UpdateMode::kSync && job.update_mode != UpdateMode::kSpeculative) {
     return InvalidArgument("update_mode must be sync or speculative");
@@ -73,8 +74,10 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
       const double max_lr = absolute ? static_cast<double>(static_cast<float>(max_factor))
                                      : static_cast<double>(static_cast<float>(g.lr * max_factor));
       if (max_lr * g.weight_decay > 1.0) {
-        return InvalidArgument(name + ": adamw needs lr * weight_decay <= 1 at every step (largest "
-                               "scheduled lr " + std::to_string(max_lr) + ")");
+        return InvalidArgument(name +
+                               ": adamw needs lr * weight_decay <= 1 at every step (largest "
+                               "scheduled lr " +
+                               std::to_string(max_lr) + ")");
       }
     }
   }
@@ -89,8 +92,8 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
     }
     for (size_t p = 0; p < np; ++p) {
       if (job.param_group[p] >= job.param_groups.size()) {
-        return InvalidArgument("param_group[" + std::to_string(p) + "] = " +
-                               std::to_string(job.param_group[p]) + " is not a group (" +
+        return InvalidArgument("param_group[" + std::to_string(p) +
+                               "] = " + std::to_string(job.param_group[p]) + " is not a group (" +
                                std::to_string(job.param_groups.size()) + " groups)");
       }
     }
@@ -111,12 +114,10 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
 
 // The constructor and destructor are in shard_state_serving.cc (ServingStaging is complete there).
 
-Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uint32_t ordinal,
-                                                       const ShardJob& job,
-                                                       const OptimizerConfig& optimizer,
-                                                       ThreadPool* pool,
-                                                       const std::optional<ChunkStoreOptions>& spill,
-                                                       const ServingAllocator& serving_alloc) {
+Result<std::unique_ptr<ShardState>> ShardState::Create(
+    const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
+    ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill,
+    const ServingAllocator& serving_alloc) {
   if (ordinal >= layout.options().num_shards) {
     return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
                            std::to_string(layout.options().num_shards));
@@ -190,11 +191,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(const Layout& layout, uin
   std::span<std::byte> serving;
   if (serving_bytes > 0 && serving_alloc) {
     ZPS_ASSIGN_OR_RETURN(serving, serving_alloc(serving_bytes));
-    if (serving.size() < serving_bytes ||
-        reinterpret_cast<uintptr_t>(serving.data()) % 64 != 0) {
+    if (serving.size() < serving_bytes || reinterpret_cast<uintptr_t>(serving.data()) % 64 != 0) {
       return InvalidArgument("serving allocator returned " + std::to_string(serving.size()) +
-                             " bytes (or unaligned memory) for " +
-                             std::to_string(serving_bytes));
+                             " bytes (or unaligned memory) for " + std::to_string(serving_bytes));
     }
     std::memset(serving.data(), 0, serving_bytes);
   } else if (serving_bytes > 0) {
@@ -295,8 +294,10 @@ Status ShardState::BuildRuns() {
     // before it (or, for a chunk without pieces, of no parameter: group 0).
     auto attrs = [&](uint32_t p) { return Chunk::Run{0, 0, group_of(p), frozen_of(p)}; };
     Chunk::Run lead{0, 0, 0, false};
-    if (!st.empty() && st.front().second > 0) lead = attrs(st.front().second - 1);
-    else if (!st.empty()) lead = attrs(st.front().second);
+    if (!st.empty() && st.front().second > 0)
+      lead = attrs(st.front().second - 1);
+    else if (!st.empty())
+      lead = attrs(st.front().second);
     std::vector<Chunk::Run> raw;
     uint64_t pos = 0;
     Chunk::Run cur = lead;
@@ -381,8 +382,8 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
     return OutOfRange("push range outside chunk " + std::to_string(req.chunk));
   }
   // The range must lie inside one parameter run.
-  auto it = std::upper_bound(c->params.begin(), c->params.end(),
-                             std::make_pair(req.offset, UINT64_MAX));
+  auto it =
+      std::upper_bound(c->params.begin(), c->params.end(), std::make_pair(req.offset, UINT64_MAX));
   if (it == c->params.begin() || std::prev(it)->second < req.offset + req.length) {
     return OutOfRange("push range [" + std::to_string(req.offset) + ", +" +
                       std::to_string(req.length) + ") is not inside one parameter");
@@ -427,9 +428,10 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
       // reduce-scatter of the same gradients), so the copy is received and dropped.
       return DiscardedPush(req, slot);
     }
-    return AlreadyExists("elements [" + std::to_string(b) + ", " + std::to_string(e) +
-                         ") of chunk " + std::to_string(c->id) + " were already pushed by " +
-                         (slot == 0 && req.rank != 0 ? "a rank" : "rank " + std::to_string(req.rank)));
+    return AlreadyExists(
+        "elements [" + std::to_string(b) + ", " + std::to_string(e) + ") of chunk " +
+        std::to_string(c->id) + " were already pushed by " +
+        (slot == 0 && req.rank != 0 ? "a rank" : "rank " + std::to_string(req.rank)));
   }
   cov.emplace(b, e);
   PushTicket t;
@@ -478,7 +480,8 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
   {
     MutexLock lock(&mu_);
     Chunk* c = FindChunk(t.req_.chunk);
-    if (c == nullptr || t.dest_ == nullptr) return InvalidArgument("FinishPush with an invalid ticket");
+    if (c == nullptr || t.dest_ == nullptr)
+      return InvalidArgument("FinishPush with an invalid ticket");
     if (t.discard_) return Status::Ok();  // pushed again (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
     if (!TicketCurrent(*c, t)) {
@@ -543,7 +546,8 @@ bool ShardState::StepReady(int64_t step) const {
 
 Status ShardState::WaitForGradients(int64_t step, std::chrono::milliseconds timeout) {
   MutexLock lock(&mu_);
-  bool ok = cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) { return shutdown_ || StepReady(step); });
+  bool ok =
+      cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) { return shutdown_ || StepReady(step); });
   if (shutdown_) return shutdown_reason_;
   if (!ok) return DeadlineExceeded("gradients of step " + std::to_string(step) + " incomplete");
   sealed_step_ = step;
@@ -565,9 +569,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       }
     }
     // Every chunk reduced; a speculation in progress (kSpeculating) has its report already.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) {
-      return shutdown_ || spec_busy_ == spec_speculating_;
-    });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == spec_speculating_; });
     if (shutdown_) return shutdown_reason_;
     ZPS_RETURN_IF_ERROR(spec_error_);
     sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
@@ -785,7 +787,8 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
   Chunk* c = FindChunk(req.chunk);
   Status bad;
   if (c == nullptr) {
-    bad = OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " + std::to_string(ordinal_));
+    bad = OutOfRange("chunk " + std::to_string(req.chunk) + " is not on shard " +
+                     std::to_string(ordinal_));
   } else if (req.length == 0 || req.offset >= c->size || req.length > c->size - req.offset) {
     bad = OutOfRange("fetch range outside chunk " + std::to_string(req.chunk));
   } else if (req.min_version < 0 || req.min_version > c->version + 1) {

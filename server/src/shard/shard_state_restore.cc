@@ -26,8 +26,8 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
   if (store_) {  // a read-only pipelined pass over the store
     PassOptions pass;
     pass.write_state = false;
-    return CountIo(store_->ForEachChunk(
-        store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+    return CountIo(
+        store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
           return fn(chunks_[i].id, version, s.state.master, s.state.m, s.state.v);
         }));
   }
@@ -66,7 +66,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     spec_q_.clear();
     armed_.reset();
     free_spares_.clear();
-    for (size_t k = 0; store_ && k < spares_.size(); ++k) free_spares_.push_back(static_cast<int>(k));
+    for (size_t k = 0; store_ && k < spares_.size(); ++k)
+      free_spares_.push_back(static_cast<int>(k));
     spec_error_ = Status::Ok();
     snap = snapshot_.lock();
     sealed_step_ = INT64_MIN;
@@ -92,8 +93,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     PassOptions pass;
     pass.read_state = false;
     pass.serving = serving_in_store_;
-    Status restored = CountIo(store_->ForEachChunk(
-        store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+    Status restored = CountIo(
+        store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
           Chunk& c = chunks_[i];
           const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
           if (version < 0) {
@@ -135,7 +136,6 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   return Status::Ok();
 }
 
-
 // ---- the store-backed path (a shard with a memory budget) --------------------------------------
 
 Status ShardState::CountIo(Status s) const {
@@ -160,8 +160,8 @@ Status ShardState::StoreUpdate(const CommitOrder& order) {
   // serving records, the store's (resident in place, spilled written behind).
   PassOptions pass;
   pass.serving = serving_in_store_;
-  return CountIo(store_->ForEachChunk(
-      store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
+  return CountIo(
+      store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
         const Chunk& c = chunks_[i];
         return UpdateChunk(c, {s.state.master, s.state.m, s.state.v},
                            serving_in_store_ ? s.serving : c.serving, order);
@@ -208,15 +208,15 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     }
     auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
     ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
-    if (source != nullptr) up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
-    ZPS_RETURN_IF_ERROR(
-        opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
+    if (source != nullptr)
+      up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
+    ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
   return Status::Ok();
 }
 
-Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master,
-                                  std::vector<float>& m, std::vector<float>& v) const {
+Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
+                                  std::vector<float>& v) const {
   master.assign(c.size, 0.0f);
   m.assign(moments_ >= 1 ? c.size : 0, 0.0f);
   v.assign(moments_ >= 2 ? c.size : 0, 0.0f);

@@ -102,7 +102,8 @@ class ShardState::ServingStaging {
         cache_.erase(cache_.begin());
         continue;
       }
-      core_->cv.Wait(lock, [&]() REQUIRES(core_->mu) { return core_->stopped || !core_->free.empty(); });
+      core_->cv.Wait(lock,
+                     [&]() REQUIRES(core_->mu) { return core_->stopped || !core_->free.empty(); });
     }
   }
 

@@ -52,8 +52,8 @@ void ShardState::ReserveSnapshotBuffers() {
       if (reserve_stop_.load(std::memory_order_relaxed)) return;
       auto b = AlignedBuffer<float>::Allocate(n);  // zeroed: every page faulted in here
       if (!b.ok()) {
-        ZPS_LOG(WARNING) << "shard " << ordinal_ << ": snapshot buffers not reserved: "
-                         << b.status().ToString();
+        ZPS_LOG(WARNING) << "shard " << ordinal_
+                         << ": snapshot buffers not reserved: " << b.status().ToString();
         return;
       }
       GiveBuffer(std::move(*b));
@@ -94,8 +94,9 @@ Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder
 Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
   MutexLock lock(&mu_);
   if (store_) {
-    return FailedPrecondition("a shard with a memory budget (state in the spill store) writes "
-                              "its checkpoints synchronously");
+    return FailedPrecondition(
+        "a shard with a memory budget (state in the spill store) writes "
+        "its checkpoints synchronously");
   }
   if (snapshot_.lock()) return FailedPrecondition("a snapshot is still open");
   if (chunks_.empty()) return FailedPrecondition("the shard holds no chunks");

@@ -24,8 +24,8 @@ Status ShardState::InitSpeculation(uint64_t spares) {
   const uint64_t sw = serving_words_;
   uint64_t largest = 0;
   for (const Chunk& c : chunks_) largest = std::max(largest, c.size);
-  const size_t count = store_ ? static_cast<size_t>(std::min<uint64_t>(spares, chunks_.size()))
-                              : chunks_.size();
+  const size_t count =
+      store_ ? static_cast<size_t>(std::min<uint64_t>(spares, chunks_.size())) : chunks_.size();
   spares_.resize(count);
   for (size_t k = 0; k < count; ++k) {
     const uint64_t n = store_ ? largest : chunks_[k].size;
@@ -165,7 +165,8 @@ void ShardState::SpeculationLoop() {
     bool late = false;  // reduced already (its report is out): speculate only
     {
       MutexLock lock(&mu_);
-      spec_cv_.Wait(lock, [&]() REQUIRES(mu_) { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
+      spec_cv_.Wait(lock,
+                    [&]() REQUIRES(mu_) { return spec_stop_ || shutdown_ || !spec_q_.empty(); });
       if (spec_stop_ || shutdown_) return;
       i = spec_q_.front();
       spec_q_.pop_front();
@@ -209,8 +210,8 @@ void ShardState::SpeculationLoop() {
       if (s.ok()) {
         speculated = true;
       } else {  // the chunk is updated at the commit instead
-        ZPS_LOG(WARNING) << "speculative update of chunk " << c.id << " failed ("
-                         << s.ToString() << "); it is updated at the commit";
+        ZPS_LOG(WARNING) << "speculative update of chunk " << c.id << " failed (" << s.ToString()
+                         << "); it is updated at the commit";
       }
     }
     {
@@ -252,9 +253,9 @@ Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
     return b.size() == 0 ? std::span<const float>() : b.span().subspan(0, n);
   };
   const uint32_t idx = static_cast<uint32_t>(IndexOf(c));
-  ZPS_RETURN_IF_ERROR(CountIo(store_->WriteChunk(idx, part(sp.master),
-                                                 moments_ >= 1 ? part(sp.m) : std::span<const float>(),
-                                                 moments_ >= 2 ? part(sp.v) : std::span<const float>())));
+  ZPS_RETURN_IF_ERROR(CountIo(store_->WriteChunk(
+      idx, part(sp.master), moments_ >= 1 ? part(sp.m) : std::span<const float>(),
+      moments_ >= 2 ? part(sp.v) : std::span<const float>())));
   if (ServingSpilled(c)) return CountIo(store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();

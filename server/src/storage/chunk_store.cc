@@ -223,7 +223,8 @@ std::span<uint16_t> ChunkStore::ResidentServing(uint32_t c) const {
 }
 
 Status ChunkStore::NoServingRecords() {
-  return FailedPrecondition("chunk store: created with serving_records = false (no serving copies)");
+  return FailedPrecondition(
+      "chunk store: created with serving_records = false (no serving copies)");
 }
 
 Status ChunkStore::CheckId(uint32_t c) const {

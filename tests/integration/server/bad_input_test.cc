@@ -24,12 +24,11 @@
 // The control-plane cases do not depend on the UCX transport and run once.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "raw_socket.h"
@@ -85,7 +84,7 @@ class RawPeer {
       Deliver(h->request, Status::Ok());
     }));
     ZPS_RETURN_IF_ERROR(worker_->Start());
-    rpc::ClientOptions co{"127.0.0.1", port, kToken, msg::kRoleWorker, 1, "raw-peer",
+    rpc::ClientOptions co{"127.0.0.1",        port, kToken, msg::kRoleWorker, 1, "raw-peer",
                           worker_->Address(), 5000};
     ZPS_ASSIGN_OR_RETURN(rpc_, rpc::Client::Connect(co));
     session_ = rpc_->session_token();
@@ -134,8 +133,7 @@ class RawPeer {
     return r;
   }
   // RMA get of `n` bytes from the shard (a FetchRma reply's address and rkey).
-  Result<std::vector<std::byte>> Get(uint64_t address, std::span<const std::byte> rkey,
-                                     size_t n) {
+  Result<std::vector<std::byte>> Get(uint64_t address, std::span<const std::byte> rkey, size_t n) {
     auto buf = std::make_shared<std::vector<std::byte>>(n, std::byte{0});
     std::promise<Status> p;
     auto f = p.get_future();
@@ -243,7 +241,8 @@ class BadInputTest : public ::testing::Test {
     auto r = client_->CallShard(0, msg::kStatus, {});
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) return 0;
-    auto j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(r->data()), r->size()));
+    auto j =
+        nlohmann::json::parse(std::string(reinterpret_cast<const char*>(r->data()), r->size()));
     EXPECT_TRUE(j.contains("gradient_crc"));
     return j.value("gradient_crc", uint64_t{0});
   }
@@ -294,7 +293,9 @@ TEST_P(DataPlaneBadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
       {"another session's rank", {s, 0, 0, 0, 0, 16, 0, DType::kF16}, 16, Code::kInvalidArgument},
       {"stale step", {s, 0, -2, 0, 0, 16, 1, DType::kF16}, 16, Code::kFailedPrecondition},
       {"future step", {s, 0, 3, 0, 0, 16, 1, DType::kF16}, 16, Code::kFailedPrecondition},
-      {"wrong session token", {s ^ 0x5555, 0, 0, 0, 0, 16, 1, DType::kF16}, 16,
+      {"wrong session token",
+       {s ^ 0x5555, 0, 0, 0, 0, 16, 1, DType::kF16},
+       16,
        Code::kUnauthenticated},
   };
   for (const auto& c : cases) {
@@ -326,9 +327,9 @@ TEST_P(DataPlaneBadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
             Code::kOutOfRange);
   EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 0, 16, 1, DType::kBF16}, 4096, bogus_rkey}).code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 16, 16, 1, DType::kF16}, 4096, bogus_rkey}, Halves(16))
-                .code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      raw_.PushRma({{s, 0, 0, 0, 16, 16, 1, DType::kF16}, 4096, bogus_rkey}, Halves(16)).code(),
+      Code::kInvalidArgument);
   EXPECT_EQ(raw_.PushRma({{s, 0, 0, 0, 0, 16, 1, DType::kF16}, 4096, bogus_rkey}).code(),
             Code::kAlreadyExists);  // rank 1 pushed [0, 16) of chunk 0 above
   raw_.SendGarbage(msg::kAmPushRma);
@@ -451,8 +452,8 @@ TEST_P(DataPlaneBadInputTest, StaleRkeyIsRefused) {
     stale_rkey.assign((*gone)->rkey().begin(), (*gone)->rkey().end());
     stale_address = (*gone)->remote_address();
   }  // unmapped here: its rkey names memory that no longer exists
-  Status st = raw_.PushRma({{raw_.session(), 0, 0, 0, 0, 16, 1, DType::kF16}, stale_address,
-                            stale_rkey});
+  Status st =
+      raw_.PushRma({{raw_.session(), 0, 0, 0, 0, 16, 1, DType::kF16}, stale_address, stale_rkey});
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.code(), Code::kDeadlineExceeded) << "the shard never answered";
   ExpectServing();
@@ -537,13 +538,14 @@ TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {
     auto c = rpc::Client::Connect(co);
     ASSERT_TRUE(c.ok());
     std::vector<std::byte> junk(3, std::byte{1});
-    for (uint16_t t : {msg::kJoin, msg::kReport, msg::kAwaitCommit, msg::kRegisterShard,
-                       msg::kChunkCrcs}) {
+    for (uint16_t t :
+         {msg::kJoin, msg::kReport, msg::kAwaitCommit, msg::kRegisterShard, msg::kChunkCrcs}) {
       EXPECT_EQ((*c)->Call(t, junk, 3s).status().code(), Code::kInvalidArgument) << t;
     }
     // A report for a step that is not current, and a chunk of another shard.
     msg::Report rep{5, 0, {{0, 1.0, false}}};
-    EXPECT_EQ((*c)->Call(msg::kReport, rep.Encode(), 3s).status().code(), Code::kFailedPrecondition);
+    EXPECT_EQ((*c)->Call(msg::kReport, rep.Encode(), 3s).status().code(),
+              Code::kFailedPrecondition);
   }
   {  // a client that connects and never speaks is closed after the hello timeout (5 s)
     RawSocket s(port_);

@@ -231,7 +231,8 @@ TEST_F(CollectivesTest, LostPeerFailsTheCollective) {
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto c = worker::GlooCollectives::Create({*endpoint_, kToken, r, 2, "lost-peer", "127.0.0.1", 60s});
+      auto c = worker::GlooCollectives::Create(
+          {*endpoint_, kToken, r, 2, "lost-peer", "127.0.0.1", 60s});
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       comms[r] = std::move(*c);
     });

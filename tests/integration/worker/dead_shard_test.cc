@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "shard_process.h"
 #include "zps/server/job.h"
 #include "zps/worker/client.h"
-#include "shard_process.h"
 
 namespace zps {
 namespace {

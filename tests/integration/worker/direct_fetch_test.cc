@@ -44,8 +44,9 @@ class DirectFetchTest : public ::testing::Test {
     for (uint32_t p = 0; p < kParams; ++p) {
       specs.push_back({"p" + std::to_string(p), {static_cast<int64_t>(kChunk)}});
     }
-    auto layout = Layout::Build(specs, {.chunk_elems = kChunk, .align_elems = 64,
-                                        .num_shards = static_cast<uint32_t>(shards)});
+    auto layout = Layout::Build(
+        specs,
+        {.chunk_elems = kChunk, .align_elems = 64, .num_shards = static_cast<uint32_t>(shards)});
     ASSERT_TRUE(layout.ok()) << layout.status().ToString();
     server::JobSpec job{*layout, {}, {}, {}};
     job.optimizer.kind = server::OptimizerKind::kSgd;
@@ -98,7 +99,9 @@ class DirectFetchTest : public ::testing::Test {
 
   void PushStep(int64_t step, uint32_t first, uint32_t end) {
     for (uint32_t p = first; p < end; ++p) {
-      ASSERT_TRUE(client_->PushGrad(p, step, Values(kChunk, static_cast<uint32_t>(100 * step + p), 10.0f)).ok());
+      ASSERT_TRUE(
+          client_->PushGrad(p, step, Values(kChunk, static_cast<uint32_t>(100 * step + p), 10.0f))
+              .ok());
     }
     ASSERT_TRUE(client_->FlushPushes().ok());
   }
@@ -119,7 +122,8 @@ TEST_F(DirectFetchTest, PublishedVersionIsReadWithoutAskingAndHasItsBits) {
   // Step 0 committed: each shard publishes version 1 and tells the worker (a notice per shard).
   PushStep(0, 0, kParams);
   ASSERT_TRUE(client_->AwaitCommit(0).ok());
-  for (int i = 0; i < 3000 && client_->serving_notices() < 2; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 3000 && client_->serving_notices() < 2; ++i)
+    std::this_thread::sleep_for(10ms);
   ASSERT_EQ(client_->serving_notices(), 2u) << "no publish notice from the shards";
   const uint64_t before = client_->direct_fetches();
   for (uint32_t p = 0; p < kParams; ++p) FetchAndCheck(p, 1);  // no request at all
@@ -160,7 +164,8 @@ TEST_F(DirectFetchTest, SpilledServingCopiesAreAlwaysAskedFor) {
   EXPECT_LT(resident, kParams) << "a spilled serving copy was read one-sided";
   PushStep(0, 0, kParams);
   ASSERT_TRUE(client_->AwaitCommit(0).ok());
-  for (int i = 0; i < 3000 && client_->serving_notices() < 1; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 3000 && client_->serving_notices() < 1; ++i)
+    std::this_thread::sleep_for(10ms);
   ASSERT_EQ(client_->serving_notices(), 1u);
   for (uint32_t p = 0; p < kParams; ++p) FetchAndCheck(p, 1);
   EXPECT_EQ(client_->direct_fetches(), 2 * resident);

@@ -1,8 +1,7 @@
-#include "zps/server/checkpoint_catalog.h"
-
 #include <gtest/gtest.h>
 
 #include "ckpt_test_util.h"
+#include "zps/server/checkpoint_catalog.h"
 
 namespace zps::server::testing {
 namespace {

@@ -1,5 +1,3 @@
-#include "zps/server/checkpoint.h"
-
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 #include <signal.h>
@@ -11,14 +9,15 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <random>
 #include <thread>
 
 #include "ckpt_test_util.h"
 #include "fault_fs.h"
+#include "zps/server/checkpoint.h"
 
 namespace rocksdb::crc32c {
 uint32_t Extend(uint32_t crc, const char* buf, size_t size);  // util/crc32c.h, not installed
@@ -96,7 +95,8 @@ TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
   std::vector<std::pair<uint32_t, int64_t>> versions = {{0, 5}, {1, 6}};
   ASSERT_TRUE(store_->PutChunkVersions(versions).ok());
   const std::string blob = "placement";
-  ASSERT_TRUE(store_->PutCatalog("custom", std::as_bytes(std::span(blob.data(), blob.size()))).ok());
+  ASSERT_TRUE(
+      store_->PutCatalog("custom", std::as_bytes(std::span(blob.data(), blob.size()))).ok());
   store_.reset();
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
   auto got = store_->GetChunkVersions();
@@ -189,7 +189,7 @@ TEST_F(CheckpointStoreTest, WriterRules) {
   ASSERT_TRUE((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).ok());
   EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).code(), Code::kInvalidArgument);
   EXPECT_EQ((*w)->Commit().code(), Code::kFailedPrecondition);  // chunk 1 missing
-  w->reset();  // aborts
+  w->reset();                                                   // aborts
   EXPECT_TRUE(store_->ListCheckpoints(false)->empty());
   ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
   EXPECT_EQ(store_->BeginCheckpoint(1).status().code(), Code::kAlreadyExists);

@@ -1,7 +1,5 @@
 // Exports checkpoints made through the API from known values and reads them back with the
 // independent reader tools/safetensors_read.py.
-#include "zps/server/checkpoint_export.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,6 +9,7 @@
 
 #include "ckpt_test_util.h"
 #include "zps/common/dtype.h"
+#include "zps/server/checkpoint_export.h"
 
 namespace zps::server::testing {
 namespace {
@@ -71,10 +70,9 @@ class ExportTest : public ::testing::Test {
   void Check(const std::string& file, DType dtype, int64_t step) {
     const std::string dump = dir_.sub("dump" + std::to_string(++dumps_));
     auto [rc, out] = RunCommand(Python() + " " ZPS_SOURCE_DIR "/tools/safetensors_read.py " + file +
-                         " --dump " + dump);
+                                " --dump " + dump);
     ASSERT_EQ(rc, 0) << out;
-    EXPECT_NE(out.find("\"zps_step\": \"" + std::to_string(step) + "\""), std::string::npos)
-        << out;
+    EXPECT_NE(out.find("\"zps_step\": \"" + std::to_string(step) + "\""), std::string::npos) << out;
     auto got = ReadDump(dump);
     ASSERT_EQ(got.size(), layout_.num_params());
     for (uint32_t p = 0; p < layout_.num_params(); ++p) {
@@ -148,7 +146,7 @@ TEST_F(ExportTest, CommandLine) {
   EXPECT_NE(out.find("shard 1"), std::string::npos) << out;
   const std::string file = dir_.sub("cli.safetensors");
   std::tie(rc, out) = RunCommand(bin + " export --data-dir " + dirs_[0] + "," + dirs_[1] +
-                          " --step 6 --dtype bf16 --out " + file);
+                                 " --step 6 --dtype bf16 --out " + file);
   ASSERT_EQ(rc, 0) << out;
   Check(file, DType::kBF16, 6);
   std::tie(rc, out) = RunCommand(bin + " export --data-dir " + dirs_[0] + " --out " + file);

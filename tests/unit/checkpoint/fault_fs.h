@@ -13,9 +13,9 @@
 namespace zps::server::testing {
 
 struct Faults {
-  std::atomic<bool> fail_append{false};   // Append on any new file → IOError
-  std::atomic<bool> no_space{false};      // Append on any new file → NoSpace
-  std::atomic<bool> fail_sync{false};     // Sync/Fsync → IOError
+  std::atomic<bool> fail_append{false};     // Append on any new file → IOError
+  std::atomic<bool> no_space{false};        // Append on any new file → NoSpace
+  std::atomic<bool> fail_sync{false};       // Sync/Fsync → IOError
   std::atomic<bool> fail_blob_read{false};  // Read of *.blob files → IOError
   std::atomic<int> appends_seen{0};
 };

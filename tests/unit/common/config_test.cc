@@ -10,11 +10,11 @@ namespace zps {
 namespace {
 
 struct Opts {
-  std::string name = "shard";     // Default: "shard"
-  int64_t port = 7000;            // Default: 7000
-  uint64_t budget = 1024;         // Default: 1024
-  bool verbose = false;           // Default: false
-  double lr = 0.001;              // Default: 0.001
+  std::string name = "shard";  // Default: "shard"
+  int64_t port = 7000;         // Default: 7000
+  uint64_t budget = 1024;      // Default: 1024
+  bool verbose = false;        // Default: false
+  double lr = 0.001;           // Default: 0.001
 };
 
 void Register(Flags& f, Opts& o) {
@@ -70,14 +70,15 @@ TEST_F(ConfigTest, FileThenEnvThenFlags) {
   Opts o;
   Flags f("t", "test");
   Register(f, o);
-  std::string path = Write(R"({"port": 7100, "name": "from-file", "memory-budget": "2GiB", "verbose": true})");
+  std::string path =
+      Write(R"({"port": 7100, "name": "from-file", "memory-budget": "2GiB", "verbose": true})");
   setenv("ZPS_PORT", "7200", 1);
   std::string cfg = "--config=" + path;
   const char* argv[] = {"t", cfg.c_str(), "--name", "from-flag", "--lr=0.5"};
   ASSERT_EQ(*f.Parse(5, argv), ParseOutcome::kRun);
-  EXPECT_EQ(o.port, 7200);           // env beats file
-  EXPECT_EQ(o.name, "from-flag");    // flag beats file
-  EXPECT_EQ(o.budget, 2ull << 30);   // file
+  EXPECT_EQ(o.port, 7200);          // env beats file
+  EXPECT_EQ(o.name, "from-flag");   // flag beats file
+  EXPECT_EQ(o.budget, 2ull << 30);  // file
   EXPECT_TRUE(o.verbose);
   EXPECT_DOUBLE_EQ(o.lr, 0.5);
 }

@@ -32,7 +32,8 @@ uint16_t RefHalf(float f) {
   int re;
   std::frexp(r, &re);
   int rexp = re - 1;
-  if (rexp < -14) return static_cast<uint16_t>(sign | static_cast<uint16_t>(r / std::ldexp(1.0, -24)));
+  if (rexp < -14)
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(r / std::ldexp(1.0, -24)));
   uint16_t mant = static_cast<uint16_t>(std::ldexp(r, -rexp) * 1024.0 - 1024.0);
   return static_cast<uint16_t>(sign | ((rexp + 15) << 10) | mant);
 }
@@ -53,12 +54,27 @@ uint16_t RefBf16(float f) {
 }
 
 std::vector<float> Samples() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 70000.0f,
-                          6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
-                          1e-10f, 3.1415926f, std::numeric_limits<float>::infinity(),
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          70000.0f,
+                          6.1035156e-05f,
+                          5.9604645e-08f,
+                          2.9802322e-08f,
+                          2.9802326e-08f,
+                          1e-10f,
+                          3.1415926f,
+                          std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
-                          1.00048828125f /* fp16 tie */, 1.00146484375f, 1.00390625f /* bf16 tie */};
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(),
+                          1.00048828125f /* fp16 tie */,
+                          1.00146484375f,
+                          1.00390625f /* bf16 tie */};
   std::mt19937 rng(42);
   for (int i = 0; i < 200000; ++i) {
     uint32_t bits = static_cast<uint32_t>(rng());
@@ -111,7 +127,8 @@ TEST(DType, BulkConversionsMatchScalarOnThisIsa) {
   if (!isa.ok()) GTEST_SKIP() << isa.status().ToString();
   std::vector<float> in = Samples();
   std::mt19937 rng(3);
-  for (int i = 0; i < 1000; ++i) in.push_back(std::bit_cast<float>(static_cast<uint32_t>(0x7f800001u + (rng() & 0x7fffffu))));
+  for (int i = 0; i < 1000; ++i)
+    in.push_back(std::bit_cast<float>(static_cast<uint32_t>(0x7f800001u + (rng() & 0x7fffffu))));
   in.push_back(std::bit_cast<float>(0xff812345u));
   std::vector<uint16_t> h(in.size()), b(in.size());
   ConvertF32ToF16(in, h);

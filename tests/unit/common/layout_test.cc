@@ -13,7 +13,7 @@ TEST(Layout, AlignsAndChunks) {
   auto l = Layout::Build(Specs(), {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l->param_offset(0), 0u);
-  EXPECT_EQ(l->param_offset(1), 2560u);       // 2560 is a multiple of 64
+  EXPECT_EQ(l->param_offset(1), 2560u);        // 2560 is a multiple of 64
   EXPECT_EQ(l->param_offset(2), 2560u + 128);  // 70 -> aligned up to 128
   EXPECT_EQ(l->param_offset(3), 2560u + 192);
   EXPECT_EQ(l->total_elems(), 2560u + 192 + 2560);

@@ -1,13 +1,14 @@
 // StreamCopy must write exactly memcpy's bytes, and nothing outside the destination, at every
-// alignment of source and destination and at sizes around the vector widths. Registered once per ISA (ZPS_ISA), so the AVX-512, AVX2 and scalar paths all run.
+// alignment of source and destination and at sizes around the vector widths. Registered once per
+// ISA (ZPS_ISA), so the AVX-512, AVX2 and scalar paths all run.
 #include "zps/common/stream_copy.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <bit>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -36,8 +37,8 @@ void CheckCopy(size_t size, size_t src_offset, size_t dst_offset, size_t stream_
   ASSERT_LE(d + size + kGuard, dst.data() + dst.size());
   StreamCopy({d, size}, {s + src_offset, size}, stream_from);
   for (size_t i = 0; i < size; ++i) {
-    ASSERT_EQ(d[i], s[src_offset + i]) << "byte " << i << " of " << size << " (src +"
-                                       << src_offset << ", dst +" << dst_offset << ")";
+    ASSERT_EQ(d[i], s[src_offset + i]) << "byte " << i << " of " << size << " (src +" << src_offset
+                                       << ", dst +" << dst_offset << ")";
   }
   for (std::byte* p = dst.data(); p < d; ++p) ASSERT_EQ(*p, kFill) << "wrote before dst";
   for (std::byte* p = d + size; p < dst.data() + dst.size(); ++p) {
@@ -51,8 +52,8 @@ TEST(StreamCopy, EqualsMemcpyAtEveryAlignment) {
   std::mt19937 rng(7);
   // Streaming from the first byte: sizes around the 32- and 64-byte stores and the unrolled
   // 128- and 256-byte loops, so that head, bulk and tail each take every length.
-  const size_t sizes[] = {0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 1000,
-                          4096 + 17, (256 << 10) + 5};
+  const size_t sizes[] = {0,   1,   31,  32,  33,  63,  64,   65,        127,
+                          128, 129, 255, 256, 257, 511, 1000, 4096 + 17, (256 << 10) + 5};
   for (size_t size : sizes) {
     for (size_t dst_offset : {0, 1, 8, 31, 32, 33, 63}) {
       for (size_t src_offset : {0, 3, 32}) {
@@ -96,10 +97,15 @@ TEST(StreamCopy, ConversionsEqualTheCachedOnesAtEveryAlignment) {
   std::mt19937 rng(17);
   std::vector<float> in(4096 + 64);
   for (auto& f : in) f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
-  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 65504.0f, 65520.0f,
-                            1.0f + 1.0f / 2048, 1e-8f};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            65504.0f,
+                            65520.0f,
+                            1.0f + 1.0f / 2048,
+                            1e-8f};
   for (size_t i = 0; i < std::size(specials); ++i) in[i * 7] = specials[i];
   constexpr uint16_t kMark = 0xa5a5;
   for (bool bf16 : {false, true}) {
@@ -107,19 +113,23 @@ TEST(StreamCopy, ConversionsEqualTheCachedOnesAtEveryAlignment) {
       for (size_t offset = 0; offset < 17; ++offset) {
         std::span<const float> src(in.data() + (offset % 3), n);
         std::vector<uint16_t> want(n);
-        if (bf16) ConvertF32ToBF16(src, want);
-        else ConvertF32ToF16(src, want);
+        if (bf16)
+          ConvertF32ToBF16(src, want);
+        else
+          ConvertF32ToF16(src, want);
         std::vector<uint16_t> out(n + 64, kMark);
         // 64-byte aligned base, then `offset` elements in: every alignment a store can meet.
         uint16_t* base = out.data();
         while (reinterpret_cast<uintptr_t>(base) % 64 != 0) ++base;
         std::span<uint16_t> dst(base + offset, n);
         ASSERT_LE(base + offset + n, out.data() + out.size());
-        if (bf16) StreamConvertF32ToBF16(src, dst, /*stream_from=*/0);
-        else StreamConvertF32ToF16(src, dst, /*stream_from=*/0);
+        if (bf16)
+          StreamConvertF32ToBF16(src, dst, /*stream_from=*/0);
+        else
+          StreamConvertF32ToF16(src, dst, /*stream_from=*/0);
         for (size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(dst[i], want[i]) << (bf16 ? "bf16" : "fp16") << " element " << i << " of "
-                                     << n << ", output offset " << offset;
+          ASSERT_EQ(dst[i], want[i]) << (bf16 ? "bf16" : "fp16") << " element " << i << " of " << n
+                                     << ", output offset " << offset;
         }
         for (uint16_t* p = out.data(); p < dst.data(); ++p) ASSERT_EQ(*p, kMark);
         for (uint16_t* p = dst.data() + n; p < out.data() + out.size(); ++p) {

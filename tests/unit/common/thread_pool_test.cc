@@ -1,7 +1,6 @@
 #include "zps/common/thread_pool.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
 #include <unistd.h>
 

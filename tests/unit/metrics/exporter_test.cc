@@ -3,16 +3,15 @@
 // it cannot parse or a head over the bound, 505 for an HTTP version it does not speak), so the
 // checks on those compare status codes.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,17 +114,20 @@ TEST_F(ExporterTest, ServesMetricsAndProbes) {
   ASSERT_NE(e->port(), 0);
   std::string r = Get(e->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK");
-  EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), std::string::npos);
+  EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            std::string::npos);
   EXPECT_EQ(Body(r), registry_.Serialize());
   EXPECT_NE(Body(r).find("zps_test_total 7\n"), std::string::npos);
-  EXPECT_NE(r.find("Content-Length: " + std::to_string(Body(r).size()) + "\r\n"), std::string::npos);
+  EXPECT_NE(r.find("Content-Length: " + std::to_string(Body(r).size()) + "\r\n"),
+            std::string::npos);
 
   EXPECT_EQ(StatusLine(Get(e->port(), "GET /healthz HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
   r = Get(e->port(), "GET /readyz HTTP/1.0\r\n\r\n");
   EXPECT_EQ(StatusLine(r), "HTTP/1.0 503 Service Unavailable");
   EXPECT_NE(Body(r).find("no layout yet"), std::string::npos);
   ready_ = true;
-  EXPECT_EQ(StatusLine(Get(e->port(), "GET /readyz?verbose=1 HTTP/1.1\r\n\r\n")), "HTTP/1.1 200 OK");
+  EXPECT_EQ(StatusLine(Get(e->port(), "GET /readyz?verbose=1 HTTP/1.1\r\n\r\n")),
+            "HTTP/1.1 200 OK");
   live_ = false;
   EXPECT_EQ(StatusLine(Get(e->port(), "GET /healthz HTTP/1.1\r\n\r\n")),
             "HTTP/1.1 503 Service Unavailable");
@@ -144,9 +146,8 @@ TEST_F(ExporterTest, RejectsWhatItDoesNotServe) {
   EXPECT_NE(r.find("Allow: GET, HEAD\r\n"), std::string::npos);
   // (CivetWeb reads "GET /metrics  HTTP/1.1", with two spaces, as GET /metrics, as RFC 9112
   // allows a lenient parser to; it is not in this list.)
-  for (std::string_view garbage :
-       {"\x16\x03\x01\x02\x01\xfc\x03\x03\r\n\r\n", "GET\r\n\r\n",
-        "GET /metrics\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n"}) {
+  for (std::string_view garbage : {"\x16\x03\x01\x02\x01\xfc\x03\x03\r\n\r\n", "GET\r\n\r\n",
+                                   "GET /metrics\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n"}) {
     EXPECT_EQ(Code(Get(e->port(), garbage)), 400) << garbage;
   }
   EXPECT_EQ(Code(Get(e->port(), "GET /metrics HTTP/2.0\r\n\r\n")), 505);

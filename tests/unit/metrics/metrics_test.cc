@@ -1,6 +1,8 @@
 // Registry, handles and the text exposition format (prometheus-cpp's TextSerializer underneath:
 // histograms come as _count, _sum, then the buckets, and NaN as "Nan", which Prometheus and
 // promtool read case-insensitively).
+#include "zps/common/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-#include "zps/common/metrics.h"
 #include "zps/common/process_metrics.h"
 
 namespace zps::metrics {
@@ -64,11 +65,11 @@ TEST(Metrics, HistogramBucketsSumCount) {
   Registry r;
   auto fam = *r.AddHistogram("h_seconds", "h", {"op"}, {0.1, 1, 10});
   Histogram h = *fam->Add({"push"});
-  h.Observe(0.1);   // le 0.1 is inclusive
+  h.Observe(0.1);  // le 0.1 is inclusive
   h.Observe(0.5);
   h.Observe(5);
   h.Observe(100);
-  h.Observe(-1);    // below every bound: first bucket
+  h.Observe(-1);  // below every bound: first bucket
   EXPECT_EQ(h.Count(), 5u);
   EXPECT_DOUBLE_EQ(h.Sum(), 104.6);
   EXPECT_EQ(h.BucketCounts(), (std::vector<uint64_t>{2, 1, 1, 1}));
@@ -86,8 +87,9 @@ TEST(Metrics, HistogramWithoutLabels) {
   Registry r;
   Histogram h = *(*r.AddHistogram("h", "h", {}, {1}))->Add({});
   h.Observe(2);
-  EXPECT_NE(r.Serialize().find("h_count 1\nh_sum 2\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\n"),
-            std::string::npos);
+  EXPECT_NE(
+      r.Serialize().find("h_count 1\nh_sum 2\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\n"),
+      std::string::npos);
 }
 
 TEST(Metrics, RegistrationErrors) {

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "raw_socket.h"
-#include "zps/common/crc32c.h"
 #include "rpc_fixture.h"
+#include "zps/common/crc32c.h"
 
 namespace zps::rpc::testing {
 namespace {

@@ -104,7 +104,8 @@ TEST(Frame, ErrorNamesAndKindRecovery) {
   EXPECT_EQ(FrameErrorName(FrameError::kTruncated), "truncated");
   EXPECT_EQ(FrameErrorName(FrameError::kBadCrc), "bad_crc");
   EXPECT_EQ(FrameErrorName(FrameError::kUnknownType), "unknown_type");
-  EXPECT_EQ(FrameErrorOf(FrameErrorStatus(FrameError::kUnknownType, "x")), FrameError::kUnknownType);
+  EXPECT_EQ(FrameErrorOf(FrameErrorStatus(FrameError::kUnknownType, "x")),
+            FrameError::kUnknownType);
   EXPECT_FALSE(FrameErrorOf(InvalidArgument("bad_magic without colon")).has_value());
   EXPECT_FALSE(FrameErrorOf(Status::Ok()).has_value());
   EXPECT_FALSE(FrameErrorOf(Internal("bad_crc: wrong code")).has_value());
@@ -153,7 +154,8 @@ TEST(Hello, CodecAndBounds) {
   EXPECT_EQ(h->token, "tok");
   EXPECT_EQ(h->extra.size(), extra.size());
   EXPECT_FALSE(DecodeHello(std::span(p).first(p.size() - 1)).ok());
-  auto long_token = EncodeHello(kProtocolVersion, 0, 0, "n", std::string(rpc::kMaxTokenBytes + 1, 't'), {});
+  auto long_token =
+      EncodeHello(kProtocolVersion, 0, 0, "n", std::string(rpc::kMaxTokenBytes + 1, 't'), {});
   EXPECT_EQ(DecodeHello(long_token).status().code(), Code::kInvalidArgument);
   auto r = EncodeHelloReply(1, 2, extra);
   auto hr = DecodeHelloReply(r);
@@ -176,7 +178,6 @@ TEST(Hello, ConstantTimeEquals) {
 
 }  // namespace
 }  // namespace zps
-
 
 TEST(Messages, ReadMasterRoundTripAndBounds) {
   zps::msg::ReadMasterRequest q{7, 3, 64, 128};

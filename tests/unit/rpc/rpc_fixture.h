@@ -20,12 +20,12 @@ namespace zps::rpc::testing {
 
 using namespace std::chrono_literals;
 
-inline constexpr uint16_t kEcho = 10;      // replies with the payload
-inline constexpr uint16_t kFail = 11;      // replies Error NotFound("no such thing")
-inline constexpr uint16_t kPark = 12;      // parks the Responder; ReleaseParked answers later
-inline constexpr uint16_t kDrop = 13;      // never answers
-inline constexpr uint16_t kWhoAmI = 14;    // replies with the peer's rank u32 + name
-inline constexpr uint16_t kThrow = 15;     // throws
+inline constexpr uint16_t kEcho = 10;    // replies with the payload
+inline constexpr uint16_t kFail = 11;    // replies Error NotFound("no such thing")
+inline constexpr uint16_t kPark = 12;    // parks the Responder; ReleaseParked answers later
+inline constexpr uint16_t kDrop = 13;    // never answers
+inline constexpr uint16_t kWhoAmI = 14;  // replies with the peer's rank u32 + name
+inline constexpr uint16_t kThrow = 15;   // throws
 inline constexpr char kToken[] = "s3cret-token";
 
 inline std::vector<std::byte> Bytes(std::string_view s) {
@@ -75,11 +75,12 @@ class RpcTest : public ::testing::Test {
     server_->Register(kThrow, [](const Peer&, std::span<const std::byte>, Responder) {
       throw std::runtime_error("boom");
     });
-    server_->OnHello([](const Peer& peer, std::span<const std::byte> extra)
-                         -> Result<std::vector<std::byte>> {
-      if (Str(extra) == "refuse-me") return FailedPrecondition("rank " + std::to_string(peer.rank) + " refused");
-      return Bytes("server-info");
-    });
+    server_->OnHello(
+        [](const Peer& peer, std::span<const std::byte> extra) -> Result<std::vector<std::byte>> {
+          if (Str(extra) == "refuse-me")
+            return FailedPrecondition("rank " + std::to_string(peer.rank) + " refused");
+          return Bytes("server-info");
+        });
     server_->OnDisconnect([this](const Peer&) {
       std::lock_guard<std::mutex> l(mu_);
       ++disconnects_;

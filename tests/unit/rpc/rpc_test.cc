@@ -227,7 +227,8 @@ TEST_F(RpcTest, IdleTimeoutClosesASilentAuthenticatedPeer) {
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(c->Call(kEcho, Bytes("x"), 1s).ok());
   auto deadline = std::chrono::steady_clock::now() + 3s;
-  while (c->connected() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  while (c->connected() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
   EXPECT_FALSE(c->connected());
   EXPECT_TRUE(WaitError("timeout"));
   ExpectServerHealthy();

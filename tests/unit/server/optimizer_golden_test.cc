@@ -34,11 +34,11 @@
 #include <string_view>
 #include <vector>
 
+#include "optimizer_cases.h"
 #include "zps/common/cpu.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
-#include "optimizer_cases.h"
 
 namespace zps::server {
 namespace {

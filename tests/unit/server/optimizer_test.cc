@@ -24,11 +24,11 @@
 #include <random>
 #include <vector>
 
+#include "optimizer_cases.h"
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
-#include "optimizer_cases.h"
 
 namespace zps::server {
 namespace {
@@ -309,7 +309,7 @@ TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
   const size_t n = 3 * 65536 + 77;
   // {master, m, v, copy} offsets in elements from 64-byte-aligned bases: all on a line, all off
   // it by the same amount, and each off by a different amount.
-  const size_t offsets[][4] = {{0, 0, 0, 0}, {3, 3, 3, 6}, {1, 0, 0, 0}, {0, 5, 0, 0},
+  const size_t offsets[][4] = {{0, 0, 0, 0}, {3, 3, 3, 6},     {1, 0, 0, 0}, {0, 5, 0, 0},
                                {0, 0, 0, 1}, {16, 16, 16, 32}, {2, 7, 9, 3}};
   const State src = MakeState(n, DType::kBF16, 21);
   for (const Case& cs : Cases()) {

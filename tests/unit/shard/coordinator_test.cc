@@ -51,7 +51,8 @@ TEST(Coordinator, JoinValidatesAndReportsDecide) {
   EXPECT_EQ(s1_other.status().code(), Code::kAlreadyExists);
   c.Report(0, 1, {{1, {16.0, false}}}, [&](const Result<CommitInfo>& r) { s1 = r; });
   EXPECT_FALSE(s1.ok());  // waiting
-  c.Report(0, 0, {{0, {9.0, false}}, {2, {0.0, false}}}, [&](const Result<CommitInfo>& r) { s0 = r; });
+  c.Report(0, 0, {{0, {9.0, false}}, {2, {0.0, false}}},
+           [&](const Result<CommitInfo>& r) { s0 = r; });
   ASSERT_TRUE(s0.ok() && s1.ok() && s1_first.ok() && worker.ok());
   EXPECT_FALSE(s0->skip);
   EXPECT_DOUBLE_EQ(s0->global_norm, 2.5);
@@ -149,7 +150,8 @@ TEST(Coordinator, OverflowSkipsAndLowersTheScale) {
   ASSERT_TRUE(c.Join(0, job, job.Hash()).ok());
   Result<CommitInfo> r = Internal("unset");
   c.Report(0, 1, {{1, {1.0, true}}}, [](const Result<CommitInfo>&) {});
-  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}}, [&](const Result<CommitInfo>& x) { r = x; });
+  c.Report(0, 0, {{0, {1.0, false}}, {2, {1.0, false}}},
+           [&](const Result<CommitInfo>& x) { r = x; });
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->skip);
   EXPECT_EQ(r->optimizer_step, 0);

@@ -139,9 +139,15 @@ TEST_P(CrcDuringPass, FetchesAndPushesAreAnsweredWhileACrcWaitsForTheUpdatePass)
   std::thread crc([&] {
     crc_started = true;
     switch (GetParam()) {
-      case 0: crc_status = s.ChunkCrc(0).status(); break;
-      case 1: (void)s.StateCrc(); break;
-      default: crc_status = s.MasterOf(1).status(); break;
+      case 0:
+        crc_status = s.ChunkCrc(0).status();
+        break;
+      case 1:
+        (void)s.StateCrc();
+        break;
+      default:
+        crc_status = s.MasterOf(1).status();
+        break;
     }
   });
   while (!crc_started) std::this_thread::yield();
@@ -172,12 +178,9 @@ TEST_P(CrcDuringPass, FetchesAndPushesAreAnsweredWhileACrcWaitsForTheUpdatePass)
   EXPECT_EQ(s.version(), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Reads, CrcDuringPass, ::testing::Values(0, 1, 2),
-                         [](const auto& p) {
-                           return std::string(p.param == 0   ? "ChunkCrc"
-                                              : p.param == 1 ? "StateCrc"
-                                                             : "MasterOf");
-                         });
+INSTANTIATE_TEST_SUITE_P(Reads, CrcDuringPass, ::testing::Values(0, 1, 2), [](const auto& p) {
+  return std::string(p.param == 0 ? "ChunkCrc" : p.param == 1 ? "StateCrc" : "MasterOf");
+});
 
 }  // namespace
 }  // namespace zps::server

@@ -24,8 +24,9 @@ using namespace std::chrono_literals;
 
 // 1 shard, 8 chunks of 1024 elements (odd parameter sizes: padding, parameters across chunks).
 Layout SmallLayout() {
-  auto l = Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {1777}}, {"d", {10}}, {"e", {3000}}},
-                         {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
+  auto l =
+      Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {1777}}, {"d", {10}}, {"e", {3000}}},
+                    {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
   EXPECT_TRUE(l.ok());
   return *l;
 }
@@ -220,7 +221,7 @@ TEST(ShardStateSpeculate, CommitBesideASpeculationInProgressEqualsSync) {
     ExpectSame(**sync, **spec, step);
   }
   const SpeculationStats st = (*spec)->speculation_stats();
-  EXPECT_EQ(st.beside, static_cast<uint64_t>(steps));  // the last chunk of every step
+  EXPECT_EQ(st.beside, static_cast<uint64_t>(steps));              // the last chunk of every step
   EXPECT_EQ(st.published + st.redone + st.sync, (steps - 1) * n);  // the applied steps
   EXPECT_EQ(st.in_flight, 0u);
 }
@@ -375,8 +376,8 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
     auto snap = (*ckpt)->BeginSnapshot();
     ASSERT_TRUE(snap.ok()) << snap.status().ToString();
     size_t n = 0;
-    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>,
-                                  std::span<const float>, std::span<const float>) -> Status {
+    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
+                                  std::span<const float>) -> Status {
       if (n++ == 0) {  // steps 2 and 3 run while the "write" goes on
         step(**ckpt, 2);
         step(**ckpt, 3);
@@ -422,10 +423,8 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
       step(**plain, k);
       ExpectSame(**plain, **ckpt, k);
     }
-    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>,
-                                  std::span<const float>, std::span<const float>) -> Status {
-      return Status::Ok();
-    });
+    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
+                                  std::span<const float>) -> Status { return Status::Ok(); });
     ASSERT_TRUE(v.ok()) << v.ToString();
     EXPECT_EQ((*snap)->copied_on_write(), (*ckpt)->chunk_ids().size());
     snap->reset();

@@ -31,9 +31,9 @@ std::string SpillDir() {
 
 // 1 shard, 14 chunks of 4096 elements; parameters of odd sizes so chunks have padding.
 Layout BigLayout() {
-  auto l = Layout::Build({{"a", {5000}}, {"b", {3, 1000}}, {"c", {7777}}, {"d", {10}},
-                          {"e", {40000}}},
-                         {.chunk_elems = 4096, .align_elems = 64, .num_shards = 1});
+  auto l =
+      Layout::Build({{"a", {5000}}, {"b", {3, 1000}}, {"c", {7777}}, {"d", {10}}, {"e", {40000}}},
+                    {.chunk_elems = 4096, .align_elems = 64, .num_shards = 1});
   EXPECT_TRUE(l.ok());
   return *l;
 }
@@ -75,8 +75,8 @@ void PushAll(const Layout& layout, ShardState& a, ShardState& b, int64_t step, u
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
         for (ShardState* s : {&a, &b}) {
-          auto t = s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r,
-                                 DType::kF32});
+          auto t =
+              s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32});
           ASSERT_TRUE(t.ok()) << t.status().ToString();
           std::memcpy(t->destination().data(), v.data(), t->destination().size());
           ASSERT_TRUE(s->FinishPush(std::move(*t), Status::Ok()).ok());

@@ -71,8 +71,7 @@ TEST_F(ShardStateTest, InitialValuesPushedAgainAreDropped) {
   std::vector<float> v(128), other(128, -7.0f), g(128, 0.25f);
   std::iota(v.begin(), v.end(), 1.0f);
   ASSERT_TRUE(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()).ok());
-  EXPECT_EQ(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, other.data()).code(),
-            Code::kAlreadyExists);
+  EXPECT_EQ(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, other.data()).code(), Code::kAlreadyExists);
   EXPECT_EQ(shard_->version(), -1);
   ASSERT_TRUE(Push({kInitStep, 0, 64, 64, 0, DType::kF32}, v.data() + 64).ok());
   ASSERT_TRUE(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()).ok());
@@ -115,7 +114,8 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
     return std::span<std::byte>(p, bytes);
   };
   ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
-  auto s = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, alloc);
+  auto s =
+      ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, alloc);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(asked, 256u + 128u);  // chunk 0: 128 bf16; chunk 2 (the last): 64 bf16
   std::vector<float> v(128, 2.0f);
@@ -141,7 +141,8 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
   auto failing = [](size_t) -> Result<std::span<std::byte>> {
     return ResourceExhausted("no region");
   };
-  auto f = ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, failing);
+  auto f =
+      ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, failing);
   EXPECT_EQ(f.status().code(), Code::kResourceExhausted);
 }
 
@@ -158,7 +159,8 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   ASSERT_TRUE(Push({0, 0, 0, 64, 1, DType::kF32}, g1.data()).ok());
   ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()).ok());
   ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()).ok());
-  EXPECT_EQ(shard_->WaitForGradients(0, std::chrono::milliseconds(1)).code(), Code::kDeadlineExceeded);
+  EXPECT_EQ(shard_->WaitForGradients(0, std::chrono::milliseconds(1)).code(),
+            Code::kDeadlineExceeded);
   ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());
   ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
   auto reports = shard_->ReduceStep(0);
@@ -175,8 +177,10 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   for (int i = 0; i < 128; ++i) sum[i] = g0[i] + g1[i];
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
   ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->Update({master, m, v}, {sum.data(), DType::kF32, 128},
-                             {1, 0.5f, DType::kBF16, {}}).ok());
+  ASSERT_TRUE(
+      (*opt)
+          ->Update({master, m, v}, {sum.data(), DType::kF32, 128}, {1, 0.5f, DType::kBF16, {}})
+          .ok());
   auto got = shard_->MasterOf(0);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(0, std::memcmp(got->data(), master.data(), 128 * 4));
@@ -287,16 +291,16 @@ TEST_F(ShardStateTest, BadPushesChangeNothing) {
     PushRequest r;
     Code code;
   } cases[] = {
-      {{0, 0, 0, 16, 0, DType::kF32}, Code::kInvalidArgument},   // wrong dtype
-      {{0, 0, 0, 16, 2, DType::kF16}, Code::kInvalidArgument},   // rank >= world
-      {{0, 0, 0, 0, 0, DType::kF16}, Code::kInvalidArgument},    // empty
-      {{0, 1, 0, 16, 0, DType::kF16}, Code::kOutOfRange},        // chunk on shard 1
-      {{0, 99, 0, 16, 0, DType::kF16}, Code::kOutOfRange},       // no such chunk
-      {{0, 0, 120, 16, 0, DType::kF16}, Code::kOutOfRange},      // past the chunk
-      {{0, 2, 40, 20, 0, DType::kF16}, Code::kOutOfRange},       // into padding
+      {{0, 0, 0, 16, 0, DType::kF32}, Code::kInvalidArgument},       // wrong dtype
+      {{0, 0, 0, 16, 2, DType::kF16}, Code::kInvalidArgument},       // rank >= world
+      {{0, 0, 0, 0, 0, DType::kF16}, Code::kInvalidArgument},        // empty
+      {{0, 1, 0, 16, 0, DType::kF16}, Code::kOutOfRange},            // chunk on shard 1
+      {{0, 99, 0, 16, 0, DType::kF16}, Code::kOutOfRange},           // no such chunk
+      {{0, 0, 120, 16, 0, DType::kF16}, Code::kOutOfRange},          // past the chunk
+      {{0, 2, 40, 20, 0, DType::kF16}, Code::kOutOfRange},           // into padding
       {{-7, 0, 16, 16, 0, DType::kF16}, Code::kFailedPrecondition},  // stale
       {{1, 0, 16, 16, 0, DType::kF16}, Code::kFailedPrecondition},   // future
-      {{0, 0, 8, 16, 0, DType::kF16}, Code::kAlreadyExists},     // overlaps rank 0's push
+      {{0, 0, 8, 16, 0, DType::kF16}, Code::kAlreadyExists},         // overlaps rank 0's push
       // (Initial values again at version 0 are dropped: InitialValuesPushedAgainAreDropped.)
   };
   for (const auto& c : cases) {

@@ -38,7 +38,8 @@ int Fail(const zps::Status& s) {
 int main(int argc, char** argv) {
   using namespace zps::ucx;
   std::string tls = argc > 1 ? argv[1] : "tcp";
-  auto ctx = Context::Create({.transports = tls, .keepalive_interval = std::chrono::milliseconds(200)});
+  auto ctx =
+      Context::Create({.transports = tls, .keepalive_interval = std::chrono::milliseconds(200)});
   if (!ctx.ok()) return Fail(ctx.status());
   auto worker_or = Worker::Create(**ctx, {.thread_name = "peer-ucx"});
   if (!worker_or.ok()) return Fail(worker_or.status());

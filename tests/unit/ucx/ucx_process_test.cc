@@ -7,10 +7,10 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <mutex>
-#include <thread>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "ucx_test_util.h"
 #include "zps/common/ucx.h"
@@ -97,22 +97,29 @@ class UcxProcessTest : public ::testing::TestWithParam<std::string> {
     auto w = Worker::Create(*ctx_, {.thread_name = "ucx-parent", .close_timeout = 500ms});
     ASSERT_TRUE(w.ok());
     worker_ = std::move(*w);
-    ASSERT_TRUE(worker_->SetAmHandler(2, [this](AmMessage& m) {
-                    auto buf = std::make_shared<std::vector<std::byte>>(m.data_length());
-                    auto header = ParseHeader(m.header());
-                    m.Receive(*buf, [this, buf, header](Status s) {
-                       std::lock_guard<std::mutex> lock(mu_);
-                       replies_.push_back(s.ok() && Crc32c(*buf) == header.crc &&
-                                          buf->size() == header.length);
-                       cv_.notify_all();
-                     }).IgnoreError();
-                  }).ok());
+    ASSERT_TRUE(worker_
+                    ->SetAmHandler(2,
+                                   [this](AmMessage& m) {
+                                     auto buf =
+                                         std::make_shared<std::vector<std::byte>>(m.data_length());
+                                     auto header = ParseHeader(m.header());
+                                     m.Receive(*buf, [this, buf, header](Status s) {
+                                        std::lock_guard<std::mutex> lock(mu_);
+                                        replies_.push_back(s.ok() && Crc32c(*buf) == header.crc &&
+                                                           buf->size() == header.length);
+                                        cv_.notify_all();
+                                      }).IgnoreError();
+                                   })
+                    .ok());
     ASSERT_TRUE(worker_->Start().ok());
-    auto ep = worker_->Connect(peer_->address, [this](const Endpoint&, const Status& s) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ep_error_ = s;
-      cv_.notify_all();
-    }, peer_->pid());
+    auto ep = worker_->Connect(
+        peer_->address,
+        [this](const Endpoint&, const Status& s) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ep_error_ = s;
+          cv_.notify_all();
+        },
+        peer_->pid());
     ASSERT_TRUE(ep.ok()) << ep.status().ToString();
     ep_ = *ep;
   }

@@ -1,5 +1,7 @@
 // UCX data plane in one process: two Workers (each with its own Context) over tcp or shared
 // memory. Test names carry the "ucx/" prefix so `ctest -R ucx` selects them.
+#include "zps/common/ucx.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,7 +9,6 @@
 #include <thread>
 
 #include "ucx_test_util.h"
-#include "zps/common/ucx.h"
 
 namespace zps::ucx {
 namespace {
@@ -63,8 +64,7 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
                     auto buf = std::make_shared<std::vector<std::byte>>(m.data_length());
                     auto header = ParseHeader(m.header());
                     m.Receive(*buf, [this, buf, header](Status s) {
-                       if (s.ok() && header.length == buf->size() &&
-                           Crc32c(*buf) == header.crc) {
+                       if (s.ok() && header.length == buf->size() && Crc32c(*buf) == header.crc) {
                          sink_ok_.fetch_add(1);
                        } else {
                          sink_bad_.fetch_add(1);
@@ -179,7 +179,7 @@ TEST_P(UcxPairTest, RmaGet) {
 TEST_P(UcxPairTest, GetWithBadArgumentsFails) {
   std::vector<std::byte> local(16);
   Completions done;
-  a_->Get(ep_, local, 0, {}, nullptr, done.Callback());  // no rkey
+  a_->Get(ep_, local, 0, {}, nullptr, done.Callback());            // no rkey
   a_->Get(Endpoint(), local, 0, local, nullptr, done.Callback());  // invalid endpoint
   ASSERT_TRUE(done.WaitFor(2));
   for (auto& s : done.statuses()) EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
@@ -199,8 +199,8 @@ TEST_P(UcxPairTest, ConcurrentSendsFromThreads) {
             RandomBytes(size, static_cast<uint32_t>(t * 1000 + i)));
         SendOptions o;
         o.force_rendezvous = size == 300000;
-        a_->SendAm(ep_, kSink, MakeHeader(*payload, static_cast<uint32_t>(i)), *payload,
-                   payload, done.Callback(), o);
+        a_->SendAm(ep_, kSink, MakeHeader(*payload, static_cast<uint32_t>(i)), *payload, payload,
+                   done.Callback(), o);
       }
     });
   }

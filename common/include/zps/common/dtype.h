@@ -63,14 +63,19 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-inline float Bf16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline float Bf16ToFloat(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 /// Reads element i of a buffer of dtype `t` as fp32.
 inline float LoadAsFloat(const void* data, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
-    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
   }
   return 0.0f;
 }

@@ -80,7 +80,8 @@ class Layout {
   /// Errors: OutOfRange for a bad id or range.
   Result<std::vector<Piece>> Pieces(uint32_t id, uint64_t begin, uint64_t len) const;
   Result<std::vector<Piece>> Pieces(uint32_t id) const {
-    if (id >= specs_.size()) return OutOfRange("parameter id " + std::to_string(id) + " out of range");
+    if (id >= specs_.size())
+      return OutOfRange("parameter id " + std::to_string(id) + " out of range");
     return Pieces(id, 0, param_numel(id));
   }
 

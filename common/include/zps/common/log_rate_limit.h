@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+
 #include "zps/common/thread_annotations.h"
 
 namespace zps::log {

@@ -52,16 +52,16 @@ class Record {
 #define ZPS_LOG_LEVEL_ERROR ::zps::log::Level::kError
 
 // An expression (not an if/else), so `if (x) ZPS_LOG(INFO) << ...;` has no dangling else.
-#define ZPS_LOG(severity)                                     \
-  (ZPS_LOG_LEVEL_##severity < ::zps::log::GetLevel())         \
-      ? (void)0                                               \
-      : ::zps::log::Voidify() &                               \
+#define ZPS_LOG(severity)                             \
+  (ZPS_LOG_LEVEL_##severity < ::zps::log::GetLevel()) \
+      ? (void)0                                       \
+      : ::zps::log::Voidify() &                       \
             ::zps::log::Record(ZPS_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()
 
 /// For broken internal invariants only, never for peer or file input: logs and aborts.
-#define ZPS_CHECK(cond)                                                          \
-  do {                                                                           \
-    if (!(cond)) ::zps::log::CheckFailed(#cond, __FILE__, __LINE__);             \
+#define ZPS_CHECK(cond)                                              \
+  do {                                                               \
+    if (!(cond)) ::zps::log::CheckFailed(#cond, __FILE__, __LINE__); \
   } while (0)
 
 namespace zps::log {

@@ -58,7 +58,7 @@ struct ReadMasterRequest {
 inline constexpr uint64_t kMaxReadMaster = uint64_t{2} << 20;
 
 struct MasterRange {
-  int64_t version = 0;        // the shard's version the values are at
+  int64_t version = 0;  // the shard's version the values are at
   std::vector<float> values;
   std::vector<std::byte> Encode() const;
   static Result<MasterRange> Decode(std::span<const std::byte> b);
@@ -126,11 +126,11 @@ struct CommitInfo {
   bool skip = false;
   float grad_scale = 0.0f;
   double global_norm = 0.0;
-  double loss_scale = 1.0;       // used by this step's gradients
-  double next_loss_scale = 1.0;  // to use for the next step
-  int64_t optimizer_step = 0;    // applied updates after this step
-  int64_t good_steps = 0;        // loss scaler: consecutive good steps after this step
-  bool checkpoint = false;       // shards checkpoint the state at version step + 1
+  double loss_scale = 1.0;         // used by this step's gradients
+  double next_loss_scale = 1.0;    // to use for the next step
+  int64_t optimizer_step = 0;      // applied updates after this step
+  int64_t good_steps = 0;          // loss scaler: consecutive good steps after this step
+  bool checkpoint = false;         // shards checkpoint the state at version step + 1
   int64_t protect_checkpoint = 0;  // newest checkpoint complete on every shard (0: none): shards
                                    // keep it whatever their garbage collection would drop
   std::vector<std::byte> Encode() const;
@@ -277,8 +277,8 @@ struct CheckpointReport {
 
 /// The loss-scaler and optimizer counters at a step boundary (kept in every checkpoint).
 struct ResumeState {
-  int64_t step = 0;            // the version the state is at
-  double loss_scale = 1.0;     // the scale for step `step`
+  int64_t step = 0;         // the version the state is at
+  double loss_scale = 1.0;  // the scale for step `step`
   int64_t good_steps = 0;
   int64_t optimizer_step = 0;  // applied updates before step `step`
 };

@@ -7,7 +7,8 @@
 //   ZPS_ASSIGN_OR_RETURN(auto* fam, reg.AddCounter("zps_fetch_bytes_total", "Bytes served."));
 //   ZPS_ASSIGN_OR_RETURN(metrics::Counter fetched, fam->Add({}));     // at start-up
 //   fetched.Inc(n);                                                    // hot path
-//   ZPS_ASSIGN_OR_RETURN(auto exporter, metrics::Exporter::Start({.port = 9464}, &reg, live, ready));
+//   ZPS_ASSIGN_OR_RETURN(auto exporter, metrics::Exporter::Start({.port = 9464}, &reg, live,
+//   ready));
 //
 // The Registry owns a prometheus::Registry. A Family is one metric name with fixed label names
 // (prometheus-cpp's families take any labels; this layer checks the names and their count, so a
@@ -135,7 +136,9 @@ class Family {
 
  protected:
   Family(std::string name, std::string help, Type type, std::vector<std::string> label_names)
-      : name_(std::move(name)), help_(std::move(help)), type_(type),
+      : name_(std::move(name)),
+        help_(std::move(help)),
+        type_(type),
         label_names_(std::move(label_names)) {}
   /// The labels for `values`. Errors: InvalidArgument when `values` does not match the label
   /// names in count.
@@ -187,7 +190,8 @@ class HistogramFamily final : public Family {
   HistogramFamily(std::string name, std::string help, std::vector<std::string> label_names,
                   std::vector<double> bounds, prometheus::Family<prometheus::Histogram>* family)
       : Family(std::move(name), std::move(help), Type::kHistogram, std::move(label_names)),
-        bounds_(std::move(bounds)), family_(family) {}
+        bounds_(std::move(bounds)),
+        family_(family) {}
   const std::vector<double> bounds_;
   prometheus::Family<prometheus::Histogram>* const family_;
 };
@@ -227,12 +231,12 @@ class Registry {
   std::string Serialize() const;
 
  private:
-  Status Reserve(const std::string& name, const std::vector<std::string>& label_names,
-                 Type type) REQUIRES(mu_);
+  Status Reserve(const std::string& name, const std::vector<std::string>& label_names, Type type)
+      REQUIRES(mu_);
   mutable Mutex mu_;
   std::unique_ptr<prometheus::Registry> registry_;
   std::vector<std::unique_ptr<Family>> families_ GUARDED_BY(mu_);  // in registration order
-  std::vector<std::string> taken_ GUARDED_BY(mu_);  // exposed series names
+  std::vector<std::string> taken_ GUARDED_BY(mu_);                 // exposed series names
 };
 
 /// `count` bounds start, start*factor, ... ZPS_CHECKs start > 0, factor > 1, count >= 1.

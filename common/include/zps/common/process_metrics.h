@@ -35,9 +35,9 @@ inline constexpr std::array<std::string_view, 3> kOpNames = {"fetch", "push", "c
 
 /// The bounded `kind` set of zps_protocol_errors_total, every one exported from start at 0.
 inline constexpr std::array<std::string_view, 12> kProtocolErrorKinds = {
-    "bad_magic",        "bad_version",      "oversize",     "truncated",
-    "bad_crc",          "unknown_type",     "unauthenticated", "invalid_argument",
-    "stale_step",       "duplicate_push",   "timeout",      "too_many_connections"};
+    "bad_magic",  "bad_version",    "oversize",        "truncated",
+    "bad_crc",    "unknown_type",   "unauthenticated", "invalid_argument",
+    "stale_step", "duplicate_push", "timeout",         "too_many_connections"};
 /// The index of `kind` in kProtocolErrorKinds; an unknown kind maps to "invalid_argument".
 size_t ProtocolErrorIndex(std::string_view kind);
 
@@ -47,14 +47,14 @@ size_t ProtocolErrorIndex(std::string_view kind);
 std::vector<std::string> UcxTransportClasses(const ucx::Context& context);
 
 struct ProcessMetrics {
-  Gauge current_step;                        // zps_current_step
-  Histogram step_duration;                   // zps_step_duration_seconds
-  Counter fetch_bytes;                       // zps_fetch_bytes_total
-  Counter push_bytes;                        // zps_push_bytes_total
-  std::array<Histogram, 3> request_duration; // zps_request_duration_seconds{op}
-  std::array<Gauge, 3> inflight;             // zps_inflight_requests{op}
+  Gauge current_step;                         // zps_current_step
+  Histogram step_duration;                    // zps_step_duration_seconds
+  Counter fetch_bytes;                        // zps_fetch_bytes_total
+  Counter push_bytes;                         // zps_push_bytes_total
+  std::array<Histogram, 3> request_duration;  // zps_request_duration_seconds{op}
+  std::array<Gauge, 3> inflight;              // zps_inflight_requests{op}
   std::array<Counter, kProtocolErrorKinds.size()> protocol_errors;  // zps_protocol_errors_total
-  GaugeFamily* ucx_transport = nullptr;      // zps_ucx_transport_info{transport}
+  GaugeFamily* ucx_transport = nullptr;  // zps_ucx_transport_info{transport}
 
   /// Registers the shared families in `registry` and zps_build_info{version,revision,role} = 1.
   /// `role`: "shard" or "worker". Errors: from the registry (AlreadyExists if called twice).

@@ -35,11 +35,11 @@ inline constexpr uint32_t kMaxHelloPayloadBytes = 64 * 1024;
 struct ServerOptions {
   std::string bind_address = "0.0.0.0";  // Default: all interfaces. Tests use "127.0.0.1".
   uint16_t port = 7070;                  // Default: 7070; 0 = ephemeral, read back with port().
-  std::string token;                     // Default: empty. Shared secret; compared in constant time.
-  int hello_timeout_ms = 5000;           // Default: 5 s. A client silent this long is closed.
-  int idle_timeout_ms = 0;               // Default: 0 = no idle timeout after the handshake.
-  size_t max_connections = 1024;         // Default: 1024. Further connections are closed at once.
-  int io_threads = 1;                    // Default: 1. Threads named "rpc-io-N".
+  std::string token;              // Default: empty. Shared secret; compared in constant time.
+  int hello_timeout_ms = 5000;    // Default: 5 s. A client silent this long is closed.
+  int idle_timeout_ms = 0;        // Default: 0 = no idle timeout after the handshake.
+  size_t max_connections = 1024;  // Default: 1024. Further connections are closed at once.
+  int io_threads = 1;             // Default: 1. Threads named "rpc-io-N".
 };
 
 /// An authenticated peer, as established by its hello. The server hands it to handlers and hooks
@@ -121,8 +121,8 @@ using AsyncHelloHook =
 class Server {
  public:
   /// Binds the listening socket (nothing is accepted until Start).
-  /// Errors: InvalidArgument (bad address, io_threads < 1, max_connections 0, hello_timeout_ms <= 0,
-  /// idle_timeout_ms < 0), IoError (bind or listen failed, e.g. the port is in use).
+  /// Errors: InvalidArgument (bad address, io_threads < 1, max_connections 0, hello_timeout_ms <=
+  /// 0, idle_timeout_ms < 0), IoError (bind or listen failed, e.g. the port is in use).
   static Result<std::unique_ptr<Server>> Create(ServerOptions opts);
   ~Server();
   Server(const Server&) = delete;
@@ -163,14 +163,14 @@ class Server {
 };
 
 struct ClientOptions {
-  std::string host;                  // Default: none (required). Name or address.
-  uint16_t port = 0;                 // Default: none (required).
-  std::string token;                 // Default: empty. Shared secret (<= kMaxTokenBytes).
-  uint32_t role = 0;                 // Default: 0. Sent in the hello.
-  uint32_t rank = 0;                 // Default: 0. Sent in the hello.
-  std::string name;                  // Default: empty. Sent in the hello (<= kMaxNameBytes).
+  std::string host;                    // Default: none (required). Name or address.
+  uint16_t port = 0;                   // Default: none (required).
+  std::string token;                   // Default: empty. Shared secret (<= kMaxTokenBytes).
+  uint32_t role = 0;                   // Default: 0. Sent in the hello.
+  uint32_t rank = 0;                   // Default: 0. Sent in the hello.
+  std::string name;                    // Default: empty. Sent in the hello (<= kMaxNameBytes).
   std::vector<std::byte> hello_extra;  // Default: empty. Passed to the server's OnHello hook.
-  int connect_timeout_ms = 5000;     // Default: 5 s. Bounds the TCP connect and the hello each.
+  int connect_timeout_ms = 5000;       // Default: 5 s. Bounds the TCP connect and the hello each.
 };
 
 /// A control-plane client: one TCP connection, one internal io thread ("rpc-client").

@@ -26,9 +26,11 @@ ZPS_TARGET_AVX512 inline __m512 F16ToF32x16(__m256i h) { return _mm512_cvtph_ps(
 ZPS_TARGET_AVX512 inline __m256i F32ToBF16x16(__m512 v) {
   const __m512i x = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+  r = _mm512_mask_mov_epi32(r, nan,
+                            _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
   return _mm512_cvtepi32_epi16(r);
 }
 ZPS_TARGET_AVX512 inline __m512 BF16ToF32x16(__m256i b) {
@@ -45,7 +47,8 @@ ZPS_TARGET_AVX2 inline __m256 F16ToF32x8(__m128i h) { return _mm256_cvtph_ps(h);
 ZPS_TARGET_AVX2 inline __m128i F32ToBF16x8(__m256 v) {
   const __m256i x = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
   const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
   r = _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(nan));

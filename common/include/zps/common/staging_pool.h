@@ -65,7 +65,7 @@ class StagingPool {
   using Buffer = std::unique_ptr<std::byte, AlignedDelete>;
   struct State {
     Mutex mu;
-    size_t cache_bytes = 0;              // const after construction
+    size_t cache_bytes = 0;  // const after construction
     size_t cached GUARDED_BY(mu) = 0;
     std::multimap<size_t, Buffer> free GUARDED_BY(mu);  // size -> buffer
     void Release(Buffer p, size_t size) {

@@ -19,20 +19,20 @@ namespace zps {
 /// Error codes. Stable numeric values: they travel on the wire in typed error replies.
 enum class Code : int {
   kOk = 0,
-  kInvalidArgument = 1,   ///< a caller or peer sent something malformed or out of range
-  kNotFound = 2,          ///< an id, key or file that does not exist
-  kAlreadyExists = 3,     ///< e.g. a duplicate push from the same rank
-  kFailedPrecondition = 4,///< the call is valid but not in the current state (stale step, ...)
-  kOutOfRange = 5,        ///< an index or byte range past its bound
-  kUnauthenticated = 6,   ///< a missing or wrong token
-  kDeadlineExceeded = 7,  ///< a wait ran past its deadline
-  kUnavailable = 8,       ///< a peer is gone or not reachable; retry may help
-  kDataLoss = 9,          ///< a checksum mismatch or corrupt stored data
-  kResourceExhausted = 10,///< memory or disk budget exceeded
-  kIoError = 11,          ///< an operating-system I/O call failed
+  kInvalidArgument = 1,     ///< a caller or peer sent something malformed or out of range
+  kNotFound = 2,            ///< an id, key or file that does not exist
+  kAlreadyExists = 3,       ///< e.g. a duplicate push from the same rank
+  kFailedPrecondition = 4,  ///< the call is valid but not in the current state (stale step, ...)
+  kOutOfRange = 5,          ///< an index or byte range past its bound
+  kUnauthenticated = 6,     ///< a missing or wrong token
+  kDeadlineExceeded = 7,    ///< a wait ran past its deadline
+  kUnavailable = 8,         ///< a peer is gone or not reachable; retry may help
+  kDataLoss = 9,            ///< a checksum mismatch or corrupt stored data
+  kResourceExhausted = 10,  ///< memory or disk budget exceeded
+  kIoError = 11,            ///< an operating-system I/O call failed
   kUnimplemented = 12,
-  kInternal = 13,         ///< a broken invariant inside zps
-  kCancelled = 14,        ///< the operation was stopped by shutdown
+  kInternal = 13,   ///< a broken invariant inside zps
+  kCancelled = 14,  ///< the operation was stopped by shutdown
 };
 
 /// Name of a code, e.g. "INVALID_ARGUMENT".
@@ -93,7 +93,7 @@ Status StatusFromCode(uint32_t code, std::string message, std::string_view what 
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result constructed from an OK status");
   }
@@ -120,10 +120,10 @@ class [[nodiscard]] Result {
 #define ZPS_STATUS_CONCAT_(a, b) ZPS_STATUS_CONCAT_INNER_(a, b)
 
 /// Returns the Status of `expr` from the enclosing function if it is not OK.
-#define ZPS_RETURN_IF_ERROR(expr)                         \
-  do {                                                    \
-    ::zps::Status zps_status_ = (expr);                   \
-    if (!zps_status_.ok()) return zps_status_;            \
+#define ZPS_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::zps::Status zps_status_ = (expr);        \
+    if (!zps_status_.ok()) return zps_status_; \
   } while (0)
 
 /// Evaluates `rexpr` (a Result<T>); on error returns its Status, else moves the value into `lhs`

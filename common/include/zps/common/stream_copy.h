@@ -46,9 +46,7 @@ void StreamCopy(std::span<std::byte> dst, std::span<const std::byte> src, size_t
 void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out);
 void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out);
 /// The same, streaming from `stream_from` output bytes up (tests use 0).
-void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out,
-                           size_t stream_from);
-void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out,
-                            size_t stream_from);
+void StreamConvertF32ToF16(std::span<const float> in, std::span<uint16_t> out, size_t stream_from);
+void StreamConvertF32ToBF16(std::span<const float> in, std::span<uint16_t> out, size_t stream_from);
 
 }  // namespace zps

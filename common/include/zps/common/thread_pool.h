@@ -28,7 +28,7 @@ namespace zps {
 struct ThreadPoolOptions {
   std::string name = "zps-pool";  // Default: "zps-pool"; threads are named name-0, name-1, ...
   int threads = 0;                // Default: 0 = one per online CPU. Includes the calling thread.
-  bool pin = false;               // Default: false. Pin thread i to CPU i (the caller is not pinned).
+  bool pin = false;  // Default: false. Pin thread i to CPU i (the caller is not pinned).
   // Default: 0. The nice value each pool thread sets for itself when it starts (setpriority on
   // its own thread id; best effort: a refusal is logged at DEBUG and the thread runs on). The
   // caller of ParallelFor keeps its own. In [-20, 19]; below 0 needs CAP_SYS_NICE.

@@ -1,11 +1,12 @@
 // zps/common/ucx.h — the UCX (ucp) data plane: context, worker with one progress thread,
 // endpoints, active messages and RMA get.
 //
-//   auto ctx = ucx::Context::Create({.transports = "tcp"});            // or "shm", "posix,cma,self"
-//   auto worker = ucx::Worker::Create(**ctx, {.thread_name = "shard-ucx"});
+//   auto ctx = ucx::Context::Create({.transports = "tcp"});            // or "shm",
+//   "posix,cma,self" auto worker = ucx::Worker::Create(**ctx, {.thread_name = "shard-ucx"});
 //   (*worker)->SetAmHandler(kFetch, [&](ucx::AmMessage& m) { ... });   // before Start()
 //   (*worker)->Start();
-//   auto ep = (*worker)->Connect(peer_address_bytes, on_error);        // address from control plane
+//   auto ep = (*worker)->Connect(peer_address_bytes, on_error);        // address from control
+//   plane
 //   (*worker)->SendAm(*ep, kFetch, header, data, keep_alive, [](Status s) { ... });
 //
 // Threading model. A Worker owns one ucp_worker and ONE progress thread, the only thread that
@@ -23,10 +24,10 @@
 // worker stopped first; InvalidArgument/FailedPrecondition for a bad call. It runs on the
 // progress thread, except for a call rejected before it is queued (worker not running, invalid
 // endpoint or options, reply endpoint off the progress thread): then on the caller's thread
-// before the call returns. Peer failure is detected through UCP_ERR_HANDLING_MODE_PEER on tcp (a broken
-// socket, or keepalive: ContextOptions::keepalive_interval), and on shared memory, which UCX 1.13
-// cannot watch, through the peer pid given to Connect() and Worker::Fail() (see Connect). So no
-// operation hangs on a dead peer.
+// before the call returns. Peer failure is detected through UCP_ERR_HANDLING_MODE_PEER on tcp (a
+// broken socket, or keepalive: ContextOptions::keepalive_interval), and on shared memory, which
+// UCX 1.13 cannot watch, through the peer pid given to Connect() and Worker::Fail() (see Connect).
+// So no operation hangs on a dead peer.
 //
 // Which mechanism to fetch with: AM rendezvous over tcp, RMA Get from a Context::Allocate()d
 // region over shared memory (docs/data-plane.md has the measurements).
@@ -374,8 +375,7 @@ class Worker {
   void ShutdownOnThread();
 
   // Progress thread only:
-  Result<Endpoint> ConnectNow(std::vector<std::byte> address, ErrorCallback on_error,
-                              int peer_pid);
+  Result<Endpoint> ConnectNow(std::vector<std::byte> address, ErrorCallback on_error, int peer_pid);
   // `declared`: by the owner (Fail), who knows why and logs it: logged at INFO; otherwise (UCX
   // or the peer-liveness check found it) at WARNING.
   void MarkFailed(uint64_t id, Status reason, bool declared = false);

@@ -58,30 +58,30 @@ class Snapshot;
 }  // namespace detail
 
 struct CheckpointOptions {
-  uint32_t keep = 2;                           // Default: 2 — committed checkpoints kept (≥ 1).
-  uint64_t slice_bytes = 4ull << 20;           // Default: 4 MiB — largest tensor value.
-  uint64_t write_buffer_bytes = 64ull << 20;   // Default: 64 MiB — one memtable.
-  int max_write_buffers = 8;                   // Default: 8 memtables (flushes overlap writes).
-  int background_jobs = 8;                     // Default: 8 flush/compaction threads (up to
-                                               // background_jobs - 1 flushes at once).
-  uint64_t write_io_bytes = 8ull << 20;        // Default: 8 MiB per write call of a file.
-  bool direct_writes = false;                  // Default: off — O_DIRECT flush/compaction
-                                               // (needs a filesystem that supports it).
-  bool direct_reads = false;                   // Default: off — O_DIRECT reads.
-  int write_threads = 2;                       // Default: 2 — threads that frame and insert a
-                                               // chunk's slices at once (1..64; includes the
-                                               // caller of AddChunk).
-  bool create_if_missing = true;               // Default: true.
-  bool read_only = false;                      // Default: false — true for inspect/export
-                                               // (works beside a live writer; sees state at
-                                               // open). Writing calls return FailedPrecondition.
+  uint32_t keep = 2;                          // Default: 2 — committed checkpoints kept (≥ 1).
+  uint64_t slice_bytes = 4ull << 20;          // Default: 4 MiB — largest tensor value.
+  uint64_t write_buffer_bytes = 64ull << 20;  // Default: 64 MiB — one memtable.
+  int max_write_buffers = 8;                  // Default: 8 memtables (flushes overlap writes).
+  int background_jobs = 8;                    // Default: 8 flush/compaction threads (up to
+                                              // background_jobs - 1 flushes at once).
+  uint64_t write_io_bytes = 8ull << 20;       // Default: 8 MiB per write call of a file.
+  bool direct_writes = false;                 // Default: off — O_DIRECT flush/compaction
+                                              // (needs a filesystem that supports it).
+  bool direct_reads = false;                  // Default: off — O_DIRECT reads.
+  int write_threads = 2;                      // Default: 2 — threads that frame and insert a
+                                              // chunk's slices at once (1..64; includes the
+                                              // caller of AddChunk).
+  bool create_if_missing = true;              // Default: true.
+  bool read_only = false;                     // Default: false — true for inspect/export
+                                              // (works beside a live writer; sees state at
+                                              // open). Writing calls return FailedPrecondition.
   /// Default: false. true: the store's own threads (write_threads helpers, and RocksDB's
   /// flush and compaction pools of its Env, process-wide) run at the lowest CPU priority, for a
   /// checkpoint written in the background beside training: they then take the CPU the step
   /// leaves idle.
   bool low_priority = false;
-  rocksdb::Env* env = nullptr;                 // Default: nullptr = rocksdb::Env::Default().
-                                               // Tests inject faults here; not owned.
+  rocksdb::Env* env = nullptr;  // Default: nullptr = rocksdb::Env::Default().
+                                // Tests inject faults here; not owned.
   /// Errors: InvalidArgument.
   Status Validate() const;
 };
@@ -159,8 +159,7 @@ class CheckpointWriter {
     uint32_t index;
     std::span<const std::byte> data;
   };
-  std::vector<Slice> CutSlices(uint32_t chunk, uint8_t kind,
-                               std::span<const std::byte> data) const;
+  std::vector<Slice> CutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data) const;
   // Frames and writes `slices` (without WAL), striped over the store's write threads.
   Status PutSlices(const std::vector<Slice>& slices);
   void Abort();

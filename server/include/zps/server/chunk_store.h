@@ -109,11 +109,11 @@ struct ChunkSpans {
 
 struct ChunkStoreStats {
   uint32_t chunks = 0;
-  uint32_t state_resident = 0;     // chunks whose state is in RAM
-  uint32_t serving_resident = 0;   // chunks whose serving copy is in RAM
-  uint64_t state_ram_bytes = 0;    // resident state records
-  uint64_t serving_ram_bytes = 0;  // resident serving records
-  uint64_t buffer_bytes = 0;       // pipeline buffers (both budgets)
+  uint32_t state_resident = 0;        // chunks whose state is in RAM
+  uint32_t serving_resident = 0;      // chunks whose serving copy is in RAM
+  uint64_t state_ram_bytes = 0;       // resident state records
+  uint64_t serving_ram_bytes = 0;     // resident serving records
+  uint64_t buffer_bytes = 0;          // pipeline buffers (both budgets)
   uint64_t serving_buffer_bytes = 0;  // the serving budget's part of buffer_bytes
   uint64_t state_file_bytes = 0;
   uint64_t serving_file_bytes = 0;
@@ -197,9 +197,9 @@ class ChunkStore {
   ChunkStoreOptions options_;
   mutable Mutex mu_;  // serialises every public call (see the header comment)
   std::vector<Chunk> chunks_;
-  uint64_t state_stride_max_ = 0;                                 // largest state record
-  uint64_t serving_stride_max_ = 0;                               // largest serving record
-  std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;    // resident records
+  uint64_t state_stride_max_ = 0;                               // largest state record
+  uint64_t serving_stride_max_ = 0;                             // largest serving record
+  std::unique_ptr<AlignedBufferPool> state_ram_, serving_ram_;  // resident records
   std::byte* serving_ram_base_ = nullptr;  // serving_ram_ or options_.serving_ram_alloc memory
   size_t slot_count_ = 0;                  // pipeline slots (0 when nothing spills)
   std::unique_ptr<AlignedBufferPool> state_bufs_, serving_bufs_;  // pipeline slots

@@ -57,8 +57,8 @@ using CommitInfo = msg::CommitInfo;
 class CoordinatorCatalog;
 
 struct CoordinatorOptions {
-  int64_t checkpoint_every = 0;            // Default: 0 = only on request.
-  CoordinatorCatalog* catalog = nullptr;   // Default: none (no durable job state). Not owned.
+  int64_t checkpoint_every = 0;           // Default: 0 = only on request.
+  CoordinatorCatalog* catalog = nullptr;  // Default: none (no durable job state). Not owned.
 };
 
 struct JoinInfo {
@@ -152,9 +152,9 @@ class Coordinator {
     std::string endpoint;
     uint64_t session = 0;
     bool connected = false;
-    bool listed = false;            // sent its checkpoint list since registering
+    bool listed = false;  // sent its checkpoint list since registering
     std::vector<int64_t> checkpoints;
-    bool ready = false;             // restored the target of the current epoch
+    bool ready = false;  // restored the target of the current epoch
     msg::ResumeState state;
   };
   void StartRecovery(const std::string& reason, std::vector<CommitCallback>& failed,
@@ -169,9 +169,9 @@ class Coordinator {
   std::vector<ShardEntry> shards_ GUARDED_BY(mu_);
   msg::JobPhase phase_ GUARDED_BY(mu_) = msg::JobPhase::kNoJob;
   uint64_t epoch_ GUARDED_BY(mu_) = 0;
-  int64_t target_ GUARDED_BY(mu_) = -1;  // recovery target, -1 unknown
+  int64_t target_ GUARDED_BY(mu_) = -1;   // recovery target, -1 unknown
   int64_t complete_ GUARDED_BY(mu_) = 0;  // newest checkpoint complete on
-                                                // every shard (0: none)
+                                          // every shard (0: none)
   bool checkpoint_requested_ GUARDED_BY(mu_) = false;
   std::vector<std::pair<int64_t, CheckpointCallback>> checkpoint_waiters_ GUARDED_BY(mu_);
   std::optional<JobSpec> job_ GUARDED_BY(mu_);

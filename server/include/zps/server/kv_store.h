@@ -32,10 +32,10 @@
 namespace zps::server {
 
 struct KvStoreOptions {
-  size_t max_keys = 65536;              // Default: 64 Ki keys per generation.
+  size_t max_keys = 65536;  // Default: 64 Ki keys per generation.
   // Gloo's full-mesh rendezvous stores world^2 x 192 B: 1 GiB covers about 2,300 ranks.
   size_t max_bytes = size_t{1} << 30;  // Default: 1 GiB of values per generation.
-  size_t max_waiters = 65536;           // Default: 64 Ki parked Gets.
+  size_t max_waiters = 65536;          // Default: 64 Ki parked Gets.
 };
 
 class KvStore {
@@ -88,7 +88,7 @@ class KvStore {
   std::map<std::string, std::vector<std::byte>> values_ GUARDED_BY(mu_);
   size_t bytes_ GUARDED_BY(mu_) = 0;
   std::multimap<std::string, uint64_t> by_key_ GUARDED_BY(mu_);  // key -> waiter id
-  std::map<uint64_t, Waiter> waiters_ GUARDED_BY(mu_);  // by id
+  std::map<uint64_t, Waiter> waiters_ GUARDED_BY(mu_);           // by id
   uint64_t next_waiter_ GUARDED_BY(mu_) = 1;
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread timer_;

@@ -42,15 +42,15 @@ Result<OptimizerKind> ParseOptimizerKind(std::string_view text);
 /// Hyperparameters. Validate() rejects bad values with InvalidArgument naming the field.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;  // Default: adamw
-  float lr = 1e-3f;                  // Default: 1e-3. Must be >= 0 and finite.
-  float beta1 = 0.9f;                // Default: 0.9. Adam/AdamW; in [0, 1).
-  float beta2 = 0.999f;              // Default: 0.999. Adam/AdamW; in [0, 1).
-  float eps = 1e-8f;                 // Default: 1e-8. Adam/AdamW; > 0.
-  float weight_decay = 0.0f;         // Default: 0. >= 0. Coupled (L2) for kAdam and kSgd,
-                                     // decoupled for kAdamW.
-  bool bias_correction = true;       // Default: true. Adam/AdamW.
-  float momentum = 0.0f;             // Default: 0. SGD; in [0, 1).
-  bool nesterov = false;             // Default: false. SGD; needs momentum > 0.
+  float lr = 1e-3f;                            // Default: 1e-3. Must be >= 0 and finite.
+  float beta1 = 0.9f;                          // Default: 0.9. Adam/AdamW; in [0, 1).
+  float beta2 = 0.999f;                        // Default: 0.999. Adam/AdamW; in [0, 1).
+  float eps = 1e-8f;                           // Default: 1e-8. Adam/AdamW; > 0.
+  float weight_decay = 0.0f;                   // Default: 0. >= 0. Coupled (L2) for kAdam and kSgd,
+                                               // decoupled for kAdamW.
+  bool bias_correction = true;                 // Default: true. Adam/AdamW.
+  float momentum = 0.0f;                       // Default: 0. SGD; in [0, 1).
+  bool nesterov = false;                       // Default: false. SGD; needs momentum > 0.
 
   Status Validate() const;
   /// A stable binary encoding (versioned), for checkpoints.
@@ -82,11 +82,11 @@ struct ConstChunkState {
 };
 
 struct UpdateParams {
-  int64_t step = 1;            // 1-based step count after this update (drives bias correction).
-  float grad_scale = 1.0f;     // Multiplies every gradient element before use.
+  int64_t step = 1;                // 1-based step count after this update (drives bias correction).
+  float grad_scale = 1.0f;         // Multiplies every gradient element before use.
   DType out_dtype = DType::kBF16;  // kF16, kBF16 (out16) or kF32 (out32): the serving copy's type.
-  std::span<uint16_t> out16;   // 16-bit serving copy; same length as master. May be empty: no copy.
-  std::span<float> out32;      // fp32 serving copy (out_dtype kF32); same length, or empty.
+  std::span<uint16_t> out16;  // 16-bit serving copy; same length as master. May be empty: no copy.
+  std::span<float> out32;     // fp32 serving copy (out_dtype kF32); same length, or empty.
   /// Per-call overrides of OptimizerConfig::lr / weight_decay (a parameter group's values, a
   /// scheduled lr). Not set: the config's. The constants are folded exactly as for the config's.
   std::optional<float> lr;

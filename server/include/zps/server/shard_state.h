@@ -135,27 +135,27 @@ struct ParamGroup {
 /// Validated by ValidateShardJob (JobSpec::Validate, ShardState::Create).
 struct ShardJob {
   ReductionMode mode = ReductionMode::kServerSum;  // Default: server-sum
-  uint32_t world_size = 1;                          // Default: 1
-  DType grad_dtype = DType::kF32;                   // Default: fp32; the dtype pushes must use
+  uint32_t world_size = 1;                         // Default: 1
+  DType grad_dtype = DType::kF32;                  // Default: fp32; the dtype pushes must use
   /// The copy workers fetch: bf16, fp16, or fp32 (4 bytes an element: a copy of the master).
-  DType serving_dtype = DType::kBF16;               // Default: bf16
+  DType serving_dtype = DType::kBF16;  // Default: bf16
   /// Gradient accumulation: each rank pushes k micro-batches per step (contributor index
   /// rank * k + micro in PushRequest::rank). In [1, 1024]; world_size * k <= 65536.
-  uint32_t accumulation_steps = 1;                  // Default: 1
+  uint32_t accumulation_steps = 1;  // Default: 1
   /// Parameter groups. Empty (default): one group with OptimizerConfig::lr / weight_decay.
   /// Not empty: OptimizerConfig::lr / weight_decay are not used.
-  std::vector<ParamGroup> param_groups;             // Default: empty
+  std::vector<ParamGroup> param_groups;  // Default: empty
   /// Per parameter (layout order): its index into param_groups. Empty (default): every parameter
   /// in group 0. Not empty: exactly layout.num_params() entries, each < param_groups.size()
   /// (param_groups must then not be empty).
-  std::vector<uint32_t> param_group;                // Default: empty
+  std::vector<uint32_t> param_group;  // Default: empty
   /// Per parameter (layout order): 1 = frozen (served, never pushed, never updated), 0 = trained.
   /// Empty (default): nothing frozen. Not empty: exactly layout.num_params() entries of 0 or 1.
-  std::vector<uint8_t> frozen;                      // Default: empty
+  std::vector<uint8_t> frozen;  // Default: empty
   /// The learning-rate schedule (zps/server/lr_schedule.h).
-  LrScheduleConfig lr_schedule;                     // Default: none (constant)
+  LrScheduleConfig lr_schedule;  // Default: none (constant)
   /// When the optimizer runs (UpdateMode). Job spec version 3 when not sync.
-  UpdateMode update_mode = UpdateMode::kSync;       // Default: sync
+  UpdateMode update_mode = UpdateMode::kSync;  // Default: sync
 };
 
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
@@ -203,7 +203,7 @@ class PushTicket {
   // after a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   std::shared_ptr<AlignedBuffer<uint16_t>> slot16_buffer_;
-  uint64_t epoch_ = 0;                    // ShardState's rollback count at BeginPush
+  uint64_t epoch_ = 0;    // ShardState's rollback count at BeginPush
   bool discard_ = false;  // pushed again (ShardState::BeginPush): received, then dropped
 };
 
@@ -241,11 +241,11 @@ using ServingAllocator = std::function<Result<std::span<std::byte>>(size_t bytes
 
 /// The spill tier's figures (ShardState::storage_stats).
 struct ShardStorageStats {
-  bool spilled = false;    // false: master, m and v are in RAM buffers (no store)
-  ChunkStoreStats store;   // valid when `spilled`
-  uint64_t io_errors = 0;  // store operations that failed with IoError, ResourceExhausted or
-                           // DataLoss
-  bool serving_in_store = false;       // serving copies are store records (a serving budget)
+  bool spilled = false;           // false: master, m and v are in RAM buffers (no store)
+  ChunkStoreStats store;          // valid when `spilled`
+  uint64_t io_errors = 0;         // store operations that failed with IoError, ResourceExhausted or
+                                  // DataLoss
+  bool serving_in_store = false;  // serving copies are store records (a serving budget)
   uint64_t serving_staging_bytes = 0;  // staging buffers for fetches of spilled serving copies
   uint64_t spilled_fetches = 0;        // fetches answered from a spilled serving copy
   uint64_t spilled_fetch_reads = 0;    // NVMe reads for them (the rest were cache hits)
@@ -253,17 +253,17 @@ struct ShardStorageStats {
 
 /// Speculative updates (UpdateMode::kSpeculative), counted per chunk and commit since Create.
 struct SpeculationStats {
-  uint64_t published = 0;  // speculated, and the commit's order was the assumed one: published
-  uint64_t redone = 0;     // speculated, but the step clipped (another scale): redone at commit
-                           // from the untouched pre-update state
-  uint64_t dropped = 0;    // speculated, but the step was skipped (overflow): the spare dropped
-  uint64_t sync = 0;       // not speculated (no spare buffer free, not armed, or completed too
-                           // late): updated at commit as in sync mode
-  uint64_t beside = 0;     // of all the above: still being speculated when the commit came
-                           // (RAM state: the commit's pass over the others ran beside it)
-  uint32_t in_flight = 0;  // chunks speculated now, waiting for the commit
-  uint32_t busy = 0;       // chunks the speculation thread is reducing or updating now
-  uint32_t spares = 0;     // spare buffer sets (chunks that can be speculated in one step)
+  uint64_t published = 0;    // speculated, and the commit's order was the assumed one: published
+  uint64_t redone = 0;       // speculated, but the step clipped (another scale): redone at commit
+                             // from the untouched pre-update state
+  uint64_t dropped = 0;      // speculated, but the step was skipped (overflow): the spare dropped
+  uint64_t sync = 0;         // not speculated (no spare buffer free, not armed, or completed too
+                             // late): updated at commit as in sync mode
+  uint64_t beside = 0;       // of all the above: still being speculated when the commit came
+                             // (RAM state: the commit's pass over the others ran beside it)
+  uint32_t in_flight = 0;    // chunks speculated now, waiting for the commit
+  uint32_t busy = 0;         // chunks the speculation thread is reducing or updating now
+  uint32_t spares = 0;       // spare buffer sets (chunks that can be speculated in one step)
   uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
 };
 
@@ -284,9 +284,8 @@ class ShardState {
   /// ordinary aligned heap memory) provides the memory of every serving copy (see
   /// ServingAllocator); whatever it returns is returned.
   static Result<std::unique_ptr<ShardState>> Create(
-      const Layout& layout, uint32_t ordinal, const ShardJob& job,
-      const OptimizerConfig& optimizer, ThreadPool* pool,
-      const std::optional<ChunkStoreOptions>& spill = std::nullopt,
+      const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
+      ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill = std::nullopt,
       const ServingAllocator& serving_alloc = {});
   ~ShardState();
 
@@ -364,10 +363,10 @@ class ShardState {
   /// Takes a consistent snapshot of every chunk's master, m and v at the current version,
   /// copy-on-write per chunk: nothing is copied now; the first later change of a chunk (an
   /// update, a publish, a rollback) first hands that chunk's state to the snapshot, unless the
-  /// snapshot's reader already copied it (Visit copies every chunk first, then writes). The snapshot's Visit may then run on another thread
-  /// while steps go on. One snapshot at a time. RAM state only (no store). Errors:
-  /// FailedPrecondition (a store, a snapshot still open, chunks at different versions or
-  /// uninitialised), ResourceExhausted.
+  /// snapshot's reader already copied it (Visit copies every chunk first, then writes). The
+  /// snapshot's Visit may then run on another thread while steps go on. One snapshot at a time. RAM
+  /// state only (no store). Errors: FailedPrecondition (a store, a snapshot still open, chunks at
+  /// different versions or uninitialised), ResourceExhausted.
   Result<std::shared_ptr<Snapshot>> BeginSnapshot();
   /// Allocates and faults in one set of master, m and v buffers per chunk for the snapshots of
   /// background checkpoints, on a thread of its own at the lowest CPU priority
@@ -409,16 +408,15 @@ class ShardState {
   // ---- durability (shard_state_restore.cc) ----
   // Called by the one thread that also calls ReduceStep/ApplyCommit (the step driver), between
   // steps: the update is the only writer of master, m and v once they are initialised.
-  using ChunkVisitor = std::function<Status(uint32_t chunk, int64_t version,
-                                            std::span<const float> master,
-                                            std::span<const float> m, std::span<const float> v)>;
+  using ChunkVisitor =
+      std::function<Status(uint32_t chunk, int64_t version, std::span<const float> master,
+                           std::span<const float> m, std::span<const float> v)>;
   /// Visits every local chunk's master, m and v (an empty span for a state the optimizer does
   /// not keep), ascending. Errors: FailedPrecondition (chunks at different versions, or
   /// uninitialised), whatever `fn` returns (the visit stops).
   Status VisitChunkState(const ChunkVisitor& fn) const;
-  using ChunkLoader =
-      std::function<Status(uint32_t chunk, std::span<float> master, std::span<float> m,
-                           std::span<float> v)>;
+  using ChunkLoader = std::function<Status(uint32_t chunk, std::span<float> master,
+                                           std::span<float> m, std::span<float> v)>;
   /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
   /// gradients of the step in progress (zeroed slots; a push begun before writes into a buffer
   /// of its own and is refused by FinishPush: see "Rollback fence" above), then
@@ -445,7 +443,13 @@ class ShardState {
   // report set, the speculative update running (ReduceStep does not wait for it, nor does the
   // commit's pass over the other chunks with RAM state).
   enum class SpecPhase : uint8_t {
-    kIdle, kQueued, kBusy, kReduced, kSpeculated, kQueuedLate, kSpeculating
+    kIdle,
+    kQueued,
+    kBusy,
+    kReduced,
+    kSpeculated,
+    kQueuedLate,
+    kSpeculating
   };
   struct Spare {  // the updated state of a speculated chunk, until the commit
     AlignedBuffer<float> master, m, v;
@@ -456,9 +460,9 @@ class ShardState {
     uint32_t id = 0;
     uint64_t size = 0;
     AlignedBuffer<float> master, m, v;
-    std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_, or the store's
-                                  // resident serving RAM), zeroed at Create; empty if spilled.
-                                  // With banks: banks[version % 2] (Publish sets it).
+    std::span<uint16_t> serving;   // from the ServingAllocator (or serving_own_, or the store's
+                                   // resident serving RAM), zeroed at Create; empty if spilled.
+                                   // With banks: banks[version % 2] (Publish sets it).
     std::span<uint16_t> banks[2];  // "Serving banks"; empty when there is one
     // Shared with the push tickets writing into them (see "Rollback fence"). fp32 job: one
     // fp32 slot per contributor in `grads`, `grads16` empty. 16-bit job: `grads16` has the
@@ -466,10 +470,10 @@ class ShardState {
     // are summed.
     std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
     std::vector<std::shared_ptr<AlignedBuffer<uint16_t>>> grads16;
-    std::vector<std::map<uint64_t, uint64_t>> covered;   // per slot: begin -> end (reserved)
-    std::vector<uint64_t> landed;                        // per slot: elements completed
-    std::vector<std::pair<uint64_t, uint64_t>> params;   // parameter runs [begin, end), sorted
-    std::vector<uint8_t> params_frozen;                  // per entry of params: 1 = frozen
+    std::vector<std::map<uint64_t, uint64_t>> covered;  // per slot: begin -> end (reserved)
+    std::vector<uint64_t> landed;                       // per slot: elements completed
+    std::vector<std::pair<uint64_t, uint64_t>> params;  // parameter runs [begin, end), sorted
+    std::vector<uint8_t> params_frozen;                 // per entry of params: 1 = frozen
     uint64_t expected = 0;       // trained (not frozen) parameter elements: a step's coverage
     uint64_t expected_init = 0;  // all parameter elements: the initial values' coverage
     struct Run {                 // [begin, end) of one group (or frozen), covering the chunk
@@ -529,7 +533,7 @@ class ShardState {
   void EndServingRewrite(const Status& result);                          // takes mu_
   uint64_t StagingBytes() const;
   // Store-backed helpers (shard_state_restore.cc).
-  Status CountIo(Status s) const;  // counts a store I/O failure, returns s
+  Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
   Status StoreUpdate(const CommitOrder& order);
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
@@ -596,30 +600,30 @@ class ShardState {
   std::unique_ptr<Optimizer> spec_optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
-  uint32_t serving_words_ = 1;      // 16-bit words per serving element (2 for fp32)
-  uint32_t accum_ = 1;              // accumulation_steps
+  uint32_t serving_words_ = 1;  // 16-bit words per serving element (2 for fp32)
+  uint32_t accum_ = 1;          // accumulation_steps
   std::vector<uint32_t> chunk_ids_;
-  std::vector<Chunk> chunks_;  // same order as chunk_ids_
+  std::vector<Chunk> chunks_;             // same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given
   uint64_t serving_bank_bytes_ = 0;       // "Serving banks"; 0: one bank
   // Set at Create when spilling; store chunk i is chunks_[i]. Internally synchronised (lock
   // order above). When set, Chunk::master/m/v are empty.
   std::unique_ptr<ChunkStore> store_;
-  std::vector<uint32_t> store_ids_;              // 0 .. chunks_.size() - 1 (a full pass)
-  uint32_t moments_ = 0;                         // the store's moments (0, 1 = m, 2 = m and v)
-  mutable std::atomic<uint64_t> io_errors_{0};   // failed store operations
-  bool serving_in_store_ = false;                // set at Create: serving copies are store records
-  std::unique_ptr<ServingStaging> staging_;      // set at Create when a serving copy spills
+  std::vector<uint32_t> store_ids_;             // 0 .. chunks_.size() - 1 (a full pass)
+  uint32_t moments_ = 0;                        // the store's moments (0, 1 = m, 2 = m and v)
+  mutable std::atomic<uint64_t> io_errors_{0};  // failed store operations
+  bool serving_in_store_ = false;               // set at Create: serving copies are store records
+  std::unique_ptr<ServingStaging> staging_;     // set at Create when a serving copy spills
   // Where pushes received to be dropped land before FinishPush: reused, not zeroed. Internally
   // synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB of released buffers
   // beyond those in flight.
   mutable StagingPool push_staging_{size_t{64} << 20};
-  std::thread serving_reader_;                   // "zps-serving-rd": answers spilled fetches
+  std::thread serving_reader_;  // "zps-serving-rd": answers spilled fetches
   std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 
   mutable Mutex mu_;
   CondVar cv_;
-  uint64_t epoch_ GUARDED_BY(mu_) = 0;  // ResetTo count (fences older push tickets)
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;               // ResetTo count (fences older push tickets)
   int64_t sealed_step_ GUARDED_BY(mu_) = INT64_MIN;  // complete, being reduced (ForgetRank)
   bool shutdown_ GUARDED_BY(mu_) = false;
   Status shutdown_reason_ GUARDED_BY(mu_);
@@ -640,19 +644,19 @@ class ShardState {
   std::deque<size_t> spec_q_ GUARDED_BY(mu_);  // chunk indices to speculate
   std::optional<CommitOrder> armed_ GUARDED_BY(mu_);
   bool spec_stop_ GUARDED_BY(mu_) = false;
-  int spec_busy_ GUARDED_BY(mu_) = 0;  // chunks being reduced/speculated
+  int spec_busy_ GUARDED_BY(mu_) = 0;         // chunks being reduced/speculated
   int spec_speculating_ GUARDED_BY(mu_) = 0;  // of those, in kSpeculating
-  CondVar spec_cv_;                    // the speculation thread waits on it (with mu_)
-  std::thread spec_thread_;            // "zps-speculate"
+  CondVar spec_cv_;                           // the speculation thread waits on it (with mu_)
+  std::thread spec_thread_;                   // "zps-speculate"
   SpeculationStats spec_stats_ GUARDED_BY(mu_);
   Status spec_error_ GUARDED_BY(mu_);  // a failed reduction (ReduceStep)
   std::function<void(std::string_view, int64_t)> test_hook_;
   // The open snapshot of a background checkpoint (shard_state_snapshot.cc).
   std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
-  Mutex buffers_mu_ ACQUIRED_AFTER(mu_);  // a leaf lock
+  Mutex buffers_mu_ ACQUIRED_AFTER(mu_);                                         // a leaf lock
   std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(buffers_mu_);  // by size
-  std::thread reserve_thread_;               // "zps-reserve" (ReserveSnapshotBuffers)
-  std::atomic<bool> reserve_stop_{false};    // the destructor stops it between buffers
+  std::thread reserve_thread_;             // "zps-reserve" (ReserveSnapshotBuffers)
+  std::atomic<bool> reserve_stop_{false};  // the destructor stops it between buffers
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version

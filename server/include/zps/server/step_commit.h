@@ -23,15 +23,15 @@
 namespace zps::server {
 
 struct CommitConfig {
-  double max_grad_norm = 0.0;       // Default: 0 = no clipping. Must be >= 0.
-  double grad_divisor = 1.0;        // Default: 1. E.g. the world size, to average rank sums;
-                                    // world_size x accumulation_steps to average every
-                                    // micro-batch of every rank (ShardJob).
-  bool dynamic_loss_scale = false;  // Default: false (fp32 / bf16 training).
+  double max_grad_norm = 0.0;           // Default: 0 = no clipping. Must be >= 0.
+  double grad_divisor = 1.0;            // Default: 1. E.g. the world size, to average rank sums;
+                                        // world_size x accumulation_steps to average every
+                                        // micro-batch of every rank (ShardJob).
+  bool dynamic_loss_scale = false;      // Default: false (fp32 / bf16 training).
   double initial_loss_scale = 65536.0;  // Default: 2^16. Used when dynamic_loss_scale.
-  double scale_factor = 2.0;        // Default: 2.
-  int64_t scale_window = 1000;      // Default: 1000 good steps before growing.
-  double min_loss_scale = 1.0;      // Default: 1.
+  double scale_factor = 2.0;            // Default: 2.
+  int64_t scale_window = 1000;          // Default: 1000 good steps before growing.
+  double min_loss_scale = 1.0;          // Default: 1.
 
   Status Validate() const;
 };
@@ -43,10 +43,10 @@ struct ChunkReport {
 
 struct CommitDecision {
   bool skip = false;
-  float grad_scale = 0.0f;      // multiply each reduced gradient element by this
-  double global_norm = 0.0;     // of the unscaled, averaged gradient (NaN when skipped)
-  double loss_scale = 1.0;      // the scale the gradients of this step were computed with
-  double next_loss_scale = 1.0; // the scale workers use for the next step
+  float grad_scale = 0.0f;       // multiply each reduced gradient element by this
+  double global_norm = 0.0;      // of the unscaled, averaged gradient (NaN when skipped)
+  double loss_scale = 1.0;       // the scale the gradients of this step were computed with
+  double next_loss_scale = 1.0;  // the scale workers use for the next step
 };
 
 class StepCommit {

@@ -56,7 +56,7 @@ struct ReferenceOptions {
   DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16 or kBF16.
   /// The servers' lr schedule (one group: optimizer.lr). Default: none.
   server::LrScheduleConfig lr_schedule;
-  int64_t inject_overflow_step = -1;   // Default: -1 = never. 0-based step index.
+  int64_t inject_overflow_step = -1;  // Default: -1 = never. 0-based step index.
 
   Status Validate() const;
 };

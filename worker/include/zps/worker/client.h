@@ -36,10 +36,10 @@
 namespace zps::worker {
 
 struct WorkerOptions {
-  std::string endpoint;          // Default: none. host:port of the coordinator (ZPS_ENDPOINT).
-  std::string token;             // Default: none. The shared auth secret.
-  uint32_t rank = 0;             // Default: 0.
-  std::string ucx_tls;           // Default: "" = UCX_TLS or UCX's choice.
+  std::string endpoint;  // Default: none. host:port of the coordinator (ZPS_ENDPOINT).
+  std::string token;     // Default: none. The shared auth secret.
+  uint32_t rank = 0;     // Default: 0.
+  std::string ucx_tls;   // Default: "" = UCX_TLS or UCX's choice.
   /// How a fetch's data travels. "auto": RMA get from the shard's serving region when the
   /// transports are shared memory only, else an active message with rendezvous; "am"; "rma".
   /// docs/data-plane.md has the measurements. Default: "auto".
@@ -63,16 +63,16 @@ struct WorkerOptions {
   std::chrono::microseconds ucx_spin{200};
   std::chrono::milliseconds connect_timeout{60000};  // Default: 60 s to reach and join the job.
   std::chrono::milliseconds op_timeout{300000};      // Default: 5 min for any single wait.
-  Device* device = nullptr;      // Default: null = host memory, 64-byte aligned, reused from
-                                 // a pool in the Client (released buffers up to 256 MiB).
+  Device* device = nullptr;  // Default: null = host memory, 64-byte aligned, reused from
+                             // a pool in the Client (released buffers up to 256 MiB).
   /// Default: null = no metrics. The handles are copied at Connect; their registry must outlive
   /// the Client. Fed: fetch/push bytes, request durations and in-flight by op (fetch and push per
   /// shard piece, control = AwaitCommit and CallShard), protocol errors, UCX transports.
   const metrics::ProcessMetrics* metrics = nullptr;
 };
 
-/// A fetched parameter (or, from a ranged fetch, elements [begin, begin + n) of it): n elements of the serving dtype (bf16, fp16, or fp32: numel x 4
-/// bytes), at `version` or newer.
+/// A fetched parameter (or, from a ranged fetch, elements [begin, begin + n) of it): n elements of
+/// the serving dtype (bf16, fp16, or fp32: numel x 4 bytes), at `version` or newer.
 struct ParamBuffer {
   uint32_t param = 0;
   uint64_t begin = 0;  // first element held (0 for a whole parameter; a ranged fetch's begin)
@@ -141,8 +141,7 @@ class Client {
   /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
   /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).
-  Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
-                     uint32_t micro);
+  Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad, uint32_t micro);
   /// Sends elements [begin, begin + grad.size()) of the gradient of `param` (fp32, converted to
   /// the job's grad dtype; copied before returning): a pre-reduced rank's slice, already summed
   /// over the ranks. An empty `grad` sends nothing. Errors: OutOfRange (id or range),
@@ -150,9 +149,10 @@ class Client {
   Status PushGradRange(uint32_t param, int64_t step, uint64_t begin, std::span<const float> grad,
                        uint32_t micro = 0);
   /// As PushGradRaw without the copy: `grad` (numel x the job's grad dtype bytes) is sent from
-  /// where it is (by RMA when it lies in a buffer from AllocatePushBuffer and pushes go by RMA). The Client holds `owner` until every piece is acknowledged or failed; the
-  /// caller must not change the bytes before FlushPushes (or AwaitPushesBelow) says they are
-  /// done. Errors: as PushGradRaw.
+  /// where it is (by RMA when it lies in a buffer from AllocatePushBuffer and pushes go by RMA).
+  /// The Client holds `owner` until every piece is acknowledged or failed; the caller must not
+  /// change the bytes before FlushPushes (or AwaitPushesBelow) says they are done. Errors: as
+  /// PushGradRaw.
   Status PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                         std::shared_ptr<const void> owner);
   /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).

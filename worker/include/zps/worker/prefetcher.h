@@ -35,18 +35,19 @@ struct PrefetchOptions {
   /// The `bandwidth-centric` fetch strategy when set: this rank fetches only its slice
   /// RankSlice(numel, world, rank) of each parameter from the shards (ahead, along the trace, as
   /// in `direct`), and each Acquire all-gathers, in one collective, the slices of its
-  /// parameters that are not gathered yet (a layer's parameters in one go). Every rank must then acquire the same parameters in the same order (the same
-  /// model), and use the same budgets, so that the all-gathers match. Not owned; must outlive
-  /// the Prefetcher. Default: null = `direct` (each rank fetches whole parameters).
+  /// parameters that are not gathered yet (a layer's parameters in one go). Every rank must then
+  /// acquire the same parameters in the same order (the same model), and use the same budgets, so
+  /// that the all-gathers match. Not owned; must outlive the Prefetcher. Default: null = `direct`
+  /// (each rank fetches whole parameters).
   Collectives* gather = nullptr;
 };
 
 struct PrefetchStats {
   uint64_t acquires = 0;
-  uint64_t hits = 0;             // already fetched or in flight when acquired
-  uint64_t prefetches = 0;       // fetches started ahead of use
+  uint64_t hits = 0;        // already fetched or in flight when acquired
+  uint64_t prefetches = 0;  // fetches started ahead of use
   uint64_t trace_rebuilds = 0;
-  uint64_t gathers = 0;          // bandwidth-centric: parameters all-gathered from slices
+  uint64_t gathers = 0;              // bandwidth-centric: parameters all-gathered from slices
   std::chrono::nanoseconds wait{0};  // time Acquire spent waiting for data
 };
 
