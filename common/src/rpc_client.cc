@@ -3,6 +3,9 @@
 //
 // Lock order: Impl::mu_ before Pending::m.
 
+// clang-format off
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
+// clang-format on
 #include <array>
 #include <atomic>
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -17,7 +20,6 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include "asio_status.h"
 #include "rpc_internal.h"

@@ -8,6 +8,9 @@
 //
 // Lock order: Server::Impl::mu_ before Connection::mu_ (never taken the other way round).
 
+// clang-format off
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
+// clang-format on
 #include <array>
 #include <atomic>
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -21,7 +24,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
 
 #include "asio_status.h"
 #include "rpc_internal.h"

@@ -40,6 +40,7 @@
 #include "zps/common/ucx.h"
 #include "zps/server/job.h"
 #include "zps/server/shard_server.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 
 namespace zps {
@@ -193,15 +194,15 @@ class BadInputTest : public ::testing::Test {
     o.metrics_port = 0;
     o.optimizer_threads = 1;
     auto s = server::ShardServer::Create(o);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_THAT(s, IsOk());
     server_ = std::move(*s);
-    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_THAT(server_->Start(), IsOk());
     port_ = server_->port();
 
     // A job of two parameters in 2 chunks of 256 elements, world size 2, fp16 grads.
     auto layout = Layout::Build({{"w", {300}}, {"b", {20}}},
                                 {.chunk_elems = 256, .align_elems = 64, .num_shards = 1});
-    ASSERT_TRUE(layout.ok());
+    ASSERT_THAT(layout, IsOk());
     server::JobSpec job{*layout, {}, {}, {}};
     job.shard.world_size = 2;
     job.shard.grad_dtype = DType::kF16;
@@ -211,15 +212,15 @@ class BadInputTest : public ::testing::Test {
     wo.ucx_tls = Tls();
     wo.op_timeout = 10s;
     auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_THAT(c, IsOk());
     client_ = std::move(*c);
     for (uint32_t p = 0; p < 2; ++p) {
       std::vector<float> v(client_->layout().param_numel(p), 0.25f + p);
-      ASSERT_TRUE(client_->PushInitial(p, v).ok());
+      ASSERT_THAT(client_->PushInitial(p, v), IsOk());
     }
-    ASSERT_TRUE(client_->FlushPushes().ok());
+    ASSERT_THAT(client_->FlushPushes(), IsOk());
     Status rc = raw_.Connect(port_, Tls());
-    ASSERT_TRUE(rc.ok()) << rc.ToString();
+    ASSERT_THAT(rc, IsOk());
   }
   void TearDown() override {
     client_.reset();
@@ -229,17 +230,17 @@ class BadInputTest : public ::testing::Test {
   // The CRCs of every chunk: "the stored state".
   std::vector<std::pair<uint32_t, uint32_t>> StateCrcs() {
     auto r = client_->CallShard(0, msg::kChunkCrcs, msg::ChunkCrcsRequest{0}.Encode());
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_THAT(r, IsOk());
     if (!r.ok()) return {};
     auto m = msg::ChunkCrcs::Decode(*r);
-    EXPECT_TRUE(m.ok());
+    EXPECT_THAT(m, IsOk());
     return m.ok() ? m->crcs : std::vector<std::pair<uint32_t, uint32_t>>{};
   }
   // The gradient slots of the step in progress (the Status document's gradient_crc): what a
   // push could reach. StateCrcs does not cover them.
   uint64_t GradientCrc() {
     auto r = client_->CallShard(0, msg::kStatus, {});
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_THAT(r, IsOk());
     if (!r.ok()) return 0;
     auto j =
         nlohmann::json::parse(std::string(reinterpret_cast<const char*>(r->data()), r->size()));
@@ -248,7 +249,7 @@ class BadInputTest : public ::testing::Test {
   }
   void ExpectServing() {
     auto st = client_->CallShard(0, msg::kStatus, {});
-    EXPECT_TRUE(st.ok()) << "server stopped serving: " << st.status().ToString();
+    EXPECT_THAT(st, IsOk()) << "server stopped serving: " << st.status().ToString();
   }
 
   std::unique_ptr<server::ShardServer> server_;
@@ -307,7 +308,7 @@ TEST_P(DataPlaneBadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
   EXPECT_EQ(GradientCrc(), grads_before);
   // A duplicate push from the same rank: the first is accepted (the slots change), the second
   // refused; from here on nothing may change them.
-  ASSERT_TRUE(raw_.Push({s, 0, 0, 0, 0, 16, 1, DType::kF16}, Halves(16)).ok());
+  ASSERT_THAT(raw_.Push({s, 0, 0, 0, 0, 16, 1, DType::kF16}, Halves(16)), IsOk());
   const uint64_t grads_accepted = GradientCrc();
   EXPECT_NE(grads_accepted, grads_before);
   Status dup = raw_.Push({s, 0, 0, 0, 0, 16, 1, DType::kF16}, Halves(16));
@@ -317,7 +318,7 @@ TEST_P(DataPlaneBadInputTest, DataPlaneErrorsAreTypedAndChangeNothing) {
   EXPECT_EQ(raw_.Fetch({s, 0, 0, 200, 100, 0}).code(), Code::kOutOfRange);
   EXPECT_EQ(raw_.Fetch({s, 0, 0, 0, 8, 9}).code(), Code::kFailedPrecondition);
   EXPECT_EQ(raw_.Fetch({s + 1, 0, 0, 0, 8, 0}).code(), Code::kUnauthenticated);
-  EXPECT_TRUE(raw_.Fetch({s, 0, 0, 0, 8, 0}).ok());
+  EXPECT_THAT(raw_.Fetch({s, 0, 0, 0, 8, 0}), IsOk());
   // Pushes by RMA are validated as pushes before the shard reads anything (the rkey below is
   // never unpacked: every case fails first); one that carries data is refused.
   const std::vector<std::byte> bogus_rkey(24, std::byte{0x11});
@@ -374,11 +375,11 @@ TEST_P(DataPlaneBadInputTest, RmaErrorsAreTypedAndChangeNothing) {
   // A good one names the serving copy (bf16 of the initial 0.25): read it and compare.
   {
     RawPeer::RmaReply r = raw_.FetchRma({s, 0, 0, 8, 16, 0});
-    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    ASSERT_THAT(r.status, IsOk());
     EXPECT_EQ(r.version, 0);
     ASSERT_FALSE(r.rkey.empty());
     auto got = raw_.Get(r.remote_address, r.rkey, 16 * 2);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_THAT(got, IsOk());
     for (size_t i = 0; i < 16; ++i) {
       uint16_t b;
       std::memcpy(&b, got->data() + 2 * i, 2);
@@ -390,7 +391,7 @@ TEST_P(DataPlaneBadInputTest, RmaErrorsAreTypedAndChangeNothing) {
   // malformed: refused with INVALID_ARGUMENT before UCX parses it (ucx::Worker::Get; UCX 1.13
   // itself reads past such a key, and aborts the process on some), nothing written.
   auto region = raw_.Allocate(4096);
-  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ASSERT_THAT(region, IsOk());
   {
     const auto h = Halves(16);
     std::memcpy((*region)->memory().data(), h.data(), h.size());
@@ -426,7 +427,7 @@ TEST_P(DataPlaneBadInputTest, RmaErrorsAreTypedAndChangeNothing) {
   EXPECT_EQ(StateCrcs(), before);
 
   // The real region: the push lands, and a repeat is a duplicate.
-  ASSERT_TRUE(raw_.PushRma({ph, base, good_rkey}).ok());
+  ASSERT_THAT(raw_.PushRma({ph, base, good_rkey}), IsOk());
   const uint64_t grads_accepted = GradientCrc();
   EXPECT_NE(grads_accepted, grads_before);
   EXPECT_EQ(raw_.PushRma({ph, base, good_rkey}).code(), Code::kAlreadyExists);
@@ -448,7 +449,7 @@ TEST_P(DataPlaneBadInputTest, StaleRkeyIsRefused) {
   uint64_t stale_address = 0;
   {
     auto gone = raw_.Allocate(4096);
-    ASSERT_TRUE(gone.ok());
+    ASSERT_THAT(gone, IsOk());
     stale_rkey.assign((*gone)->rkey().begin(), (*gone)->rkey().end());
     stale_address = (*gone)->remote_address();
   }  // unmapped here: its rkey names memory that no longer exists
@@ -516,7 +517,7 @@ TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {
     auto reply = s.ReadFrame(3s);
     ASSERT_TRUE(reply.has_value());
     auto h = DecodeFrameHeader(std::span(*reply).first(kFrameHeaderBytes), kMaxPayloadBytes);
-    ASSERT_TRUE(h.ok());
+    ASSERT_THAT(h, IsOk());
     EXPECT_EQ(h->type, kTypeError);
     EXPECT_TRUE(s.WaitClosed(3s));
   }
@@ -528,7 +529,7 @@ TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {
     auto reply = s.ReadFrame(3s);
     ASSERT_TRUE(reply.has_value());
     auto h = DecodeFrameHeader(std::span(*reply).first(kFrameHeaderBytes), kMaxPayloadBytes);
-    ASSERT_TRUE(h.ok());
+    ASSERT_THAT(h, IsOk());
     EXPECT_EQ(h->type, kTypeError);
     auto err = DecodeErrorPayload(std::span(*reply).subspan(kFrameHeaderBytes));
     EXPECT_EQ(err.code(), Code::kUnimplemented);
@@ -536,7 +537,7 @@ TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {
   {  // malformed payloads of known types get InvalidArgument
     rpc::ClientOptions co{"127.0.0.1", port_, kToken, msg::kRoleTool, 0, "tool", {}, 3000};
     auto c = rpc::Client::Connect(co);
-    ASSERT_TRUE(c.ok());
+    ASSERT_THAT(c, IsOk());
     std::vector<std::byte> junk(3, std::byte{1});
     for (uint16_t t :
          {msg::kJoin, msg::kReport, msg::kAwaitCommit, msg::kRegisterShard, msg::kChunkCrcs}) {

@@ -28,6 +28,7 @@
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
 #include "zps/server/job.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 #include "zps/worker/coordinator_kv.h"
 #include "zps/worker/gloo_collectives.h"
@@ -86,7 +87,7 @@ class CollectivesTest : public ::testing::Test {
         o.hostname = "127.0.0.1";
         o.timeout = 60s;
         auto c = worker::GlooCollectives::Create(o);
-        ASSERT_TRUE(c.ok()) << "rank " << r << ": " << c.status().ToString();
+        ASSERT_THAT(c, IsOk()) << "rank " << r << ": " << c.status().ToString();
         EXPECT_EQ((*c)->rank(), r);
         EXPECT_EQ((*c)->world_size(), world);
         fn(r, **c);
@@ -110,12 +111,12 @@ std::vector<std::byte> Bytes(std::string_view s) {
 
 TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   auto a = Kv();
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a, IsOk());
   auto b = Kv();
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
-  ASSERT_TRUE((*a)->Set("kv-test/x", Bytes("hello")).ok());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_THAT((*a)->Set("kv-test/x", Bytes("hello")), IsOk());
   auto v = (*b)->Get("kv-test/x", 0ms);
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_THAT(v, IsOk());
   EXPECT_EQ(*v, Bytes("hello"));
   EXPECT_NE((*a)->generation(), 0u);
   EXPECT_EQ((*a)->generation(), (*b)->generation());
@@ -123,11 +124,11 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   // A get parked until another connection sets the key.
   std::thread setter([&] {
     std::this_thread::sleep_for(200ms);
-    EXPECT_TRUE((*a)->Set("kv-test/later", Bytes("late")).ok());
+    EXPECT_THAT((*a)->Set("kv-test/later", Bytes("late")), IsOk());
   });
   auto late = (*b)->Get("kv-test/later", 10000ms);
   setter.join();
-  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  ASSERT_THAT(late, IsOk());
   EXPECT_EQ(*late, Bytes("late"));
 
   EXPECT_EQ((*b)->Get("kv-test/never", 100ms).status().code(), Code::kDeadlineExceeded);
@@ -140,10 +141,10 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
 
   // A malformed request gets a typed error and the connection stays.
   auto hp = SplitHostPort(*endpoint_);
-  ASSERT_TRUE(hp.ok());
+  ASSERT_THAT(hp, IsOk());
   auto raw =
       rpc::Client::Connect({hp->first, hp->second, kToken, msg::kRoleTool, 0, "raw", {}, 5000});
-  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  ASSERT_THAT(raw, IsOk());
   const std::vector<std::byte> junk(5, std::byte{0xff});
   EXPECT_EQ((*raw)->Call(msg::kKvSet, junk, 5s).status().code(), Code::kInvalidArgument);
   EXPECT_EQ((*raw)->Call(msg::kKvGet, junk, 5s).status().code(), Code::kInvalidArgument);
@@ -152,9 +153,9 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   EXPECT_EQ((*raw)->Call(msg::kKvGet, stale.Encode(), 5s).status().code(), Code::kUnavailable);
   msg::KvGet ok{0, "kv-test/x", 0};
   auto okr = (*raw)->Call(msg::kKvGet, ok.Encode(), 5s);
-  ASSERT_TRUE(okr.ok()) << okr.status().ToString();
+  ASSERT_THAT(okr, IsOk());
   auto decoded = msg::KvReply::Decode(*okr);
-  ASSERT_TRUE(decoded.ok());
+  ASSERT_THAT(decoded, IsOk());
   EXPECT_EQ(decoded->value, Bytes("hello"));
 }
 
@@ -175,7 +176,7 @@ TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
         std::vector<float> buf(n);
         for (uint64_t i = 0; i < n; ++i) buf[i] = Input(r, i);
         Status s = c.ReduceScatter(buf);
-        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_THAT(s, IsOk());
         const worker::SliceRange mine = worker::RankSlice(n, world, r);
         for (uint64_t i = mine.begin; i < mine.begin + mine.length; ++i) {
           ASSERT_EQ(buf[i], Sum(world, i)) << "rank " << r << " n " << n << " i " << i;
@@ -186,7 +187,7 @@ TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
         for (size_t k = 0; k < block; ++k)
           g[r * block + k] = static_cast<std::byte>((r * 31 + k) & 0xff);
         s = c.AllGather(g, block);
-        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_THAT(s, IsOk());
         for (uint32_t q = 0; q < world; ++q) {
           for (size_t k = 0; k < block; ++k) {
             ASSERT_EQ(g[q * block + k], static_cast<std::byte>((q * 31 + k) & 0xff));
@@ -197,7 +198,7 @@ TEST_F(CollectivesTest, ReduceScatterAllGatherAllReduceOddSizes) {
         // All-reduce: the whole sum everywhere.
         for (uint64_t i = 0; i < n; ++i) buf[i] = Input(r, i);
         s = c.AllReduce(buf);
-        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_THAT(s, IsOk());
         for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], Sum(world, i));
       }
     });
@@ -214,7 +215,7 @@ TEST_F(CollectivesTest, ReduceScatterIsDeterministic) {
       std::normal_distribution<float> d(0.0f, 1.0f);
       std::vector<float> buf(kN);
       for (auto& x : buf) x = d(gen);
-      ASSERT_TRUE(c.ReduceScatter(buf).ok());
+      ASSERT_THAT(c.ReduceScatter(buf), IsOk());
       const auto mine = worker::RankSlice(kN, kWorld, r);
       std::vector<uint32_t>& out = bits[run * kWorld + r];
       out.resize(mine.length);
@@ -233,7 +234,7 @@ TEST_F(CollectivesTest, LostPeerFailsTheCollective) {
     threads.emplace_back([&, r] {
       auto c = worker::GlooCollectives::Create(
           {*endpoint_, kToken, r, 2, "lost-peer", "127.0.0.1", 60s});
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      ASSERT_THAT(c, IsOk());
       comms[r] = std::move(*c);
     });
   }
@@ -259,36 +260,36 @@ TEST_F(CollectivesTest, LostPeerFailsTheCollective) {
 TEST_F(CollectivesTest, ZRangedFetchAndPush) {
   auto layout = Layout::Build({{"a", {1000}}, {"b", {37}}},
                               {.chunk_elems = 512, .align_elems = 64, .num_shards = 1});
-  ASSERT_TRUE(layout.ok());
+  ASSERT_THAT(layout, IsOk());
   server::JobSpec job{*layout, {}, {}, {}};
   job.shard.mode = server::ReductionMode::kPreReduced;
   job.shard.serving_dtype = DType::kF32;
   job.optimizer.kind = server::OptimizerKind::kSgd;
   job.commit.max_grad_norm = 0;
-  ASSERT_TRUE(job.Validate().ok());
+  ASSERT_THAT(job.Validate(), IsOk());
   worker::WorkerOptions wo;
   wo.endpoint = *endpoint_;
   wo.token = kToken;
   wo.ucx_tls = "tcp";
   wo.op_timeout = 60s;
   auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_THAT(c, IsOk());
   worker::Client& cl = **c;
   for (uint32_t p = 0; p < 2; ++p) {
     std::vector<float> v(cl.layout().param_numel(p));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
-    ASSERT_TRUE(cl.PushInitial(p, v).ok());
+    ASSERT_THAT(cl.PushInitial(p, v), IsOk());
   }
-  ASSERT_TRUE(cl.FlushPushes().ok());
+  ASSERT_THAT(cl.FlushPushes(), IsOk());
   // A range across the chunk boundary of "a" (elements 500..524 span chunks 0 and 1).
   auto r = cl.FetchAsync(0, 500, 25, 0).Wait(60s);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ((*r)->begin, 500u);
   ASSERT_EQ((*r)->bytes().size(), 25u * 4);
   const auto* f = reinterpret_cast<const float*>((*r)->bytes().data());
   for (int i = 0; i < 25; ++i) EXPECT_EQ(f[i], 500.0f + i);
   auto empty = cl.FetchAsync(1, 37, 0, 0).Wait(60s);
-  ASSERT_TRUE(empty.ok());
+  ASSERT_THAT(empty, IsOk());
   EXPECT_TRUE((*empty)->bytes().empty());
   EXPECT_EQ(cl.FetchAsync(1, 30, 8, 0).Wait(60s).status().code(), Code::kOutOfRange);
   EXPECT_EQ(cl.FetchAsync(5, 0, 1, 0).Wait(60s).status().code(), Code::kOutOfRange);
@@ -297,20 +298,20 @@ TEST_F(CollectivesTest, ZRangedFetchAndPush) {
   std::vector<float> g(1000, 1.0f);
   EXPECT_EQ(cl.PushGradRange(1, 0, 30, std::span<const float>(g).first(8)).code(),
             Code::kOutOfRange);
-  ASSERT_TRUE(cl.PushGradRange(0, 0, 0, std::span<const float>(g).first(600)).ok());
-  ASSERT_TRUE(cl.PushGradRange(0, 0, 600, std::span<const float>(g).first(400)).ok());
-  ASSERT_TRUE(cl.PushGradRange(1, 0, 0, std::span<const float>(g).first(37)).ok());
-  ASSERT_TRUE(cl.FlushPushes().ok());
+  ASSERT_THAT(cl.PushGradRange(0, 0, 0, std::span<const float>(g).first(600)), IsOk());
+  ASSERT_THAT(cl.PushGradRange(0, 0, 600, std::span<const float>(g).first(400)), IsOk());
+  ASSERT_THAT(cl.PushGradRange(1, 0, 0, std::span<const float>(g).first(37)), IsOk());
+  ASSERT_THAT(cl.FlushPushes(), IsOk());
   auto commit = cl.AwaitCommit(0);
-  ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+  ASSERT_THAT(commit, IsOk());
   EXPECT_FALSE(commit->skip);
   // Step 1 (once the shard published version 1): an overlapping range is a duplicate in
   // pre-reduced mode.
   auto v1 = cl.FetchAsync(1, 0, 37, 1).Wait(60s);
-  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  ASSERT_THAT(v1, IsOk());
   EXPECT_GE((*v1)->version, 1);
-  ASSERT_TRUE(cl.PushGradRange(1, 1, 0, std::span<const float>(g).first(20)).ok());
-  ASSERT_TRUE(cl.PushGradRange(1, 1, 10, std::span<const float>(g).first(5)).ok());
+  ASSERT_THAT(cl.PushGradRange(1, 1, 0, std::span<const float>(g).first(20)), IsOk());
+  ASSERT_THAT(cl.PushGradRange(1, 1, 10, std::span<const float>(g).first(5)), IsOk());
   EXPECT_EQ(cl.FlushPushes().code(), Code::kAlreadyExists);
 }
 

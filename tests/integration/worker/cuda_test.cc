@@ -29,6 +29,7 @@
 #include "shard_process.h"
 #include "zps/common/dtype.h"
 #include "zps/server/job.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/cuda_backend.h"
@@ -44,35 +45,35 @@ TEST(CudaBackendGpuTest, RoundTripThroughSlots) {
       CudaBackend::Create({.device = 0, .slot_bytes = 1 << 20, .slots = 2, .max_inflight = 2});
   // Six 1 MiB copies through two slots, at most two in flight: the pool is exhausted after two
   // (the rest overflow), and every slot is free again once the copies completed.
-  ASSERT_TRUE(be.ok()) << be.status().ToString();
+  ASSERT_THAT(be, IsOk());
   constexpr size_t kBytes = 1 << 20;
   constexpr int kCopies = 6;
   std::vector<DeviceBuffer> dev;
   for (int k = 0; k < kCopies; ++k) {
     auto host = (*be)->staging()->Allocate(kBytes);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    ASSERT_THAT(host, IsOk());
     for (size_t i = 0; i < kBytes; ++i)
       host->data()[i] = static_cast<std::byte>((i * 7 + k) & 0xff);
     auto d = (*be)->AllocateDeviceMemory(kBytes);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_THAT(d, IsOk());
     auto keep = std::make_shared<DeviceBuffer>(std::move(*host));
-    ASSERT_TRUE((*be)->CopyToDevice(d->data(), {keep->data(), kBytes}, keep, 0).ok());
+    ASSERT_THAT((*be)->CopyToDevice(d->data(), {keep->data(), kBytes}, keep, 0), IsOk());
     dev.push_back(std::move(*d));
   }
-  ASSERT_TRUE((*be)->Synchronize().ok());
+  ASSERT_THAT((*be)->Synchronize(), IsOk());
   EXPECT_EQ((*be)->stats().free_slots, 2u);
   for (int k = 0; k < kCopies; ++k) {
     auto back = (*be)->CopyToHost(dev[k].data(), kBytes, 0);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_THAT(back, IsOk());
     for (size_t i = 0; i < kBytes; i += 4099) {
       ASSERT_EQ(back->data()[i], static_cast<std::byte>((i * 7 + k) & 0xff)) << k << " " << i;
     }
   }
   auto big = (*be)->staging()->Allocate(3 << 20);  // larger than the pool
-  ASSERT_TRUE(big.ok());
+  ASSERT_THAT(big, IsOk());
   EXPECT_GE((*be)->stats().overflow_allocs, 1u);
   auto two = (*be)->staging()->Allocate(2 << 20);  // both slots, one run
-  ASSERT_TRUE(two.ok());
+  ASSERT_THAT(two, IsOk());
   EXPECT_EQ((*be)->stats().free_slots, 0u);
   EXPECT_EQ((*be)->stats().h2d_bytes, uint64_t{kBytes} * kCopies);
 }
@@ -103,13 +104,13 @@ TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
   ASSERT_TRUE(cluster.shard->started());
   auto be =
       CudaBackend::Create({.device = 0, .slot_bytes = 256 << 10, .slots = 16, .max_inflight = 2});
-  ASSERT_TRUE(be.ok()) << be.status().ToString();
+  ASSERT_THAT(be, IsOk());
   // Two parameters: one within a slot, one spanning several (1.4 MB of bf16).
   const std::vector<int64_t> sizes = {5000, 700000};
   std::vector<ParamSpec> specs;
   for (size_t i = 0; i < sizes.size(); ++i) specs.push_back({"p" + std::to_string(i), {sizes[i]}});
   auto layout = Layout::Build(specs, {.chunk_elems = 1 << 18, .align_elems = 64, .num_shards = 1});
-  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_THAT(layout, IsOk());
   server::JobSpec job{std::move(*layout), {}, {}, {}};
   job.optimizer.kind = server::OptimizerKind::kSgd;
   WorkerOptions wo;
@@ -119,7 +120,7 @@ TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
   wo.device = (*be)->staging();
   wo.op_timeout = 60s;
   auto client = Client::Connect(wo, job.Serialize(), job.Hash());
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_THAT(client, IsOk());
   // A second Client cannot register the same slots.
   auto other = Client::Connect(wo, job.Serialize(), job.Hash());
   ASSERT_FALSE(other.ok());
@@ -129,27 +130,27 @@ TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
   for (size_t p = 0; p < sizes.size(); ++p) {
     std::vector<float> init(sizes[p]);
     for (int64_t i = 0; i < sizes[p]; ++i) init[i] = value(p, i);
-    ASSERT_TRUE((*client)->PushInitial(p, init).ok());
+    ASSERT_THAT((*client)->PushInitial(p, init), IsOk());
   }
-  ASSERT_TRUE((*client)->FlushPushes().ok());
+  ASSERT_THAT((*client)->FlushPushes(), IsOk());
   const uint32_t slots_free = (*be)->stats().free_slots;
   for (size_t p = 0; p < sizes.size(); ++p) {
     const size_t bytes = sizes[p] * 2;
     auto buf = (*client)->Fetch(p, 0);
-    ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+    ASSERT_THAT(buf, IsOk());
     EXPECT_LT((*be)->stats().free_slots, slots_free) << "the fetch did not land in a slot";
     auto dev = (*be)->AllocateDeviceMemory(bytes);
-    ASSERT_TRUE(dev.ok());
-    ASSERT_TRUE((*be)->CopyToDevice(dev->data(), (*buf)->bytes(), *buf, 0).ok());
+    ASSERT_THAT(dev, IsOk());
+    ASSERT_THAT((*be)->CopyToDevice(dev->data(), (*buf)->bytes(), *buf, 0), IsOk());
     buf->reset();  // the copy holds the slot until it completed
     auto back = (*be)->CopyToHost(dev->data(), bytes, 0);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_THAT(back, IsOk());
     const auto* bf = reinterpret_cast<const uint16_t*>(back->data());
     for (int64_t i = 0; i < sizes[p]; ++i) {
       ASSERT_EQ(Bf16ToFloat(bf[i]), value(p, i)) << "param " << p << " element " << i;
     }
   }
-  ASSERT_TRUE((*be)->Synchronize().ok());
+  ASSERT_THAT((*be)->Synchronize(), IsOk());
   // Every slot comes back (the Client's UCX thread may drop its last reference to a completed
   // fetch a moment after Wait returned: poll, bounded).
   for (int i = 0; i < 1000 && (*be)->stats().free_slots != 16u; ++i) {
@@ -163,20 +164,20 @@ TEST(CudaBackendGpuTest, ClientFetchesIntoSlotsAndPushesFromTheDevice) {
     std::vector<float> g(sizes[p], 0.5f);
     sq += 0.25 * sizes[p];
     auto dev = (*be)->AllocateDeviceMemory(g.size() * 4);
-    ASSERT_TRUE(dev.ok());
+    ASSERT_THAT(dev, IsOk());
     auto keep = std::make_shared<std::vector<float>>(g);
     ASSERT_TRUE(
         (*be)
             ->CopyToDevice(dev->data(), std::as_bytes(std::span<const float>(*keep)), keep, 0)
             .ok());
     auto host = (*be)->CopyToHost(dev->data(), g.size() * 4, 0);
-    ASSERT_TRUE(host.ok());
+    ASSERT_THAT(host, IsOk());
     ASSERT_TRUE(
         (*client)->PushGrad(p, 0, {reinterpret_cast<const float*>(host->data()), g.size()}).ok());
   }
-  ASSERT_TRUE((*client)->FlushPushes().ok());
+  ASSERT_THAT((*client)->FlushPushes(), IsOk());
   auto commit = (*client)->AwaitCommit(0);
-  ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+  ASSERT_THAT(commit, IsOk());
   EXPECT_NEAR(commit->global_norm, std::sqrt(sq), 1e-3 * std::sqrt(sq));
   EXPECT_GT((*be)->stats().d2h_bytes, 0u);
 }

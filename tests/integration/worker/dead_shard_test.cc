@@ -25,6 +25,7 @@
 
 #include "shard_process.h"
 #include "zps/server/job.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 
 namespace zps {
@@ -44,7 +45,7 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
     // Four one-chunk parameters over the two shards; world size 1, server-sum.
     auto layout = Layout::Build({{"a", {1024}}, {"b", {1024}}, {"c", {1024}}, {"d", {1024}}},
                                 {.chunk_elems = 1024, .align_elems = 64, .num_shards = kShards});
-    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    ASSERT_THAT(layout, IsOk());
     server::JobSpec job{*layout, {}, {}, {}};
     worker::WorkerOptions wo;
     wo.endpoint = cluster_.endpoint;
@@ -53,16 +54,16 @@ class DeadShardTest : public ::testing::TestWithParam<std::string> {
     wo.connect_timeout = 60s;
     wo.op_timeout = 60s;  // only a missed failure would wait this long (DeadlineExceeded)
     auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_THAT(c, IsOk());
     client_ = std::move(*c);
     for (uint32_t p = 0; p < client_->layout().num_params(); ++p) {
       std::vector<float> v(client_->layout().param_numel(p), 0.5f);
-      ASSERT_TRUE(client_->PushInitial(p, v).ok());
+      ASSERT_THAT(client_->PushInitial(p, v), IsOk());
     }
-    ASSERT_TRUE(client_->FlushPushes().ok());
+    ASSERT_THAT(client_->FlushPushes(), IsOk());
     for (uint32_t p = 0; p < client_->layout().num_params(); ++p) {
       auto r = client_->Fetch(p, 0);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_THAT(r, IsOk());
     }
   }
 
@@ -101,8 +102,8 @@ TEST_P(DeadShardTest, KilledShardFailsEveryWait) {
   worker::FetchOp parked = client_->FetchAsync(victim, 1);
   // The survivor's gradient goes in, so that the commit of step 0 waits for shard 1 only.
   std::vector<float> grad(client_->layout().param_numel(survivor), 1e-3f);
-  ASSERT_TRUE(client_->PushGrad(survivor, 0, grad).ok());
-  ASSERT_TRUE(client_->FlushPushes().ok());
+  ASSERT_THAT(client_->PushGrad(survivor, 0, grad), IsOk());
+  ASSERT_THAT(client_->FlushPushes(), IsOk());
 
   cluster_.shards[1]->Kill();
 
@@ -118,7 +119,7 @@ TEST_P(DeadShardTest, KilledShardFailsEveryWait) {
   EXPECT_EQ(commit.status().code(), Code::kUnavailable) << commit.status().ToString();
   // The survivor still serves its parameter.
   auto alive = client_->Fetch(survivor, 0);
-  EXPECT_TRUE(alive.ok()) << alive.status().ToString();
+  EXPECT_THAT(alive, IsOk());
 }
 
 TEST_P(DeadShardTest, KilledCoordinatorFailsEveryWait) {

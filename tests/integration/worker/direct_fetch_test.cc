@@ -19,6 +19,7 @@
 #include "shard_process.h"
 #include "zps/common/dtype.h"
 #include "zps/server/job.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 
 namespace zps {
@@ -47,7 +48,7 @@ class DirectFetchTest : public ::testing::Test {
     auto layout = Layout::Build(
         specs,
         {.chunk_elems = kChunk, .align_elems = 64, .num_shards = static_cast<uint32_t>(shards)});
-    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    ASSERT_THAT(layout, IsOk());
     server::JobSpec job{*layout, {}, {}, {}};
     job.optimizer.kind = server::OptimizerKind::kSgd;
     worker::WorkerOptions wo;
@@ -57,27 +58,27 @@ class DirectFetchTest : public ::testing::Test {
     wo.connect_timeout = 60s;
     wo.op_timeout = 60s;
     auto c = worker::Client::Connect(wo, job.Serialize(), job.Hash());
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_THAT(c, IsOk());
     client_ = std::move(*c);
     for (uint32_t p = 0; p < kParams; ++p) {
-      ASSERT_TRUE(client_->PushInitial(p, Values(kChunk, 10 + p, 1.0f)).ok());
+      ASSERT_THAT(client_->PushInitial(p, Values(kChunk, 10 + p, 1.0f)), IsOk());
     }
-    ASSERT_TRUE(client_->FlushPushes().ok());
+    ASSERT_THAT(client_->FlushPushes(), IsOk());
   }
 
   // The serving copy the shard must hold at `version`: bf16 of its fp32 master.
   std::vector<uint16_t> Expected(uint32_t p, int64_t version) {
     const Layout& l = client_->layout();
     auto pieces = l.Pieces(p, 0, l.param_numel(p));
-    EXPECT_TRUE(pieces.ok());
+    EXPECT_THAT(pieces, IsOk());
     std::vector<float> master;
     for (const Piece& piece : *pieces) {
       msg::ReadMasterRequest req{version, piece.chunk, piece.chunk_offset, piece.length};
       auto r = client_->CallShard(l.shard_of_chunk(piece.chunk), msg::kReadMaster, req.Encode());
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_THAT(r, IsOk());
       if (!r.ok()) return {};
       auto m = msg::MasterRange::Decode(*r);
-      EXPECT_TRUE(m.ok());
+      EXPECT_THAT(m, IsOk());
       EXPECT_EQ(m->version, version);
       master.insert(master.end(), m->values.begin(), m->values.end());
     }
@@ -89,7 +90,7 @@ class DirectFetchTest : public ::testing::Test {
   // Fetches `p` at min_version `v` and checks its bits against the master at version `v`.
   void FetchAndCheck(uint32_t p, int64_t v) {
     auto b = client_->Fetch(p, v);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_THAT(b, IsOk());
     EXPECT_EQ((*b)->version, v) << "param " << p;
     const auto want = Expected(p, v);
     ASSERT_EQ((*b)->bytes().size(), want.size() * 2);
@@ -103,7 +104,7 @@ class DirectFetchTest : public ::testing::Test {
           client_->PushGrad(p, step, Values(kChunk, static_cast<uint32_t>(100 * step + p), 10.0f))
               .ok());
     }
-    ASSERT_TRUE(client_->FlushPushes().ok());
+    ASSERT_THAT(client_->FlushPushes(), IsOk());
   }
 
   LocalShards cluster_;
@@ -121,7 +122,7 @@ TEST_F(DirectFetchTest, PublishedVersionIsReadWithoutAskingAndHasItsBits) {
 
   // Step 0 committed: each shard publishes version 1 and tells the worker (a notice per shard).
   PushStep(0, 0, kParams);
-  ASSERT_TRUE(client_->AwaitCommit(0).ok());
+  ASSERT_THAT(client_->AwaitCommit(0), IsOk());
   for (int i = 0; i < 3000 && client_->serving_notices() < 2; ++i)
     std::this_thread::sleep_for(10ms);
   ASSERT_EQ(client_->serving_notices(), 2u) << "no publish notice from the shards";
@@ -143,7 +144,7 @@ TEST_F(DirectFetchTest, PublishedVersionIsReadWithoutAskingAndHasItsBits) {
   auto pending = client_->FetchAsync(2, 2);
   PushStep(1, 1, kParams);
   auto b = pending.Wait(60s);
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_THAT(b, IsOk());
   EXPECT_EQ((*b)->version, 2);
   EXPECT_EQ(client_->direct_fetches(), after_push + 1);
   FetchAndCheck(2, 2);
@@ -163,7 +164,7 @@ TEST_F(DirectFetchTest, SpilledServingCopiesAreAlwaysAskedFor) {
   EXPECT_GT(resident, 0u);
   EXPECT_LT(resident, kParams) << "a spilled serving copy was read one-sided";
   PushStep(0, 0, kParams);
-  ASSERT_TRUE(client_->AwaitCommit(0).ok());
+  ASSERT_THAT(client_->AwaitCommit(0), IsOk());
   for (int i = 0; i < 3000 && client_->serving_notices() < 1; ++i)
     std::this_thread::sleep_for(10ms);
   ASSERT_EQ(client_->serving_notices(), 1u);

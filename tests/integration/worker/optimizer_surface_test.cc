@@ -18,6 +18,7 @@
 #include "shard_process.h"
 #include "zps/server/job.h"
 #include "zps/server/lr_schedule.h"
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/client.h"
 
 namespace zps {
@@ -48,7 +49,7 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
   // Three parameters; the first spans both shards' chunks.
   auto layout = Layout::Build({{"emb", {1500}}, {"w", {700}}, {"frozen", {300}}},
                               {.chunk_elems = 1024, .align_elems = 64, .num_shards = kShards});
-  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_THAT(layout, IsOk());
   server::JobSpec job{*layout, {}, {}, {}};
   job.shard.world_size = kWorld;
   job.shard.serving_dtype = DType::kF32;
@@ -62,7 +63,7 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
   job.shard.lr_schedule.warmup_num_steps = 4;
   job.shard.lr_schedule.warmup_type = server::WarmupType::kLinear;
   job.commit.grad_divisor = kWorld * kMicro;  // the mean over every micro-batch of every rank
-  ASSERT_TRUE(job.Validate().ok()) << job.Validate().ToString();
+  ASSERT_THAT(job.Validate(), IsOk());
   const auto spec = job.Serialize();
   for (uint32_t r = 0; r < kWorld; ++r) {
     worker::WorkerOptions wo;
@@ -73,7 +74,7 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
     wo.connect_timeout = 60s;
     wo.op_timeout = 60s;
     auto c = worker::Client::Connect(wo, spec, job.Hash());
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_THAT(c, IsOk());
     EXPECT_EQ((*c)->accumulation_steps(), kMicro);
     clients_.push_back(std::move(*c));
   }
@@ -81,12 +82,12 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
   std::vector<std::vector<float>> init;
   for (uint32_t p = 0; p < l.num_params(); ++p) {
     init.push_back(Values(l.param_numel(p), 10 + p, 1.0f));
-    ASSERT_TRUE(clients_[0]->PushInitial(p, init[p]).ok());
+    ASSERT_THAT(clients_[0]->PushInitial(p, init[p]), IsOk());
   }
-  ASSERT_TRUE(clients_[0]->FlushPushes().ok());
+  ASSERT_THAT(clients_[0]->FlushPushes(), IsOk());
   for (uint32_t p = 0; p < l.num_params(); ++p) {
     auto b = clients_[1]->Fetch(p, 0);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_THAT(b, IsOk());
     EXPECT_EQ((*b)->dtype, DType::kF32);
     ASSERT_EQ((*b)->bytes().size(), init[p].size() * 4);
     EXPECT_EQ(0, std::memcmp((*b)->bytes().data(), init[p].data(), init[p].size() * 4));
@@ -100,13 +101,12 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
   for (uint32_t micro : {1u, 0u}) {
     for (uint32_t r = 0; r < kWorld; ++r) {
       for (uint32_t p = 0; p < 2; ++p) {
-        ASSERT_TRUE(clients_[r]->PushGrad(p, 0, grad(p, r, micro), micro).ok());
+        ASSERT_THAT(clients_[r]->PushGrad(p, 0, grad(p, r, micro), micro), IsOk());
       }
     }
   }
-  for (auto& c : clients_) ASSERT_TRUE(c->FlushPushes().ok());
-  auto ci = clients_[0]->AwaitCommit(0);
-  ASSERT_TRUE(ci.ok()) << ci.status().ToString();
+  _THAT(, IsOk()) auto ci = clients_[0]->AwaitCommit(0);
+  ASSERT_THAT(ci, IsOk());
   ASSERT_FALSE(ci->skip);
   EXPECT_EQ(ci->optimizer_step, 1);
 
@@ -122,17 +122,17 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += gc[i];
       }
       auto opt = server::Optimizer::Create(job.optimizer, nullptr);
-      ASSERT_TRUE(opt.ok());
+      ASSERT_THAT(opt, IsOk());
       std::vector<float> m(want.size(), 0.0f), v(want.size(), 0.0f);
       server::UpdateParams up;
       up.step = 1;
       up.grad_scale = ci->grad_scale;
       up.lr = sched.LrFor(0, g.lr);  // the first update: WarmupLR's warmup_min_lr
       up.weight_decay = g.weight_decay;
-      ASSERT_TRUE((*opt)->Update({want, m, v}, {sum.data(), DType::kF32, sum.size()}, up).ok());
+      ASSERT_THAT((*opt)->Update({want, m, v}, {sum.data(), DType::kF32, sum.size()}, up), IsOk());
     }
     auto b = clients_[1]->Fetch(p, 1);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_THAT(b, IsOk());
     ASSERT_EQ((*b)->bytes().size(), want.size() * 4);
     EXPECT_EQ(0, std::memcmp((*b)->bytes().data(), want.data(), want.size() * 4))
         << "parameter " << l.spec(p).name;

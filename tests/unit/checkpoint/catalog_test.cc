@@ -2,6 +2,7 @@
 
 #include "ckpt_test_util.h"
 #include "zps/server/checkpoint_catalog.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server::testing {
 namespace {
@@ -11,7 +12,7 @@ TEST(CoordinatorCatalog, GlobalCheckpointCompletesOnlyWhenEveryShardCommitted) {
   CheckpointOptions o;
   o.keep = 2;
   auto cat = CoordinatorCatalog::Open(dir.sub("coord"), o);
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_THAT(cat, IsOk());
   auto& c = **cat;
   EXPECT_EQ(c.LatestGlobalComplete().status().code(), Code::kNotFound);
   EXPECT_EQ(*c.RecordShardCheckpoint(10, 0, 3), false);
@@ -32,21 +33,21 @@ TEST(CoordinatorCatalog, GlobalCheckpointCompletesOnlyWhenEveryShardCommitted) {
   EXPECT_EQ((*all)[1].committed, std::vector<uint32_t>({0}));
 
   const std::string placement = "shard0=a:1,shard1=b:2";
-  ASSERT_TRUE(c.PutPlacement(std::as_bytes(std::span(placement.data(), placement.size()))).ok());
-  ASSERT_TRUE(c.PutStep(21).ok());
+  ASSERT_THAT(c.PutPlacement(std::as_bytes(std::span(placement.data(), placement.size()))), IsOk());
+  ASSERT_THAT(c.PutStep(21), IsOk());
   cat->reset();
   // Everything survives a restart.
   auto again = CoordinatorCatalog::Open(dir.sub("coord"), o);
-  ASSERT_TRUE(again.ok());
+  ASSERT_THAT(again, IsOk());
   EXPECT_EQ(*(*again)->GetStep(), 21);
   EXPECT_EQ((*again)->GetPlacement()->size(), placement.size());
   EXPECT_EQ((*again)->GetRegistry().status().code(), Code::kNotFound);
   EXPECT_EQ(*(*again)->LatestGlobalComplete(), 10);
   // Rollback forgets 20; completing 30, 40 and 50 keeps the newest two.
-  ASSERT_TRUE((*again)->DropGlobalAfter(10).ok());
+  ASSERT_THAT((*again)->DropGlobalAfter(10), IsOk());
   EXPECT_EQ((*again)->ListGlobal()->size(), 1u);
   for (int64_t step : {30, 40, 50}) {
-    for (uint32_t s = 0; s < 3; ++s) ASSERT_TRUE((*again)->RecordShardCheckpoint(step, s, 3).ok());
+    _THAT(, IsOk())
   }
   all = (*again)->ListGlobal();
   ASSERT_EQ(all->size(), 2u);
@@ -57,14 +58,14 @@ TEST(CoordinatorCatalog, GlobalCheckpointCompletesOnlyWhenEveryShardCommitted) {
 TEST(CoordinatorCatalog, JobSpecRoundTrip) {
   TempDir dir;
   auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
-  ASSERT_TRUE(cat.ok());
+  ASSERT_THAT(cat, IsOk());
   JobSpec spec;
   spec.layout = SmallLayout(2);
   spec.shard.world_size = 2;
-  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
-  ASSERT_TRUE((*cat)->PutJobSpec(spec).ok());
+  ASSERT_THAT(spec.Validate(), IsOk());
+  ASSERT_THAT((*cat)->PutJobSpec(spec), IsOk());
   auto got = (*cat)->GetJobSpec();
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_THAT(got, IsOk());
   EXPECT_EQ(got->Hash(), spec.Hash());
 }
 
@@ -85,16 +86,16 @@ TEST(CoordinatorCatalog, JobSpecWithOptimizerSurfaceSurvivesAReopen) {
   spec.shard.lr_schedule.kind = LrScheduleKind::kWarmupDecayLR;
   spec.shard.lr_schedule.total_num_steps = 500;
   spec.shard.lr_schedule.warmup_num_steps = 20;
-  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate().ToString();
+  ASSERT_THAT(spec.Validate(), IsOk());
   {
     auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
-    ASSERT_TRUE(cat.ok());
-    ASSERT_TRUE((*cat)->PutJobSpec(spec).ok());
+    ASSERT_THAT(cat, IsOk());
+    ASSERT_THAT((*cat)->PutJobSpec(spec), IsOk());
   }
   auto cat = CoordinatorCatalog::Open(dir.sub("coord"), {});
-  ASSERT_TRUE(cat.ok());
+  ASSERT_THAT(cat, IsOk());
   auto got = (*cat)->GetJobSpec();
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_THAT(got, IsOk());
   EXPECT_EQ(got->Hash(), spec.Hash());
   EXPECT_EQ(got->Serialize(), spec.Serialize());
   EXPECT_EQ(got->shard.lr_schedule, spec.shard.lr_schedule);

@@ -18,6 +18,7 @@
 #include "ckpt_test_util.h"
 #include "fault_fs.h"
 #include "zps/server/checkpoint.h"
+#include "zps/testing/status_matchers.h"
 
 namespace rocksdb::crc32c {
 uint32_t Extend(uint32_t crc, const char* buf, size_t size);  // util/crc32c.h, not installed
@@ -35,7 +36,7 @@ CheckpointOptions SmallOptions() {
 
 std::unique_ptr<CheckpointStore> OpenStore(const std::string& dir, const CheckpointOptions& o) {
   auto s = CheckpointStore::Open(dir, o);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_THAT(s, IsOk());
   return s.ok() ? std::move(*s) : nullptr;
 }
 
@@ -54,16 +55,16 @@ void FlipByte(const std::string& dir, const std::string& key, size_t at) {
   o.enable_blob_files = true;
   o.min_blob_size = 4096;
   rocksdb::DB* raw = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
+  ASSERT_THAT(rocksdb::DB::Open(o, dir, &raw), IsOk());
   std::unique_ptr<rocksdb::DB> db(raw);
   std::string v;
-  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
+  ASSERT_THAT(db->Get(rocksdb::ReadOptions(), key, &v), IsOk());
   ASSERT_LT(at, v.size());
   v[at] = static_cast<char>(v[at] ^ 0x10);
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  ASSERT_TRUE(db->Put(wo, key, v).ok());
-  ASSERT_TRUE(db->Close().ok());
+  ASSERT_THAT(db->Put(wo, key, v), IsOk());
+  ASSERT_THAT(db->Close(), IsOk());
 }
 
 class CheckpointStoreTest : public ::testing::Test {
@@ -71,7 +72,7 @@ class CheckpointStoreTest : public ::testing::Test {
   void SetUp() override {
     store_ = OpenStore(dir_.sub("db"), SmallOptions());
     ASSERT_NE(store_, nullptr);
-    ASSERT_TRUE(store_->SetIdentity(layout_, 0).ok());
+    ASSERT_THAT(store_->SetIdentity(layout_, 0), IsOk());
   }
   TempDir dir_;
   Layout layout_ = SmallLayout(1, 1536);
@@ -80,10 +81,10 @@ class CheckpointStoreTest : public ::testing::Test {
 
 TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
   ASSERT_EQ(layout_.num_chunks(), 2u);
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 10).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 10), IsOk());
   ExpectCheckpoint(*store_, layout_, 0, 10);
   auto list = store_->ListCheckpoints(true);
-  ASSERT_TRUE(list.ok());
+  ASSERT_THAT(list, IsOk());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].step, 10);
   EXPECT_EQ((*list)[0].verification, Verification::kVerified);
@@ -93,17 +94,17 @@ TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
   EXPECT_EQ((*list)[0].bytes, layout_.total_elems() * 12 + 8);  // tensors + "state@10"
 
   std::vector<std::pair<uint32_t, int64_t>> versions = {{0, 5}, {1, 6}};
-  ASSERT_TRUE(store_->PutChunkVersions(versions).ok());
+  ASSERT_THAT(store_->PutChunkVersions(versions), IsOk());
   const std::string blob = "placement";
   ASSERT_TRUE(
       store_->PutCatalog("custom", std::as_bytes(std::span(blob.data(), blob.size()))).ok());
   store_.reset();
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
   auto got = store_->GetChunkVersions();
-  ASSERT_TRUE(got.ok());
+  ASSERT_THAT(got, IsOk());
   EXPECT_EQ(*got, versions);
   auto l = store_->GetLayout();
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   EXPECT_EQ(l->Hash(), layout_.Hash());
   EXPECT_EQ(store_->GetCatalog("custom")->size(), blob.size());
   EXPECT_EQ(store_->GetCatalog("nope").status().code(), Code::kNotFound);
@@ -112,7 +113,7 @@ TEST_F(CheckpointStoreTest, RoundTripsChunksStateAndCatalog) {
   ExpectCheckpoint(*store_, layout_, 0, 10);
   // Partial reads: the master alone.
   std::vector<float> master(layout_.chunk_size(1));
-  ASSERT_TRUE(store_->LoadChunk(10, 1, {master, {}, {}}).ok());
+  ASSERT_THAT(store_->LoadChunk(10, 1, {master, {}, {}}), IsOk());
   EXPECT_EQ(master, MakeChunk(layout_, 1, 10).master);
   EXPECT_EQ(store_->LoadChunk(11, 1, {master, {}, {}}).code(), Code::kNotFound);
   EXPECT_EQ(store_->LoadChunk(10, 7, {master, {}, {}}).code(), Code::kNotFound);
@@ -129,11 +130,11 @@ TEST(CheckpointStore, AnyWriteThreadCountStoresTheSameCheckpoint) {
     o.write_threads = threads;
     auto store = OpenStore(dir.sub("db"), o);
     ASSERT_NE(store, nullptr);
-    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
-    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 7).ok());
+    ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
+    ASSERT_THAT(WriteCheckpoint(*store, layout, 0, 7), IsOk());
     ExpectCheckpoint(*store, layout, 0, 7);
     auto list = store->ListCheckpoints(true);
-    ASSERT_TRUE(list.ok());
+    ASSERT_THAT(list, IsOk());
     ASSERT_EQ(list->size(), 1u);
     EXPECT_EQ((*list)[0].verification, Verification::kVerified);
     EXPECT_EQ((*list)[0].bytes, layout.total_elems() * 12 + 7);  // tensors + "state@7"
@@ -171,8 +172,8 @@ TEST(CheckpointStore, LowPriorityStoreNicesItsWriteHelpers) {
     o.low_priority = low;
     auto store = OpenStore(dir.sub("db"), o);
     ASSERT_NE(store, nullptr);
-    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
-    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 3).ok());  // the helper has started and run
+    ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
+    ASSERT_THAT(WriteCheckpoint(*store, layout, 0, 3), IsOk());  // the helper has started and run
     const std::vector<int> nices = NiceOfThreadsNamed("zps-ckpt-w-1");
     ASSERT_EQ(nices.size(), 1u);
     EXPECT_EQ(nices[0], low ? 19 : process_nice);
@@ -181,23 +182,23 @@ TEST(CheckpointStore, LowPriorityStoreNicesItsWriteHelpers) {
 
 TEST_F(CheckpointStoreTest, WriterRules) {
   auto w = store_->BeginCheckpoint(1);
-  ASSERT_TRUE(w.ok());
+  ASSERT_THAT(w, IsOk());
   EXPECT_EQ(store_->BeginCheckpoint(2).status().code(), Code::kFailedPrecondition);
   auto d = MakeChunk(layout_, 0, 1);
   EXPECT_EQ((*w)->AddChunk(5, 0, {d.master, d.m, d.v}).code(), Code::kOutOfRange);
   EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, {}}).code(), Code::kInvalidArgument);
-  ASSERT_TRUE((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).ok());
+  ASSERT_THAT((*w)->AddChunk(0, 0, {d.master, d.m, d.v}), IsOk());
   EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).code(), Code::kInvalidArgument);
   EXPECT_EQ((*w)->Commit().code(), Code::kFailedPrecondition);  // chunk 1 missing
   w->reset();                                                   // aborts
   EXPECT_TRUE(store_->ListCheckpoints(false)->empty());
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 1), IsOk());
   EXPECT_EQ(store_->BeginCheckpoint(1).status().code(), Code::kAlreadyExists);
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 2), IsOk());
   // Rollback to 1, then step 2 can be written again (with other contents).
-  ASSERT_TRUE(store_->DropCheckpointsAfter(1).ok());
+  ASSERT_THAT(store_->DropCheckpointsAfter(1), IsOk());
   EXPECT_EQ(store_->ListCheckpoints(false)->size(), 1u);
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 2), IsOk());
   ExpectCheckpoint(*store_, layout_, 0, 2);
 }
 
@@ -216,7 +217,7 @@ TEST(CheckpointStore, NeedsIdentityAndValidOptions) {
   CheckpointOptions ro;
   ro.read_only = true;
   auto reader = CheckpointStore::Open(dir.sub("db"), ro);
-  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_THAT(reader, IsOk());
   EXPECT_EQ((*reader)->PutCatalog("x", {}).code(), Code::kFailedPrecondition);
 }
 
@@ -227,10 +228,10 @@ TEST(CheckpointStore, KeepsLastNAndReclaimsSpace) {
   o.keep = 2;
   o.write_buffer_bytes = 8ull << 20;
   auto store = OpenStore(dir.sub("db"), o);
-  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
   const uint64_t one = layout.total_elems() * 12;  // 3 MiB
   for (int64_t step = 0; step < 6; ++step) {
-    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, step).ok());
+    ASSERT_THAT(WriteCheckpoint(*store, layout, 0, step), IsOk());
     EXPECT_LE(store->DiskBytes(), 3 * one + (1 << 20)) << "after step " << step;
   }
   auto list = store->ListCheckpoints(false);
@@ -249,10 +250,10 @@ TEST(CheckpointStore, ProtectedCheckpointOutlivesKeep) {
   CheckpointOptions o;
   o.keep = 2;
   auto store = OpenStore(dir.sub("db"), o);
-  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
-  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 5).ok());
+  ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
+  ASSERT_THAT(WriteCheckpoint(*store, layout, 0, 5), IsOk());
   store->Protect(5);
-  for (int64_t step : {10, 15, 20}) ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, step).ok());
+  _THAT(, IsOk())
   auto steps = [&] {
     auto list = store->ListCheckpoints(false);
     std::vector<int64_t> out;
@@ -262,7 +263,7 @@ TEST(CheckpointStore, ProtectedCheckpointOutlivesKeep) {
   EXPECT_EQ(steps(), (std::vector<int64_t>{5, 15, 20}));
   ExpectCheckpoint(*store, layout, 0, 5);
   store->Protect(20);  // now complete everywhere: 5 goes with the next collection
-  ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 25).ok());
+  ASSERT_THAT(WriteCheckpoint(*store, layout, 0, 25), IsOk());
   EXPECT_EQ(steps(), (std::vector<int64_t>{20, 25}));
 }
 
@@ -293,8 +294,8 @@ TEST(CheckpointStore, KilledWriterNeverBreaksTheLastCheckpoint) {
   const std::string db = dir.sub("db");
   {
     auto store = OpenStore(db, {});
-    ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
-    ASSERT_TRUE(WriteCheckpoint(*store, layout, 0, 0).ok());
+    ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
+    ASSERT_THAT(WriteCheckpoint(*store, layout, 0, 0), IsOk());
   }
   std::mt19937 rng(42);
   int64_t last = 0;
@@ -314,7 +315,7 @@ TEST(CheckpointStore, KilledWriterNeverBreaksTheLastCheckpoint) {
     ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exited early with " << WEXITSTATUS(wstatus);
     auto store = OpenStore(db, {});
     auto latest = store->LatestComplete(true);
-    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    ASSERT_THAT(latest, IsOk());
     EXPECT_GE(latest->step, last);
     last = latest->step;
     ExpectCheckpoint(*store, layout, 0, latest->step);
@@ -325,8 +326,8 @@ TEST(CheckpointStore, KilledWriterNeverBreaksTheLastCheckpoint) {
 }
 
 TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 1), IsOk());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 2), IsOk());
   store_.reset();
   FlipByte(dir_.sub("db"), DataKey(2, 1, /*v=*/2, 0), 100);
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
@@ -336,13 +337,13 @@ TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
   EXPECT_NE(s.message().find("chunk 1 v slice 0"), std::string::npos) << s.message();
   // The other tensors of the chunk are intact.
   std::vector<float> master(layout_.chunk_size(1));
-  EXPECT_TRUE(store_->LoadChunk(2, 1, {master, {}, {}}).ok());
+  EXPECT_THAT(store_->LoadChunk(2, 1, {master, {}, {}}), IsOk());
   auto list = store_->ListCheckpoints(true);
-  ASSERT_TRUE(list.ok());
+  ASSERT_THAT(list, IsOk());
   EXPECT_EQ((*list)[0].verification, Verification::kVerified);
   EXPECT_EQ((*list)[1].verification, Verification::kCorrupt);
   auto latest = store_->LatestComplete(true);
-  ASSERT_TRUE(latest.ok());
+  ASSERT_THAT(latest, IsOk());
   EXPECT_EQ(latest->step, 1);
   ExpectCheckpoint(*store_, layout_, 0, 1);
 }
@@ -350,7 +351,7 @@ TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
 // Data reads skip RocksDB's own blob-record CRC (the value's CRC32C covers key and payload):
 // a byte flipped inside a blob file on disk must still be DATA_LOSS.
 TEST_F(CheckpointStoreTest, CorruptBlobFileOnDiskIsDataLoss) {
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 1), IsOk());
   store_.reset();
   std::string blob;
   for (const auto& e : std::filesystem::directory_iterator(dir_.sub("db"))) {
@@ -373,7 +374,7 @@ TEST_F(CheckpointStoreTest, CorruptBlobFileOnDiskIsDataLoss) {
   }
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
   auto list = store_->ListCheckpoints(true);
-  ASSERT_TRUE(list.ok());
+  ASSERT_THAT(list, IsOk());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].verification, Verification::kCorrupt);
   EXPECT_NE((*list)[0].problem.find("CRC32C mismatch"), std::string::npos) << (*list)[0].problem;
@@ -395,8 +396,8 @@ TEST(CheckpointStore, RocksCrc32cRedirectMatchesRocksDb) {
 }
 
 TEST_F(CheckpointStoreTest, CorruptManifestFallsBack) {
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
-  ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 2).ok());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 1), IsOk());
+  ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 2), IsOk());
   store_.reset();
   std::string key = "m";
   for (int i = 7; i >= 0; --i) key.push_back(static_cast<char>((uint64_t{2} >> (8 * i)) & 0xff));
@@ -404,7 +405,7 @@ TEST_F(CheckpointStoreTest, CorruptManifestFallsBack) {
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
   EXPECT_EQ(store_->OpenCheckpoint(2).status().code(), Code::kDataLoss);
   auto latest = store_->LatestComplete(false);
-  ASSERT_TRUE(latest.ok());
+  ASSERT_THAT(latest, IsOk());
   EXPECT_EQ(latest->step, 1);
   auto list = store_->ListCheckpoints(false);
   EXPECT_EQ((*list)[1].verification, Verification::kCorrupt);
@@ -418,8 +419,8 @@ class FaultTest : public ::testing::Test {
     CheckpointOptions o = SmallOptions();
     o.env = fenv_.env.get();
     store_ = OpenStore(dir_.sub("db"), o);
-    ASSERT_TRUE(store_->SetIdentity(layout_, 0).ok());
-    ASSERT_TRUE(WriteCheckpoint(*store_, layout_, 0, 1).ok());
+    ASSERT_THAT(store_->SetIdentity(layout_, 0), IsOk());
+    ASSERT_THAT(WriteCheckpoint(*store_, layout_, 0, 1), IsOk());
   }
   // Reopens without faults and checks that step 1 is the latest and intact.
   void ExpectOnlyStepOneAfterReopen() {
@@ -428,7 +429,7 @@ class FaultTest : public ::testing::Test {
     store_ = OpenStore(dir_.sub("db"), SmallOptions());
     ASSERT_NE(store_, nullptr);
     auto latest = store_->LatestComplete(true);
-    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    ASSERT_THAT(latest, IsOk());
     EXPECT_EQ(latest->step, 1);
     ExpectCheckpoint(*store_, layout_, 0, 1);
     EXPECT_EQ(store_->ListCheckpoints(false)->size(), 1u);
@@ -504,7 +505,7 @@ TEST(CheckpointDiskFull, SmallTmpfs) {
   o.write_buffer_bytes = 8ull << 20;
   auto store = OpenStore(mnt + "/db", o);
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store->SetIdentity(layout, 0).ok());
+  ASSERT_THAT(store->SetIdentity(layout, 0), IsOk());
   Status s;
   int64_t step = 0;
   for (; step < 10; ++step) {
@@ -522,7 +523,7 @@ TEST(CheckpointDiskFull, SmallTmpfs) {
   auto reader = OpenStore(mnt + "/db", ro);
   ASSERT_NE(reader, nullptr);
   auto latest = reader->LatestComplete(true);
-  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_THAT(latest, IsOk());
   EXPECT_EQ(latest->step, step - 1);
   ExpectCheckpoint(*reader, layout, 0, step - 1);
 }

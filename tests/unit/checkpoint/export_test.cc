@@ -10,6 +10,7 @@
 #include "ckpt_test_util.h"
 #include "zps/common/dtype.h"
 #include "zps/server/checkpoint_export.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server::testing {
 namespace {
@@ -60,10 +61,10 @@ class ExportTest : public ::testing::Test {
     for (uint32_t s = 0; s < 2; ++s) {
       dirs_.push_back(dir_.sub("shard" + std::to_string(s)));
       auto store = CheckpointStore::Open(dirs_.back(), {});
-      ASSERT_TRUE(store.ok());
-      ASSERT_TRUE((*store)->SetIdentity(layout_, s).ok());
-      ASSERT_TRUE(WriteCheckpoint(**store, layout_, s, 6).ok());
-      ASSERT_TRUE(WriteCheckpoint(**store, layout_, s, 7).ok());
+      ASSERT_THAT(store, IsOk());
+      ASSERT_THAT((*store)->SetIdentity(layout_, s), IsOk());
+      ASSERT_THAT(WriteCheckpoint(**store, layout_, s, 6), IsOk());
+      ASSERT_THAT(WriteCheckpoint(**store, layout_, s, 7), IsOk());
     }
   }
   // Reads `file` with the independent reader and compares it with the known parameters.
@@ -103,7 +104,7 @@ TEST_F(ExportTest, Fp32AndBf16ReadBackWithTheIndependentReader) {
     o.dtype = dtype;
     o.write_buffer_bytes = 4096;  // forces many partial flushes
     auto stats = ExportSafetensors(o);
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    ASSERT_THAT(stats, IsOk());
     EXPECT_EQ(stats->step, 7);  // newest common step
     EXPECT_EQ(stats->header_bytes % 8, 0u);
     // Bounded memory: one chunk of fp32 plus the write buffer.
@@ -114,7 +115,7 @@ TEST_F(ExportTest, Fp32AndBf16ReadBackWithTheIndependentReader) {
   older.data_dirs = dirs_;
   older.step = 6;
   older.out = dir_.sub("older.safetensors");
-  ASSERT_TRUE(ExportSafetensors(older).ok());
+  ASSERT_THAT(ExportSafetensors(older), IsOk());
   Check(older.out, DType::kF32, 6);
 }
 

@@ -6,17 +6,19 @@
 #include <cstdint>
 #include <utility>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps {
 namespace {
 
 TEST(AlignedBuffer, AllocatesZeroedAndAligned) {
   auto small = AlignedBuffer<float>::Allocate(100);
-  ASSERT_TRUE(small.ok());
+  ASSERT_THAT(small, IsOk());
   EXPECT_EQ(small->size(), 100u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
   for (float x : small->span()) EXPECT_EQ(x, 0.0f);
   auto huge = AlignedBuffer<uint16_t>::Allocate(AlignedBuffer<uint16_t>::kHugePageMin / 2);
-  ASSERT_TRUE(huge.ok());
+  ASSERT_THAT(huge, IsOk());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(huge->data()) % (2u << 20), 0u);
 }
 
@@ -25,7 +27,7 @@ TEST(AlignedBuffer, AllocatesZeroedAndAligned) {
 // moved-from buffer that kept its size made the next speculation write through a null pointer.
 TEST(AlignedBuffer, AMovedFromBufferIsEmpty) {
   auto a = AlignedBuffer<float>::Allocate(256);
-  ASSERT_TRUE(a.ok());
+  ASSERT_THAT(a, IsOk());
   float* data = a->data();
   AlignedBuffer<float> b(std::move(*a));
   EXPECT_EQ(b.size(), 256u);

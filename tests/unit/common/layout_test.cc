@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps {
 namespace {
 
@@ -11,7 +13,7 @@ std::vector<ParamSpec> Specs() {
 
 TEST(Layout, AlignsAndChunks) {
   auto l = Layout::Build(Specs(), {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_THAT(l, IsOk());
   EXPECT_EQ(l->param_offset(0), 0u);
   EXPECT_EQ(l->param_offset(1), 2560u);        // 2560 is a multiple of 64
   EXPECT_EQ(l->param_offset(2), 2560u + 128);  // 70 -> aligned up to 128
@@ -24,15 +26,15 @@ TEST(Layout, AlignsAndChunks) {
 
 TEST(Layout, PiecesCoverTheParameterExactly) {
   auto l = Layout::Build(Specs(), {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   auto p = l->Pieces(0);
-  ASSERT_TRUE(p.ok());
+  ASSERT_THAT(p, IsOk());
   ASSERT_EQ(p->size(), 3u);
   EXPECT_EQ((*p)[0].chunk, 0u);
   EXPECT_EQ((*p)[1].param_offset, 1024u);
   EXPECT_EQ((*p)[2].length, 512u);
   auto q = l->Pieces(3, 100, 1000);
-  ASSERT_TRUE(q.ok());
+  ASSERT_THAT(q, IsOk());
   uint64_t sum = 0;
   for (auto& piece : *q) sum += piece.length;
   EXPECT_EQ(sum, 1000u);
@@ -44,13 +46,13 @@ TEST(Layout, PiecesCoverTheParameterExactly) {
 
 TEST(Layout, SerializeRoundTripAndHash) {
   auto l = Layout::Build(Specs(), {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   auto bytes = l->Serialize();
   auto back = Layout::Deserialize(bytes);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Hash(), l->Hash());
   auto other = Layout::Build(Specs(), {.chunk_elems = 2048, .align_elems = 64, .num_shards = 2});
-  ASSERT_TRUE(other.ok());
+  ASSERT_THAT(other, IsOk());
   EXPECT_NE(other->Hash(), l->Hash());
   // Every truncation is rejected, never read past the end.
   for (size_t n = 0; n < bytes.size(); ++n) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps {
 namespace {
 
@@ -22,7 +24,7 @@ Status Check(int x) {
 }
 
 TEST(Status, OkAndErrors) {
-  EXPECT_TRUE(Status::Ok().ok());
+  EXPECT_THAT(Status::Ok(), IsOk());
   Status s = NotFound("chunk 7");
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.code(), Code::kNotFound);
@@ -33,7 +35,7 @@ TEST(Status, OkAndErrors) {
 TEST(Status, ResultPropagation) {
   EXPECT_EQ(*Quarter(8), 2);
   EXPECT_EQ(Quarter(6).status().code(), Code::kInvalidArgument);
-  EXPECT_TRUE(Check(12).ok());
+  EXPECT_THAT(Check(12), IsOk());
   EXPECT_EQ(Check(2).code(), Code::kInvalidArgument);
 }
 

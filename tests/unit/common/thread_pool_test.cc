@@ -9,13 +9,15 @@
 #include <thread>
 #include <vector>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps {
 namespace {
 
 TEST(ThreadPool, RunsEveryIndexOnce) {
   for (int threads : {1, 2, 4}) {
     auto pool = ThreadPool::Create({.name = "t", .threads = threads});
-    ASSERT_TRUE(pool.ok());
+    ASSERT_THAT(pool, IsOk());
     EXPECT_EQ((*pool)->size(), threads);
     for (size_t n : {0u, 1u, 3u, 1000u}) {
       std::vector<std::atomic<int>> hits(n);
@@ -27,7 +29,7 @@ TEST(ThreadPool, RunsEveryIndexOnce) {
 
 TEST(ThreadPool, ManyRounds) {
   auto pool = ThreadPool::Create({.name = "t", .threads = 3});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   std::atomic<long> sum{0};
   for (int round = 0; round < 2000; ++round) {
     (*pool)->ParallelFor(5, [&](size_t i) { sum += static_cast<long>(i); });
@@ -46,7 +48,7 @@ TEST(ThreadPool, RejectsANiceValueOutOfRange) {
 TEST(ThreadPool, PoolThreadsTakeTheNiceValue) {
   const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
   auto pool = ThreadPool::Create({.name = "t", .threads = 3, .nice = 19});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   std::mutex mu;
   std::vector<std::pair<std::thread::id, int>> seen;
   std::atomic<int> started{0};

@@ -19,6 +19,7 @@
 #include "zps/common/metrics.h"
 #include "zps/common/process_metrics.h"
 #include "zps/common/ucx.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::metrics {
 namespace {
@@ -90,7 +91,7 @@ class ExporterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto fam = registry_.AddCounter("zps_test_total", "A test counter.");
-    ASSERT_TRUE(fam.ok());
+    ASSERT_THAT(fam, IsOk());
     counter_ = *(*fam)->Add({});
     counter_.Inc(7);
   }
@@ -100,7 +101,7 @@ class ExporterTest : public ::testing::Test {
     auto e = Exporter::Start(
         o, &registry_, [this]() -> Status { return live_ ? Status::Ok() : Internal("dead"); },
         [this]() -> Status { return ready_ ? Status::Ok() : Unavailable("no layout yet"); });
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_THAT(e, IsOk());
     return e.ok() ? std::move(*e) : nullptr;
   }
   Registry registry_;
@@ -219,16 +220,16 @@ TEST_F(ExporterTest, StopWithOpenConnectionsAndPortInUse) {
 
 TEST(UcxTransportInfo, ClassesFromTheContext) {
   auto ctx = ucx::Context::Create({.transports = "tcp"});
-  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  ASSERT_THAT(ctx, IsOk());
   EXPECT_EQ(UcxTransportClasses(**ctx), (std::vector<std::string>{"tcp"}));
   auto shm = ucx::Context::Create({.transports = "shm"});
-  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  ASSERT_THAT(shm, IsOk());
   EXPECT_EQ(UcxTransportClasses(**shm), (std::vector<std::string>{"shm"}));
 
   Registry r;
   auto pm = ProcessMetrics::Create(r, "worker");
-  ASSERT_TRUE(pm.ok());
-  ASSERT_TRUE(pm->SetUcxTransports(**ctx).ok());
+  ASSERT_THAT(pm, IsOk());
+  ASSERT_THAT(pm->SetUcxTransports(**ctx), IsOk());
   EXPECT_NE(r.Serialize().find("zps_ucx_transport_info{transport=\"tcp\"} 1\n"), std::string::npos);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zps/common/process_metrics.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::metrics {
 namespace {
@@ -18,10 +19,11 @@ namespace {
 TEST(Metrics, CounterExposition) {
   Registry r;
   auto fam = r.AddCounter("zps_x_total", "Things.\nSecond line \\ done.", {"kind"});
-  ASSERT_TRUE(fam.ok());
+  ASSERT_THAT(fam, IsOk());
   auto a = (*fam)->Add({"b\"q\\n\n"});
   auto b = (*fam)->Add({"a"});
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
   a->Inc(5);
   b->Inc();
   EXPECT_EQ(a->Value(), 5u);
@@ -101,9 +103,9 @@ TEST(Metrics, RegistrationErrors) {
   EXPECT_EQ(r.AddHistogram("h", "x", {"le"}, {1}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(r.AddHistogram("h", "x", {}, {2, 1}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(r.AddHistogram("h", "x", {}, {1, INFINITY}).status().code(), Code::kInvalidArgument);
-  ASSERT_TRUE(r.AddCounter("ok", "x").ok());
+  ASSERT_THAT(r.AddCounter("ok", "x"), IsOk());
   EXPECT_EQ(r.AddGauge("ok", "x").status().code(), Code::kAlreadyExists);
-  ASSERT_TRUE(r.AddHistogram("h", "x", {}, {1}).ok());
+  ASSERT_THAT(r.AddHistogram("h", "x", {}, {1}), IsOk());
   EXPECT_EQ(r.AddGauge("h_count", "x").status().code(), Code::kAlreadyExists);
   auto fam = *r.AddGauge("two", "x", {"a", "b"});
   EXPECT_EQ(fam->Add({"only one"}).status().code(), Code::kInvalidArgument);
@@ -167,7 +169,7 @@ TEST(Metrics, ExponentialBuckets) {
 TEST(ProcessMetrics, EveryContractSeriesFromStart) {
   Registry r;
   auto pm = ProcessMetrics::Create(r, "shard");
-  ASSERT_TRUE(pm.ok()) << pm.status().ToString();
+  ASSERT_THAT(pm, IsOk());
   std::string s = r.Serialize();
   EXPECT_NE(s.find("zps_build_info{version=\""), std::string::npos);
   EXPECT_NE(s.find("role=\"shard\"} 1\n"), std::string::npos);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zps/server/optimizer.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -84,7 +85,7 @@ void Train(ChunkStore& store, const Optimizer& opt, std::span<const uint32_t> id
       p.out_dtype = DType::kBF16;
       return opt.Update(s.state, GradView{g.data(), DType::kF32, g.size()}, p);
     });
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_THAT(st, IsOk());
   }
 }
 
@@ -97,8 +98,8 @@ Snapshot Read(ChunkStore& store, uint32_t c) {
   Snapshot s;
   const size_t n = store.chunk_elems(c);
   s.master.resize(n), s.m.resize(n), s.v.resize(n), s.serving.resize(n);
-  EXPECT_TRUE(store.ReadChunk(c, s.master, s.m, s.v).ok());
-  EXPECT_TRUE(store.ReadServing(c, s.serving).ok());
+  EXPECT_THAT(store.ReadChunk(c, s.master, s.m, s.v), IsOk());
+  EXPECT_THAT(store.ReadServing(c, s.serving), IsOk());
   return s;
 }
 
@@ -114,13 +115,13 @@ std::unique_ptr<Optimizer> MakeOptimizer() {
   cfg.lr = 1e-2f;
   cfg.weight_decay = 0.01f;
   auto opt = Optimizer::Create(cfg, nullptr);
-  EXPECT_TRUE(opt.ok());
+  EXPECT_THAT(opt, IsOk());
   return std::move(*opt);
 }
 
 TEST(ChunkStore, PlacementFollowsBudgets) {
   auto all = ChunkStore::Create(SmallOptions("cs-place-a", 1ull << 30, 1ull << 30), kChunks);
-  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_THAT(all, IsOk());
   EXPECT_EQ((*all)->stats().state_resident, kChunks.size());
   EXPECT_EQ((*all)->stats().state_file_bytes, 0u);
 
@@ -131,7 +132,7 @@ TEST(ChunkStore, PlacementFollowsBudgets) {
   ASSERT_FALSE(some.ok());  // serving budget 0 cannot hold its buffers
   EXPECT_EQ(some.status().code(), Code::kResourceExhausted);
   some = ChunkStore::Create(SmallOptions("cs-place-b", budget, 5 * AlignUp(250000 * 2)), kChunks);
-  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  ASSERT_THAT(some, IsOk());
   auto st = (*some)->stats();
   EXPECT_TRUE((*some)->state_resident(0));
   EXPECT_FALSE((*some)->state_resident(1));
@@ -152,7 +153,7 @@ TEST(ChunkStore, SpilledMatchesRamBitForBit) {
   std::vector<uint32_t> ids(kChunks.size());
   std::iota(ids.begin(), ids.end(), 0u);
   auto ram = ChunkStore::Create(SmallOptions("cs-ram", 1ull << 30, 1ull << 30), kChunks);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   Train(**ram, *opt, ids, 4);
 
   const uint64_t bufs = 5 * 3 * AlignUp(250000 * 4), sbufs = 5 * AlignUp(250000 * 2);
@@ -161,7 +162,7 @@ TEST(ChunkStore, SpilledMatchesRamBitForBit) {
     if (variant == 1) o.read_ahead = o.write_behind = 1, o.queue_depth = 2, o.io_bytes = 32 << 10;
     if (variant == 2) o.register_buffers = true, o.io_bytes = 1 << 20;
     auto spill = ChunkStore::Create(o, kChunks);
-    ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+    ASSERT_THAT(spill, IsOk());
     EXPECT_GE((*spill)->stats().chunks - (*spill)->stats().state_resident, 5u);
     std::vector<uint32_t> order = ids;
     if (variant == 1) std::reverse(order.begin(), order.end());
@@ -181,7 +182,7 @@ TEST(ChunkStore, ServingAloneSpillsIntoCallerMemory) {
   std::vector<uint32_t> ids(kChunks.size());
   std::iota(ids.begin(), ids.end(), 0u);
   auto ram = ChunkStore::Create(SmallOptions("cs-sv-ram", 1ull << 30, 1ull << 30), kChunks);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   Train(**ram, *opt, ids, 3);
 
   const uint64_t sbufs = 5 * AlignUp(250000 * 2);
@@ -193,7 +194,7 @@ TEST(ChunkStore, ServingAloneSpillsIntoCallerMemory) {
     return std::span<std::byte>(mem.data() + ((base + 63) / 64 * 64 - base), bytes);
   };
   auto spill = ChunkStore::Create(o, kChunks);
-  ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+  ASSERT_THAT(spill, IsOk());
   const ChunkStoreStats st = (*spill)->stats();
   EXPECT_EQ(st.state_resident, kChunks.size());
   EXPECT_EQ(st.state_file_bytes, 0u);
@@ -218,22 +219,22 @@ TEST(ChunkStore, ServingAloneSpillsIntoCallerMemory) {
   EXPECT_EQ(after.bytes_read, after.serving_bytes_read);  // no state was read from disk
   // The resident record is the memory the pass wrote: it matches ReadServing.
   std::vector<uint16_t> copy(100000);
-  ASSERT_TRUE((*spill)->ReadServing(0, copy).ok());
+  ASSERT_THAT((*spill)->ReadServing(0, copy), IsOk());
   EXPECT_TRUE(std::equal(copy.begin(), copy.end(), r0.begin()));
 }
 
 TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {
   const uint64_t bufs = 5 * 3 * AlignUp(250000 * 4), sbufs = 5 * AlignUp(250000 * 2);
   auto s = ChunkStore::Create(SmallOptions("cs-single", bufs, sbufs), kChunks);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   ChunkStore& store = **s;
   const uint32_t c = 3;
   ASSERT_FALSE(store.state_resident(c));
   std::vector<float> a(kChunks[c]), b(kChunks[c]), d(kChunks[c]);
   for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f * i, b[i] = -2.0f * i, d[i] = 0.5f * i;
-  ASSERT_TRUE(store.WriteChunk(c, a, b, d).ok());
+  ASSERT_THAT(store.WriteChunk(c, a, b, d), IsOk());
   std::vector<uint16_t> sv(kChunks[c], 0x3f80);
-  ASSERT_TRUE(store.WriteServing(c, sv).ok());
+  ASSERT_THAT(store.WriteServing(c, sv), IsOk());
   Snapshot got = Read(store, c);
   EXPECT_EQ(got.master, a);
   EXPECT_EQ(got.m, b);
@@ -310,7 +311,7 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
     return std::make_unique<FaultEngine>(std::move(e), fc.op, fc.nth, fc.res);
   };
   auto s = ChunkStore::Create(o, kChunks);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   ASSERT_TRUE(armed);
   ChunkStore& store = **s;
   // Reference: values written one chunk at a time do not go through the fault (writes are
@@ -331,11 +332,11 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
     ASSERT_LT(visited.size(), ids.size());
     const uint32_t failed = ids[visited.size()];
     std::vector<float> m(kChunks[failed]), mm(kChunks[failed]), v(kChunks[failed]);
-    ASSERT_TRUE(store.ReadChunk(failed, m, mm, v).ok());
+    ASSERT_THAT(store.ReadChunk(failed, m, mm, v), IsOk());
     for (float x : m) ASSERT_EQ(x, 0.0f);
     for (uint32_t c : visited) {  // visited chunks were written back: master == 1
       std::vector<float> a(kChunks[c]), b(kChunks[c]), d(kChunks[c]);
-      ASSERT_TRUE(store.ReadChunk(c, a, b, d).ok());
+      ASSERT_THAT(store.ReadChunk(c, a, b, d), IsOk());
       for (float x : a) ASSERT_EQ(x, 1.0f);
     }
   } else {
@@ -357,9 +358,9 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
                   .code(),
               Code::kDataLoss);
     std::vector<float> a(kChunks[lost], 3.0f), b(kChunks[lost]), d(kChunks[lost]);
-    ASSERT_TRUE(store.WriteChunk(lost, a, b, d).ok());
+    ASSERT_THAT(store.WriteChunk(lost, a, b, d), IsOk());
     std::vector<float> a2(kChunks[lost]);
-    ASSERT_TRUE(store.ReadChunk(lost, a2, b, d).ok());
+    ASSERT_THAT(store.ReadChunk(lost, a2, b, d), IsOk());
     EXPECT_EQ(a2, a);
   }
 }
@@ -375,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ChunkStore, FnErrorStopsThePass) {
   const uint64_t bufs = 5 * 3 * AlignUp(250000 * 4), sbufs = 5 * AlignUp(250000 * 2);
   auto s = ChunkStore::Create(SmallOptions("cs-fnerr", bufs, sbufs), kChunks);
-  ASSERT_TRUE(s.ok());
+  ASSERT_THAT(s, IsOk());
   const uint32_t ids[] = {0, 1, 3, 4};
   int calls = 0;
   Status st = (*s)->ForEachChunk(ids, {}, [&](uint32_t c, const ChunkSpans& sp) {
@@ -386,10 +387,10 @@ TEST(ChunkStore, FnErrorStopsThePass) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
   EXPECT_EQ(calls, 3);
   std::vector<float> a(kChunks[3]), b(kChunks[3]), d(kChunks[3]);
-  ASSERT_TRUE((*s)->ReadChunk(3, a, b, d).ok());
+  ASSERT_THAT((*s)->ReadChunk(3, a, b, d), IsOk());
   for (float x : a) ASSERT_EQ(x, 0.0f);
   std::vector<float> a1(kChunks[1]), b1(kChunks[1]), d1(kChunks[1]);
-  ASSERT_TRUE((*s)->ReadChunk(1, a1, b1, d1).ok());
+  ASSERT_THAT((*s)->ReadChunk(1, a1, b1, d1), IsOk());
   for (float x : a1) ASSERT_EQ(x, 5.0f);
 }
 
@@ -421,7 +422,7 @@ TEST(ChunkStore, DiskFullIsResourceExhausted) {
     std::vector<uint64_t> fits(8, 1 << 16);  // 8 x 768 KiB: 5 buffer slots + 1 in RAM + 7 spilled
     o.memory_budget = 6 * 768ull << 10;
     auto ok = ChunkStore::Create(o, fits);
-    ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+    ASSERT_THAT(ok, IsOk());
     std::vector<uint32_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
     PassOptions pass;
     EXPECT_TRUE((*ok)

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::server {
 namespace {
 
@@ -34,7 +36,7 @@ TEST(SpillFile, PreallocatedAndRemovedOnClose) {
   std::string path;
   {
     auto f = SpillFile::Create(SpillDir(), "nvme-test-prealloc.zps", 8 << 20, {});
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_THAT(f, IsOk());
     path = (*f)->path();
     struct stat st {};
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
@@ -53,7 +55,7 @@ TEST(SpillFile, MissingDirectoryIsNotFound) {
 
 TEST(AlignedBufferPool, AlignedAndSized) {
   auto p = AlignedBufferPool::Create(3, 5000);
-  ASSERT_TRUE(p.ok());
+  ASSERT_THAT(p, IsOk());
   EXPECT_EQ((*p)->buffer_bytes(), 8192u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>((*p)->buffer(i)) % kDirectAlign, 0u);
@@ -66,14 +68,14 @@ class UringEngineTest : public ::testing::TestWithParam<bool> {};
 // Writes a pattern through the engine and reads it back, with and without registered buffers.
 TEST_P(UringEngineTest, WriteThenReadBack) {
   auto file = SpillFile::Create(SpillDir(), "nvme-test-engine.zps", 4 << 20, {});
-  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_THAT(file, IsOk());
   auto pool = AlignedBufferPool::Create(2, 4 << 20);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   UringOptions o;
   o.depth = 4;
   if (GetParam()) o.fixed_buffers = {(*pool)->region()};
   auto eng = CreateUringEngine(o);
-  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  ASSERT_THAT(eng, IsOk());
   IoEngine& e = **eng;
   std::byte* w = (*pool)->buffer(0);
   std::byte* r = (*pool)->buffer(1);
@@ -87,13 +89,13 @@ TEST_P(UringEngineTest, WriteThenReadBack) {
             Code::kFailedPrecondition);  // depth exceeded
   for (int i = 0; i < 4; ++i) {
     auto c = e.Wait();
-    ASSERT_TRUE(c.ok());
+    ASSERT_THAT(c, IsOk());
     EXPECT_EQ(c->res, 1 << 20);
   }
   EXPECT_EQ(e.Wait().status().code(), Code::kFailedPrecondition);  // nothing in flight
-  ASSERT_TRUE(e.Push({IoRequest::Op::kRead, (*file)->fd(), r, 4 << 20, 0, 5}).ok());
+  ASSERT_THAT(e.Push({IoRequest::Op::kRead, (*file)->fd(), r, 4 << 20, 0, 5}), IsOk());
   auto c = e.Wait();
-  ASSERT_TRUE(c.ok());
+  ASSERT_THAT(c, IsOk());
   EXPECT_EQ(c->tag, 5u);
   EXPECT_EQ(c->res, 4 << 20);
   EXPECT_EQ(std::memcmp(w, r, 4 << 20), 0);
@@ -103,12 +105,13 @@ INSTANTIATE_TEST_SUITE_P(Fixed, UringEngineTest, ::testing::Bool());
 
 TEST(UringEngine, BadFdIsACompletionError) {
   auto pool = AlignedBufferPool::Create(1, 4096);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   auto eng = CreateUringEngine({});
-  ASSERT_TRUE(eng.ok());
-  ASSERT_TRUE((*eng)->Push({IoRequest::Op::kRead, 1 << 20, (*pool)->buffer(0), 4096, 0, 1}).ok());
+  ASSERT_THAT(eng, IsOk());
+  ASSERT_THAT((*eng)->Push({IoRequest::Op::kRead, 1 << 20, (*pool)->buffer(0), 4096, 0, 1}),
+              IsOk());
   auto c = (*eng)->Wait();
-  ASSERT_TRUE(c.ok());
+  ASSERT_THAT(c, IsOk());
   EXPECT_EQ(c->res, -EBADF);
   EXPECT_EQ(ErrnoError("read", -c->res).code(), Code::kIoError);
 }

@@ -7,6 +7,7 @@
 #include "raw_socket.h"
 #include "rpc_fixture.h"
 #include "zps/common/crc32c.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::rpc::testing {
 namespace {
@@ -22,7 +23,7 @@ class BadInputTest : public RpcTest {
     EXPECT_TRUE(f.has_value());
     if (f) {
       auto v = DecodeFrame(*f);
-      EXPECT_TRUE(v.ok());
+      EXPECT_THAT(v, IsOk());
       if (v.ok()) {
         EXPECT_EQ(v->header.type, kTypeHelloReply);
       }
@@ -36,7 +37,7 @@ class BadInputTest : public RpcTest {
     EXPECT_TRUE(f.has_value()) << "no error frame";
     if (!f) return {};
     auto v = DecodeFrame(*f);
-    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_THAT(v, IsOk());
     if (!v.ok()) return {};
     EXPECT_EQ(v->header.type, kTypeError);
     if (id) {
@@ -161,7 +162,7 @@ TEST_F(BadInputTest, UnknownTypeKeepsTheConnection) {
   auto f = s->ReadFrame(2s);
   ASSERT_TRUE(f.has_value());
   auto v = DecodeFrame(*f);
-  ASSERT_TRUE(v.ok());
+  ASSERT_THAT(v, IsOk());
   EXPECT_EQ(v->header.type, ReplyTypeOf(kEcho));
   EXPECT_EQ(v->header.request_id, 6u);
   EXPECT_EQ(Str(v->payload), "still here");

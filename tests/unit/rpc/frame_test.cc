@@ -11,6 +11,7 @@
 #include "zps/common/crc32c.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps {
 namespace {
@@ -49,13 +50,13 @@ TEST(Frame, RoundTrip) {
   auto payload = Bytes("some payload bytes");
   auto f = EncodeFrame(7, 99, payload);
   auto v = DecodeFrame(f);
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_THAT(v, IsOk());
   EXPECT_EQ(v->header.type, 7);
   EXPECT_EQ(v->header.request_id, 99u);
   EXPECT_EQ(v->header.payload_len, payload.size());
   EXPECT_TRUE(std::equal(v->payload.begin(), v->payload.end(), payload.begin(), payload.end()));
   auto empty = EncodeFrame(7, 1, {});
-  EXPECT_TRUE(DecodeFrame(empty).ok());
+  EXPECT_THAT(DecodeFrame(empty), IsOk());
 }
 
 void ExpectKind(const Status& s, FrameError kind) {
@@ -83,7 +84,7 @@ TEST(Frame, EveryErrorKindIsDetected) {
   ExpectKind(DecodeFrameHeader(oversize).status(), FrameError::kOversize);
   // A tighter receiver bound applies too.
   ExpectKind(DecodeFrame(good, 5).status(), FrameError::kOversize);
-  EXPECT_TRUE(DecodeFrame(good, 6).ok());
+  EXPECT_THAT(DecodeFrame(good, 6), IsOk());
 
   ExpectKind(DecodeFrame(std::span(good).first(20)).status(), FrameError::kTruncated);
   ExpectKind(DecodeFrame(std::span(good).first(good.size() - 1)).status(), FrameError::kTruncated);
@@ -146,7 +147,7 @@ TEST(Hello, CodecAndBounds) {
   auto extra = Bytes("ucx-address");
   auto p = EncodeHello(kProtocolVersion, 2, 5, "worker-5", "tok", extra);
   auto h = DecodeHello(p);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_THAT(h, IsOk());
   EXPECT_EQ(h->version, kProtocolVersion);
   EXPECT_EQ(h->role, 2u);
   EXPECT_EQ(h->rank, 5u);
@@ -159,7 +160,7 @@ TEST(Hello, CodecAndBounds) {
   EXPECT_EQ(DecodeHello(long_token).status().code(), Code::kInvalidArgument);
   auto r = EncodeHelloReply(1, 2, extra);
   auto hr = DecodeHelloReply(r);
-  ASSERT_TRUE(hr.ok());
+  ASSERT_THAT(hr, IsOk());
   EXPECT_EQ(hr->session_id, 1u);
   EXPECT_EQ(hr->session_token, 2u);
   EXPECT_EQ(hr->extra, extra);
@@ -182,7 +183,7 @@ TEST(Hello, ConstantTimeEquals) {
 TEST(Messages, ReadMasterRoundTripAndBounds) {
   zps::msg::ReadMasterRequest q{7, 3, 64, 128};
   auto back = zps::msg::ReadMasterRequest::Decode(q.Encode());
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->min_version, 7);
   EXPECT_EQ(back->chunk, 3u);
   EXPECT_EQ(back->offset, 64u);
@@ -196,7 +197,7 @@ TEST(Messages, ReadMasterRoundTripAndBounds) {
 
   zps::msg::MasterRange m{5, {1.5f, -2.0f, 3.25f}};
   auto r = zps::msg::MasterRange::Decode(m.Encode());
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->version, 5);
   EXPECT_EQ(r->values, m.values);
   auto odd = m.Encode();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zps/common/rpc.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::rpc {
 namespace {
@@ -38,7 +39,7 @@ class AsyncHello : public ::testing::Test {
     o.io_threads = 1;  // one io thread: a hook that blocked it would stall every connection
     o.hello_timeout_ms = hello_timeout_ms;
     auto s = Server::Create(o);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_THAT(s, IsOk());
     server_ = std::move(*s);
     server_->Register(kEcho, [](const Peer&, std::span<const std::byte> p, Responder r) {
       r.Reply(std::vector<std::byte>(p.begin(), p.end()));
@@ -54,7 +55,7 @@ class AsyncHello : public ::testing::Test {
       if (what == "refuse") return done(FailedPrecondition("refused by the hook"));
       done(Bytes("at once"));
     });
-    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_THAT(server_->Start(), IsOk());
   }
   void TearDown() override {
     if (server_) server_->Stop();
@@ -93,20 +94,20 @@ TEST_F(AsyncHello, OtherConnectionsAreServedWhileAHelloWaitsForItsHook) {
 
   // The only io thread is free: a second peer says hello and calls while the first one waits.
   auto other = Client::Connect(Opts(""));
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  ASSERT_THAT(other, IsOk());
   EXPECT_EQ(Str((*other)->hello_reply_extra()), "at once");
   auto r = (*other)->Call(kEcho, Bytes("ping"), 10s);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ(Str(*r), "ping");
 
   // Answered from another thread, the parked hello completes with what the hook said.
   std::thread answer([d = std::move(done)] { d(Bytes("later")); });
   answer.join();
   t.join();
-  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  ASSERT_THAT(late, IsOk());
   EXPECT_EQ(Str((*late)->hello_reply_extra()), "later");
   auto r2 = (*late)->Call(kEcho, Bytes("pong"), 10s);
-  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  ASSERT_THAT(r2, IsOk());
   EXPECT_EQ(Str(*r2), "pong");
 }
 
@@ -128,7 +129,7 @@ TEST_F(AsyncHello, AHookThatNeverAnswersEndsInTheHelloTimeoutAndALateAnswerIsDro
   ASSERT_FALSE(c.ok()) << "a hello the hook never answered was accepted";
   done(Bytes("too late"));  // the connection is gone: nothing happens
   auto fresh = Client::Connect(Opts(""));
-  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_THAT(fresh, IsOk());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "rpc_fixture.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::rpc::testing {
 namespace {
@@ -16,15 +17,15 @@ TEST_F(RpcTest, RoundTripAndHello) {
   EXPECT_EQ(Str(c->hello_reply_extra()), "server-info");
   EXPECT_NE(c->session_token(), 0u);
   auto r = c->Call(kEcho, Bytes("ping"), 2s);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ(Str(*r), "ping");
   auto empty = c->Call(kEcho, {}, 2s);
-  ASSERT_TRUE(empty.ok());
+  ASSERT_THAT(empty, IsOk());
   EXPECT_TRUE(empty->empty());
 
   // The handler sees the peer the hello established.
   auto who = c->Call(kWhoAmI, {}, 2s);
-  ASSERT_TRUE(who.ok());
+  ASSERT_THAT(who, IsOk());
   ByteReader rd(*who);
   EXPECT_EQ(*rd.U32("rank"), 4u);
   EXPECT_EQ(*rd.U32("role"), 1u);
@@ -52,7 +53,7 @@ TEST_F(RpcTest, TypedErrorReply) {
   auto t = c->Call(kThrow, {}, 2s);
   EXPECT_EQ(t.status().code(), Code::kInternal);
   EXPECT_NE(t.status().message().find("boom"), std::string::npos);
-  EXPECT_TRUE(c->Call(kEcho, Bytes("x"), 2s).ok());
+  EXPECT_THAT(c->Call(kEcho, Bytes("x"), 2s), IsOk());
 }
 
 TEST_F(RpcTest, ConcurrentCallsFromSeveralThreads) {
@@ -80,13 +81,13 @@ TEST_F(RpcTest, LongPollAnsweredLaterFromAnotherThread) {
   ASSERT_NE(c, nullptr);
   std::thread waiter([&] {
     auto r = c->Call(kPark, {}, 5s);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_THAT(r, IsOk());
     EXPECT_EQ(Str(*r), "released");
   });
   ASSERT_TRUE(WaitParked(1));
   // The parked request blocks nothing: other calls on the same connection complete.
   auto r = c->Call(kEcho, Bytes("meanwhile"), 2s);
-  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(r, IsOk());
   auto parked = TakeParked();
   ASSERT_EQ(parked.size(), 1u);
   EXPECT_FALSE(parked[0].answered());
@@ -99,7 +100,7 @@ TEST_F(RpcTest, LongPollAnsweredLaterFromAnotherThread) {
   replier.join();
   waiter.join();
   EXPECT_TRUE(parked[0].answered());
-  EXPECT_TRUE(c->Call(kEcho, Bytes("after"), 2s).ok());
+  EXPECT_THAT(c->Call(kEcho, Bytes("after"), 2s), IsOk());
 }
 
 TEST_F(RpcTest, ResponderAfterDisconnectIsANoOp) {
@@ -131,7 +132,7 @@ TEST_F(RpcTest, CallDeadline) {
   EXPECT_GE(took, 140ms);
   EXPECT_LT(took, 1500ms);
   // The connection is still usable.
-  EXPECT_TRUE(c->Call(kEcho, Bytes("ok"), 2s).ok());
+  EXPECT_THAT(c->Call(kEcho, Bytes("ok"), 2s), IsOk());
 }
 
 TEST_F(RpcTest, ServerStopGivesUnavailable) {
@@ -185,7 +186,7 @@ TEST_F(RpcTest, LargePayloadsAndTheBound) {
   std::vector<std::byte> big(8 << 20);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 131);
   auto r = c->Call(kEcho, big, 5s);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ(*r, big);
   std::vector<std::byte> too_big(kMaxPayloadBytes + 1);
   EXPECT_EQ(c->Call(kEcho, too_big, 1s).status().code(), Code::kInvalidArgument);
@@ -197,10 +198,10 @@ TEST_F(RpcTest, HundredsOfShortLivedConnections) {
   StartServer(ServerOptions{.io_threads = 2});
   for (int i = 0; i < 300; ++i) {
     auto c = Client::Connect(Opts());
-    ASSERT_TRUE(c.ok()) << i << ": " << c.status().ToString();
+    ASSERT_THAT(c, IsOk()) << i << ": " << c.status().ToString();
     if (i % 3 == 0) {
       auto r = (*c)->Call(kEcho, Bytes("x"), 2s);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_THAT(r, IsOk());
     }
   }
   EXPECT_TRUE(WaitConnections(0));
@@ -225,7 +226,7 @@ TEST_F(RpcTest, IdleTimeoutClosesASilentAuthenticatedPeer) {
   StartServer(ServerOptions{.idle_timeout_ms = 200});
   auto c = Connect();
   ASSERT_NE(c, nullptr);
-  EXPECT_TRUE(c->Call(kEcho, Bytes("x"), 1s).ok());
+  EXPECT_THAT(c->Call(kEcho, Bytes("x"), 1s), IsOk());
   auto deadline = std::chrono::steady_clock::now() + 3s;
   while (c->connected() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(10ms);
@@ -242,7 +243,7 @@ TEST(RpcServerCreate, OptionErrors) {
                 .code(),
             Code::kInvalidArgument);
   auto a = Server::Create(ServerOptions{.bind_address = "127.0.0.1", .port = 0});
-  ASSERT_TRUE(a.ok());
+  ASSERT_THAT(a, IsOk());
   // The same port twice: IoError (a listening socket, even with SO_REUSEADDR).
   auto b = Server::Create(ServerOptions{.bind_address = "127.0.0.1", .port = (*a)->port()});
   EXPECT_EQ(b.status().code(), Code::kIoError) << b.status().ToString();

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "zps/server/job.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 JobSpec Base() {
   auto l = Layout::Build({{"a", {100}}, {"b", {30}}, {"c", {7, 9}}},
                          {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   JobSpec j{*l, {}, {}, {}};
   j.shard.world_size = 2;
   return j;
@@ -46,7 +47,7 @@ TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 1u);
   auto back = JobSpec::Deserialize(bytes);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Serialize(), bytes);
   EXPECT_EQ(back->shard.accumulation_steps, 1u);
   EXPECT_TRUE(back->shard.param_groups.empty());
@@ -55,11 +56,11 @@ TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
 
 TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
   const JobSpec j = Full();
-  ASSERT_TRUE(j.Validate().ok()) << j.Validate().ToString();
+  ASSERT_THAT(j.Validate(), IsOk());
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 2u);
   auto back = JobSpec::Deserialize(bytes);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Serialize(), bytes);
   EXPECT_EQ(back->Hash(), j.Hash());
   EXPECT_NE(Base().Hash(), j.Hash());
@@ -100,7 +101,7 @@ TEST(JobSpec, SpeculativeUpdateEncodesAsVersion3AndRoundTrips) {
     const auto bytes = j.Serialize();
     EXPECT_EQ(VersionOf(bytes), 3u);
     auto back = JobSpec::Deserialize(bytes);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_THAT(back, IsOk());
     EXPECT_EQ(back->shard.update_mode, UpdateMode::kSpeculative);
     EXPECT_EQ(back->Serialize(), bytes);
     EXPECT_NE(j.Hash(), sync_hash);  // the mode is part of the job every process agrees on

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "zps/common/messages.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -50,14 +51,14 @@ struct Box {
 TEST(KvStore, SetThenGet) {
   KvStore kv;
   const uint64_t g = kv.generation();
-  ASSERT_TRUE(kv.Set(g, "a", Bytes("one")).ok());
+  ASSERT_THAT(kv.Set(g, "a", Bytes("one")), IsOk());
   Box b;
   kv.Get(g, "a", 0ms, b.cb());
   auto v = b.Wait();
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_THAT(v, IsOk());
   EXPECT_EQ(*v, Bytes("one"));
   // Replacing a value is allowed.
-  ASSERT_TRUE(kv.Set(g, "a", Bytes("two")).ok());
+  ASSERT_THAT(kv.Set(g, "a", Bytes("two")), IsOk());
   Box c;
   kv.Get(g, "a", 0ms, c.cb());
   EXPECT_EQ(*c.Wait(), Bytes("two"));
@@ -78,9 +79,9 @@ TEST(KvStore, WaitingGetIsAnsweredBySet) {
   kv.Get(g, "k", 5000ms, b.cb());
   EXPECT_FALSE(b.done());
   EXPECT_EQ(kv.waiters(), 1u);
-  ASSERT_TRUE(kv.Set(g, "k", Bytes("v")).ok());
+  ASSERT_THAT(kv.Set(g, "k", Bytes("v")), IsOk());
   auto v = b.Wait();
-  ASSERT_TRUE(v.ok());
+  ASSERT_THAT(v, IsOk());
   EXPECT_EQ(*v, Bytes("v"));
   EXPECT_EQ(kv.waiters(), 0u);
 }
@@ -98,7 +99,7 @@ TEST(KvStore, WaitExpires) {
 TEST(KvStore, NewGenerationDropsKeysAndFailsWaiters) {
   KvStore kv;
   const uint64_t g = kv.generation();
-  ASSERT_TRUE(kv.Set(g, "a", Bytes("x")).ok());
+  ASSERT_THAT(kv.Set(g, "a", Bytes("x")), IsOk());
   Box b;
   kv.Get(g, "b", 5000ms, b.cb());
   kv.Advance(g + 1);
@@ -121,11 +122,11 @@ TEST(KvStore, Bounds) {
             Code::kInvalidArgument);
   EXPECT_EQ(kv.Set(g, "big", std::vector<std::byte>(msg::kMaxKvValueBytes + 1)).code(),
             Code::kInvalidArgument);
-  ASSERT_TRUE(kv.Set(g, "a", Bytes("12345")).ok());
+  ASSERT_THAT(kv.Set(g, "a", Bytes("12345")), IsOk());
   EXPECT_EQ(kv.Set(g, "b", Bytes("123456")).code(), Code::kResourceExhausted);  // 11 bytes
-  ASSERT_TRUE(kv.Set(g, "b", Bytes("12345")).ok());
+  ASSERT_THAT(kv.Set(g, "b", Bytes("12345")), IsOk());
   EXPECT_EQ(kv.Set(g, "c", Bytes("")).code(), Code::kResourceExhausted);  // a third key
-  ASSERT_TRUE(kv.Set(g, "a", Bytes("1")).ok());  // replacing is within the bounds
+  ASSERT_THAT(kv.Set(g, "a", Bytes("1")), IsOk());  // replacing is within the bounds
   Box w1, w2, w3;
   kv.Get(g, "x", 5000ms, w1.cb());
   kv.Get(g, "y", 5000ms, w2.cb());
@@ -148,17 +149,17 @@ TEST(KvStore, DestructionCancelsWaiters) {
 TEST(KvMessages, RoundTripAndBounds) {
   msg::KvSet set{7, "gloo/0", Bytes("addr")};
   auto s2 = msg::KvSet::Decode(set.Encode());
-  ASSERT_TRUE(s2.ok());
+  ASSERT_THAT(s2, IsOk());
   EXPECT_EQ(s2->generation, 7u);
   EXPECT_EQ(s2->key, "gloo/0");
   EXPECT_EQ(s2->value, Bytes("addr"));
   msg::KvGet get{0, "gloo/1", 1500};
   auto g2 = msg::KvGet::Decode(get.Encode());
-  ASSERT_TRUE(g2.ok());
+  ASSERT_THAT(g2, IsOk());
   EXPECT_EQ(g2->wait_ms, 1500u);
   msg::KvReply reply{3, Bytes("v")};
   auto r2 = msg::KvReply::Decode(reply.Encode());
-  ASSERT_TRUE(r2.ok());
+  ASSERT_THAT(r2, IsOk());
   EXPECT_EQ(r2->generation, 3u);
   EXPECT_EQ(r2->value, Bytes("v"));
 

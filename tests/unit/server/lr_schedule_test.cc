@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::server {
 namespace {
 
@@ -109,7 +111,7 @@ void ExpectBad(const LrScheduleConfig& c, std::string_view field) {
 }
 
 TEST(LrSchedule, ValidationNamesTheField) {
-  EXPECT_TRUE(LrScheduleConfig{}.Validate().ok());
+  EXPECT_THAT(LrScheduleConfig{}.Validate(), IsOk());
   LrScheduleConfig c;
   c.warmup_min_lr = -1;
   ExpectBad(c, "warmup_min_lr");

@@ -8,6 +8,7 @@
 
 #include "zps/common/crc32c.h"
 #include "zps/server/optimizer.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -34,8 +35,8 @@ void ExpectInvalid(const OptimizerConfig& c, std::string_view field) {
 }
 
 TEST(OptimizerConfig, DefaultsAreValid) {
-  EXPECT_TRUE(OptimizerConfig{}.Validate().ok());
-  EXPECT_TRUE(Odd().Validate().ok());
+  EXPECT_THAT(OptimizerConfig{}.Validate(), IsOk());
+  EXPECT_THAT(Odd().Validate(), IsOk());
 }
 
 TEST(OptimizerConfig, BadHyperparametersRejected) {
@@ -65,7 +66,8 @@ TEST(OptimizerConfig, BadHyperparametersRejected) {
   ExpectInvalid(with([](auto& c) { c.lr = 2.0f, c.weight_decay = 1.0f; }), "lr * weight_decay");
   ExpectInvalid(with([](auto& c) { c.kind = static_cast<OptimizerKind>(9); }), "kind");
   // Edges that are allowed.
-  EXPECT_TRUE(with([](auto& c) { c.lr = 0.0f, c.beta1 = 0.0f, c.beta2 = 0.0f; }).Validate().ok());
+  EXPECT_THAT(with([](auto& c) { c.lr = 0.0f, c.beta1 = 0.0f, c.beta2 = 0.0f; }).Validate(),
+              IsOk());
   EXPECT_TRUE(
       with([](auto& c) { c.kind = OptimizerKind::kAdam, c.lr = 2.0f, c.weight_decay = 1.0f; })
           .Validate()
@@ -75,7 +77,7 @@ TEST(OptimizerConfig, BadHyperparametersRejected) {
 TEST(OptimizerConfig, KindNames) {
   for (auto k : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
     auto parsed = ParseOptimizerKind(OptimizerKindName(k));
-    ASSERT_TRUE(parsed.ok());
+    ASSERT_THAT(parsed, IsOk());
     EXPECT_EQ(*parsed, k);
   }
   EXPECT_EQ(ParseOptimizerKind("lamb").status().code(), Code::kInvalidArgument);
@@ -85,7 +87,7 @@ TEST(OptimizerConfig, SerializeRoundTrip) {
   for (const OptimizerConfig& c : {OptimizerConfig{}, Odd()}) {
     const auto bytes = c.Serialize();
     auto back = OptimizerConfig::Deserialize(bytes);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_THAT(back, IsOk());
     EXPECT_EQ(back->kind, c.kind);
     EXPECT_EQ(back->lr, c.lr);
     EXPECT_EQ(back->beta1, c.beta1);

@@ -39,6 +39,7 @@
 #include "zps/common/crc32c.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -244,7 +245,8 @@ TEST(OptimizerGolden, EveryIsaMatchesTheStoredCrcs) {
         for (DType ot : kOutTypes) {
           auto s = RunOne(Isa::kScalar, cs, gt, ot, seed);
           auto v = RunOne(Isa::kAvx2, cs, gt, ot, seed);
-          ASSERT_TRUE(s.ok() && v.ok());
+          ASSERT_THAT(s, IsOk());
+          ASSERT_THAT(v, IsOk());
           std::printf("  {\"%s\", \"%s\", \"%s\", 0x%08xu, 0x%08xu},\n", cs.name,
                       std::string(DTypeName(gt)).c_str(), std::string(DTypeName(ot)).c_str(), *s,
                       *v);
@@ -254,7 +256,7 @@ TEST(OptimizerGolden, EveryIsaMatchesTheStoredCrcs) {
     }
     for (DType gt : kGradTypes) {
       auto s = StatsOne(Isa::kScalar, gt);
-      ASSERT_TRUE(s.ok());
+      ASSERT_THAT(s, IsOk());
       std::printf("  {\"%s\", 0x%016llxull},\n", std::string(DTypeName(gt)).c_str(),
                   static_cast<unsigned long long>(*s));
     }
@@ -273,7 +275,7 @@ TEST(OptimizerGolden, EveryIsaMatchesTheStoredCrcs) {
           ASSERT_EQ(std::string_view(want.grad), DTypeName(gt));
           ASSERT_EQ(std::string_view(want.out), DTypeName(ot));
           auto got = RunOne(isa, cs, gt, ot, seed++);
-          ASSERT_TRUE(got.ok()) << got.status().ToString();
+          ASSERT_THAT(got, IsOk());
           EXPECT_EQ(*got, isa == Isa::kScalar ? want.scalar : want.vector)
               << IsaName(isa) << " " << cs.name << " grad=" << DTypeName(gt)
               << " out=" << DTypeName(ot);
@@ -290,7 +292,7 @@ TEST(OptimizerGolden, GradStatsMatchTheStoredBits) {
     for (size_t k = 0; k < std::size(kGradTypes); ++k) {
       ASSERT_EQ(std::string_view(kGoldenStats[k].grad), DTypeName(kGradTypes[k]));
       auto got = StatsOne(isa, kGradTypes[k]);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_THAT(got, IsOk());
       EXPECT_EQ(*got, kGoldenStats[k].sum_squares_bits)
           << IsaName(isa) << " grad=" << DTypeName(kGradTypes[k]);
     }

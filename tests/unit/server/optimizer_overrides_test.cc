@@ -9,6 +9,7 @@
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -32,9 +33,9 @@ Arrays Random(size_t n, uint32_t seed) {
 
 std::unique_ptr<Optimizer> Make(const OptimizerConfig& c) {
   auto isa = ActiveIsa();
-  EXPECT_TRUE(isa.ok());
+  EXPECT_THAT(isa, IsOk());
   auto o = Optimizer::Create(c, nullptr, *isa);
-  EXPECT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_THAT(o, IsOk());
   return std::move(*o);
 }
 
@@ -56,12 +57,12 @@ TEST(OptimizerFp32Serving, CopyIsTheMasterAndStateMatchesThe16BitPath) {
       up.grad_scale = 0.5f;
       up.out_dtype = DType::kBF16;
       up.out16 = out16;
-      ASSERT_TRUE(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up).ok());
+      ASSERT_THAT(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up), IsOk());
       UpdateParams up32 = up;
       up32.out16 = {};
       up32.out_dtype = DType::kF32;
       up32.out32 = out32;
-      ASSERT_TRUE(opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, up32).ok());
+      ASSERT_THAT(opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, up32), IsOk());
       ASSERT_EQ(0, std::memcmp(a.p.data(), b.p.data(), n * 4)) << n;
       ASSERT_EQ(0, std::memcmp(a.m.data(), b.m.data(), n * 4)) << n;
       if (kind != OptimizerKind::kSgd) {
@@ -111,10 +112,10 @@ TEST(OptimizerOverrides, LrAndWeightDecayOverridesEqualTheConfig) {
     up.step = 2;
     up.lr = group.lr;
     up.weight_decay = group.weight_decay;
-    ASSERT_TRUE(a_opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up).ok());
+    ASSERT_THAT(a_opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up), IsOk());
     UpdateParams plain;
     plain.step = 2;
-    ASSERT_TRUE(b_opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, plain).ok());
+    ASSERT_THAT(b_opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, plain), IsOk());
     EXPECT_EQ(0, std::memcmp(a.p.data(), b.p.data(), n * 4));
     EXPECT_EQ(0, std::memcmp(a.m.data(), b.m.data(), n * 4));
   }

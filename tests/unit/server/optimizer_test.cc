@@ -29,6 +29,7 @@
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -141,7 +142,7 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
   State s = MakeState(off + n + 3, gt, static_cast<uint32_t>(n * 31 + off));
   const State before = s;
   auto opt = Optimizer::Create(cs.config, pool, isa);
-  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  ASSERT_THAT(opt, IsOk());
   const float scale = 0.5f;
   ChunkState st{{s.p.data() + off, n}, {s.m.data() + off, n}, {s.v.data() + off, n}};
   if (sgd) st.v = {};
@@ -151,7 +152,7 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
   up.grad_scale = scale;
   up.out_dtype = ot;
   if (copy) up.out16 = {s.out.data() + off, n};
-  ASSERT_TRUE((*opt)->Update(st, Grad(s, gt, off, n), up).ok());
+  ASSERT_THAT((*opt)->Update(st, Grad(s, gt, off, n), up), IsOk());
 
   int bad = 0;
   for (size_t i = off; i < off + n && bad < 5; ++i) {
@@ -182,7 +183,7 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
 TEST(Optimizer, EveryKernelGradDtypeAndCopyMatchesReference) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto pool = ThreadPool::Create({.name = "test-opt", .threads = 2});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   // 70001 elements: several pool tasks, streaming copy stores (>= 64Ki), a ragged tail; the
   // offset of 1 element misaligns every array and the copy (alignment peel).
   for (const Case& cs : Cases()) {
@@ -215,10 +216,10 @@ TEST(Optimizer, EmptyTinyAndOddSizes) {
     }
   }
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
-  ASSERT_TRUE(opt.ok());
-  EXPECT_TRUE((*opt)->Update({}, GradView{nullptr, DType::kF32, 0}, UpdateParams{}).ok());
+  ASSERT_THAT(opt, IsOk());
+  EXPECT_THAT((*opt)->Update({}, GradView{nullptr, DType::kF32, 0}, UpdateParams{}), IsOk());
   auto stats = (*opt)->ComputeGradStats(GradView{nullptr, DType::kBF16, 0});
-  ASSERT_TRUE(stats.ok());
+  ASSERT_THAT(stats, IsOk());
   EXPECT_EQ(stats->sum_squares, 0.0);
   EXPECT_FALSE(stats->non_finite);
 }
@@ -234,21 +235,21 @@ TEST(Optimizer, BitIdenticalAcrossThreadCounts) {
       std::unique_ptr<ThreadPool> pool;
       if (threads > 0) {
         auto p = ThreadPool::Create({.name = "test-bits", .threads = threads});
-        ASSERT_TRUE(p.ok());
+        ASSERT_THAT(p, IsOk());
         pool = std::move(*p);
       }
       State s = MakeState(n, DType::kBF16, 7);
       auto opt = Optimizer::Create(cs.config, pool.get(), isa);
-      ASSERT_TRUE(opt.ok());
+      ASSERT_THAT(opt, IsOk());
       UpdateParams up;
       up.grad_scale = 0.25f;
       up.out16 = s.out;
       for (int64_t step = 1; step <= 2; ++step) {
         up.step = step;
-        ASSERT_TRUE((*opt)->Update({s.p, s.m, s.v}, Grad(s, DType::kBF16, 0, n), up).ok());
+        ASSERT_THAT((*opt)->Update({s.p, s.m, s.v}, Grad(s, DType::kBF16, 0, n), up), IsOk());
       }
       auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF32, 0, n), 3.0f);
-      ASSERT_TRUE(stats.ok());
+      ASSERT_THAT(stats, IsOk());
       sums.push_back(stats->sum_squares);
       results.push_back(std::move(s));
     }
@@ -277,15 +278,15 @@ TEST(Optimizer, OutOfPlaceEqualsInPlace) {
     State b = MakeState(n, DType::kBF16, 12);  // overwritten entirely
     const State keep = MakeState(n, DType::kBF16, 11);
     auto opt = Optimizer::Create(cs.config, nullptr, isa);
-    ASSERT_TRUE(opt.ok());
+    ASSERT_THAT(opt, IsOk());
     UpdateParams up;
     up.step = 3;
     up.grad_scale = 0.5f;
     up.out16 = a.out;
-    ASSERT_TRUE((*opt)->Update({a.p, a.m, a.v}, Grad(a, DType::kF32, 0, n), up).ok());
+    ASSERT_THAT((*opt)->Update({a.p, a.m, a.v}, Grad(a, DType::kF32, 0, n), up), IsOk());
     up.out16 = b.out;
     up.source = ConstChunkState{src.p, src.m, src.v};
-    ASSERT_TRUE((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up).ok());
+    ASSERT_THAT((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up), IsOk());
     EXPECT_EQ(std::memcmp(a.p.data(), b.p.data(), n * 4), 0) << cs.name;
     if (!a.m.empty() && cs.config.kind != OptimizerKind::kSgd) {
       EXPECT_EQ(std::memcmp(a.m.data(), b.m.data(), n * 4), 0) << cs.name;
@@ -305,7 +306,7 @@ TEST(Optimizer, OutOfPlaceEqualsInPlace) {
 TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto pool = ThreadPool::Create({.name = "test-oop", .threads = 2});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   const size_t n = 3 * 65536 + 77;
   // {master, m, v, copy} offsets in elements from 64-byte-aligned bases: all on a line, all off
   // it by the same amount, and each off by a different amount.
@@ -314,13 +315,13 @@ TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
   const State src = MakeState(n, DType::kBF16, 21);
   for (const Case& cs : Cases()) {
     auto opt = Optimizer::Create(cs.config, pool->get(), isa);
-    ASSERT_TRUE(opt.ok());
+    ASSERT_THAT(opt, IsOk());
     State ref = MakeState(n, DType::kBF16, 21);
     UpdateParams up;
     up.step = 5;
     up.grad_scale = 0.25f;
     up.out16 = ref.out;
-    ASSERT_TRUE((*opt)->Update({ref.p, ref.m, ref.v}, Grad(src, DType::kF32, 0, n), up).ok());
+    ASSERT_THAT((*opt)->Update({ref.p, ref.m, ref.v}, Grad(src, DType::kF32, 0, n), up), IsOk());
     for (const auto& off : offsets) {
       auto buf = [n] { return AlignedBuffer<float>::Allocate(n + 64).value(); };
       AlignedBuffer<float> p = buf(), m = buf(), v = buf();
@@ -330,7 +331,7 @@ TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
       const std::span<uint16_t> dc = copy.span().subspan(off[3], n);
       up.out16 = dc;
       up.source = ConstChunkState{src.p, src.m, src.v};
-      ASSERT_TRUE((*opt)->Update({dp, dm, dv}, Grad(src, DType::kF32, 0, n), up).ok());
+      ASSERT_THAT((*opt)->Update({dp, dm, dv}, Grad(src, DType::kF32, 0, n), up), IsOk());
       up.source.reset();
       const std::string at = std::string(cs.name) + " offsets " + std::to_string(off[0]) + "," +
                              std::to_string(off[1]) + "," + std::to_string(off[2]) + "," +
@@ -357,15 +358,15 @@ double RefSumSquares(const State& s, size_t n, float scale) {
 TEST(Optimizer, GradStatsMatchReference) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto pool = ThreadPool::Create({.name = "test-stats", .threads = 3});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (size_t n :
          {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
       State s = MakeState(n, gt, static_cast<uint32_t>(n));
       auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 8.0f);
-      ASSERT_TRUE(stats.ok());
+      ASSERT_THAT(stats, IsOk());
       const double ref = RefSumSquares(s, n, 8.0f);
       EXPECT_NEAR(stats->sum_squares, ref, kTolStats * ref) << DTypeName(gt) << " n=" << n;
       EXPECT_FALSE(stats->non_finite);
@@ -381,9 +382,9 @@ TEST(Optimizer, GradStatsSameOnEveryIsa) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!IsaSupported(isa)) continue;
     auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
-    ASSERT_TRUE(opt.ok());
+    ASSERT_THAT(opt, IsOk());
     auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF16, 0, n));
-    ASSERT_TRUE(stats.ok());
+    ASSERT_THAT(stats, IsOk());
     bits.push_back(std::bit_cast<uint64_t>(stats->sum_squares));
   }
   for (uint64_t b : bits) EXPECT_EQ(b, bits[0]);
@@ -395,9 +396,9 @@ TEST(Optimizer, GradStatsSameOnEveryIsa) {
 TEST(Optimizer, NonFiniteGradientsFlagged) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto pool = ThreadPool::Create({.name = "test-nan", .threads = 2});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   const size_t n = 150001;
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -409,7 +410,7 @@ TEST(Optimizer, NonFiniteGradientsFlagged) {
         s.g32[pos] = bad;
         s.g16[pos] = ToBits(bad, gt == DType::kF32 ? DType::kF16 : gt);
         auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 1e-3f);
-        ASSERT_TRUE(stats.ok());
+        ASSERT_THAT(stats, IsOk());
         EXPECT_TRUE(stats->non_finite) << DTypeName(gt) << " pos=" << pos << " value=" << bad;
       }
     }
@@ -418,14 +419,14 @@ TEST(Optimizer, NonFiniteGradientsFlagged) {
   State s = MakeState(100, DType::kF16, 5);
   s.g16[50] = 0x7bff;
   auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF16, 0, 100), 65536.0f);
-  ASSERT_TRUE(stats.ok());
+  ASSERT_THAT(stats, IsOk());
   EXPECT_FALSE(stats->non_finite);
 }
 
 TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   const size_t n = 100;
   State s = MakeState(n, DType::kF32, 1);
   const State before = s;
@@ -469,18 +470,18 @@ TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
   OptimizerConfig sgd;
   sgd.kind = OptimizerKind::kSgd;
   auto plain = Optimizer::Create(sgd, nullptr, isa);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_TRUE((*plain)->Update({s.p, {}, {}}, g, up).ok());
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_THAT((*plain)->Update({s.p, {}, {}}, g, up), IsOk());
   sgd.momentum = 0.5f;
   auto mom = Optimizer::Create(sgd, nullptr, isa);
-  ASSERT_TRUE(mom.ok());
+  ASSERT_THAT(mom, IsOk());
   EXPECT_EQ((*mom)->Update({s.p, {}, {}}, g, up).code(), Code::kInvalidArgument);
 }
 
 TEST(Optimizer, CreateReportsIsa) {
   ZPS_GET_ISA_OR_SKIP(isa);
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   EXPECT_EQ((*opt)->isa(), isa);
   EXPECT_EQ((*opt)->config().kind, OptimizerKind::kAdamW);
 }

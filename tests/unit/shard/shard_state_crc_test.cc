@@ -15,6 +15,7 @@
 
 #include "zps/server/nvme.h"
 #include "zps/server/shard_state.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -89,15 +90,15 @@ void PushStep(const Layout& layout, ShardState& s, int64_t step, uint32_t ranks,
   std::normal_distribution<float> dist(0.0f, 0.1f);
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
     auto pieces = layout.Pieces(p);
-    ASSERT_TRUE(pieces.ok());
+    ASSERT_THAT(pieces, IsOk());
     for (const Piece& piece : *pieces) {
       for (uint32_t r = 0; r < ranks; ++r) {
         auto t = s.BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32});
-        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        ASSERT_THAT(t, IsOk());
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
         std::memcpy(t->destination().data(), v.data(), t->destination().size());
-        ASSERT_TRUE(s.FinishPush(std::move(*t), Status::Ok()).ok());
+        ASSERT_THAT(s.FinishPush(std::move(*t), Status::Ok()), IsOk());
       }
     }
   }
@@ -109,7 +110,7 @@ class CrcDuringPass : public ::testing::TestWithParam<int> {};
 TEST_P(CrcDuringPass, FetchesAndPushesAreAnsweredWhileACrcWaitsForTheUpdatePass) {
   auto l = Layout::Build({{"a", {20000}}, {"b", {9000}}},
                          {.chunk_elems = 4096, .align_elems = 64, .num_shards = 1});
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   const Layout layout = *l;
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto gate = std::make_shared<Gate>();
@@ -122,12 +123,12 @@ TEST_P(CrcDuringPass, FetchesAndPushesAreAnsweredWhileACrcWaitsForTheUpdatePass)
     return std::make_unique<GateEngine>(std::move(e), gate);
   };
   auto made = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ASSERT_THAT(made, IsOk());
   ShardState& s = **made;
   PushStep(layout, s, kInitStep, 1, 1);
   PushStep(layout, s, 0, 2, 2);
-  ASSERT_TRUE(s.WaitForGradients(0, 1000ms).ok());
-  ASSERT_TRUE(s.ReduceStep(0).ok());
+  ASSERT_THAT(s.WaitForGradients(0, 1000ms), IsOk());
+  ASSERT_THAT(s.ReduceStep(0), IsOk());
 
   gate->Arm();
   Status commit;
@@ -172,9 +173,9 @@ TEST_P(CrcDuringPass, FetchesAndPushesAreAnsweredWhileACrcWaitsForTheUpdatePass)
   push.join();
   EXPECT_TRUE(fetch_answered) << "a fetch waited for a CRC request that waited for the pass";
   EXPECT_TRUE(push_answered) << "a push waited for a CRC request that waited for the pass";
-  EXPECT_TRUE(fetched.status.ok()) << fetched.status.ToString();
-  EXPECT_TRUE(commit.ok()) << commit.ToString();
-  EXPECT_TRUE(crc_status.ok()) << crc_status.ToString();
+  EXPECT_THAT(fetched.status, IsOk());
+  EXPECT_THAT(commit, IsOk());
+  EXPECT_THAT(crc_status, IsOk());
   EXPECT_EQ(s.version(), 1);
 }
 

@@ -16,6 +16,7 @@
 
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -26,7 +27,7 @@ using namespace std::chrono_literals;
 Layout Grad16Layout() {
   auto l = Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {700}}, {"d", {10}}, {"e", {2100}}},
                          {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   return *l;
 }
 
@@ -99,7 +100,7 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
   // Initial values (fp32 in both).
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
     auto pieces = layout.Pieces(p);
-    ASSERT_TRUE(pieces.ok());
+    ASSERT_THAT(pieces, IsOk());
     for (const Piece& piece : *pieces) {
       std::vector<float> v(piece.length);
       std::normal_distribution<float> dist(0.0f, 0.5f);
@@ -126,7 +127,7 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
     for (uint32_t p = 0; p < layout.num_params(); ++p) {
       if (p == 2) continue;  // frozen: never pushed
       auto pieces = layout.Pieces(p);
-      ASSERT_TRUE(pieces.ok());
+      ASSERT_THAT(pieces, IsOk());
       for (const Piece& piece : *pieces) {
         for (uint32_t slot = Slots(c); slot-- > 0;) {  // the last contributor first
           std::vector<float> x(piece.length);
@@ -146,8 +147,7 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
         }
       }
     }
-    for (ShardState* s : {&h, &f}) ASSERT_TRUE(s->WaitForGradients(step, 2000ms).ok());
-    auto rh = h.ReduceStep(step);
+    _THAT(, IsOk()) auto rh = h.ReduceStep(step);
     auto rf = f.ReduceStep(step);
     ASSERT_TRUE(rh.ok() && rf.ok()) << rh.status().ToString() << rf.status().ToString();
     ASSERT_EQ(rh->size(), rf->size());
@@ -166,12 +166,13 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
         << "step " << step;
     const CommitOrder order = order_for(step, non_finite);
     if (!non_finite) ++applied;
-    ASSERT_TRUE(h.ApplyCommit(order, order_for(step + 1, false)).ok());
-    ASSERT_TRUE(f.ApplyCommit(order, order_for(step + 1, false)).ok());
+    ASSERT_THAT(h.ApplyCommit(order, order_for(step + 1, false)), IsOk());
+    ASSERT_THAT(f.ApplyCommit(order, order_for(step + 1, false)), IsOk());
     for (uint32_t id : h.chunk_ids()) {
       auto a = h.ChunkCrc(id);
       auto b = f.ChunkCrc(id);
-      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_THAT(a, IsOk());
+      ASSERT_THAT(b, IsOk());
       EXPECT_EQ(*a, *b) << "chunk " << id << " after step " << step;
     }
     EXPECT_EQ(h.StateCrc(), f.StateCrc()) << "after step " << step;
@@ -198,18 +199,18 @@ class ShardStateGrad16Fence : public ::testing::Test {
   void SetUp() override {
     auto l = Layout::Build({{"p0", {200}}, {"p1", {5, 10}}},
                            {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-    ASSERT_TRUE(l.ok());
+    ASSERT_THAT(l, IsOk());
     layout_ = *l;
     ShardJob job{ReductionMode::kServerSum, 2, DType::kF16, DType::kBF16};
     auto s = ShardState::Create(layout_, 0, job, OptimizerConfig{}, nullptr);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_THAT(s, IsOk());
     shard_ = std::move(*s);
     Init();
   }
   void Init() {
     std::vector<float> v(128, 1.0f);
-    ASSERT_TRUE(Push(*shard_, {kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).ok());
-    ASSERT_TRUE(Push(*shard_, {kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()).ok());
+    ASSERT_THAT(Push(*shard_, {kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()), IsOk());
+    ASSERT_THAT(Push(*shard_, {kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()), IsOk());
   }
   static std::vector<uint16_t> Half(float x, size_t n) {
     return To16(DType::kF16, std::vector<float>(n, x));
@@ -223,20 +224,20 @@ class ShardStateGrad16Fence : public ::testing::Test {
 TEST_F(ShardStateGrad16Fence, RollbackFencesA16BitTransferStillLanding) {
   const uint64_t old_gen = shard_->epoch();
   auto in_flight = shard_->BeginPush({0, 0, 0, 128, 0, DType::kF16, old_gen});
-  ASSERT_TRUE(in_flight.ok()) << in_flight.status().ToString();
-  ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
+  ASSERT_THAT(in_flight, IsOk());
+  ASSERT_THAT(shard_->ResetTo(-1, {}, Unavailable("rolling back")), IsOk());
   Init();
   const uint64_t gen = shard_->epoch();
   const auto g = Half(0.25f, 128);
   for (uint32_t rank : {0u, 1u}) {
-    ASSERT_TRUE(Push(*shard_, {0, 0, 0, 128, rank, DType::kF16, gen}, g.data()).ok());
-    ASSERT_TRUE(Push(*shard_, {0, 2, 0, 50, rank, DType::kF16, gen}, g.data()).ok());
+    ASSERT_THAT(Push(*shard_, {0, 0, 0, 128, rank, DType::kF16, gen}, g.data()), IsOk());
+    ASSERT_THAT(Push(*shard_, {0, 2, 0, 50, rank, DType::kF16, gen}, g.data()), IsOk());
   }
   std::memset(in_flight->destination().data(), 0x7b, in_flight->destination().size());
   EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
-  ASSERT_TRUE(shard_->WaitForGradients(0, 100ms).ok());
+  ASSERT_THAT(shard_->WaitForGradients(0, 100ms), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   ASSERT_EQ(reports->size(), 2u);
   EXPECT_EQ((*reports)[0].second.sum_squares, 128 * 0.5 * 0.5);  // 0.25 + 0.25, exact
   EXPECT_EQ((*reports)[1].second.sum_squares, 50 * 0.5 * 0.5);
@@ -247,25 +248,25 @@ TEST_F(ShardStateGrad16Fence, RollbackFencesA16BitTransferStillLanding) {
 // landing is refused), and its pushes of the step again make exactly the sum without the crash.
 TEST_F(ShardStateGrad16Fence, ForgetRankClearsA16BitSlot) {
   const auto g0 = Half(0.5f, 128), g1 = Half(0.25f, 128), garbage = Half(6e4f, 128);
-  ASSERT_TRUE(Push(*shard_, {0, 0, 0, 128, 0, DType::kF16}, g0.data()).ok());
-  ASSERT_TRUE(Push(*shard_, {0, 2, 0, 50, 0, DType::kF16}, g0.data()).ok());
-  ASSERT_TRUE(Push(*shard_, {0, 0, 0, 64, 1, DType::kF16}, garbage.data()).ok());
+  ASSERT_THAT(Push(*shard_, {0, 0, 0, 128, 0, DType::kF16}, g0.data()), IsOk());
+  ASSERT_THAT(Push(*shard_, {0, 2, 0, 50, 0, DType::kF16}, g0.data()), IsOk());
+  ASSERT_THAT(Push(*shard_, {0, 0, 0, 64, 1, DType::kF16}, garbage.data()), IsOk());
   auto in_flight = shard_->BeginPush({0, 2, 0, 50, 1, DType::kF16});
-  ASSERT_TRUE(in_flight.ok());
+  ASSERT_THAT(in_flight, IsOk());
   auto dropped = shard_->ForgetRank(1);
-  ASSERT_TRUE(dropped.ok());
+  ASSERT_THAT(dropped, IsOk());
   EXPECT_EQ(*dropped, 64u);
   // Only [64, 128) is pushed again by rank 1 in chunk 0 at first: what it pushed before must not
   // be there any more (the slot was cleared), so the step is not complete yet.
-  ASSERT_TRUE(Push(*shard_, {0, 0, 64, 64, 1, DType::kF16}, g1.data()).ok());
-  ASSERT_TRUE(Push(*shard_, {0, 2, 0, 50, 1, DType::kF16}, g1.data()).ok());
+  ASSERT_THAT(Push(*shard_, {0, 0, 64, 64, 1, DType::kF16}, g1.data()), IsOk());
+  ASSERT_THAT(Push(*shard_, {0, 2, 0, 50, 1, DType::kF16}, g1.data()), IsOk());
   EXPECT_EQ(shard_->WaitForGradients(0, 1ms).code(), Code::kDeadlineExceeded);
-  ASSERT_TRUE(Push(*shard_, {0, 0, 0, 64, 1, DType::kF16}, g1.data()).ok());
+  ASSERT_THAT(Push(*shard_, {0, 0, 0, 64, 1, DType::kF16}, g1.data()), IsOk());
   std::memcpy(in_flight->destination().data(), garbage.data(), in_flight->destination().size());
   EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
-  ASSERT_TRUE(shard_->WaitForGradients(0, 100ms).ok());
+  ASSERT_THAT(shard_->WaitForGradients(0, 100ms), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   ASSERT_EQ(reports->size(), 2u);
   EXPECT_EQ((*reports)[0].second.sum_squares, 128 * 0.75 * 0.75);
   EXPECT_EQ((*reports)[1].second.sum_squares, 50 * 0.75 * 0.75);

@@ -9,6 +9,7 @@
 
 #include "zps/server/lr_schedule.h"
 #include "zps/server/shard_state.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -19,7 +20,7 @@ constexpr size_t kN = 104;
 Layout TwoParams() {
   auto l = Layout::Build({{"a", {60}}, {"b", {40}}},
                          {.chunk_elems = 128, .align_elems = 64, .num_shards = 1});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   EXPECT_EQ(l->chunk_size(0), kN);
   return *l;
 }
@@ -45,8 +46,8 @@ std::vector<float> InitTwo(ShardState& s) {
   auto v = Values(104, 1, 1.0f);
   std::copy(v.begin(), v.begin() + 60, master.begin());
   std::copy(v.begin() + 64, v.begin() + 104, master.begin() + 64);
-  EXPECT_TRUE(Push(s, {kInitStep, 0, 0, 60, 0, DType::kF32}, master.data()).ok());
-  EXPECT_TRUE(Push(s, {kInitStep, 0, 64, 40, 0, DType::kF32}, master.data() + 64).ok());
+  EXPECT_THAT(Push(s, {kInitStep, 0, 0, 60, 0, DType::kF32}, master.data()), IsOk());
+  EXPECT_THAT(Push(s, {kInitStep, 0, 64, 40, 0, DType::kF32}, master.data() + 64), IsOk());
   EXPECT_EQ(s.version(), 0);
   return master;
 }
@@ -56,7 +57,7 @@ std::vector<std::byte> FetchBytes(ShardState& s, uint32_t chunk, uint64_t off, u
   std::vector<std::byte> out;
   s.Fetch({chunk, off, n, min_version}, [&](const Status& st, int64_t, std::span<const std::byte> d,
                                             std::shared_ptr<const void>) {
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_THAT(st, IsOk());
     out.assign(d.begin(), d.end());
   });
   return out;
@@ -70,7 +71,7 @@ void DirectUpdate(const OptimizerConfig& base, float lr, float wd, std::vector<f
   c.lr = lr;
   c.weight_decay = wd;
   auto opt = Optimizer::Create(c, nullptr);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   const size_t n = end - begin;
   UpdateParams up;
   up.step = step;
@@ -83,9 +84,9 @@ void DirectUpdate(const OptimizerConfig& base, float lr, float wd, std::vector<f
 }
 
 void Commit(ShardState& s, int64_t step, int64_t optimizer_step, float scale, bool skip = false) {
-  ASSERT_TRUE(s.WaitForGradients(step, std::chrono::milliseconds(1000)).ok());
-  ASSERT_TRUE(s.ReduceStep(step).ok());
-  ASSERT_TRUE(s.ApplyCommit({step, skip, scale, optimizer_step}).ok());
+  ASSERT_THAT(s.WaitForGradients(step, std::chrono::milliseconds(1000)), IsOk());
+  ASSERT_THAT(s.ReduceStep(step), IsOk());
+  ASSERT_THAT(s.ApplyCommit({step, skip, scale, optimizer_step}), IsOk());
 }
 
 TEST(ShardStateFp32Serving, ServesTheMasterBitsAfterInitUpdateAndRestore) {
@@ -101,18 +102,18 @@ TEST(ShardStateFp32Serving, ServesTheMasterBitsAfterInitUpdateAndRestore) {
     return std::span<std::byte>(p, bytes);
   };
   auto s = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, std::nullopt, alloc);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   EXPECT_EQ(asked, (kN * 4 + 63) / 64 * 64);  // 4 bytes an element, 64-byte aligned
   const auto master0 = InitTwo(**s);
   auto got = FetchBytes(**s, 0, 10, 50, 0);
   ASSERT_EQ(got.size(), 50u * 4);
   EXPECT_EQ(0, std::memcmp(got.data(), master0.data() + 10, got.size()));
   const auto g = Values(kN, 2, 0.1f);
-  ASSERT_TRUE(Push(**s, {0, 0, 0, 60, 0, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push(**s, {0, 0, 64, 40, 0, DType::kF32}, g.data() + 64).ok());
+  ASSERT_THAT(Push(**s, {0, 0, 0, 60, 0, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push(**s, {0, 0, 64, 40, 0, DType::kF32}, g.data() + 64), IsOk());
   Commit(**s, 0, 1, 1.0f);
   auto master1 = (*s)->MasterOf(0);
-  ASSERT_TRUE(master1.ok());
+  ASSERT_THAT(master1, IsOk());
   EXPECT_NE(*master1, master0);
   got = FetchBytes(**s, 0, 0, kN, 1);
   ASSERT_EQ(got.size(), kN * 4);
@@ -143,20 +144,20 @@ TEST(ShardStateGroups, TwoGroupsInOneChunkMatchDirectUpdates) {
   OptimizerConfig opt;  // adamw; its lr / weight_decay are not used
   opt.lr = 0.5f;
   auto s = ShardState::Create(layout, 0, job, opt, nullptr);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   auto master = InitTwo(**s);
   std::vector<float> m(kN, 0.0f), v(kN, 0.0f);
   for (int64_t step = 0; step < 3; ++step) {
     auto g = Values(kN, 10 + static_cast<uint32_t>(step), 0.1f);
-    ASSERT_TRUE(Push(**s, {step, 0, 0, 60, 0, DType::kF32}, g.data()).ok());
-    ASSERT_TRUE(Push(**s, {step, 0, 64, 40, 0, DType::kF32}, g.data() + 64).ok());
+    ASSERT_THAT(Push(**s, {step, 0, 0, 60, 0, DType::kF32}, g.data()), IsOk());
+    ASSERT_THAT(Push(**s, {step, 0, 64, 40, 0, DType::kF32}, g.data() + 64), IsOk());
     for (size_t i = 60; i < 64; ++i) g[i] = 0.0f;  // padding is never pushed
     for (size_t i = 104; i < kN; ++i) g[i] = 0.0f;
     Commit(**s, step, step + 1, 0.75f);
     DirectUpdate(opt, 0.01f, 0.1f, master, m, v, g, 0, 64, step + 1, 0.75f);
     DirectUpdate(opt, 0.002f, 0.0f, master, m, v, g, 64, kN, step + 1, 0.75f);
     auto got = (*s)->MasterOf(0);
-    ASSERT_TRUE(got.ok());
+    ASSERT_THAT(got, IsOk());
     ASSERT_EQ(0, std::memcmp(got->data(), master.data(), kN * 4)) << "step " << step;
   }
 }
@@ -168,26 +169,26 @@ TEST(ShardStateFrozen, FrozenParameterIsServedButNeverPushedOrUpdated) {
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   job.frozen = {0, 1};  // b frozen
   auto s = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   const auto master0 = InitTwo(**s);
   const auto serving_b0 = FetchBytes(**s, 0, 64, 40, 0);
   ASSERT_EQ(serving_b0.size(), 80u);
   const auto g0 = Values(60, 3, 0.1f), g1 = Values(60, 4, 0.1f);
   EXPECT_EQ(Push(**s, {0, 0, 64, 40, 0, DType::kF32}, g0.data()).code(), Code::kInvalidArgument);
-  ASSERT_TRUE(Push(**s, {0, 0, 0, 60, 0, DType::kF32}, g0.data()).ok());
-  ASSERT_TRUE(Push(**s, {0, 0, 0, 60, 1, DType::kF32}, g1.data()).ok());
-  ASSERT_TRUE((*s)->WaitForGradients(0, std::chrono::milliseconds(1000)).ok());
+  ASSERT_THAT(Push(**s, {0, 0, 0, 60, 0, DType::kF32}, g0.data()), IsOk());
+  ASSERT_THAT(Push(**s, {0, 0, 0, 60, 1, DType::kF32}, g1.data()), IsOk());
+  ASSERT_THAT((*s)->WaitForGradients(0, std::chrono::milliseconds(1000)), IsOk());
   auto rep = (*s)->ReduceStep(0);
-  ASSERT_TRUE(rep.ok());
+  ASSERT_THAT(rep, IsOk());
   std::vector<float> sum(kN, 0.0f);
   for (size_t i = 0; i < 60; ++i) sum[i] = g0[i] + g1[i];
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
   auto direct = (*opt)->ComputeGradStats({sum.data(), DType::kF32, kN});
-  ASSERT_TRUE(direct.ok());
+  ASSERT_THAT(direct, IsOk());
   EXPECT_EQ((*rep)[0].second.sum_squares, direct->sum_squares);  // b's initial values excluded
-  ASSERT_TRUE((*s)->ApplyCommit({0, false, 0.5f, 1}).ok());
+  ASSERT_THAT((*s)->ApplyCommit({0, false, 0.5f, 1}), IsOk());
   auto m1 = (*s)->MasterOf(0);
-  ASSERT_TRUE(m1.ok());
+  ASSERT_THAT(m1, IsOk());
   EXPECT_EQ(0, std::memcmp(m1->data() + 64, master0.data() + 64, (kN - 64) * 4));  // b
   EXPECT_NE(0, std::memcmp(m1->data(), master0.data(), 60 * 4));                   // a was trained
   EXPECT_EQ(FetchBytes(**s, 0, 64, 40, 1), serving_b0);
@@ -199,11 +200,11 @@ TEST(ShardStateFrozen, AllFrozenChunkNeedsNoPush) {
   ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
   job.frozen = {1, 1};
   auto s = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(s.ok());
+  ASSERT_THAT(s, IsOk());
   const auto master0 = InitTwo(**s);
   Commit(**s, 0, 1, 1.0f);
   auto m1 = (*s)->MasterOf(0);
-  ASSERT_TRUE(m1.ok());
+  ASSERT_THAT(m1, IsOk());
   EXPECT_EQ(*m1, master0);
   EXPECT_EQ((*s)->version(), 1);
 }
@@ -222,15 +223,15 @@ TEST(ShardStateSchedule, ScheduledLrPerUpdateMatchesDirectUpdates) {
   job.param_group = {0, 1};
   OptimizerConfig opt;
   auto s = ShardState::Create(layout, 0, job, opt, nullptr);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   auto master = InitTwo(**s);
   std::vector<float> m(kN, 0.0f), v(kN, 0.0f);
   const LrSchedule sched(job.lr_schedule);
   int64_t applied = 0;
   for (int64_t step = 0; step < 5; ++step) {
     auto g = Values(kN, 40 + static_cast<uint32_t>(step), 0.1f);
-    ASSERT_TRUE(Push(**s, {step, 0, 0, 60, 0, DType::kF32}, g.data()).ok());
-    ASSERT_TRUE(Push(**s, {step, 0, 64, 40, 0, DType::kF32}, g.data() + 64).ok());
+    ASSERT_THAT(Push(**s, {step, 0, 0, 60, 0, DType::kF32}, g.data()), IsOk());
+    ASSERT_THAT(Push(**s, {step, 0, 64, 40, 0, DType::kF32}, g.data() + 64), IsOk());
     for (size_t i = 60; i < 64; ++i) g[i] = 0.0f;
     for (size_t i = 104; i < kN; ++i) g[i] = 0.0f;
     const bool skip = step == 2;
@@ -254,7 +255,7 @@ TEST(ShardStateSchedule, ScheduledLrPerUpdateMatchesDirectUpdates) {
       ++applied;
     }
     auto got = (*s)->MasterOf(0);
-    ASSERT_TRUE(got.ok());
+    ASSERT_THAT(got, IsOk());
     ASSERT_EQ(0, std::memcmp(got->data(), master.data(), kN * 4)) << "step " << step;
   }
 }
@@ -263,7 +264,7 @@ TEST(ShardStateSchedule, ScheduledLrPerUpdateMatchesDirectUpdates) {
 // contributor pushing ((g0 + g1) + g2) + g3, bit for bit (server-sum and pre-reduced).
 TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
   auto l = Layout::Build({{"w", {100}}}, {.chunk_elems = 128, .align_elems = 64, .num_shards = 1});
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   for (ReductionMode mode : {ReductionMode::kServerSum, ReductionMode::kPreReduced}) {
     ShardJob acc_job{mode, 2, DType::kF32, DType::kBF16};
     acc_job.accumulation_steps = 2;
@@ -272,8 +273,8 @@ TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
     auto b = ShardState::Create(*l, 0, one_job, OptimizerConfig{}, nullptr);
     ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString();
     const auto init = Values(100, 5, 1.0f);
-    ASSERT_TRUE(Push(**a, {kInitStep, 0, 0, 100, 0, DType::kF32}, init.data()).ok());
-    ASSERT_TRUE(Push(**b, {kInitStep, 0, 0, 100, 0, DType::kF32}, init.data()).ok());
+    ASSERT_THAT(Push(**a, {kInitStep, 0, 0, 100, 0, DType::kF32}, init.data()), IsOk());
+    ASSERT_THAT(Push(**b, {kInitStep, 0, 0, 100, 0, DType::kF32}, init.data()), IsOk());
     std::vector<std::vector<float>> g;
     for (uint32_t c = 0; c < 4; ++c) g.push_back(Values(100, 20 + c, c == 2 ? 1e3f : 0.1f));
     std::vector<float> sum(100);
@@ -292,21 +293,22 @@ TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
         m1[i] = g[2][i] + g[3][i];
       }
       ASSERT_TRUE(
-          Push(**a, {0, 0, 50, 50, 3, DType::kF32}, m1.data() + 50).ok());    // rank 1 micro 1
-      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 0, DType::kF32}, m0.data()).ok());  // rank 0 micro 0
+          Push(**a, {0, 0, 50, 50, 3, DType::kF32}, m1.data() + 50).ok());       // rank 1 micro 1
+      ASSERT_THAT(Push(**a, {0, 0, 0, 50, 0, DType::kF32}, m0.data()), IsOk());  // rank 0 micro 0
       ASSERT_TRUE(
-          Push(**a, {0, 0, 50, 50, 2, DType::kF32}, m0.data() + 50).ok());    // rank 1 micro 0
-      ASSERT_TRUE(Push(**a, {0, 0, 0, 50, 1, DType::kF32}, m1.data()).ok());  // rank 0 micro 1
+          Push(**a, {0, 0, 50, 50, 2, DType::kF32}, m0.data() + 50).ok());       // rank 1 micro 0
+      ASSERT_THAT(Push(**a, {0, 0, 0, 50, 1, DType::kF32}, m1.data()), IsOk());  // rank 0 micro 1
       for (size_t i = 0; i < 100; ++i) sum[i] = m0[i] + m1[i];
     }
-    ASSERT_TRUE(Push(**b, {0, 0, 0, 100, 0, DType::kF32}, sum.data()).ok());
-    ASSERT_TRUE((*a)->WaitForGradients(0, std::chrono::milliseconds(1000)).ok());
+    ASSERT_THAT(Push(**b, {0, 0, 0, 100, 0, DType::kF32}, sum.data()), IsOk());
+    ASSERT_THAT((*a)->WaitForGradients(0, std::chrono::milliseconds(1000)), IsOk());
     auto ra = (*a)->ReduceStep(0);
     auto rb = (*b)->ReduceStep(0);
-    ASSERT_TRUE(ra.ok() && rb.ok());
+    ASSERT_THAT(ra, IsOk());
+    ASSERT_THAT(rb, IsOk());
     EXPECT_EQ((*ra)[0].second.sum_squares, (*rb)[0].second.sum_squares);
-    ASSERT_TRUE((*a)->ApplyCommit({0, false, 0.25f, 1}).ok());  // grad_divisor world * k = 4
-    ASSERT_TRUE((*b)->ApplyCommit({0, false, 0.25f, 1}).ok());
+    ASSERT_THAT((*a)->ApplyCommit({0, false, 0.25f, 1}), IsOk());  // grad_divisor world * k = 4
+    ASSERT_THAT((*b)->ApplyCommit({0, false, 0.25f, 1}), IsOk());
     EXPECT_EQ(*(*a)->ChunkCrc(0), *(*b)->ChunkCrc(0));
     EXPECT_EQ(*(*a)->MasterOf(0), *(*b)->MasterOf(0));
   }
@@ -314,30 +316,30 @@ TEST(ShardStateAccumulation, TwoMicroBatchesEqualOnePushOfTheSum) {
 
 TEST(ShardStateAccumulation, ContributorIsValidated) {
   auto l = Layout::Build({{"w", {100}}}, {.chunk_elems = 128, .align_elems = 64, .num_shards = 1});
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   job.accumulation_steps = 2;
   auto s = ShardState::Create(*l, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(s.ok());
+  ASSERT_THAT(s, IsOk());
   const auto v = Values(100, 1, 1.0f);
   // Initial values use micro 0.
   EXPECT_EQ(Push(**s, {kInitStep, 0, 0, 100, 1, DType::kF32}, v.data()).code(),
             Code::kInvalidArgument);
-  ASSERT_TRUE(Push(**s, {kInitStep, 0, 0, 100, 0, DType::kF32}, v.data()).ok());
+  ASSERT_THAT(Push(**s, {kInitStep, 0, 0, 100, 0, DType::kF32}, v.data()), IsOk());
   EXPECT_EQ(Push(**s, {0, 0, 0, 100, 4, DType::kF32}, v.data()).code(), Code::kInvalidArgument);
   // Contributor 2 is rank 1's micro 0: rank 0's session may not push it.
   EXPECT_EQ(Push(**s, {0, 0, 0, 100, 2, DType::kF32, std::nullopt, 0}, v.data()).code(),
             Code::kInvalidArgument);
-  EXPECT_TRUE(Push(**s, {0, 0, 0, 100, 2, DType::kF32, std::nullopt, 1}, v.data()).ok());
+  EXPECT_THAT(Push(**s, {0, 0, 0, 100, 2, DType::kF32, std::nullopt, 1}, v.data()), IsOk());
   EXPECT_EQ(Push(**s, {0, 0, 0, 100, 2, DType::kF32, std::nullopt, 1}, v.data()).code(),
             Code::kAlreadyExists);
   // Three of four contributions: not complete.
-  EXPECT_TRUE(Push(**s, {0, 0, 0, 100, 0, DType::kF32}, v.data()).ok());
-  EXPECT_TRUE(Push(**s, {0, 0, 0, 100, 1, DType::kF32}, v.data()).ok());
+  EXPECT_THAT(Push(**s, {0, 0, 0, 100, 0, DType::kF32}, v.data()), IsOk());
+  EXPECT_THAT(Push(**s, {0, 0, 0, 100, 1, DType::kF32}, v.data()), IsOk());
   EXPECT_EQ((*s)->WaitForGradients(0, std::chrono::milliseconds(1)).code(),
             Code::kDeadlineExceeded);
-  EXPECT_TRUE(Push(**s, {0, 0, 0, 100, 3, DType::kF32}, v.data()).ok());
-  EXPECT_TRUE((*s)->WaitForGradients(0, std::chrono::milliseconds(1000)).ok());
+  EXPECT_THAT(Push(**s, {0, 0, 0, 100, 3, DType::kF32}, v.data()), IsOk());
+  EXPECT_THAT((*s)->WaitForGradients(0, std::chrono::milliseconds(1000)), IsOk());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -27,7 +28,7 @@ Layout SmallLayout() {
   auto l =
       Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {1777}}, {"d", {10}}, {"e", {3000}}},
                     {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   return *l;
 }
 
@@ -67,7 +68,7 @@ void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
     if (p == kFrozenParam && step != kInitStep) continue;
     auto pieces = layout.Pieces(p);
-    ASSERT_TRUE(pieces.ok());
+    ASSERT_THAT(pieces, IsOk());
     for (const Piece& piece : *pieces) {
       if ((which == Chunks::kAllButLast && piece.chunk == last) ||
           (which == Chunks::kLastOnly && piece.chunk != last)) {
@@ -79,9 +80,9 @@ void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step
         for (ShardState* s : states) {
           auto t = s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length,
                                  step == kInitStep ? 0 : r, DType::kF32});
-          ASSERT_TRUE(t.ok()) << t.status().ToString();
+          ASSERT_THAT(t, IsOk());
           std::memcpy(t->destination().data(), v.data(), t->destination().size());
-          ASSERT_TRUE(s->FinishPush(std::move(*t), Status::Ok()).ok());
+          ASSERT_THAT(s->FinishPush(std::move(*t), Status::Ok()), IsOk());
         }
       }
     }
@@ -98,17 +99,18 @@ void WaitSpeculated(const ShardState& s, uint32_t n) {
 }
 
 void Commit(ShardState& s, const CommitOrder& order, std::optional<CommitOrder> next) {
-  ASSERT_TRUE(s.WaitForGradients(order.step, 1000ms).ok());
+  ASSERT_THAT(s.WaitForGradients(order.step, 1000ms), IsOk());
   auto rep = s.ReduceStep(order.step);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
-  ASSERT_TRUE(s.ApplyCommit(order, next).ok());
+  ASSERT_THAT(rep, IsOk());
+  ASSERT_THAT(s.ApplyCommit(order, next), IsOk());
 }
 
 void ExpectSame(const ShardState& a, const ShardState& b, int64_t step) {
   for (uint32_t c : a.chunk_ids()) {
     auto x = a.ChunkCrc(c);
     auto y = b.ChunkCrc(c);
-    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_THAT(x, IsOk());
+    ASSERT_THAT(y, IsOk());
     EXPECT_EQ(*x, *y) << "chunk " << c << " after step " << step;
   }
   EXPECT_EQ(a.StateCrc(), b.StateCrc()) << "after step " << step;
@@ -158,7 +160,7 @@ TEST(ShardStateSpeculate, SpeculationOnAPoolEqualsSync) {
   const Layout layout = SmallLayout();
   OptimizerConfig opt;
   auto pool = ThreadPool::Create({.name = "test-opt", .threads = 3});
-  ASSERT_TRUE(pool.ok());
+  ASSERT_THAT(pool, IsOk());
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, pool->get());
   ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
@@ -234,16 +236,17 @@ TEST(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
   OptimizerConfig opt;
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
-  ASSERT_TRUE(sync.ok() && spec.ok());
+  ASSERT_THAT(sync, IsOk());
+  ASSERT_THAT(spec, IsOk());
   PushAll(layout, {sync->get(), spec->get()}, kInitStep, 3);
   const auto before = (*spec)->MasterOf(0);
-  ASSERT_TRUE(before.ok());
+  ASSERT_THAT(before, IsOk());
   (*spec)->ArmSpeculation(Assumed(0, 0));
   PushAll(layout, {sync->get(), spec->get()}, 0, 4, 1.0f);  // large: this step clips
   WaitSpeculated(**spec, static_cast<uint32_t>((*spec)->chunk_ids().size()));
   // Speculated, not published: the live state (and what MasterOf reads) is still version 0.
   auto during = (*spec)->MasterOf(0);
-  ASSERT_TRUE(during.ok());
+  ASSERT_THAT(during, IsOk());
   EXPECT_EQ(*during, *before);
   CommitOrder clipped = Assumed(0, 0);
   clipped.grad_scale *= 0.01f;
@@ -251,7 +254,7 @@ TEST(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
   Commit(**spec, clipped, Assumed(1, 1));
   ExpectSame(**sync, **spec, 0);
   auto after = (*spec)->MasterOf(0);
-  ASSERT_TRUE(after.ok());
+  ASSERT_THAT(after, IsOk());
   EXPECT_NE(*after, *before);
   EXPECT_EQ((*spec)->speculation_stats().redone, (*spec)->chunk_ids().size());
 }
@@ -262,7 +265,8 @@ TEST(ShardStateSpeculate, UnarmedStepsAreUpdatedAtTheCommit) {
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), OptimizerConfig{}, nullptr);
   auto spec =
       ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(sync.ok() && spec.ok());
+  ASSERT_THAT(sync, IsOk());
+  ASSERT_THAT(spec, IsOk());
   PushAll(layout, {sync->get(), spec->get()}, kInitStep, 5);
   PushAll(layout, {sync->get(), spec->get()}, 0, 6);
   Commit(**sync, Assumed(0, 0), std::nullopt);
@@ -277,7 +281,7 @@ TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
   const Layout layout = SmallLayout();
   OptimizerConfig opt;
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
-  ASSERT_TRUE(sync.ok());
+  ASSERT_THAT(sync, IsOk());
   ChunkStoreOptions so;
   // A state record of 1024 elements is 12 KiB, a spare set 12 KiB + 2 KiB: a quarter of 96 KiB
   // holds one set; the other 82 KiB hold the pipeline's 5 buffers and one resident chunk, the
@@ -287,7 +291,7 @@ TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
   so.file_prefix = "shard-spec-test-" + std::to_string(::getpid());
   so.serving_records = false;
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr, so);
-  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  ASSERT_THAT(spec, IsOk());
   const SpeculationStats st0 = (*spec)->speculation_stats();
   EXPECT_EQ(st0.spares, 1u);
   EXPECT_LT((*spec)->storage_stats().store.state_resident, (*spec)->chunk_ids().size());
@@ -321,7 +325,7 @@ TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
       SCOPED_TRACE(std::string(mode == UpdateMode::kSync ? "sync" : "speculative") +
                    (step_before_visit ? ", a step before the visit" : ", a step during it"));
       auto s = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-      ASSERT_TRUE(s.ok());
+      ASSERT_THAT(s, IsOk());
       PushAll(layout, {s->get()}, kInitStep, 9);
       (*s)->ArmSpeculation(Assumed(0, 0));
       PushAll(layout, {s->get()}, 0, 10);
@@ -329,7 +333,7 @@ TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
       std::vector<std::vector<float>> at1;
       for (uint32_t c : (*s)->chunk_ids()) at1.push_back(*(*s)->MasterOf(c));
       auto snap = (*s)->BeginSnapshot();
-      ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+      ASSERT_THAT(snap, IsOk());
       EXPECT_EQ((*s)->BeginSnapshot().status().code(), Code::kFailedPrecondition);  // one at a time
       auto step = [&] {
         PushAll(layout, {s->get()}, 1, 11);
@@ -345,12 +349,12 @@ TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
         if (visited++ == 0 && !step_before_visit) step();
         return Status::Ok();
       });
-      ASSERT_TRUE(v.ok()) << v.ToString();
+      ASSERT_THAT(v, IsOk());
       EXPECT_EQ(visited, at1.size());
       EXPECT_EQ((*snap)->copied_on_write(), step_before_visit ? at1.size() : 0u);
       EXPECT_NE(*(*s)->MasterOf(0), at1[0]);  // the live state moved on
       snap->reset();
-      EXPECT_TRUE((*s)->BeginSnapshot().ok());  // the first one is closed
+      EXPECT_THAT((*s)->BeginSnapshot(), IsOk());  // the first one is closed
     }
   }
 }
@@ -362,7 +366,8 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
     auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
     auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-    ASSERT_TRUE(plain.ok() && ckpt.ok());
+    ASSERT_THAT(plain, IsOk());
+    ASSERT_THAT(ckpt, IsOk());
     auto step = [&](ShardState& st, int64_t k) {
       PushAll(layout, {&st}, k, 20 + static_cast<uint32_t>(k));
       Commit(st, Assumed(k, k), Assumed(k + 1, k + 1));
@@ -374,7 +379,7 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
       step(*st, 1);
     }
     auto snap = (*ckpt)->BeginSnapshot();
-    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    ASSERT_THAT(snap, IsOk());
     size_t n = 0;
     Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
                                   std::span<const float>) -> Status {
@@ -384,7 +389,7 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
       }
       return Status::Ok();
     });
-    ASSERT_TRUE(v.ok()) << v.ToString();
+    ASSERT_THAT(v, IsOk());
     EXPECT_EQ((*snap)->copied_on_write(), 0u);
     step(**plain, 2);
     step(**plain, 3);
@@ -404,7 +409,8 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
     SCOPED_TRACE(mode == UpdateMode::kSync ? "sync" : "speculative");
     auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
     auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-    ASSERT_TRUE(plain.ok() && ckpt.ok());
+    ASSERT_THAT(plain, IsOk());
+    ASSERT_THAT(ckpt, IsOk());
     const uint32_t n = static_cast<uint32_t>((*ckpt)->chunk_ids().size());
     auto step = [&](ShardState& st, int64_t k) {
       PushAll(layout, {&st}, k, 40 + static_cast<uint32_t>(k));
@@ -417,7 +423,7 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
       step(*st, 0);
     }
     auto snap = (*ckpt)->BeginSnapshot();
-    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    ASSERT_THAT(snap, IsOk());
     for (int64_t k = 1; k <= 3; ++k) {
       step(**ckpt, k);
       step(**plain, k);
@@ -425,7 +431,7 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
     }
     Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
                                   std::span<const float>) -> Status { return Status::Ok(); });
-    ASSERT_TRUE(v.ok()) << v.ToString();
+    ASSERT_THAT(v, IsOk());
     EXPECT_EQ((*snap)->copied_on_write(), (*ckpt)->chunk_ids().size());
     snap->reset();
     step(**ckpt, 4);

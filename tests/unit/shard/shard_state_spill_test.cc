@@ -18,6 +18,7 @@
 #include <string>
 
 #include "zps/server/shard_state.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
@@ -34,7 +35,7 @@ Layout BigLayout() {
   auto l =
       Layout::Build({{"a", {5000}}, {"b", {3, 1000}}, {"c", {7777}}, {"d", {10}}, {"e", {40000}}},
                     {.chunk_elems = 4096, .align_elems = 64, .num_shards = 1});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   return *l;
 }
 
@@ -49,14 +50,14 @@ Pair MakePair(const Layout& layout, const OptimizerConfig& opt) {
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   Pair p;
   auto r = ShardState::Create(layout, 0, job, opt, nullptr);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(r, IsOk());
   ChunkStoreOptions so;
   so.memory_budget = kBudget;
   so.spill_dir = SpillDir();
   so.file_prefix = "shard-spill-test-" + std::to_string(::getpid());
   so.serving_records = false;  // serving copies in the shard's RAM block (no --serving-budget)
   auto s = ShardState::Create(layout, 0, job, opt, nullptr, so);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_THAT(s, IsOk());
   p.ram = std::move(*r);
   p.spill = std::move(*s);
   return p;
@@ -69,7 +70,7 @@ void PushAll(const Layout& layout, ShardState& a, ShardState& b, int64_t step, u
   const uint32_t ranks = step == kInitStep ? 1 : 2;
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
     auto pieces = layout.Pieces(p);
-    ASSERT_TRUE(pieces.ok());
+    ASSERT_THAT(pieces, IsOk());
     for (const Piece& piece : *pieces) {
       for (uint32_t r = 0; r < ranks; ++r) {
         std::vector<float> v(piece.length);
@@ -77,9 +78,9 @@ void PushAll(const Layout& layout, ShardState& a, ShardState& b, int64_t step, u
         for (ShardState* s : {&a, &b}) {
           auto t =
               s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32});
-          ASSERT_TRUE(t.ok()) << t.status().ToString();
+          ASSERT_THAT(t, IsOk());
           std::memcpy(t->destination().data(), v.data(), t->destination().size());
-          ASSERT_TRUE(s->FinishPush(std::move(*t), Status::Ok()).ok());
+          ASSERT_THAT(s->FinishPush(std::move(*t), Status::Ok()), IsOk());
         }
       }
     }
@@ -87,21 +88,23 @@ void PushAll(const Layout& layout, ShardState& a, ShardState& b, int64_t step, u
 }
 
 void Step(ShardState& s, int64_t step, bool skip) {
-  ASSERT_TRUE(s.WaitForGradients(step, std::chrono::milliseconds(1000)).ok());
+  ASSERT_THAT(s.WaitForGradients(step, std::chrono::milliseconds(1000)), IsOk());
   auto rep = s.ReduceStep(step);
-  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
-  ASSERT_TRUE(s.ApplyCommit({step, skip, 0.5f, step + 1}).ok());
+  ASSERT_THAT(rep, IsOk());
+  ASSERT_THAT(s.ApplyCommit({step, skip, 0.5f, step + 1}), IsOk());
 }
 
 void ExpectSame(const ShardState& a, const ShardState& b) {
   for (uint32_t c : a.chunk_ids()) {
     auto x = a.ChunkCrc(c);
     auto y = b.ChunkCrc(c);
-    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_THAT(x, IsOk());
+    ASSERT_THAT(y, IsOk());
     EXPECT_EQ(*x, *y) << "chunk " << c;
     auto ma = a.MasterOf(c);
     auto mb = b.MasterOf(c);
-    ASSERT_TRUE(ma.ok() && mb.ok());
+    ASSERT_THAT(ma, IsOk());
+    ASSERT_THAT(mb, IsOk());
     EXPECT_EQ(*ma, *mb) << "chunk " << c;
   }
   EXPECT_EQ(a.StateCrc(), b.StateCrc());
@@ -138,7 +141,7 @@ TEST(ShardStateSpill, StepsMatchRamBitForBit) {
       auto grab = [](std::vector<std::byte>& out) {
         return [&out](const Status& s, int64_t, std::span<const std::byte> d,
                       std::shared_ptr<const void>) {
-          ASSERT_TRUE(s.ok());
+          ASSERT_THAT(s, IsOk());
           out.assign(d.begin(), d.end());
         };
       };
@@ -176,8 +179,8 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
       return Status::Ok();
     };
   };
-  ASSERT_TRUE(p.ram->VisitChunkState(saver(from_ram)).ok());
-  ASSERT_TRUE(p.spill->VisitChunkState(saver(from_spill)).ok());
+  ASSERT_THAT(p.ram->VisitChunkState(saver(from_ram)), IsOk());
+  ASSERT_THAT(p.spill->VisitChunkState(saver(from_spill)), IsOk());
   ASSERT_EQ(from_ram.size(), from_spill.size());
   for (const auto& [c, s] : from_ram) {
     EXPECT_EQ(s.master, from_spill[c].master) << c;
@@ -186,7 +189,7 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
   }
   const uint32_t crc = p.ram->StateCrc();
   // Roll the spilled shard back to "nothing", then restore the saved state into it.
-  ASSERT_TRUE(p.spill->ResetTo(-1, {}, Unavailable("test")).ok());
+  ASSERT_THAT(p.spill->ResetTo(-1, {}, Unavailable("test")), IsOk());
   EXPECT_EQ(p.spill->version(), -1);
   EXPECT_NE(p.spill->StateCrc(), crc);
   auto load = [&](uint32_t c, std::span<float> master, std::span<float> m,
@@ -197,7 +200,7 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
     std::memcpy(v.data(), s.v.data(), v.size_bytes());
     return Status::Ok();
   };
-  ASSERT_TRUE(p.spill->ResetTo(2, load, Unavailable("test")).ok());
+  ASSERT_THAT(p.spill->ResetTo(2, load, Unavailable("test")), IsOk());
   EXPECT_EQ(p.spill->version(), 2);
   ExpectSame(*p.ram, *p.spill);
   // And training continues identically.
@@ -261,7 +264,7 @@ std::unique_ptr<ShardState> MakeServingSpilled(const Layout& layout, const Optim
   so.spill_dir = SpillDir();
   so.file_prefix = "shard-serving-test-" + std::to_string(::getpid());
   auto s = ShardState::Create(layout, 0, job, opt, nullptr, so, alloc);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_THAT(s, IsOk());
   return s.ok() ? std::move(*s) : nullptr;
 }
 
@@ -290,7 +293,7 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
     opt.momentum = kind == OptimizerKind::kSgd ? 0.9f : 0.0f;
     ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
     auto ram = ShardState::Create(layout, 0, job, opt, nullptr);
-    ASSERT_TRUE(ram.ok());
+    ASSERT_THAT(ram, IsOk());
     auto spill = MakeServingSpilled(layout, opt, kBudget);
     ASSERT_TRUE(spill);
     const ShardStorageStats st0 = spill->storage_stats();
@@ -305,7 +308,7 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
     spill->Fetch({last, 0, 16, 0}, parked.Callback());
     PushAll(layout, **ram, *spill, kInitStep, 1);
     ASSERT_TRUE(parked.Wait());
-    EXPECT_TRUE(parked.status.ok()) << parked.status.ToString();
+    EXPECT_THAT(parked.status, IsOk());
     EXPECT_EQ(parked.version, 0);
     ExpectSame(**ram, *spill);
     ExpectSameFetches(**ram, *spill, 0, 0, 4096);
@@ -321,7 +324,7 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
       Step(*spill, step, step == 2);
       for (auto& w : waiting) {
         ASSERT_TRUE(w->Wait());
-        ASSERT_TRUE(w->status.ok()) << w->status.ToString();
+        ASSERT_THAT(w->status, IsOk());
         EXPECT_EQ(w->version, step + 1);
       }
       ExpectSame(**ram, *spill);
@@ -344,7 +347,7 @@ TEST(ShardStateServingSpill, Fp32ServingCopiesSpillAndMatchRamBitForBit) {
   OptimizerConfig opt;
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kF32};
   auto ram = ShardState::Create(layout, 0, job, opt, nullptr);
-  ASSERT_TRUE(ram.ok()) << ram.status().ToString();
+  ASSERT_THAT(ram, IsOk());
   auto spill = MakeServingSpilled(layout, opt, kBudget, {}, DType::kF32);
   ASSERT_TRUE(spill);
   const ShardStorageStats st0 = spill->storage_stats();
@@ -368,7 +371,7 @@ TEST(ShardStateServingSpill, Fp32ServingCopiesSpillAndMatchRamBitForBit) {
   spill->Fetch({last, 0, layout.chunk_size(last), 3}, f.Callback());
   ASSERT_TRUE(f.Wait() && f.status.ok()) << f.status.ToString();
   auto master = spill->MasterOf(last);
-  ASSERT_TRUE(master.ok());
+  ASSERT_THAT(master, IsOk());
   ASSERT_EQ(f.data.size(), master->size() * 4);
   EXPECT_EQ(0, std::memcmp(f.data.data(), master->data(), f.data.size()));
   EXPECT_GT(spill->storage_stats().spilled_fetches, 0u);
@@ -378,7 +381,7 @@ TEST(ShardStateServingSpill, ServingAloneSpillsWithTheStateInRam) {
   const Layout layout = BigLayout();
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   auto spill = MakeServingSpilled(layout, OptimizerConfig{}, UINT64_MAX);  // no --memory-budget
   ASSERT_TRUE(spill);
   const ShardStorageStats st0 = spill->storage_stats();
@@ -412,7 +415,7 @@ TEST(ShardStateServingSpill, ResidentCopiesAreInTheAllocatorsRegionSpilledOnesCo
   ASSERT_EQ(region.size(), 2 * kServingRecord);  // the 2 resident copies only
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   PushAll(layout, **ram, *spill, kInitStep, 5);
   auto in_region = [&](const std::byte* p) {
     return p >= region.data() && p < region.data() + region.size();
@@ -421,7 +424,7 @@ TEST(ShardStateServingSpill, ResidentCopiesAreInTheAllocatorsRegionSpilledOnesCo
     FetchResult r;
     spill->Fetch({c, 8, 8, 0}, r.Callback(true));
     ASSERT_TRUE(r.Wait());
-    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    ASSERT_THAT(r.status, IsOk());
     const bool resident = c < 2;  // placement in id order
     EXPECT_EQ(in_region(r.where), resident) << "chunk " << c;
     EXPECT_EQ(r.owner == nullptr, resident) << "chunk " << c;
@@ -432,7 +435,7 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
   const Layout layout = BigLayout();
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   auto spill = MakeServingSpilled(layout, OptimizerConfig{}, kBudget);
   ASSERT_TRUE(spill);
   PushAll(layout, **ram, *spill, kInitStep, 9);
@@ -442,7 +445,7 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
     held.push_back(std::make_unique<FetchResult>());
     spill->Fetch({c, 0, 4096, 0}, held.back()->Callback(true));
     ASSERT_TRUE(held.back()->Wait());
-    ASSERT_TRUE(held.back()->status.ok());
+    ASSERT_THAT(held.back()->status, IsOk());
   }
   // A fifth chunk (not cached). The held owners hold copies of their ranges, never a staging
   // buffer (ServingReaderLoop replies with a copy), so this read does not wait for one to be
@@ -455,7 +458,7 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
   spill->Fetch({3, 0, 4096, 0}, cached.Callback());
   held[0]->owner.reset();
   ASSERT_TRUE(fifth.Wait());
-  ASSERT_TRUE(fifth.status.ok()) << fifth.status.ToString();
+  ASSERT_THAT(fifth.status, IsOk());
   ASSERT_TRUE(cached.Wait());
   FetchResult want;
   (*ram)->Fetch({10, 0, 4096, 0}, want.Callback());
@@ -477,7 +480,7 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
   const Layout layout = BigLayout();
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   auto spill = MakeServingSpilled(layout, OptimizerConfig{}, kBudget);
   ASSERT_TRUE(spill);
   PushAll(layout, **ram, *spill, kInitStep, 11);
@@ -501,7 +504,7 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
   // A fetch parked for a version the rollback discards is failed with the reason.
   FetchResult parked;
   spill->Fetch({12, 0, 8, 3}, parked.Callback());
-  ASSERT_TRUE(spill->ResetTo(-1, {}, Unavailable("rolled back")).ok());
+  ASSERT_THAT(spill->ResetTo(-1, {}, Unavailable("rolled back")), IsOk());
   ASSERT_TRUE(parked.Wait());
   EXPECT_EQ(parked.status.code(), Code::kUnavailable);
   EXPECT_NE(spill->StateCrc(), (*ram)->StateCrc());
@@ -513,7 +516,7 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
     std::memcpy(v.data(), s.v.data(), v.size_bytes());
     return Status::Ok();
   };
-  ASSERT_TRUE(spill->ResetTo(2, load, Unavailable("restore")).ok());
+  ASSERT_THAT(spill->ResetTo(2, load, Unavailable("restore")), IsOk());
   ExpectSame(**ram, *spill);
   ExpectSameFetches(**ram, *spill, 2, 0, 4096);
   PushAll(layout, **ram, *spill, 2, 600);
@@ -555,7 +558,7 @@ TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
   const Layout layout = BigLayout();
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(ram.ok());
+  ASSERT_THAT(ram, IsOk());
   auto armed = std::make_shared<std::atomic<bool>>(false);
   ChunkStoreOptions so;
   so.memory_budget = UINT64_MAX;  // only serving copies spill: every read is a fetch's
@@ -567,7 +570,7 @@ TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
     return std::make_unique<FailReadsEngine>(std::move(e), armed);
   };
   auto spill = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
-  ASSERT_TRUE(spill.ok()) << spill.status().ToString();
+  ASSERT_THAT(spill, IsOk());
   PushAll(layout, **ram, **spill, kInitStep, 13);
   armed->store(true);
   FetchResult bad;

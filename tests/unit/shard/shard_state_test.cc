@@ -5,6 +5,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::server {
 namespace {
 
@@ -13,7 +15,7 @@ namespace {
 Layout TestLayout() {
   auto l = Layout::Build({{"p0", {200}}, {"p1", {5, 10}}},
                          {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-  EXPECT_TRUE(l.ok());
+  EXPECT_THAT(l, IsOk());
   return *l;
 }
 
@@ -22,7 +24,7 @@ class ShardStateTest : public ::testing::Test {
   void Make(ReductionMode mode, uint32_t world, DType grad = DType::kF32) {
     ShardJob job{mode, world, grad, DType::kBF16};
     auto s = ShardState::Create(layout_, 0, job, OptimizerConfig{}, nullptr);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_THAT(s, IsOk());
     shard_ = std::move(*s);
   }
   Status Push(const PushRequest& r, const void* data) {
@@ -35,8 +37,8 @@ class ShardStateTest : public ::testing::Test {
   void Init() {
     std::vector<float> v(128);
     std::iota(v.begin(), v.end(), 1.0f);
-    ASSERT_TRUE(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).ok());
-    ASSERT_TRUE(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()).ok());
+    ASSERT_THAT(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()), IsOk());
+    ASSERT_THAT(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()), IsOk());
     ASSERT_EQ(shard_->version(), 0);
   }
   Layout layout_ = TestLayout();
@@ -51,7 +53,7 @@ TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
   int64_t version = -5;
   shard_->Fetch({0, 10, 4, 0}, [&](const Status& s, int64_t v, std::span<const std::byte> d,
                                    std::shared_ptr<const void>) {
-    ASSERT_TRUE(s.ok());
+    ASSERT_THAT(s, IsOk());
     version = v;
     got.resize(d.size() / 2);
     std::memcpy(got.data(), d.data(), d.size());
@@ -70,32 +72,32 @@ TEST_F(ShardStateTest, InitialValuesPushedAgainAreDropped) {
   Make(ReductionMode::kServerSum, 2);
   std::vector<float> v(128), other(128, -7.0f), g(128, 0.25f);
   std::iota(v.begin(), v.end(), 1.0f);
-  ASSERT_TRUE(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()).ok());
+  ASSERT_THAT(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()), IsOk());
   EXPECT_EQ(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, other.data()).code(), Code::kAlreadyExists);
   EXPECT_EQ(shard_->version(), -1);
-  ASSERT_TRUE(Push({kInitStep, 0, 64, 64, 0, DType::kF32}, v.data() + 64).ok());
-  ASSERT_TRUE(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()).ok());
+  ASSERT_THAT(Push({kInitStep, 0, 64, 64, 0, DType::kF32}, v.data() + 64), IsOk());
+  ASSERT_THAT(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, v.data()), IsOk());
   ASSERT_EQ(shard_->version(), 0);
   auto master = shard_->MasterOf(0);
-  ASSERT_TRUE(master.ok());
+  ASSERT_THAT(master, IsOk());
   EXPECT_EQ(0, std::memcmp(master->data(), v.data(), 128 * 4));
   // Rank 0 pushed its gradient of step 0 for chunk 0 (slot 0, where initial values land too).
-  ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 128, 0, DType::kF32}, g.data()), IsOk());
   const uint32_t crc = shard_->StateCrc();
   const uint32_t grads = shard_->GradientCrc();
   // It joins again at step 0: every initial value again, with other bits to see them dropped.
-  ASSERT_TRUE(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, other.data()).ok());
-  ASSERT_TRUE(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, other.data()).ok());
+  ASSERT_THAT(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, other.data()), IsOk());
+  ASSERT_THAT(Push({kInitStep, 2, 0, 50, 0, DType::kF32}, other.data()), IsOk());
   EXPECT_EQ(shard_->StateCrc(), crc);
   EXPECT_EQ(shard_->GradientCrc(), grads);
   // Its gradient of chunk 0 is still the one pushed: pushed again it overlaps.
   EXPECT_EQ(Push({0, 0, 0, 128, 0, DType::kF32}, g.data()).code(), Code::kAlreadyExists);
-  ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
-  ASSERT_TRUE(shard_->ReduceStep(0).ok());
-  ASSERT_TRUE(shard_->ApplyCommit({0, false, 0.5f, 1}).ok());
+  ASSERT_THAT(Push({0, 2, 0, 50, 0, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 0, 0, 128, 1, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 50, 1, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
+  ASSERT_THAT(shard_->ReduceStep(0), IsOk());
+  ASSERT_THAT(shard_->ApplyCommit({0, false, 0.5f, 1}), IsOk());
   ASSERT_EQ(shard_->version(), 1);
   EXPECT_EQ(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).code(),
             Code::kFailedPrecondition);
@@ -116,19 +118,19 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
   ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
   auto s =
       ShardState::Create(TestLayout(), 0, job, OptimizerConfig{}, nullptr, std::nullopt, alloc);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s, IsOk());
   EXPECT_EQ(asked, 256u + 128u);  // chunk 0: 128 bf16; chunk 2 (the last): 64 bf16
   std::vector<float> v(128, 2.0f);
   for (auto [chunk, n] : {std::pair<uint32_t, uint64_t>{0, 128}, {2, 50}}) {
     auto t = (*s)->BeginPush({kInitStep, chunk, 0, n, 0, DType::kF32});
-    ASSERT_TRUE(t.ok());
+    ASSERT_THAT(t, IsOk());
     std::memcpy(t->destination().data(), v.data(), t->destination().size());
-    ASSERT_TRUE((*s)->FinishPush(std::move(*t), Status::Ok()).ok());
+    ASSERT_THAT((*s)->FinishPush(std::move(*t), Status::Ok()), IsOk());
   }
   const std::byte* where = nullptr;
   (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d,
                                 std::shared_ptr<const void>) {
-    ASSERT_TRUE(st.ok());
+    ASSERT_THAT(st, IsOk());
     where = d.data();
   });
   ASSERT_NE(where, nullptr);
@@ -155,20 +157,20 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
     g1[i] = -3e-4f * static_cast<float>(i * i % 17) + 1e8f * (i == 3);
   }
   // Rank 1 arrives first, in two pieces; the sum must still be g0 + g1.
-  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g1.data() + 64).ok());
-  ASSERT_TRUE(Push({0, 0, 0, 64, 1, DType::kF32}, g1.data()).ok());
-  ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()).ok());
+  ASSERT_THAT(Push({0, 0, 64, 64, 1, DType::kF32}, g1.data() + 64), IsOk());
+  ASSERT_THAT(Push({0, 0, 0, 64, 1, DType::kF32}, g1.data()), IsOk());
+  ASSERT_THAT(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()), IsOk());
   EXPECT_EQ(shard_->WaitForGradients(0, std::chrono::milliseconds(1)).code(),
             Code::kDeadlineExceeded);
-  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_THAT(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()), IsOk());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   ASSERT_EQ(reports->size(), 2u);
   EXPECT_EQ((*reports)[0].first, 0u);
   EXPECT_EQ((*reports)[1].first, 2u);
-  ASSERT_TRUE(shard_->ApplyCommit({0, false, 0.5f, 1}).ok());
+  ASSERT_THAT(shard_->ApplyCommit({0, false, 0.5f, 1}), IsOk());
   EXPECT_EQ(shard_->version(), 1);
 
   // The same update done directly.
@@ -176,13 +178,13 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   std::iota(master.begin(), master.end(), 1.0f);
   for (int i = 0; i < 128; ++i) sum[i] = g0[i] + g1[i];
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
-  ASSERT_TRUE(opt.ok());
+  ASSERT_THAT(opt, IsOk());
   ASSERT_TRUE(
       (*opt)
           ->Update({master, m, v}, {sum.data(), DType::kF32, 128}, {1, 0.5f, DType::kBF16, {}})
           .ok());
   auto got = shard_->MasterOf(0);
-  ASSERT_TRUE(got.ok());
+  ASSERT_THAT(got, IsOk());
   EXPECT_EQ(0, std::memcmp(got->data(), master.data(), 128 * 4));
 }
 
@@ -196,8 +198,8 @@ TEST_F(ShardStateTest, RollbackFencesPushesFromBeforeIt) {
   Init();
   const uint64_t old_gen = shard_->epoch();
   auto in_flight = shard_->BeginPush({0, 0, 0, 128, 0, DType::kF32, old_gen});
-  ASSERT_TRUE(in_flight.ok()) << in_flight.status().ToString();
-  ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
+  ASSERT_THAT(in_flight, IsOk());
+  ASSERT_THAT(shard_->ResetTo(-1, {}, Unavailable("rolling back")), IsOk());
   Init();
   const uint64_t gen = shard_->epoch();
   ASSERT_NE(gen, old_gen);
@@ -205,15 +207,15 @@ TEST_F(ShardStateTest, RollbackFencesPushesFromBeforeIt) {
             Code::kUnavailable);
   std::vector<float> g(128, 0.25f);
   for (uint32_t rank : {0u, 1u}) {
-    ASSERT_TRUE(Push({0, 0, 0, 128, rank, DType::kF32, gen}, g.data()).ok());
-    ASSERT_TRUE(Push({0, 2, 0, 50, rank, DType::kF32, gen}, g.data()).ok());
+    ASSERT_THAT(Push({0, 0, 0, 128, rank, DType::kF32, gen}, g.data()), IsOk());
+    ASSERT_THAT(Push({0, 2, 0, 50, rank, DType::kF32, gen}, g.data()), IsOk());
   }
   // The old transfer lands only now, after the new gradients.
   std::memset(in_flight->destination().data(), 0x7f, in_flight->destination().size());
   EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   ASSERT_EQ(reports->size(), 2u);
   EXPECT_NEAR((*reports)[0].second.sum_squares, 128 * 0.5 * 0.5, 1e-9);  // rank sum 0.25 + 0.25
   EXPECT_NEAR((*reports)[1].second.sum_squares, 50 * 0.5 * 0.5, 1e-9);
@@ -227,25 +229,25 @@ TEST_F(ShardStateTest, ForgetRankLetsARestartedRankPushTheStepAgain) {
   Make(ReductionMode::kServerSum, 2);
   Init();
   std::vector<float> g0(128, 0.5f), g1(128, 0.25f), garbage(128, 1e30f);
-  ASSERT_TRUE(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 128, 0, DType::kF32}, g0.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 50, 0, DType::kF32}, g0.data()), IsOk());
   // Rank 1's first process: one piece landed (with wrong bits, to see it dropped), one in flight.
-  ASSERT_TRUE(Push({0, 0, 0, 64, 1, DType::kF32}, garbage.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 64, 1, DType::kF32}, garbage.data()), IsOk());
   auto in_flight = shard_->BeginPush({0, 2, 0, 50, 1, DType::kF32});
-  ASSERT_TRUE(in_flight.ok());
+  ASSERT_THAT(in_flight, IsOk());
   EXPECT_EQ(shard_->MissingRanks(0), std::vector<uint32_t>{1});
   auto dropped = shard_->ForgetRank(1);
-  ASSERT_TRUE(dropped.ok());
+  ASSERT_THAT(dropped, IsOk());
   EXPECT_EQ(*dropped, 64u);  // the landed piece; the one in flight had not landed
   // The restarted rank 1 pushes everything again.
-  ASSERT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, g1.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 128, 1, DType::kF32}, g1.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 50, 1, DType::kF32}, g1.data()), IsOk());
   std::memcpy(in_flight->destination().data(), garbage.data(), in_flight->destination().size());
   EXPECT_EQ(shard_->FinishPush(std::move(*in_flight), Status::Ok()).code(), Code::kUnavailable);
   EXPECT_TRUE(shard_->MissingRanks(0).empty());
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   ASSERT_EQ(reports->size(), 2u);
   EXPECT_EQ((*reports)[0].second.sum_squares, 128 * 0.75 * 0.75);
   EXPECT_EQ((*reports)[1].second.sum_squares, 50 * 0.75 * 0.75);
@@ -259,25 +261,25 @@ TEST_F(ShardStateTest, ForgetRankLeavesASealedStepAlone) {
   Init();
   std::vector<float> g(128, 0.5f), other(128, 7.0f);
   for (uint32_t rank : {0u, 1u}) {
-    ASSERT_TRUE(Push({0, 0, 0, 128, rank, DType::kF32}, g.data()).ok());
-    ASSERT_TRUE(Push({0, 2, 0, 50, rank, DType::kF32}, g.data()).ok());
+    ASSERT_THAT(Push({0, 0, 0, 128, rank, DType::kF32}, g.data()), IsOk());
+    ASSERT_THAT(Push({0, 2, 0, 50, rank, DType::kF32}, g.data()), IsOk());
   }
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
-  ASSERT_TRUE(shard_->ForgetRank(1).ok());
-  EXPECT_TRUE(Push({0, 0, 0, 128, 1, DType::kF32}, other.data()).ok());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
+  ASSERT_THAT(shard_->ForgetRank(1), IsOk());
+  EXPECT_THAT(Push({0, 0, 0, 128, 1, DType::kF32}, other.data()), IsOk());
   auto reports = shard_->ReduceStep(0);
-  ASSERT_TRUE(reports.ok());
+  ASSERT_THAT(reports, IsOk());
   EXPECT_EQ((*reports)[0].second.sum_squares, 128.0);  // (0.5 + 0.5)^2 per element
   // Reduced again (the driver re-reports after its Report call timed out): the same figures,
   // not the slots added a second time.
   auto again = shard_->ReduceStep(0);
-  ASSERT_TRUE(again.ok());
+  ASSERT_THAT(again, IsOk());
   EXPECT_EQ((*again)[0].second.sum_squares, 128.0);
   // Rank 0's initial values are forgotten on a chunk that still waits for them.
-  ASSERT_TRUE(shard_->ResetTo(-1, {}, Unavailable("rolling back")).ok());
+  ASSERT_THAT(shard_->ResetTo(-1, {}, Unavailable("rolling back")), IsOk());
   std::vector<float> v(128, 1.0f);
-  ASSERT_TRUE(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()).ok());
-  ASSERT_TRUE(shard_->ForgetRank(0).ok());
+  ASSERT_THAT(Push({kInitStep, 0, 0, 64, 0, DType::kF32}, v.data()), IsOk());
+  ASSERT_THAT(shard_->ForgetRank(0), IsOk());
   Init();  // pushes [0, 128) of chunk 0 again: not ALREADY_EXISTS
 }
 
@@ -285,7 +287,7 @@ TEST_F(ShardStateTest, BadPushesChangeNothing) {
   Make(ReductionMode::kServerSum, 2, DType::kF16);
   Init();
   std::vector<uint16_t> h(128, FloatToHalf(0.5f));
-  ASSERT_TRUE(Push({0, 0, 0, 16, 0, DType::kF16}, h.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 16, 0, DType::kF16}, h.data()), IsOk());
   const uint32_t crc = shard_->StateCrc();
   struct Case {
     PushRequest r;
@@ -311,22 +313,22 @@ TEST_F(ShardStateTest, BadPushesChangeNothing) {
   EXPECT_EQ(shard_->StateCrc(), crc);
   // An abandoned transfer releases its range.
   auto t = shard_->BeginPush({0, 0, 16, 16, 0, DType::kF16});
-  ASSERT_TRUE(t.ok());
-  ASSERT_TRUE(shard_->FinishPush(std::move(*t), Unavailable("peer died")).ok());
-  EXPECT_TRUE(Push({0, 0, 16, 16, 0, DType::kF16}, h.data()).ok());
+  ASSERT_THAT(t, IsOk());
+  ASSERT_THAT(shard_->FinishPush(std::move(*t), Unavailable("peer died")), IsOk());
+  EXPECT_THAT(Push({0, 0, 16, 16, 0, DType::kF16}, h.data()), IsOk());
 }
 
 TEST_F(ShardStateTest, PreReducedTakesDisjointSlicesFromAnyRank) {
   Make(ReductionMode::kPreReduced, 2);
   Init();
   std::vector<float> g(128, 0.25f);
-  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()).ok());
+  ASSERT_THAT(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()), IsOk());
   EXPECT_EQ(Push({0, 0, 32, 64, 1, DType::kF32}, g.data()).code(), Code::kAlreadyExists);
-  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 50, 1, DType::kF32}, g.data()).ok());
-  EXPECT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_THAT(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 50, 1, DType::kF32}, g.data()), IsOk());
+  EXPECT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
   auto r = shard_->ReduceStep(0);
-  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(r, IsOk());
   EXPECT_DOUBLE_EQ((*r)[0].second.sum_squares, 128 * 0.0625);
 }
 
@@ -338,23 +340,23 @@ TEST_F(ShardStateTest, PreReducedForgetRankDropsTheUnfinishedStep) {
   Make(ReductionMode::kPreReduced, 2);
   Init();
   std::vector<float> g(128, 0.25f), garbage(128, 1e30f);
-  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()).ok());  // rank 0's slice
-  ASSERT_TRUE(Push({0, 2, 0, 25, 1, DType::kF32}, garbage.data()).ok());  // rank 1's, then dies
+  ASSERT_THAT(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()), IsOk());  // rank 0's slice
+  ASSERT_THAT(Push({0, 2, 0, 25, 1, DType::kF32}, garbage.data()), IsOk());  // rank 1's, then dies
   auto dropped = shard_->ForgetRank(1);
-  ASSERT_TRUE(dropped.ok());
+  ASSERT_THAT(dropped, IsOk());
   EXPECT_EQ(*dropped, 64u + 25u);  // both ranks' pushes: every rank pushes the step again
-  ASSERT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 0, 25, 0, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(Push({0, 2, 25, 25, 1, DType::kF32}, g.data()).ok());
-  ASSERT_TRUE(shard_->WaitForGradients(0, std::chrono::milliseconds(100)).ok());
+  ASSERT_THAT(Push({0, 0, 0, 64, 0, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 0, 64, 64, 1, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 0, 25, 0, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(Push({0, 2, 25, 25, 1, DType::kF32}, g.data()), IsOk());
+  ASSERT_THAT(shard_->WaitForGradients(0, std::chrono::milliseconds(100)), IsOk());
   // Sealed: another re-join leaves the step alone, and the redone pushes are dropped.
   auto none = shard_->ForgetRank(0);
-  ASSERT_TRUE(none.ok());
+  ASSERT_THAT(none, IsOk());
   EXPECT_EQ(*none, 0u);
-  EXPECT_TRUE(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()).ok());
+  EXPECT_THAT(Push({0, 0, 0, 64, 0, DType::kF32}, garbage.data()), IsOk());
   auto r = shard_->ReduceStep(0);
-  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(r, IsOk());
   EXPECT_DOUBLE_EQ((*r)[0].second.sum_squares, 128 * 0.0625);
   EXPECT_DOUBLE_EQ((*r)[1].second.sum_squares, 50 * 0.0625);
 }
@@ -364,7 +366,7 @@ TEST_F(ShardStateTest, FetchWaitsForTheNextVersionAndFailsOnShutdown) {
   int64_t seen = -2;
   shard_->Fetch({0, 0, 8, 0}, [&](const Status& s, int64_t v, std::span<const std::byte>,
                                   std::shared_ptr<const void>) {
-    EXPECT_TRUE(s.ok());
+    EXPECT_THAT(s, IsOk());
     seen = v;
   });
   EXPECT_EQ(seen, -2);  // waiting for init

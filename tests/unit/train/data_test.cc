@@ -9,6 +9,8 @@
 #include <fstream>
 #include <set>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::train {
 namespace {
 
@@ -20,7 +22,7 @@ std::string Text(size_t n) {
 
 TEST(DataTest, DefaultCorpusLoads) {
   auto c = LoadCorpus("");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_THAT(c, IsOk());
   EXPECT_GT(c->size(), 100000u);
   EXPECT_EQ(LoadCorpus("/nonexistent/zps").status().code(), Code::kNotFound);
 }
@@ -35,7 +37,7 @@ TEST(DataTest, CorpusDirectorySortedAndNoSymlinks) {
   std::filesystem::create_symlink(dir / "a", dir / "c");
   auto c = LoadCorpus(dir.string());
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(c.ok());
+  ASSERT_THAT(c, IsOk());
   EXPECT_EQ(*c, "AABBB");
 }
 
@@ -51,7 +53,7 @@ TEST(DataTest, RanksDisjointAndDeterministic) {
   for (int r = 0; r < o.world; ++r) {
     o.rank = r;
     auto l = DataLoader::Create(corpus, o);
-    ASSERT_TRUE(l.ok());
+    ASSERT_THAT(l, IsOk());
     loaders.push_back(std::move(l).value());
   }
   const int64_t spe = loaders[0]->steps_per_epoch();
@@ -60,9 +62,9 @@ TEST(DataTest, RanksDisjointAndDeterministic) {
     std::set<int64_t> seen;
     for (int r = 0; r < o.world; ++r) {
       std::vector<uint8_t> a(loaders[r]->batch_bytes()), b(a.size()), c(a.size());
-      ASSERT_TRUE(loaders[r]->Batch(s, a).ok());
-      ASSERT_TRUE(loaders[0]->BatchForRank(s, r, b).ok());
-      ASSERT_TRUE(loaders[r]->Batch(s, c).ok());
+      ASSERT_THAT(loaders[r]->Batch(s, a), IsOk());
+      ASSERT_THAT(loaders[0]->BatchForRank(s, r, b), IsOk());
+      ASSERT_THAT(loaders[r]->Batch(s, c), IsOk());
       EXPECT_EQ(a, b);
       EXPECT_EQ(a, c);
       for (int i = 0; i < o.batch; ++i) {
@@ -81,7 +83,7 @@ TEST(DataTest, RanksDisjointAndDeterministic) {
         EXPECT_TRUE(epoch.insert(loaders[0]->WindowOf(s, r, i)).second);
   // Eval windows are the tail, outside training.
   std::vector<uint8_t> ev(2 * 16);
-  ASSERT_TRUE(loaders[0]->EvalBatch(2, 2, ev).ok());
+  ASSERT_THAT(loaders[0]->EvalBatch(2, 2, ev), IsOk());
   EXPECT_EQ(0, std::memcmp(ev.data(), corpus.data() + (loaders[0]->train_windows() + 2) * 16, 32));
   EXPECT_EQ(loaders[0]->EvalBatch(3, 2, ev).code(), Code::kOutOfRange);
 }
@@ -96,7 +98,7 @@ TEST(DataTest, BadOptions) {
   EXPECT_EQ(DataLoader::Create(Text(100000), o).status().code(), Code::kInvalidArgument);
   o.rank = 0;
   auto l = DataLoader::Create(Text(100000), o);
-  ASSERT_TRUE(l.ok());
+  ASSERT_THAT(l, IsOk());
   std::vector<uint8_t> small(10);
   EXPECT_EQ((*l)->Batch(0, small).code(), Code::kInvalidArgument);
   std::vector<uint8_t> ok((*l)->batch_bytes());

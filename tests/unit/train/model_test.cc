@@ -10,6 +10,8 @@
 #include <map>
 #include <random>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::train {
 namespace {
 
@@ -19,7 +21,7 @@ class FakeAccess : public ParamAccess {
   explicit FakeAccess(const std::vector<ParamDecl>& decls, uint64_t seed) {
     for (const auto& d : decls) {
       params.emplace_back(d.spec.numel());
-      EXPECT_TRUE(InitParam(d, seed, params.back()).ok());
+      EXPECT_THAT(InitParam(d, seed, params.back()), IsOk());
     }
     grads.resize(decls.size());
   }
@@ -78,7 +80,7 @@ TEST(ModelTest, SpecsCountAndGroups) {
   EXPECT_EQ(total, CountParams(c));
   ASSERT_EQ(decls.size(), 2u + 12u * c.n_layers + 3u);
   auto m = Model::Create(c);
-  ASSERT_TRUE(m.ok());
+  ASSERT_THAT(m, IsOk());
   const auto& groups = (*m)->LayerGroups();
   ASSERT_EQ(groups.size(), static_cast<size_t>(c.n_layers) + 2);
   uint32_t next = 0;
@@ -92,11 +94,11 @@ TEST(ModelTest, InitIsRangeIndependentAndSeeded) {
   auto decls = Specs(Tiny());
   const ParamDecl& w = decls[4];  // h0.attn.wqkv
   std::vector<float> whole(w.spec.numel()), part(100);
-  ASSERT_TRUE(InitParam(w, 7, whole).ok());
-  ASSERT_TRUE(InitParam(w, 7, 50, part).ok());
+  ASSERT_THAT(InitParam(w, 7, whole), IsOk());
+  ASSERT_THAT(InitParam(w, 7, 50, part), IsOk());
   EXPECT_EQ(0, std::memcmp(part.data(), whole.data() + 50, sizeof(float) * part.size()));
   std::vector<float> other(w.spec.numel());
-  ASSERT_TRUE(InitParam(w, 8, other).ok());
+  ASSERT_THAT(InitParam(w, 8, other), IsOk());
   EXPECT_NE(0, std::memcmp(other.data(), whole.data(), sizeof(float) * other.size()));
   double s2 = 0;
   for (float v : whole) s2 += static_cast<double>(v) * v;
@@ -125,7 +127,7 @@ TEST(ModelTest, AccessOrderAndPushes) {
   auto m = std::move(Model::Create(c).value());
   FakeAccess access(m->decls(), 1);
   auto tokens = RandomTokens(2 * 8, 2);
-  ASSERT_TRUE(m->TrainStep(tokens, 2, 1.0f, access).ok());
+  ASSERT_THAT(m->TrainStep(tokens, 2, 1.0f, access), IsOk());
   std::vector<std::string> want = {"A0",  "R0",  "A2",  "R2",  "A14", "R14",
                                    "A26", "P26", "P27", "P28", "R26", "A14"};
   for (int i = 14; i < 26; ++i) want.push_back("P" + std::to_string(i));
@@ -161,7 +163,7 @@ TEST(ModelTest, FiniteDifferenceGradients) {
   const int batch = 2;
   auto tokens = RandomTokens(batch * (c.seq_len + 1), 9);
   const float loss_scale = 4.0f;  // grads are of loss x loss_scale
-  ASSERT_TRUE(m->TrainStep(tokens, batch, loss_scale, access).ok());
+  ASSERT_THAT(m->TrainStep(tokens, batch, loss_scale, access), IsOk());
   auto grads = access.grads;
   for (size_t id = 0; id < access.params.size(); ++id) {
     auto& p = access.params[id];
@@ -202,9 +204,11 @@ TEST(ModelTest, DeterministicBits) {
   // Reuse of m1's workspace after a different batch size must not change a bit.
   auto small = RandomTokens(1 * 8, 5);
   FakeAccess scratch(m1->decls(), 1);
-  ASSERT_TRUE(m1->TrainStep(small, 1, 1.0f, scratch).ok());
+  ASSERT_THAT(m1->TrainStep(small, 1, 1.0f, scratch), IsOk());
   auto r3 = m1->TrainStep(tokens, 3, 1.0f, a3);
-  ASSERT_TRUE(r1.ok() && r2.ok() && r3.ok());
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_THAT(r2, IsOk());
+  ASSERT_THAT(r3, IsOk());
   EXPECT_EQ(std::memcmp(&r1->loss, &r2->loss, sizeof(double)), 0);
   EXPECT_EQ(std::memcmp(&r1->loss, &r3->loss, sizeof(double)), 0);
   for (size_t id = 0; id < a1.grads.size(); ++id) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::train {
 namespace {
 
@@ -15,7 +17,7 @@ TEST(OptionsTest, FlagsFillConfig) {
   const char* argv[] = {"t",         "--d-model=64",    "--n-layers",  "6", "--model-seed=9",
                         "--batch=3", "--corpus=/tmp/x", "--data-seed", "12"};
   auto r = flags.Parse(9, argv);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r, IsOk());
   EXPECT_EQ(mc.d_model, 64);
   EXPECT_EQ(mc.n_layers, 6);
   EXPECT_EQ(mc.seed, 9u);

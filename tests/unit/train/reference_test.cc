@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "zps/testing/status_matchers.h"
 #include "zps/train/data.h"
 
 namespace zps::train {
@@ -89,9 +90,9 @@ TEST(ReferenceTest, InitialStateFromSeededInit) {
   const auto& decls = run.trainer->model().decls();
   for (uint32_t id = 0; id < decls.size(); ++id) {
     std::vector<float> want(decls[id].spec.numel());
-    ASSERT_TRUE(InitParam(decls[id], TinyModel().seed, want).ok());
+    ASSERT_THAT(InitParam(decls[id], TinyModel().seed, want), IsOk());
     auto got = t.ParamMaster(id);
-    ASSERT_TRUE(got.ok());
+    ASSERT_THAT(got, IsOk());
     EXPECT_EQ(0, std::memcmp(want.data(), got->data(), want.size() * sizeof(float)));
     const uint64_t off = t.layout().param_offset(id);
     EXPECT_EQ(t.serving()[off], FloatToBf16(want[0]));
@@ -101,8 +102,8 @@ TEST(ReferenceTest, InitialStateFromSeededInit) {
 TEST(ReferenceTest, DeterministicTwoRuns) {
   auto a = MakeRun(TinyModel(), SmallChunks(2), 2);
   auto b = MakeRun(TinyModel(), SmallChunks(2), 2);
-  ASSERT_TRUE(a.Steps(3).ok());
-  ASSERT_TRUE(b.Steps(3).ok());
+  ASSERT_THAT(a.Steps(3), IsOk());
+  ASSERT_THAT(b.Steps(3), IsOk());
   EXPECT_TRUE(SameState(*a.trainer, *b.trainer));
   for (size_t i = 0; i < a.results.size(); ++i) {
     EXPECT_EQ(0, std::memcmp(&a.results[i].loss, &b.results[i].loss, sizeof(double)));
@@ -112,7 +113,7 @@ TEST(ReferenceTest, DeterministicTwoRuns) {
   auto pool = ThreadPool::Create({.name = "t", .threads = 2}).value();
   auto c = MakeRun(TinyModel(), SmallChunks(2), 2);
   c.trainer = std::move(ReferenceTrainer::Create(TinyModel(), SmallChunks(2), pool.get()).value());
-  ASSERT_TRUE(c.Steps(3).ok());
+  ASSERT_THAT(c.Steps(3), IsOk());
   EXPECT_TRUE(SameState(*a.trainer, *c.trainer));
 }
 
@@ -123,10 +124,10 @@ TEST(ReferenceTest, LossFallsOnCorpus) {
   o.commit.max_grad_norm = 1.0;
   auto run = MakeRun(mc, o, 4);
   std::vector<uint8_t> eval(static_cast<size_t>(8) * (mc.seq_len + 1));
-  ASSERT_TRUE(run.loader->EvalBatch(0, 8, eval).ok());
+  ASSERT_THAT(run.loader->EvalBatch(0, 8, eval), IsOk());
   const double before = run.trainer->Evaluate(eval, 8).value();
   EXPECT_NEAR(before, std::log(256.0), 0.1);
-  ASSERT_TRUE(run.Steps(30).ok());
+  ASSERT_THAT(run.Steps(30), IsOk());
   const double after = run.trainer->Evaluate(eval, 8).value();
   EXPECT_LT(after, 0.7 * before) << "eval loss " << before << " -> " << after;
   EXPECT_LT(run.results.back().loss, 0.7 * run.results.front().loss);
@@ -142,12 +143,12 @@ TEST(ReferenceTest, Fp16LossScalingForcedOverflowSkips) {
   o.commit.scale_window = 2;
   o.inject_overflow_step = 3;
   auto run = MakeRun(TinyModel(), o, 2);
-  ASSERT_TRUE(run.Steps(3).ok());
+  ASSERT_THAT(run.Steps(3), IsOk());
   EXPECT_EQ(run.trainer->optimizer_step(), 3);
   EXPECT_EQ(run.trainer->loss_scale(), 2048.0);  // grew once after 2 good steps
   std::vector<float> master(run.trainer->master().begin(), run.trainer->master().end());
   std::vector<uint16_t> serving(run.trainer->serving().begin(), run.trainer->serving().end());
-  ASSERT_TRUE(run.Steps(1).ok());  // the overflow step
+  ASSERT_THAT(run.Steps(1), IsOk());  // the overflow step
   const auto& d = run.results.back().decision;
   EXPECT_TRUE(d.skip);
   EXPECT_EQ(d.loss_scale, 2048.0);
@@ -157,7 +158,7 @@ TEST(ReferenceTest, Fp16LossScalingForcedOverflowSkips) {
       0, std::memcmp(master.data(), run.trainer->master().data(), master.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(serving.data(), run.trainer->serving().data(),
                            serving.size() * sizeof(uint16_t)));
-  ASSERT_TRUE(run.Steps(2).ok());
+  ASSERT_THAT(run.Steps(2), IsOk());
   EXPECT_FALSE(run.results.back().decision.skip);
   EXPECT_EQ(run.trainer->optimizer_step(), 5);
   EXPECT_TRUE(std::isfinite(run.results.back().loss));
@@ -167,7 +168,7 @@ TEST(ReferenceTest, ClippingScalesTheUpdate) {
   auto o = SmallChunks(2);
   o.commit.max_grad_norm = 1e-3;
   auto run = MakeRun(TinyModel(), o, 2);
-  ASSERT_TRUE(run.Steps(2).ok());
+  ASSERT_THAT(run.Steps(2), IsOk());
   for (const auto& r : run.results) {
     ASSERT_FALSE(r.decision.skip);
     EXPECT_GT(r.decision.global_norm, 1e-3);
@@ -180,7 +181,7 @@ TEST(ReferenceTest, Fp32ServingCopyIsTheMaster) {
   auto o = SmallChunks(2);
   o.serving_dtype = DType::kF32;
   auto run = MakeRun(TinyModel(), o, 2);
-  ASSERT_TRUE(run.Steps(3).ok());
+  ASSERT_THAT(run.Steps(3), IsOk());
   EXPECT_EQ(run.trainer->optimizer_step(), 3);
   ASSERT_EQ(run.trainer->serving().size(), run.trainer->master().size() * 2);
   EXPECT_EQ(0, std::memcmp(run.trainer->serving().data(), run.trainer->master().data(),

@@ -14,6 +14,7 @@
 
 #include "ucx_test_util.h"
 #include "zps/common/ucx.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::ucx {
 namespace {
@@ -92,10 +93,10 @@ class UcxProcessTest : public ::testing::TestWithParam<std::string> {
     peer_ = PeerProcess::Spawn(GetParam());
     ASSERT_NE(peer_, nullptr) << "cannot start " << ZPS_UCX_PEER;
     auto ctx = Context::Create({.transports = GetParam(), .keepalive_interval = 200ms});
-    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    ASSERT_THAT(ctx, IsOk());
     ctx_ = std::move(*ctx);
     auto w = Worker::Create(*ctx_, {.thread_name = "ucx-parent", .close_timeout = 500ms});
-    ASSERT_TRUE(w.ok());
+    ASSERT_THAT(w, IsOk());
     worker_ = std::move(*w);
     ASSERT_TRUE(worker_
                     ->SetAmHandler(2,
@@ -111,7 +112,7 @@ class UcxProcessTest : public ::testing::TestWithParam<std::string> {
                                       }).IgnoreError();
                                    })
                     .ok());
-    ASSERT_TRUE(worker_->Start().ok());
+    ASSERT_THAT(worker_->Start(), IsOk());
     auto ep = worker_->Connect(
         peer_->address,
         [this](const Endpoint&, const Status& s) {
@@ -120,7 +121,7 @@ class UcxProcessTest : public ::testing::TestWithParam<std::string> {
           cv_.notify_all();
         },
         peer_->pid());
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    ASSERT_THAT(ep, IsOk());
     ep_ = *ep;
   }
 
@@ -161,7 +162,7 @@ TEST_P(UcxProcessTest, EchoAndGetAcrossProcesses) {
   Completions done;
   worker_->Get(ep_, local, peer_->remote_address, peer_->rkey, nullptr, done.Callback());
   ASSERT_TRUE(done.WaitFor(1));
-  ASSERT_TRUE(done.statuses()[0].ok()) << done.statuses()[0].ToString();
+  ASSERT_THAT(done.statuses()[0], IsOk());
   for (size_t i = 0; i < local.size(); i += 4093) {
     ASSERT_EQ(local[i], std::byte((i * 131 + 7) & 0xff)) << "at byte " << i;
   }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ucx_test_util.h"
+#include "zps/testing/status_matchers.h"
 
 namespace zps::ucx {
 namespace {
@@ -34,17 +35,17 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     ContextOptions copts{.transports = GetParam()};
     auto ca = Context::Create(copts);
-    ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+    ASSERT_THAT(ca, IsOk());
     ctx_a_ = std::move(*ca);
     auto cb = Context::Create(copts);
-    ASSERT_TRUE(cb.ok()) << cb.status().ToString();
+    ASSERT_THAT(cb, IsOk());
     ctx_b_ = std::move(*cb);
 
     auto wa = Worker::Create(*ctx_a_, {.thread_name = "ucx-a", .close_timeout = 500ms});
-    ASSERT_TRUE(wa.ok()) << wa.status().ToString();
+    ASSERT_THAT(wa, IsOk());
     a_ = std::move(*wa);
     auto wb = Worker::Create(*ctx_b_, {.thread_name = "ucx-b", .close_timeout = 500ms});
-    ASSERT_TRUE(wb.ok()) << wb.status().ToString();
+    ASSERT_THAT(wb, IsOk());
     b_ = std::move(*wb);
 
     Worker* b = b_.get();
@@ -83,14 +84,14 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
                        cv_.notify_all();
                      }).IgnoreError();
                   }).ok());
-    ASSERT_TRUE(a_->Start().ok());
-    ASSERT_TRUE(b_->Start().ok());
+    ASSERT_THAT(a_->Start(), IsOk());
+    ASSERT_THAT(b_->Start(), IsOk());
     auto ep = a_->Connect(b_->Address(), [this](const Endpoint&, const Status& s) {
       std::lock_guard<std::mutex> lock(mu_);
       ep_error_ = s;
       cv_.notify_all();
     });
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    ASSERT_THAT(ep, IsOk());
     ep_ = *ep;
   }
 
@@ -117,7 +118,7 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
     o.force_eager = !rendezvous;
     a_->SendAm(ep_, kEcho, MakeHeader(*payload, 1), *payload, payload, sent.Callback(), o);
     ASSERT_TRUE(sent.WaitFor(1));
-    EXPECT_TRUE(sent.statuses()[0].ok()) << sent.statuses()[0].ToString();
+    EXPECT_THAT(sent.statuses()[0], IsOk());
     auto reply = WaitReply();
     ASSERT_NE(reply, nullptr);
     EXPECT_TRUE(reply->crc_ok);
@@ -157,12 +158,12 @@ TEST_P(UcxPairTest, AmRendezvousEcho) { EchoRoundTrip(8 << 20, true); }
 TEST_P(UcxPairTest, RmaGet) {
   std::vector<std::byte> remote = RandomBytes(4 << 20, 11);
   auto region = ctx_b_->Register(remote);
-  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ASSERT_THAT(region, IsOk());
 
   // Into a registered local buffer, the whole region.
   std::vector<std::byte> local(remote.size());
   auto local_region = ctx_a_->Register(local);
-  ASSERT_TRUE(local_region.ok());
+  ASSERT_THAT(local_region, IsOk());
   Completions done;
   a_->Get(ep_, local, (*region)->remote_address(), (*region)->rkey(), nullptr, done.Callback(),
           local_region->get());
@@ -171,8 +172,7 @@ TEST_P(UcxPairTest, RmaGet) {
   a_->Get(ep_, part, (*region)->remote_address() + 12345, (*region)->rkey(), nullptr,
           done.Callback());
   ASSERT_TRUE(done.WaitFor(2));
-  for (auto& s : done.statuses()) EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(local, remote);
+  _THAT(, IsOk()) EXPECT_EQ(local, remote);
   EXPECT_TRUE(std::equal(part.begin(), part.end(), remote.begin() + 12345));
 }
 
@@ -240,7 +240,7 @@ TEST_P(UcxPairTest, CloseThenSendFailsFast) {
   Completions closed;
   a_->Close(ep_, closed.Callback());
   ASSERT_TRUE(closed.WaitFor(1));
-  EXPECT_TRUE(closed.statuses()[0].ok());
+  EXPECT_THAT(closed.statuses()[0], IsOk());
   Completions sent;
   a_->SendAm(ep_, kSink, {}, {}, nullptr, sent.Callback());
   ASSERT_TRUE(sent.WaitFor(1));
@@ -385,11 +385,11 @@ TEST(UcxContextTest, BadTransportOptionIsAnError) {
 
 TEST(UcxContextTest, SetAmHandlerAfterStartFails) {
   auto ctx = Context::Create({.transports = "tcp"});
-  ASSERT_TRUE(ctx.ok());
+  ASSERT_THAT(ctx, IsOk());
   auto w = Worker::Create(**ctx);
-  ASSERT_TRUE(w.ok());
+  ASSERT_THAT(w, IsOk());
   EXPECT_FALSE((*w)->Connect((*w)->Address()).ok());  // not started
-  ASSERT_TRUE((*w)->Start().ok());
+  ASSERT_THAT((*w)->Start(), IsOk());
   EXPECT_EQ((*w)->SetAmHandler(9, [](AmMessage&) {}).code(), Code::kFailedPrecondition);
   EXPECT_EQ((*w)->Start().code(), Code::kFailedPrecondition);
 }

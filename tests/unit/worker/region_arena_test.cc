@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::worker {
 namespace {
 
@@ -12,10 +14,10 @@ class RegionArenaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto ctx = ucx::Context::Create({.transports = "shm"});
-    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    ASSERT_THAT(ctx, IsOk());
     ctx_ = std::move(*ctx);
     auto region = ctx_->Allocate(kSize);
-    ASSERT_TRUE(region.ok()) << region.status().ToString();
+    ASSERT_THAT(region, IsOk());
     arena_ = std::make_unique<RegionArena>(std::move(*region));
   }
   void TearDown() override { arena_.reset(); }

@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "zps/testing/status_matchers.h"
+
 namespace zps::worker {
 namespace {
 
@@ -36,7 +38,7 @@ TEST(ServingDirectory, LearnedRangeIsReadAtItsAddressUpToItsVersion) {
 TEST(ServingDirectory, NoticeRaisesTheVersionOfLearnedChunksOnly) {
   ServingDirectory d({kSession0, kSession1}, true);
   d.Learn(0, 3, 0, 2, 4, 0x10000, kKey);
-  ASSERT_TRUE(d.Notice(0, kSession0, 5).ok());
+  ASSERT_THAT(d.Notice(0, kSession0, 5), IsOk());
   auto hit = d.Lookup(0, 3, 0, 2, 5);
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->version, 5);
@@ -48,15 +50,15 @@ TEST(ServingDirectory, TwoBanksAlternateWithTheVersion) {
   // Version 4 of chunk 3 is in bank 0 at 0x10000; bank 1 is 0x8000 further.
   d.Learn(0, 3, 8, 2, 4, 0x10010, kKey, 0x8000);
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 4)->address, 0x10000u);
-  ASSERT_TRUE(d.Notice(0, kSession0, 5).ok());  // version 5 is in the other bank
+  ASSERT_THAT(d.Notice(0, kSession0, 5), IsOk());  // version 5 is in the other bank
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 5)->address, 0x18000u);
   EXPECT_EQ(d.Lookup(0, 3, 4, 2, 5)->address, 0x18008u);
-  ASSERT_TRUE(d.Notice(0, kSession0, 6).ok());  // and version 6 back in the first
+  ASSERT_THAT(d.Notice(0, kSession0, 6), IsOk());  // and version 6 back in the first
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 6)->address, 0x10000u);
   // A reply from bank 1 (version 7) says the other bank is before it.
   d.Learn(0, 3, 0, 2, 7, 0x18000, kKey, -0x8000);
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 7)->address, 0x18000u);
-  ASSERT_TRUE(d.Notice(0, kSession0, 8).ok());
+  ASSERT_THAT(d.Notice(0, kSession0, 8), IsOk());
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 8)->address, 0x10000u);
   // A late reply of an older version (6, bank 0) after the notice of 8: still bank 0 at 8.
   d.Learn(0, 3, 0, 2, 6, 0x10000, kKey, 0x8000);
@@ -67,7 +69,7 @@ TEST(ServingDirectory, TwoBanksAlternateWithTheVersion) {
 TEST(ServingDirectory, StaleNoticeIsRefusedAndChangesNothing) {
   ServingDirectory d({kSession0, kSession1}, true);
   d.Learn(0, 3, 0, 2, 1, 0x10000, kKey);
-  ASSERT_TRUE(d.Notice(0, kSession0, 6).ok());
+  ASSERT_THAT(d.Notice(0, kSession0, 6), IsOk());
   Status s = d.Notice(0, kSession0, 5);
   EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.ToString();
   EXPECT_EQ(d.Lookup(0, 3, 0, 2, 0)->version, 6);
@@ -89,7 +91,7 @@ TEST(ServingDirectory, PushForTheChunkEndsDirectReadsUntilTheNextVersion) {
   d.Pushed(3, 4);  // the update of step 4 may now rewrite chunk 3's copy
   EXPECT_FALSE(d.Lookup(0, 3, 0, 2, 4).has_value());
   EXPECT_TRUE(d.Lookup(0, 7, 0, 2, 4).has_value());  // server-sum: only that chunk
-  ASSERT_TRUE(d.Notice(0, kSession0, 5).ok());       // step 4 published as version 5
+  ASSERT_THAT(d.Notice(0, kSession0, 5), IsOk());    // step 4 published as version 5
   EXPECT_TRUE(d.Lookup(0, 3, 0, 2, 5).has_value());
   d.Pushed(3, -1);  // initial values change nothing known
   EXPECT_TRUE(d.Lookup(0, 3, 0, 2, 5).has_value());
@@ -107,7 +109,7 @@ TEST(ServingDirectory, PreReducedPushEndsDirectReadsOfEveryChunk) {
 TEST(ServingDirectory, ForgetNoticeEndsTheSessionsDirectReads) {
   ServingDirectory d({kSession0, kSession1}, true);
   d.Learn(0, 3, 0, 2, 4, 0x10000, kKey);
-  ASSERT_TRUE(d.Notice(0, kSession0, msg::ServingNoticeHeader::kNoticeForget).ok());
+  ASSERT_THAT(d.Notice(0, kSession0, msg::ServingNoticeHeader::kNoticeForget), IsOk());
   EXPECT_FALSE(d.Lookup(0, 3, 0, 2, 0).has_value());
   d.Learn(0, 3, 0, 2, 5, 0x10000, kKey);  // a late reply of the fenced session
   EXPECT_FALSE(d.Lookup(0, 3, 0, 2, 0).has_value());

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "zps/testing/status_matchers.h"
 #include "zps/worker/cuda_backend.h"
 
 namespace zps::worker {
@@ -89,14 +90,14 @@ TEST(InflightCopiesTest, ASlotReturnsOnlyAfterItsCopyCompleted) {
   auto slot = s.Take(256);
   ASSERT_NE(slot, nullptr);
   auto e = q.Acquire();
-  ASSERT_TRUE(e.ok());
+  ASSERT_THAT(e, IsOk());
   q.Push(*e, slot);
   slot.reset();  // the caller is done with it; the copy still reads it
   EXPECT_EQ(s.pool->free_count(), 1u);
-  ASSERT_TRUE(q.Poll().ok());
+  ASSERT_THAT(q.Poll(), IsOk());
   EXPECT_EQ(s.pool->free_count(), 1u) << "reused before its event completed";
   ev.done[*e] = true;
-  ASSERT_TRUE(q.Poll().ok());
+  ASSERT_THAT(q.Poll(), IsOk());
   EXPECT_EQ(s.pool->free_count(), 2u);
   EXPECT_EQ(q.in_flight(), 0u);
 }
@@ -107,23 +108,23 @@ TEST(InflightCopiesTest, TheBoundWaitsForTheOldestCopy) {
   int released = 0;
   auto keep = [&] { return std::shared_ptr<const void>(&ev, [&](const void*) { ++released; }); };
   auto a = q.Acquire();
-  ASSERT_TRUE(a.ok());
+  ASSERT_THAT(a, IsOk());
   q.Push(*a, keep());
   auto b = q.Acquire();
-  ASSERT_TRUE(b.ok());
+  ASSERT_THAT(b, IsOk());
   EXPECT_NE(*a, *b);
   q.Push(*b, keep());
   EXPECT_EQ(q.in_flight(), 2u);
   EXPECT_EQ(ev.waits, 0);
   auto c = q.Acquire();  // full: waits for the oldest (a), which frees its event
-  ASSERT_TRUE(c.ok());
+  ASSERT_THAT(c, IsOk());
   EXPECT_EQ(ev.waits, 1);
   EXPECT_EQ(*c, *a);
   EXPECT_EQ(released, 1);
   EXPECT_EQ(q.in_flight(), 1u);
   EXPECT_EQ(q.waits(), 1u);
   q.Push(*c, keep());
-  ASSERT_TRUE(q.Drain().ok());
+  ASSERT_THAT(q.Drain(), IsOk());
   EXPECT_EQ(released, 3);
   EXPECT_EQ(q.in_flight(), 0u);
 }
@@ -134,21 +135,21 @@ TEST(InflightCopiesTest, CompletedCopiesRetireInOrderWithoutWaiting) {
   std::vector<size_t> events;
   for (int k = 0; k < 3; ++k) {
     auto e = q.Acquire();
-    ASSERT_TRUE(e.ok());
+    ASSERT_THAT(e, IsOk());
     q.Push(*e, nullptr);
     events.push_back(*e);
   }
   ev.done[events[0]] = true;
   ev.done[events[2]] = true;  // behind a pending one: stays until that one is done
-  ASSERT_TRUE(q.Poll().ok());
+  ASSERT_THAT(q.Poll(), IsOk());
   EXPECT_EQ(q.in_flight(), 2u);
   auto next = q.Acquire();
-  ASSERT_TRUE(next.ok());
+  ASSERT_THAT(next, IsOk());
   EXPECT_EQ(*next, events[0]);
   EXPECT_EQ(ev.waits, 0);
   q.Abandon(*next);
   ev.done[events[1]] = true;
-  ASSERT_TRUE(q.Poll().ok());
+  ASSERT_THAT(q.Poll(), IsOk());
   EXPECT_EQ(q.in_flight(), 0u);
 }
 
@@ -157,7 +158,7 @@ TEST(InflightCopiesTest, AnEventErrorIsReturnedAndTheCopyRetired) {
   InflightCopies q(&ev, 1);
   int released = 0;
   auto e = q.Acquire();
-  ASSERT_TRUE(e.ok());
+  ASSERT_THAT(e, IsOk());
   q.Push(*e, std::shared_ptr<const void>(&ev, [&](const void*) { ++released; }));
   ev.fail = true;
   auto again = q.Acquire();
