@@ -25,6 +25,7 @@ PACKAGES=(
   python3-torch python3-torchvision libopenblas0-pthread python3-pytest python3-matplotlib
   ccache                         # compiler cache (build.sh uses it when present)
   clang libclang-rt-14-dev       # libFuzzer, ASan/UBSan, TSan runtimes (fuzz.sh, tsan.sh)
+  clang-format                   # scripts/check-format.sh (test.sh fails on unformatted C++)
 )
 
 missing=()

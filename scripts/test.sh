@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, builds with warnings as errors, runs the
+# The README's test command: installs what is missing, builds (warnings as errors), runs the
 # clang stages (docs/testing.md), then every test (unit, integration, chart validation). Ends
 # with ctest's summary line; any stage that fails makes the exit status non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-./scripts/build.sh -DZPS_WERROR=ON
+./scripts/build.sh  # the same configuration as scripts/main.sh: what it built is reused
+# Every tracked C++ file formatted as .clang-format says; a failure fails the run at the end.
+format_rc=0
+./scripts/check-format.sh || format_rc=$?
 # libFuzzer + ASan/UBSan: every fuzz target for ZPS_FUZZ_SECONDS (default 20) in a clang build
 # of the decoders (build-fuzz/; about 2 min of fuzzing plus its build). ZPS_SKIP_FUZZ=1 skips it.
 if [[ -z ${ZPS_SKIP_FUZZ:-} ]] && command -v clang++ >/dev/null 2>&1; then
@@ -22,4 +25,5 @@ fi
 cd "${ZPS_BUILD_DIR:-build}"
 main_rc=0
 ctest --output-on-failure --timeout 900 -j "${ZPS_TEST_JOBS:-2}" || main_rc=$?
-[[ $tsan_rc -eq 0 && $main_rc -eq 0 ]]
+[[ $format_rc -eq 0 ]] || echo "FAIL: scripts/check-format.sh exited $format_rc (the files are listed above)"
+[[ $format_rc -eq 0 && $tsan_rc -eq 0 && $main_rc -eq 0 ]]

@@ -53,9 +53,8 @@ MATCHER_P2(StatusIs, code, message_matcher,
                ::testing::DescribeMatcher<std::string>(message_matcher)) {
   const Status s = ::zps::StatusOfForMatcher(arg);
   *result_listener << "whose status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(::testing::SafeMatcherCast<const std::string&>(message_matcher))(
-             s.message());
+  return s.code() == code && ::testing::Matches(::testing::SafeMatcherCast<const std::string&>(
+                                 message_matcher))(s.message());
 }
 
 }  // namespace zps
