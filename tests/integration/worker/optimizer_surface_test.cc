@@ -105,7 +105,8 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
       }
     }
   }
-  _THAT(, IsOk()) auto ci = clients_[0]->AwaitCommit(0);
+  for (auto& c : clients_) ASSERT_THAT(c->FlushPushes(), IsOk());
+  auto ci = clients_[0]->AwaitCommit(0);
   ASSERT_THAT(ci, IsOk());
   ASSERT_FALSE(ci->skip);
   EXPECT_EQ(ci->optimizer_step, 1);

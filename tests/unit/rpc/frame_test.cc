@@ -180,6 +180,8 @@ TEST(Hello, ConstantTimeEquals) {
 }  // namespace
 }  // namespace zps
 
+using zps::IsOk;
+
 TEST(Messages, ReadMasterRoundTripAndBounds) {
   zps::msg::ReadMasterRequest q{7, 3, 64, 128};
   auto back = zps::msg::ReadMasterRequest::Decode(q.Encode());

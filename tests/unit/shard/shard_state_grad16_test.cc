@@ -147,7 +147,8 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
         }
       }
     }
-    _THAT(, IsOk()) auto rh = h.ReduceStep(step);
+    for (ShardState* s : {&h, &f}) ASSERT_THAT(s->WaitForGradients(step, 2000ms), IsOk());
+    auto rh = h.ReduceStep(step);
     auto rf = f.ReduceStep(step);
     ASSERT_TRUE(rh.ok() && rf.ok()) << rh.status().ToString() << rf.status().ToString();
     ASSERT_EQ(rh->size(), rf->size());
