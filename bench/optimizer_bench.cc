@@ -1,10 +1,11 @@
 // zps-bench optimizer: throughput of the fused optimizer pass and of the gradient-statistics
 // pass over a chunk far larger than the caches (default 64M parameters, ~1.3 GiB of buffers).
 //
-// Method (as ../shared/probes/adam_probe.c, so the figures compare): buffers are first-touched
-// by the same pool that runs the kernels, each case runs `steps` times, the first two are
-// warm-up, and the best remaining time is reported (the median too). Bytes per parameter count
-// what the pass must move: reads and writes of the arrays, not the read-for-ownership traffic.
+// Method (as the roofline probe bench/adam_roofline.c, so the figures compare): buffers are
+// first-touched by the same pool that runs the kernels, each case runs `steps` times, the first
+// two are warm-up, and the best remaining time is reported (the median too). Bytes per parameter
+// count what the pass must move: reads and writes of the arrays, not the read-for-ownership
+// traffic.
 #include <sys/mman.h>
 
 #include <algorithm>

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Optimizer figures side by side, in one run, on this machine:
-#   - ../shared/probes/adam_probe.c, the ceiling (a plain vectorised Adam; as fast as DeepSpeed's
-#     AVX-512 CPU-Adam here), at OMP_NUM_THREADS=1 and 2;
+#   - bench/adam_roofline.c, the ceiling (the roofline probe: a plain compiler-vectorised Adam
+#     over first-touched fp32 arrays, OpenMP; its adam_fp32 and adam_then_cast figures), at
+#     OMP_NUM_THREADS=1 and 2;
 #   - zps-bench optimizer (fused AdamW + 16-bit copy, grad stats) at 1 and 2 threads;
 #   - torch.optim.Adam (foreach) over the same parameter count, when torch is installed.
 # Runs are interleaved (probe, zps, torch for 1 thread, then for 2, and again for each round) so
@@ -28,13 +29,12 @@ if [[ ! -x $build/bin/zps-bench ]] || [[ ${REBUILD:-1} == 1 ]]; then
   cmake --build "$build" --target zps-bench >/dev/null
 fi
 
-probe_src=$root/../shared/probes/adam_probe.c
+probe_src=$root/bench/adam_roofline.c
 probe=""
-if [[ -f $probe_src ]]; then
-  cc -O3 -march=native -fno-math-errno -fopenmp "$probe_src" -o "$work/adam_probe" -lm
-  probe=$work/adam_probe
+if cc -O3 -march=native -fno-math-errno -fopenmp "$probe_src" -o "$work/adam_roofline" -lm; then
+  probe=$work/adam_roofline
 else
-  echo "# skip probe: $probe_src is missing" >&2
+  echo "# skip probe: $probe_src did not build (needs a C compiler with OpenMP and _Float16)" >&2
 fi
 
 # torch: Debian's python3-torch lives in the system python, which a pyenv shim may hide.

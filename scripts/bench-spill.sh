@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVMe spill figures side by side, in one run, in one directory:
 #   - fio (O_DIRECT, io_uring, 1 MiB blocks, iodepth 16), sequential write then read of 2 GiB:
-#     the ceiling (../shared/probes/README.md);
+#     the ceiling (the disk's own sequential bandwidth in the same directory);
 #   - zps-bench spill: sequential write and read passes through ChunkStore (io_uring, O_DIRECT,
 #     1 MiB requests, 16 in flight) and the full optimizer pass over spilled chunks.
 # Rounds alternate fio and zps so a noisy neighbour hits both; each figure is the median over
