@@ -32,7 +32,7 @@
 // Which mechanism to fetch with: AM rendezvous over tcp, RMA Get from a Context::Allocate()d
 // region over shared memory (docs/data-plane.md has the measurements).
 //
-// Security note (DESIGN.md, Planes): there is no UCX listener. Endpoints are created only from
+// Security note (docs/architecture.md): there is no UCX listener. Endpoints are created only from
 // worker addresses that the caller got over the authenticated control plane; the session token
 // travels in the AM header, which this layer does not interpret.
 #pragma once
