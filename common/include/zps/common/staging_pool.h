@@ -1,6 +1,6 @@
 // zps/common/staging_pool.h — reusable host buffers for the copies a transfer holds: a
-// worker's pushes (the API returns before the transfer), and a shard's 16-bit gradients, which
-// land in a staging buffer before they are converted into the fp32 slot.
+// worker's pushes (the API returns before the transfer), and, on a shard, pushes that are
+// received only to be dropped (a range pushed again after a restart).
 //
 // Allocating such a buffer fresh every time costs a page fault per 4 KiB page (glibc maps
 // large blocks with mmap and unmaps them on free), and zeroing it when made with
