@@ -7,7 +7,9 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "zps/common/crc32c.h"
 #include "zps/common/logging.h"
@@ -142,6 +144,20 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& dir, const CheckpointOpt
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = o.read_only ? rocksdb::DB::OpenForReadOnly(opt, dir, &raw)
                                   : rocksdb::DB::Open(opt, dir, &raw);
+  // A read-only open beside a live shard (zps-ckpt export of a running job) reads the MANIFEST,
+  // then opens the table files it lists; a compaction of the shard can delete one in between
+  // (RocksDB reports it as Corruption or PathNotFound: "No such file or directory"). Opening
+  // again reads the newer MANIFEST. A value read later from a blob file that the shard's garbage
+  // collection deleted since still fails, as an error of that read.
+  auto file_vanished = [](const rocksdb::Status& st) {
+    return st.IsPathNotFound() ||
+           (st.IsCorruption() && st.ToString().find("No such file") != std::string::npos);
+  };
+  for (int attempt = 1; o.read_only && attempt < 5 && file_vanished(s); ++attempt) {
+    ZPS_LOG(DEBUG) << "checkpoint store " << dir << ": " << s.ToString() << "; opening again";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
+    s = rocksdb::DB::OpenForReadOnly(opt, dir, &raw);
+  }
   if (!s.ok()) {
     if (s.IsInvalidArgument() && s.ToString().find("does not exist") != std::string::npos) {
       return NotFound("checkpoint store " + dir + ": " + s.ToString());
