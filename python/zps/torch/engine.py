@@ -24,7 +24,7 @@ from zps._errors import ZpsError, stale_step
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
 from zps.torch import construct
-from zps.torch.hooks import HookSet, Residency
+from zps.torch.hooks import GradientPusher, HookSet, Residency
 from zps.torch.params import ZParam, resize_storage, storage_bytes
 
 _SERVING = {"fp32": _native.F32, "fp16": _native.F16, "bf16": _native.BF16}
@@ -145,15 +145,17 @@ class Engine:
         # Pushes in flight are bounded to about prefetch_bytes of gradient copies.
         pieces = max(4, cfg.prefetch_bytes // (cfg.chunk_elems * 4) + 1)
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
-                             cfg.persistence_threshold, pieces, cuda_backend=cuda_device >= 0)
-        self.res.step = self.global_step
-        self.res.client_pre_reduced = cfg.reduction == "pre-reduced" and self.world > 1
+                             cfg.persistence_threshold, cuda_backend=cuda_device >= 0)
+        self.pusher = GradientPusher(
+            self.client, zparams, pieces, cuda_backend=cuda_device >= 0,
+            pre_reduced=cfg.reduction == "pre-reduced" and self.world > 1)
+        self.pusher.step = self.global_step
         self.micro = 0
         module_params = collections.OrderedDict()
         for m in module.modules():
             module_params[m] = [(n, by_param[id(p)]) for n, p in m._parameters.items()
                                 if p is not None]
-        self.hooks = HookSet(module, self.res, module_params)
+        self.hooks = HookSet(module, self.res, self.pusher, module_params)
         self.client.begin_step(self.global_step)
         module._zps_engine = self
         self._t_last = time.monotonic()
@@ -293,13 +295,14 @@ class Engine:
         optimizer_step, checkpoint, boundary. Between boundaries it returns {"step",
         "boundary": False} once this micro-batch's gradients are on their way."""
         self.hooks.end_step()
+        self.pusher.end_step()
         self.res.end_step()
         if not self.is_gradient_accumulation_boundary():
             self.micro += 1
-            self.res.micro = self.micro
+            self.pusher.micro = self.micro
             return {"step": self.global_step, "boundary": False}
         self.micro = 0
-        self.res.micro = 0
+        self.pusher.micro = 0
         try:
             self.client.flush()
         except ZpsError as e:
@@ -319,7 +322,7 @@ class Engine:
                "boundary": True}
         self.loss_scale = info.next_loss_scale
         self.global_step += 1
-        self.res.step = self.global_step
+        self.pusher.step = self.global_step
         self.client.begin_step(self.global_step)
         # The step that carries a checkpoint returns once it is durable on every shard (as
         # documented); other steps only collect a result that is already there.
