@@ -39,8 +39,8 @@ class BuildPy(build_py):
             return  # an editable install runs from the source tree, which finds the build tree
         for dest, src in NATIVE.items():
             if dest not in BUNDLED:
-                self.announce(f"zps: {src} does not exist (build zps first: ./scripts/build.sh); "
-                              "the package will look for it at run time", level=3)
+                self.warn(f"{src} does not exist (build zps first: ./scripts/build.sh); the "
+                          "package will look for it at run time")
                 continue
             target = pathlib.Path(self.build_lib) / "zps" / dest
             self.mkpath(str(target.parent))

@@ -150,7 +150,6 @@ class Residency:
                 self.release([zp])
 
 
-
 class GradientPusher:
     """The gradients of the step: each pushed once it is accumulated, a zero gradient for a
     trainable parameter that got none by the end of the step, and the pushes in flight bounded.
