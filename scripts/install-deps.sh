@@ -23,6 +23,8 @@ PACKAGES=(
   # zps.torch and its tests (Debian's /usr/bin/python3). Without libopenblas0-pthread, Debian's
   # libtorch falls back to the reference BLAS, about 30x slower for matmuls.
   python3-torch python3-torchvision libopenblas0-pthread python3-pytest python3-matplotlib
+  # pip install ./python offline (--no-build-isolation) into a venv, and its test
+  python3-venv python3-pip python3-setuptools python3-wheel
   ccache                         # compiler cache (build.sh uses it when present)
   clang libclang-rt-14-dev       # libFuzzer, ASan/UBSan, TSan runtimes (fuzz.sh, tsan.sh)
   clang-format                   # scripts/check-format.sh (test.sh fails on unformatted C++)

@@ -1,8 +1,9 @@
 """ctypes binding of libzps_c.so (python/native/zps_c.h): no torch, no Python C API.
 
-The library is found, in order, at $ZPS_NATIVE_LIB, next to this package (an installed copy),
-or in the build tree (`build/lib/libzps_c.so` beside `python/`). Every call that fails raises
-ZpsError with the C++ Status code and message.
+The library is found, in order, at $ZPS_NATIVE_LIB, next to this package (the copy an installed
+package carries: `pip install ./python` copies it from the build tree, python/setup.py), or in
+the build tree (`$ZPS_BUILD_DIR/lib/libzps_c.so`, by default `build/` beside `python/`). Every
+call that fails raises ZpsError with the C++ Status code and message.
 """
 
 import ctypes
@@ -63,7 +64,7 @@ def lib():
     path = library_path()
     if not path.exists():
         raise ZpsError("NOT_FOUND", f"libzps_c.so not found at {path}: build zps first "
-                       "(./scripts/build.sh) or set ZPS_NATIVE_LIB")
+                       "(./scripts/build.sh), or set ZPS_NATIVE_LIB or ZPS_BUILD_DIR")
     L = ctypes.CDLL(str(path))
     c_int, c_u32, c_i64, c_u64, c_p = (ctypes.c_int, ctypes.c_uint32, ctypes.c_int64,
                                         ctypes.c_uint64, ctypes.c_void_p)

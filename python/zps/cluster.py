@@ -4,7 +4,9 @@ training script itself when its config names no endpoint (as `zps-train` does wi
     with LocalCluster(shards=2) as cluster:
         cluster.endpoint, cluster.token   # what a worker connects with
 
-The servers run from the build tree (`build/bin/zps-server`), $ZPS_SERVER, or PATH. Their logs
+The server binary is, in order: $ZPS_SERVER, the copy an installed package carries
+(`zps/bin/zps-server`, setup.py), the build tree's (`$ZPS_BUILD_DIR/bin/zps-server`, by default
+`build/` beside `python/`), or `zps-server` on PATH. Their logs
 and data live in a temporary directory that is removed at close unless `keep_dir` is set. The
 cluster stops its shards on close(), at interpreter exit, and when the owning process dies
 (each shard gets PR_SET_PDEATHSIG), so a crashed script leaves no servers behind.
@@ -26,12 +28,16 @@ from zps._errors import ZpsError
 from zps.ports import free_ports
 
 
-def server_binary():
+def server_binary() -> str:
+    """The zps-server the embedded cluster runs (the order is in the module doc)."""
     env = os.environ.get("ZPS_SERVER")
     if env:
         return env
-    build = os.environ.get("ZPS_BUILD_DIR",
-                           str(pathlib.Path(__file__).resolve().parent.parent.parent / "build"))
+    here = pathlib.Path(__file__).resolve().parent
+    bundled = here / "bin" / "zps-server"
+    if bundled.exists():
+        return str(bundled)
+    build = os.environ.get("ZPS_BUILD_DIR", str(here.parent.parent / "build"))
     candidate = pathlib.Path(build) / "bin" / "zps-server"
     if candidate.exists():
         return str(candidate)
@@ -39,7 +45,7 @@ def server_binary():
     if found:
         return found
     raise ZpsError("NOT_FOUND", f"zps-server not found ({candidate}, $ZPS_SERVER, PATH): "
-                   "build zps first (./scripts/build.sh)")
+                   "build zps first (./scripts/build.sh), or set ZPS_SERVER or ZPS_BUILD_DIR")
 
 
 def _die_with_parent():

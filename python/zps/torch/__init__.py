@@ -14,4 +14,4 @@ from zps._errors import ZpsError
 from zps.torch.construct import init
 from zps.torch.engine import Engine, initialize
 
-__all__ = ["Engine", "ZpsError", "init", "initialize"]
+__all__: list[str] = ["Engine", "ZpsError", "init", "initialize"]

@@ -5,12 +5,74 @@ the "zps" section. A key zps does not have is an error naming it: nothing is sil
 (docs/pytorch.md, "Config").
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any, Union
 
 from zps._errors import ZpsError
+
+# Every default of the config, once, by key path (DeepSpeed's names; "zps." for zps's own). The
+# Config fields below take theirs from here, and load() fills an absent key from here: nothing
+# else in the package repeats a default.
+DEFAULTS: dict[str, Any] = {
+    "optimizer.type": "AdamW",
+    "optimizer.params.lr": 1e-3,
+    "optimizer.params.betas": (0.9, 0.999),
+    "optimizer.params.eps": 1e-8,
+    "optimizer.params.weight_decay": 0.0,
+    "optimizer.params.momentum": 0.0,
+    "optimizer.params.nesterov": False,
+    "optimizer.params.bias_correction": True,
+    "optimizer.params.adam_w_mode": True,
+    "optimizer.params.torch_adam": False,
+    "scheduler.type": "",
+    "gradient_clipping": 0.0,
+    "fp16.enabled": False,
+    "fp16.loss_scale": 0.0,
+    "fp16.initial_scale_power": 16,
+    "fp16.loss_scale_window": 1000,
+    "fp16.hysteresis": 1,
+    "fp16.min_loss_scale": 1.0,
+    "bf16.enabled": False,
+    "gradient_accumulation_steps": 1,
+    "train_micro_batch_size_per_gpu": 0,
+    "train_batch_size": 0,
+    "steps_per_print": 0,
+    "zero_optimization.stage": 3,
+    "zero_optimization.stage3_prefetch_bucket_size": 0,
+    "zero_optimization.stage3_max_live_parameters": 0,
+    "zero_optimization.stage3_param_persistence_threshold": 100000,
+    "zps.endpoint": "",
+    "zps.token_file": "",
+    "zps.shards": 2,
+    "zps.ucx_tls": "",
+    "zps.reduction": "server-sum",
+    "zps.fetch_strategy": "direct",
+    "zps.update": "sync",
+    "zps.gloo_hostname": "",
+    "zps.cuda_backend": "auto",
+    "zps.collectives": "auto",
+    "zps.serving_dtype": "",
+    "zps.max_live_bytes": 1 << 30,
+    "zps.prefetch_bytes": 256 << 20,
+    "zps.memory_budget": 0,
+    "zps.serving_budget": 0,
+    "zps.data_dir": "",
+    "zps.checkpoint_every": 0,
+    "zps.chunk_elems": 1 << 22,
+    "zps.op_timeout_s": 300.0,
+    "zps.connect_timeout_s": 60.0,
+    "zps.server_threads": 0,
+}
+
+_OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
+
+ConfigSource = Union[dict, str, "os.PathLike[str]", None]
+"""What initialize and init take as a config: a dict, the path of a JSON file, or None."""
 
 
 def _bad(path, why):
@@ -18,7 +80,8 @@ def _bad(path, why):
 
 
 class _Section:
-    """One JSON object: typed getters that record the keys read; finish() rejects the rest."""
+    """One JSON object: typed getters that record the keys read; finish() rejects the rest.
+    An absent key reads as its default in DEFAULTS."""
 
     def __init__(self, obj, path):
         if not isinstance(obj, dict):
@@ -28,12 +91,12 @@ class _Section:
     def has(self, key):
         return key in self.obj
 
-    def get(self, key, default, kind, lo=None, hi=None, choices=None):
+    def get(self, key, kind, lo=None, hi=None, choices=None):
         self.seen.add(key)
-        if key not in self.obj or self.obj[key] is None:
-            return default
-        v = self.obj[key]
         where = f"{self.path}.{key}"
+        if key not in self.obj or self.obj[key] is None:
+            return None if kind is dict else DEFAULTS[where.removeprefix("config.")]
+        v = self.obj[key]
         if kind is bool:
             if not isinstance(v, bool):
                 raise _bad(where, f"must be true or false, got {v!r}")
@@ -70,75 +133,80 @@ class _Section:
 
 @dataclass
 class Schedule:
-    type: str = ""            # "", WarmupLR, WarmupDecayLR, WarmupCosineLR
+    type: str = DEFAULTS["scheduler.type"]  # "", WarmupLR, WarmupDecayLR, WarmupCosineLR
     params: dict = field(default_factory=dict)
+
+
+_D = DEFAULTS
 
 
 @dataclass
 class Config:
+    """The parsed config. Each field's default is its key's entry in DEFAULTS."""
     # optimizer
-    optimizer: str = "adamw"          # adamw, adam (L2), sgd
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    nesterov: bool = False
-    bias_correction: bool = True
+    optimizer: str = _OPTIMIZERS[_D["optimizer.type"].lower()]  # adamw, adam (L2), sgd
+    lr: float = _D["optimizer.params.lr"]
+    betas: tuple = _D["optimizer.params.betas"]
+    eps: float = _D["optimizer.params.eps"]
+    weight_decay: float = _D["optimizer.params.weight_decay"]
+    momentum: float = _D["optimizer.params.momentum"]
+    nesterov: bool = _D["optimizer.params.nesterov"]
+    bias_correction: bool = _D["optimizer.params.bias_correction"]
     schedule: Schedule = field(default_factory=Schedule)
-    gradient_clipping: float = 0.0
+    gradient_clipping: float = _D["gradient_clipping"]
     # precision
-    fp16: bool = False
+    fp16: bool = _D["fp16.enabled"]
     dynamic_loss_scale: bool = True
-    initial_loss_scale: float = 2.0 ** 16
-    loss_scale_window: int = 1000
-    min_loss_scale: float = 1.0
-    bf16: bool = False
+    initial_loss_scale: float = 2.0 ** _D["fp16.initial_scale_power"]
+    loss_scale_window: int = _D["fp16.loss_scale_window"]
+    min_loss_scale: float = _D["fp16.min_loss_scale"]
+    bf16: bool = _D["bf16.enabled"]
     # batching
-    gradient_accumulation_steps: int = 1
-    train_micro_batch_size_per_gpu: int = 0
-    train_batch_size: int = 0
-    steps_per_print: int = 0
+    gradient_accumulation_steps: int = _D["gradient_accumulation_steps"]
+    train_micro_batch_size_per_gpu: int = _D["train_micro_batch_size_per_gpu"]
+    train_batch_size: int = _D["train_batch_size"]
+    steps_per_print: int = _D["steps_per_print"]
     # zero_optimization (DeepSpeed counts elements)
-    prefetch_elems: int = 0
-    max_live_elems: int = 0
-    persistence_threshold: int = 100000
+    prefetch_elems: int = _D["zero_optimization.stage3_prefetch_bucket_size"]
+    max_live_elems: int = _D["zero_optimization.stage3_max_live_parameters"]
+    persistence_threshold: int = _D["zero_optimization.stage3_param_persistence_threshold"]
     # zps
-    endpoint: str = ""
-    token_file: str = ""
-    shards: int = 2
-    ucx_tls: str = ""
-    reduction: str = "server-sum"     # or pre-reduced: the ranks reduce-scatter (Gloo) first
-    fetch_strategy: str = "direct"    # or bandwidth-centric: fetch a slice, all-gather
-    update: str = "sync"              # or speculative: the shards update each chunk as soon as
-                                      # its gradient is complete (bit-identical to sync)
-    gloo_hostname: str = ""
-    cuda_backend: str = "auto"        # CUDA parameters: auto (the backend where it loads), on, off
-    collectives: str = "auto"         # pre-reduced device gradients: auto (NCCL), gloo, nccl
-    serving_dtype: str = ""           # "" = from fp16/bf16 (fp16, bf16), else bf16
-    max_live_bytes: int = 1 << 30
-    prefetch_bytes: int = 256 << 20
-    memory_budget: int = 0
-    serving_budget: int = 0
-    data_dir: str = ""
-    checkpoint_every: int = 0
-    chunk_elems: int = 1 << 22
-    op_timeout_s: float = 300.0
-    connect_timeout_s: float = 60.0
-    server_threads: int = 0
+    endpoint: str = _D["zps.endpoint"]
+    token_file: str = _D["zps.token_file"]
+    shards: int = _D["zps.shards"]
+    ucx_tls: str = _D["zps.ucx_tls"]
+    reduction: str = _D["zps.reduction"]  # or pre-reduced: the ranks reduce-scatter (Gloo) first
+    fetch_strategy: str = _D["zps.fetch_strategy"]  # or bandwidth-centric: a slice, all-gather
+    update: str = _D["zps.update"]  # or speculative: the shards update each chunk as soon as its
+                                    # gradient is complete (bit-identical to sync)
+    gloo_hostname: str = _D["zps.gloo_hostname"]
+    cuda_backend: str = _D["zps.cuda_backend"]  # CUDA parameters: auto (the backend where it
+                                                # loads), on, off
+    collectives: str = _D["zps.collectives"]  # pre-reduced device gradients: auto (NCCL), gloo,
+                                              # nccl
+    serving_dtype: str = _D["zps.serving_dtype"]  # "" = from fp16/bf16 (fp16, bf16), else bf16
+    max_live_bytes: int = _D["zps.max_live_bytes"]
+    prefetch_bytes: int = _D["zps.prefetch_bytes"]
+    memory_budget: int = _D["zps.memory_budget"]
+    serving_budget: int = _D["zps.serving_budget"]
+    data_dir: str = _D["zps.data_dir"]
+    checkpoint_every: int = _D["zps.checkpoint_every"]
+    chunk_elems: int = _D["zps.chunk_elems"]
+    op_timeout_s: float = _D["zps.op_timeout_s"]
+    connect_timeout_s: float = _D["zps.connect_timeout_s"]
+    server_threads: int = _D["zps.server_threads"]
     shards_given: bool = False
     endpoint_given: bool = False
 
-    def serving(self):
+    def serving(self) -> str:
         if self.serving_dtype:
             return self.serving_dtype
         return "fp16" if self.fp16 else "bf16"
 
-    def grad_dtype(self):
+    def grad_dtype(self) -> str:
         return "fp16" if self.fp16 else "fp32"
 
 
-_OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 _SCHEDULE_KEYS = {
     "WarmupLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                  "last_batch_iteration"},
@@ -149,7 +217,7 @@ _SCHEDULE_KEYS = {
 }
 
 
-def load(config):
+def load(config: ConfigSource) -> Config:
     """Parses `config` (a dict, or the path of a JSON file) into a Config. Raises ZpsError."""
     if isinstance(config, (str, os.PathLike)):
         try:
@@ -162,36 +230,36 @@ def load(config):
     root = _Section(config, "config")
     c = Config()
 
-    opt = root.get("optimizer", None, dict)
+    opt = root.get("optimizer", dict)
     if opt is not None:
-        kind = opt.get("type", "AdamW", str)
+        kind = opt.get("type", str)
         if kind.lower() not in _OPTIMIZERS:
             raise _bad("optimizer.type", f"zps has Adam, AdamW and SGD, not {kind!r}")
-        params = opt.get("params", None, dict) or _Section({}, "config.optimizer.params")
-        c.lr = params.get("lr", c.lr, float, 0.0)
-        c.weight_decay = params.get("weight_decay", c.weight_decay, float, 0.0)
+        params = opt.get("params", dict) or _Section({}, "config.optimizer.params")
+        c.lr = params.get("lr", float, 0.0)
+        c.weight_decay = params.get("weight_decay", float, 0.0)
         c.optimizer = _OPTIMIZERS[kind.lower()]
         if c.optimizer == "sgd":
-            c.momentum = params.get("momentum", c.momentum, float, 0.0, 0.999999)
-            c.nesterov = params.get("nesterov", c.nesterov, bool)
+            c.momentum = params.get("momentum", float, 0.0, 0.999999)
+            c.nesterov = params.get("nesterov", bool)
         else:
-            betas = params.get("betas", list(c.betas), list)
+            betas = params.get("betas", list)
             if len(betas) != 2 or not all(isinstance(b, (int, float)) for b in betas):
                 raise _bad("optimizer.params.betas", f"must be two numbers, got {betas!r}")
             c.betas = (float(betas[0]), float(betas[1]))
-            c.eps = params.get("eps", c.eps, float, 0.0)
-            c.bias_correction = params.get("bias_correction", True, bool)
+            c.eps = params.get("eps", float, 0.0)
+            c.bias_correction = params.get("bias_correction", bool)
             # DeepSpeed's "Adam" is decoupled (AdamW) unless adam_w_mode is false.
-            if c.optimizer == "adam" and params.get("adam_w_mode", True, bool):
+            if c.optimizer == "adam" and params.get("adam_w_mode", bool):
                 c.optimizer = "adamw"
-            params.get("torch_adam", False, bool)  # same update either way on the servers
+            params.get("torch_adam", bool)  # same update either way on the servers
         params.finish()
         opt.finish()
 
-    sch = root.get("scheduler", None, dict)
+    sch = root.get("scheduler", dict)
     if sch is not None:
-        kind = sch.get("type", "", str, choices=sorted(_SCHEDULE_KEYS))
-        params = sch.get("params", None, dict) or _Section({}, "config.scheduler.params")
+        kind = sch.get("type", str, choices=sorted(_SCHEDULE_KEYS))
+        params = sch.get("params", dict) or _Section({}, "config.scheduler.params")
         for key in params.obj:
             if key not in _SCHEDULE_KEYS[kind]:
                 raise ZpsError("INVALID_ARGUMENT", f"config key config.scheduler.params.{key} is "
@@ -204,72 +272,69 @@ def load(config):
                                      if k != "last_batch_iteration"})
         sch.finish()
 
-    c.gradient_clipping = root.get("gradient_clipping", 0.0, float, 0.0)
+    c.gradient_clipping = root.get("gradient_clipping", float, 0.0)
 
-    fp16 = root.get("fp16", None, dict)
+    fp16 = root.get("fp16", dict)
     if fp16 is not None:
-        c.fp16 = fp16.get("enabled", False, bool)
-        scale = fp16.get("loss_scale", 0.0, float, 0.0)
+        c.fp16 = fp16.get("enabled", bool)
+        scale = fp16.get("loss_scale", float, 0.0)
         if scale != 0.0:
             raise _bad("fp16.loss_scale", "zps scales dynamically (0); a static scale is not "
                        "a zps option")
-        c.initial_loss_scale = 2.0 ** fp16.get("initial_scale_power", 16, int, 0, 60)
-        c.loss_scale_window = fp16.get("loss_scale_window", 1000, int, 1)
-        hysteresis = fp16.get("hysteresis", 1, int, 1)
+        c.initial_loss_scale = 2.0 ** fp16.get("initial_scale_power", int, 0, 60)
+        c.loss_scale_window = fp16.get("loss_scale_window", int, 1)
+        hysteresis = fp16.get("hysteresis", int, 1)
         if hysteresis != 1:
             raise _bad("fp16.hysteresis", "zps lowers the scale at the first overflow (1); "
                        f"hysteresis {hysteresis} is not a zps option")
-        c.min_loss_scale = fp16.get("min_loss_scale", 1.0, float, 0.0)
+        c.min_loss_scale = fp16.get("min_loss_scale", float, 0.0)
         fp16.finish()
-    bf16 = root.get("bf16", None, dict)
+    bf16 = root.get("bf16", dict)
     if bf16 is not None:
-        c.bf16 = bf16.get("enabled", False, bool)
+        c.bf16 = bf16.get("enabled", bool)
         bf16.finish()
     if c.fp16 and c.bf16:
         raise _bad("fp16.enabled", "fp16 and bf16 cannot both be enabled")
 
-    c.gradient_accumulation_steps = root.get("gradient_accumulation_steps", 1, int, 1, 1 << 16)
-    c.train_micro_batch_size_per_gpu = root.get("train_micro_batch_size_per_gpu", 0, int, 0)
-    c.train_batch_size = root.get("train_batch_size", 0, int, 0)
-    c.steps_per_print = root.get("steps_per_print", 0, int, 0)
+    c.gradient_accumulation_steps = root.get("gradient_accumulation_steps", int, 1, 1 << 16)
+    c.train_micro_batch_size_per_gpu = root.get("train_micro_batch_size_per_gpu", int, 0)
+    c.train_batch_size = root.get("train_batch_size", int, 0)
+    c.steps_per_print = root.get("steps_per_print", int, 0)
 
-    zero = root.get("zero_optimization", None, dict)
+    zero = root.get("zero_optimization", dict)
     if zero is not None:
-        stage = zero.get("stage", 3, int)
+        stage = zero.get("stage", int)
         if stage != 3:
             raise _bad("zero_optimization.stage", f"zps partitions like ZeRO stage 3, not {stage}")
-        c.prefetch_elems = zero.get("stage3_prefetch_bucket_size", 0, int, 0)
-        c.max_live_elems = zero.get("stage3_max_live_parameters", 0, int, 0)
-        c.persistence_threshold = zero.get("stage3_param_persistence_threshold",
-                                           c.persistence_threshold, int, 0)
+        c.prefetch_elems = zero.get("stage3_prefetch_bucket_size", int, 0)
+        c.max_live_elems = zero.get("stage3_max_live_parameters", int, 0)
+        c.persistence_threshold = zero.get("stage3_param_persistence_threshold", int, 0)
         zero.finish()
 
-    z = root.get("zps", None, dict)
+    z = root.get("zps", dict)
     if z is not None:
-        c.endpoint = z.get("endpoint", "", str)
-        c.token_file = z.get("token_file", "", str)
+        c.endpoint = z.get("endpoint", str)
+        c.token_file = z.get("token_file", str)
         c.shards_given = z.has("shards")
-        c.shards = z.get("shards", c.shards, int, 1, 256)
-        c.ucx_tls = z.get("ucx_tls", "", str)
-        c.reduction = z.get("reduction", c.reduction, str, choices=["server-sum", "pre-reduced"])
-        c.fetch_strategy = z.get("fetch_strategy", c.fetch_strategy, str,
-                                 choices=["direct", "bandwidth-centric"])
-        c.update = z.get("update", c.update, str, choices=["sync", "speculative"])
-        c.gloo_hostname = z.get("gloo_hostname", "", str)
-        c.cuda_backend = z.get("cuda_backend", c.cuda_backend, str, choices=["auto", "on", "off"])
-        c.collectives = z.get("collectives", c.collectives, str,
-                              choices=["auto", "gloo", "nccl"])
-        c.serving_dtype = z.get("serving_dtype", "", str, choices=["bf16", "fp16", "fp32"])
-        c.max_live_bytes = z.get("max_live_bytes", c.max_live_bytes, int, 0)
-        c.prefetch_bytes = z.get("prefetch_bytes", c.prefetch_bytes, int, 0)
-        c.memory_budget = z.get("memory_budget", 0, int, 0)
-        c.serving_budget = z.get("serving_budget", 0, int, 0)
-        c.data_dir = z.get("data_dir", "", str)
-        c.checkpoint_every = z.get("checkpoint_every", 0, int, 0)
-        c.chunk_elems = z.get("chunk_elems", c.chunk_elems, int, 64)
-        c.op_timeout_s = z.get("op_timeout_s", c.op_timeout_s, float, 0.001)
-        c.connect_timeout_s = z.get("connect_timeout_s", c.connect_timeout_s, float, 0.001)
-        c.server_threads = z.get("server_threads", 0, int, 0)
+        c.shards = z.get("shards", int, 1, 256)
+        c.ucx_tls = z.get("ucx_tls", str)
+        c.reduction = z.get("reduction", str, choices=["server-sum", "pre-reduced"])
+        c.fetch_strategy = z.get("fetch_strategy", str, choices=["direct", "bandwidth-centric"])
+        c.update = z.get("update", str, choices=["sync", "speculative"])
+        c.gloo_hostname = z.get("gloo_hostname", str)
+        c.cuda_backend = z.get("cuda_backend", str, choices=["auto", "on", "off"])
+        c.collectives = z.get("collectives", str, choices=["auto", "gloo", "nccl"])
+        c.serving_dtype = z.get("serving_dtype", str, choices=["bf16", "fp16", "fp32"])
+        c.max_live_bytes = z.get("max_live_bytes", int, 0)
+        c.prefetch_bytes = z.get("prefetch_bytes", int, 0)
+        c.memory_budget = z.get("memory_budget", int, 0)
+        c.serving_budget = z.get("serving_budget", int, 0)
+        c.data_dir = z.get("data_dir", str)
+        c.checkpoint_every = z.get("checkpoint_every", int, 0)
+        c.chunk_elems = z.get("chunk_elems", int, 64)
+        c.op_timeout_s = z.get("op_timeout_s", float, 0.001)
+        c.connect_timeout_s = z.get("connect_timeout_s", float, 0.001)
+        c.server_threads = z.get("server_threads", int, 0)
         z.finish()
     root.finish()
 

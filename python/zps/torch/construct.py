@@ -13,6 +13,8 @@ built. The file is written with plain write() calls, so its pages are page cache
 process's resident memory.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import os
@@ -22,6 +24,7 @@ import threading
 import torch
 
 from zps._errors import ZpsError
+from zps.torch import config as config_mod
 from zps.torch.params import resize_storage, storage_bytes
 
 _state = threading.local()
@@ -104,7 +107,9 @@ def _subclasses(cls):
 
 
 class _Init:
-    def __init__(self, directory=None):
+    """The context `init` returns."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self.staging = StagingFile(directory)
         self.patched = []
         self.touched = {}          # id(param) -> param read back during construction
@@ -144,7 +149,7 @@ class _Init:
             del self.touched[pid]
         object.__setattr__(module, "_zps_staging", self.staging)
 
-    def __enter__(self):
+    def __enter__(self) -> _Init:
         if getattr(_state, "active", None) is not None:
             raise ZpsError("FAILED_PRECONDITION", "zt.init contexts do not nest")
         _state.active = self
@@ -170,7 +175,7 @@ class _Init:
         torch.nn.Module.__getattr__ = __getattr__
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for cls, orig in reversed(self.patched):
             cls.__init__ = orig
         self.patched = []
@@ -185,12 +190,12 @@ class _Init:
         _state.active = None
 
 
-def init(config=None, staging_dir=None):
+def init(config: config_mod.ConfigSource = None,
+         staging_dir: str | os.PathLike[str] | None = None) -> _Init:
     """Context manager: modules built inside keep no parameter data in memory (see module doc).
     `config` is accepted for symmetry with DeepSpeed's zero.Init(config_dict_or_path=...) and
     checked; staging_dir defaults to $TMPDIR."""
     if config is not None:
-        from zps.torch import config as config_mod
         config_mod.load(config)
     return _Init(staging_dir)
 

@@ -9,13 +9,16 @@ After initialize the model holds no parameter data: its Parameters keep identity
 values live on the shards, and hooks fetch them around each use (zps.torch.hooks).
 """
 
+from __future__ import annotations
+
 import collections
 import json
+import logging
 import os
-import sys
 import threading
 import time
 import warnings
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -24,10 +27,15 @@ from zps._errors import ZpsError, stale_step
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
 from zps.torch import construct
-from zps.torch.hooks import HookSet, Residency
+from zps.torch.hooks import GradientPusher, HookSet, Residency
 from zps.torch.params import ZParam, resize_storage, storage_bytes
 
 _SERVING = {"fp32": _native.F32, "fp16": _native.F16, "bf16": _native.BF16}
+
+_log = logging.getLogger(__name__)
+
+# torch.optim-style parameter groups: [{"params": [...], "lr": ..., "weight_decay": ...}].
+ParamGroups = Optional[Iterable[dict[str, Any]]]
 
 
 def _unique_params(model):
@@ -79,12 +87,24 @@ def _groups_of(model_params, param_groups, cfg):
 class Engine:
     """One rank of a zps job training `module`. One training thread drives it."""
 
-    def __init__(self, module, config, param_groups=None):
+    module: torch.nn.Module
+    config: config_mod.Config
+    rank: int
+    world: int
+    global_step: int        # the step to train next (after a resume, the servers' step)
+    loss_scale: float       # the fp16 loss scale backward() multiplies by
+    last_checkpoint_step: int
+    closed: bool
+
+    def __init__(self, module: torch.nn.Module, config: config_mod.ConfigSource,
+                 param_groups: ParamGroups = None) -> None:
         if getattr(module, "_zps_engine", None) is not None:
             raise ZpsError("FAILED_PRECONDITION", "this module is already initialized with "
                            "zps.torch; call initialize once per module")
         self.module = module
         self.config = cfg = config_mod.load(config)
+        if cfg.steps_per_print:
+            _show_progress()
         self.rank, self.world = _dist_env()
         self.cluster = None
         self._checkpoint_thread = None
@@ -145,15 +165,17 @@ class Engine:
         # Pushes in flight are bounded to about prefetch_bytes of gradient copies.
         pieces = max(4, cfg.prefetch_bytes // (cfg.chunk_elems * 4) + 1)
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
-                             cfg.persistence_threshold, pieces, cuda_backend=cuda_device >= 0)
-        self.res.step = self.global_step
-        self.res.client_pre_reduced = cfg.reduction == "pre-reduced" and self.world > 1
+                             cfg.persistence_threshold, cuda_backend=cuda_device >= 0)
+        self.pusher = GradientPusher(
+            self.client, zparams, pieces, cuda_backend=cuda_device >= 0,
+            pre_reduced=cfg.reduction == "pre-reduced" and self.world > 1)
+        self.pusher.step = self.global_step
         self.micro = 0
         module_params = collections.OrderedDict()
         for m in module.modules():
             module_params[m] = [(n, by_param[id(p)]) for n, p in m._parameters.items()
                                 if p is not None]
-        self.hooks = HookSet(module, self.res, module_params)
+        self.hooks = HookSet(module, self.res, self.pusher, module_params)
         self.client.begin_step(self.global_step)
         module._zps_engine = self
         self._t_last = time.monotonic()
@@ -272,34 +294,35 @@ class Engine:
             self.cluster = None
 
     # ---- the loop ----
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     forward = __call__
 
-    def backward(self, loss):
+    def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), scaled by the fp16 loss scale when fp16 is on."""
         if self.config.fp16:
             loss = loss * self.loss_scale
         loss.backward()
 
-    def is_gradient_accumulation_boundary(self):
+    def is_gradient_accumulation_boundary(self) -> bool:
         return self.micro + 1 == self.config.gradient_accumulation_steps
 
-    def step(self):
+    def step(self) -> dict[str, Any]:
         """Ends this rank's micro-batch. At a gradient accumulation boundary (every call when
         gradient_accumulation_steps is 1) it waits for the servers' commit and moves to the next
         step, returning a dict: step, skipped, grad_norm, loss_scale, grad_scale,
         optimizer_step, checkpoint, boundary. Between boundaries it returns {"step",
         "boundary": False} once this micro-batch's gradients are on their way."""
         self.hooks.end_step()
+        self.pusher.end_step()
         self.res.end_step()
         if not self.is_gradient_accumulation_boundary():
             self.micro += 1
-            self.res.micro = self.micro
+            self.pusher.micro = self.micro
             return {"step": self.global_step, "boundary": False}
         self.micro = 0
-        self.res.micro = 0
+        self.pusher.micro = 0
         try:
             self.client.flush()
         except ZpsError as e:
@@ -308,9 +331,9 @@ class Engine:
             # are refused as stale, and the decision below is the step's.
             if not stale_step(e):
                 raise
-            print(f"zps.torch rank {self.rank}: step {self.global_step} was decided with this "
-                  f"rank's earlier pushes (its process before a restart); taking the decision",
-                  file=sys.stderr, flush=True)
+            _log.warning("zps.torch rank %d: step %d was decided with this rank's earlier "
+                         "pushes (its process before a restart); taking the decision",
+                         self.rank, self.global_step)
         info = self.client.await_commit(self.global_step)
         self.client.end_step()
         out = {"step": info.step, "skipped": bool(info.skip), "grad_norm": info.global_norm,
@@ -319,32 +342,32 @@ class Engine:
                "boundary": True}
         self.loss_scale = info.next_loss_scale
         self.global_step += 1
-        self.res.step = self.global_step
+        self.pusher.step = self.global_step
         self.client.begin_step(self.global_step)
         # The step that carries a checkpoint returns once it is durable on every shard (as
         # documented); other steps only collect a result that is already there.
         self._finish_checkpoint(wait=bool(info.checkpoint))
         if self.config.steps_per_print and self.global_step % self.config.steps_per_print == 0:
             now = time.monotonic()
-            print(f"zps.torch rank {self.rank}: step {info.step} grad_norm {info.global_norm:.4g} "
-                  f"resident {self.resident_param_bytes()} B "
-                  f"({now - self._t_last:.2f} s since last print)", flush=True)
+            _log.info("zps.torch rank %d: step %d grad_norm %.4g resident %d B (%.2f s since "
+                      "last print)", self.rank, info.step, info.global_norm,
+                      self.resident_param_bytes(), now - self._t_last)
             self._t_last = now
         return out
 
     # ---- state ----
-    def resident_param_bytes(self):
+    def resident_param_bytes(self) -> int:
         """Parameter bytes this process holds now: the parameters' live storage plus the
         fetched buffers the prefetcher keeps (<= zps.max_live_bytes)."""
         return self.res.live_bytes + self.client.stats().live_bytes
 
-    def stats(self):
+    def stats(self) -> dict[str, int]:
         s = self.client.stats()
         return {k: getattr(s, k) for k, _ in s._fields_} | {
             "param_live_bytes": self.res.live_bytes,
             "param_peak_live_bytes": self.res.peak_live_bytes}
 
-    def state_dict(self):
+    def state_dict(self) -> collections.OrderedDict[str, torch.Tensor]:
         """Full weights read from the servers, under exactly the keys of module.state_dict()
         (buffers from the worker, a tied parameter under each of its names): the shards' fp32
         masters at the current step, whatever the serving dtype, cast to each parameter's
@@ -363,7 +386,7 @@ class Engine:
             out[key] = values[zp.id]
         return out
 
-    def save_checkpoint(self, wait_timeout_s=600.0):
+    def save_checkpoint(self, wait_timeout_s: float = 600.0) -> None:
         """Asks the servers for a checkpoint at the end of the step in progress (the next
         engine.step()), durable on every shard once that step is committed. Returns at once; the
         next step() waits for it and raises if it failed. Needs shards with a data dir
@@ -410,7 +433,7 @@ class Engine:
         self.last_checkpoint_step = result["step"]
         return result["step"]
 
-    def close(self):
+    def close(self) -> None:
         """Restores the module's class and hooks (its parameters stay released), leaves the job,
         and stops the embedded cluster if this rank started one."""
         if self.closed:
@@ -421,14 +444,15 @@ class Engine:
         self._stop_cluster()
         self.module._zps_engine = None
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def initialize(model, config=None, param_groups=None, model_parameters=None):
+def initialize(model: torch.nn.Module, config: config_mod.ConfigSource = None,
+               param_groups: ParamGroups = None, model_parameters: ParamGroups = None) -> Engine:
     """Puts `model`'s parameters on zps and returns the Engine that trains it.
 
     config: a dict or the path of a JSON file, in DeepSpeed's key names (docs/pytorch.md).
@@ -438,3 +462,12 @@ def initialize(model, config=None, param_groups=None, model_parameters=None):
     UNAUTHENTICATED (token), FAILED_PRECONDITION (initialized twice, another job's spec).
     """
     return Engine(model, config, param_groups if param_groups is not None else model_parameters)
+
+
+def _show_progress() -> None:
+    """steps_per_print asks for progress lines, logged at INFO: where the application set no
+    level for the "zps" loggers, INFO is theirs from now on (the application's own level on
+    "zps" wins)."""
+    top = logging.getLogger("zps")
+    if top.level == logging.NOTSET:
+        top.setLevel(logging.INFO)

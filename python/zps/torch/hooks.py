@@ -11,32 +11,37 @@
   until the end of the step.
 - Small parameters (below the persistence threshold) are held from their first use to the end
   of the step. Everything still held is released at the step's end (`Residency.end_step`).
+
+Two classes with one job each, wired together by HookSet: `Residency` holds parameter storage
+(fetch on acquire, free on the last release), `GradientPusher` sends gradients (push on
+accumulation, zeros for the unused at the step's end, backpressure on the pushes in flight).
 """
+
+from __future__ import annotations
 
 import os
 
 import torch
 
+from zps import _native
 from zps._errors import ZpsError, stale_step
 from zps.torch.params import ZParam, ZPS_TO_TORCH, TORCH_TO_ZPS, host_view
 
 
 class Residency:
-    """Which parameters hold storage, and the pushes of the step. One training thread."""
+    """Which parameters hold storage: fetched on acquire, released when the last hold goes.
+    One training thread."""
 
-    def __init__(self, client, zparams, by_param, serving_code, persistence_threshold,
-                 max_pending_pieces=64, cuda_backend=False):
+    def __init__(self, client: _native.Client, zparams: list[ZParam],
+                 by_param: dict[int, ZParam], serving_code: int, persistence_threshold: int,
+                 cuda_backend: bool = False) -> None:
         self.client = client
-        # CUDA parameters through the CUDA backend (pinned slots, copy stream, device pushes);
+        # CUDA parameters through the CUDA backend (pinned slots, copy stream);
         # False: staged on the host and copied on the current stream.
         self.cuda_backend = cuda_backend
-        self.client_pre_reduced = False  # set by the engine: device gradients are overwritten
-        self.max_pending_pieces = max_pending_pieces
         self.zparams = zparams          # by id
         self.by_param = by_param        # id(Parameter) -> ZParam
         self.serving_code = serving_code
-        self.step = 0
-        self.micro = 0          # micro-batch of the step (gradient accumulation)
         self.live_bytes = 0
         self.peak_live_bytes = 0
         # Tests: take CPU parameters through the host-staging path that CUDA parameters use
@@ -45,8 +50,7 @@ class Residency:
         for zp in zparams:
             zp.persistent = zp.numel < persistence_threshold
 
-    # ---- residency ----
-    def acquire(self, zps):
+    def acquire(self, zps: list[ZParam]) -> None:
         need = [zp for zp in zps if zp.refs == 0]
         if need:
             self._fill(need)
@@ -56,7 +60,7 @@ class Residency:
                 zp.step_hold = True
                 zp.refs += 1
 
-    def release(self, zps):
+    def release(self, zps: list[ZParam]) -> None:
         for zp in zps:
             if zp.refs <= 0:
                 raise ZpsError("INTERNAL", f"parameter {zp.names[0]} released more than acquired")
@@ -65,7 +69,7 @@ class Residency:
                 zp.free()
                 self.live_bytes -= zp.nbytes
 
-    def hold_for_step(self, zp):
+    def hold_for_step(self, zp: ZParam) -> None:
         """Acquires `zp` until end_step (a read outside its module's forward)."""
         if not zp.step_hold:
             self.acquire([zp])
@@ -134,8 +138,37 @@ class Residency:
             for zp, t in temps:
                 zp.param.data.copy_(t.view(zp.shape))
 
-    # ---- gradients ----
-    def on_accumulated(self, zp):
+    def end_step(self) -> None:
+        """Releases every hold (the step is over)."""
+        self.release_all()
+
+    def release_all(self) -> None:
+        for zp in self.zparams:
+            zp.step_hold = False
+            if zp.refs > 0:
+                zp.refs = 1
+                self.release([zp])
+
+
+class GradientPusher:
+    """The gradients of the step: each pushed once it is accumulated, a zero gradient for a
+    trainable parameter that got none by the end of the step, and the pushes in flight bounded.
+    Holds no parameter storage (Residency does). One training thread."""
+
+    def __init__(self, client: _native.Client, zparams: list[ZParam], max_pending_pieces: int,
+                 cuda_backend: bool = False, pre_reduced: bool = False) -> None:
+        self.client = client
+        # CUDA gradients pushed from device memory through the CUDA backend; False: copied to
+        # the host first.
+        self.cuda_backend = cuda_backend
+        # Pre-reduced across ranks: the C API overwrites device gradients (reduce-scatter).
+        self.client_pre_reduced = pre_reduced
+        self.max_pending_pieces = max_pending_pieces
+        self.zparams = zparams          # by id
+        self.step = 0
+        self.micro = 0          # micro-batch of the step (gradient accumulation)
+
+    def on_accumulated(self, zp: ZParam) -> None:
         zp.accumulated += 1
         if zp.pushed:
             raise ZpsError("FAILED_PRECONDITION", f"parameter {zp.names[0]} got a second gradient "
@@ -188,23 +221,16 @@ class Residency:
         zp.pushed = True
         zp.param.grad = None
 
-    def end_step(self):
+    def end_step(self) -> None:
         """Pushes what is still unpushed (a zero gradient for trainable parameters that got none
-        this step: the servers expect every byte), and releases every hold."""
+        this step: the servers expect every byte); the next micro-batch starts with none
+        pushed."""
         for zp in self.zparams:
             if zp.trainable and not zp.pushed:
                 self._push(zp, zero=zp.param.grad is None)
-        self.release_all()
         for zp in self.zparams:
             zp.accumulated = 0
             zp.pushed = False
-
-    def release_all(self):
-        for zp in self.zparams:
-            zp.step_hold = False
-            if zp.refs > 0:
-                zp.refs = 1
-                self.release([zp])
 
 
 class _PreBackward(torch.autograd.Function):
@@ -260,8 +286,10 @@ def _map_tensors(obj, fn):
 class HookSet:
     """The hooks installed on one model; remove() takes every one of them off."""
 
-    def __init__(self, model, residency, module_params):
+    def __init__(self, model: torch.nn.Module, residency: Residency, pusher: GradientPusher,
+                 module_params: dict[torch.nn.Module, list[tuple[str, ZParam]]]) -> None:
         self.res = residency
+        self.pusher = pusher
         self.module_params = module_params   # module -> [(name, ZParam)] of its own parameters
         self.handles = []
         self.bwd_held = {}                   # module -> number of backward acquires
@@ -282,7 +310,7 @@ class HookSet:
                 acc = zp.acc_node
                 self.handles.append(acc.register_hook(self._grad_hook(zp)))
 
-    def remove(self):
+    def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -335,7 +363,7 @@ class HookSet:
 
     def _grad_hook(self, zp):
         def hook(grad_inputs, grad_outputs):
-            self.res.on_accumulated(zp)
+            self.pusher.on_accumulated(zp)
             for m in self.owners.get(zp.id, ()):
                 pending = self.bwd_pending.get(m)
                 if pending is not None:
