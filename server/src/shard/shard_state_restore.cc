@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "shard/chunk_layout.h"
+#include "shard/shard_chunk.h"
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
 
@@ -32,7 +34,8 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
         }));
   }
   for (const Chunk& c : chunks_) {
-    ZPS_RETURN_IF_ERROR(fn(c.id, version, c.master.span(), c.m.span(), c.v.span()));
+    const ConstChunkState st = c.state.spans();
+    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, st.m, st.v));
   }
   return Status::Ok();
 }
@@ -76,8 +79,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       c.spare = -1;
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
-      ResetCoverage(c);
-      if (slots.ok()) slots = FreshSlots(c);
+      c.slots.ResetCoverage();
+      if (slots.ok()) slots = c.slots.Fresh();
       c.version = -1;  // nothing is served until the state is back
     }
     for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
@@ -117,15 +120,14 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     if (store_) break;
     c.serving = ServingFor(c, version);  // the bank of the version restored
     if (version < 0) {
-      std::fill(c.master.span().begin(), c.master.span().end(), 0.0f);
-      std::fill(c.m.span().begin(), c.m.span().end(), 0.0f);
-      std::fill(c.v.span().begin(), c.v.span().end(), 0.0f);
+      c.state.Zero();
       std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
       MirrorServing(c);
       continue;
     }
-    ZPS_RETURN_IF_ERROR(load(c.id, c.master.span(), c.m.span(), c.v.span()));
-    ToServing(c.master.span(), c.serving);
+    const ChunkState st = c.state.spans();
+    ZPS_RETURN_IF_ERROR(load(c.id, st.master, st.m, st.v));
+    ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
   if (version >= 1) {
@@ -149,9 +151,9 @@ Status ShardState::CountIo(Status s) const {
 Status ShardState::StoreInitChunk(Chunk& c) {
   const std::vector<float> zeros(c.size, 0.0f);
   const std::span<const float> z(zeros);
-  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0]->span(),
-                                    moments_ >= 1 ? z : std::span<const float>(),
-                                    moments_ >= 2 ? z : std::span<const float>()));
+  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.slots.initial_values(),
+                                    kinds_->has(StateKind::kM) ? z : std::span<const float>(),
+                                    kinds_->has(StateKind::kV) ? z : std::span<const float>()));
 }
 
 Status ShardState::StoreUpdate(const CommitOrder& order) {
@@ -173,7 +175,7 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
                                const Optimizer* opt) const {
   if (opt == nullptr) opt = optimizer_.get();
   const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
-  const GradView grad = ReducedGrad(c);
+  const GradView grad = c.slots.Reduced();
   const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
   const size_t grad_size = DTypeSize(grad.dtype);
   for (const Chunk::Run& r : c.runs) {
@@ -218,8 +220,8 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
 Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                                   std::vector<float>& v) const {
   master.assign(c.size, 0.0f);
-  m.assign(moments_ >= 1 ? c.size : 0, 0.0f);
-  v.assign(moments_ >= 2 ? c.size : 0, 0.0f);
+  m.assign(kinds_->has(StateKind::kM) ? c.size : 0, 0.0f);
+  v.assign(kinds_->has(StateKind::kV) ? c.size : 0, 0.0f);
   return CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), master, m, v));
 }
 

@@ -10,6 +10,9 @@
 #include <bit>
 #include <cstring>
 
+#include "shard/buffer_pool.h"
+#include "shard/chunk_layout.h"
+#include "shard/shard_chunk.h"
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
 
@@ -30,18 +33,11 @@ Status ShardState::InitSpeculation(uint64_t spares) {
   for (size_t k = 0; k < count; ++k) {
     const uint64_t n = store_ ? largest : chunks_[k].size;
     Spare& sp = spares_[k];
-    ZPS_ASSIGN_OR_RETURN(sp.master, AlignedBuffer<float>::Allocate(n));
-    if (moments_ >= 1 || (!store_ && chunks_[k].m.size() > 0)) {
-      ZPS_ASSIGN_OR_RETURN(sp.m, AlignedBuffer<float>::Allocate(n));
-    }
-    if (moments_ >= 2 || (!store_ && chunks_[k].v.size() > 0)) {
-      ZPS_ASSIGN_OR_RETURN(sp.v, AlignedBuffer<float>::Allocate(n));
-    }
+    ZPS_ASSIGN_OR_RETURN(sp.state, ChunkBuffers::Allocate(*kinds_, n));
     if (store_) {
       ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
     }
-    spare_bytes_ += (sp.master.size() + sp.m.size() + sp.v.size()) * sizeof(float) +
-                    sp.serving.size() * sizeof(uint16_t);
+    spare_bytes_ += sp.state.bytes() + sp.serving.size() * sizeof(uint16_t);
   }
   spare_bytes_ += serving_bank_bytes_;  // the second serving bank (RAM state)
   {
@@ -87,72 +83,34 @@ SpeculationStats ShardState::speculation_stats() const {
 
 Result<ChunkReport> ShardState::ReduceChunk(Chunk& c, const Optimizer* opt) const {
   if (opt == nullptr) opt = optimizer_.get();
-  float* acc = c.grads[0]->data();
-  for (size_t r = 1; r < c.grads.size(); ++r) {
-    const float* g = c.grads[r]->data();
-    for (uint64_t i = 0; i < c.size; ++i) acc[i] += g[i];
-  }
-  if (c.grads16.size() > 1) {
-    // acc = g0 + g1 + ... in contributor order, each widened (exactly) to fp32 first: the sums
-    // of fp32 slots that held the widened values. Block by block, in cache.
-    constexpr uint64_t kBlock = 4096;
-    float wide[kBlock];
-    auto widen = [&](size_t slot, uint64_t begin, uint64_t n, float* out) {
-      std::span<const uint16_t> in(c.grads16[slot]->data() + begin, n);
-      if (job_.grad_dtype == DType::kF16) {
-        ConvertF16ToF32(in, {out, n});
-      } else {
-        ConvertBF16ToF32(in, {out, n});
-      }
-    };
-    for (uint64_t b = 0; b < c.size; b += kBlock) {
-      const uint64_t n = std::min(kBlock, c.size - b);
-      widen(0, b, n, acc + b);
-      for (size_t r = 1; r < c.grads16.size(); ++r) {
-        widen(r, b, n, wide);
-        for (uint64_t i = 0; i < n; ++i) acc[b + i] += wide[i];
-      }
-    }
-  }
+  c.slots.Reduce();
   // Frozen parameters were never pushed: the reduced gradient may still hold their initial
   // values (slot 0). Zero them, so they add nothing to the norm (and nothing is read from them
-  // by the update). A 16-bit zero is all bits clear, as fp32's is.
-  const GradView g = ReducedGrad(c);
+  // by the update).
   for (const Chunk::Run& r : c.runs) {
-    if (!r.frozen) continue;
-    if (g.dtype == DType::kF32) {
-      std::fill(acc + r.begin, acc + r.end, 0.0f);
-    } else {
-      std::fill(c.grads16[0]->data() + r.begin, c.grads16[0]->data() + r.end, uint16_t{0});
-    }
+    if (r.frozen) c.slots.ZeroReduced(r.begin, r.end);
   }
-  ZPS_ASSIGN_OR_RETURN(GradStats st, opt->ComputeGradStats(g, 1.0f));
+  ZPS_ASSIGN_OR_RETURN(GradStats st, opt->ComputeGradStats(c.slots.Reduced(), 1.0f));
   return ChunkReport{st.sum_squares, st.non_finite};
 }
 
 Status ShardState::Speculate(const Chunk& c, Spare& sp, const CommitOrder& order) {
   const uint64_t n = c.size;
-  if (!store_ && sp.master.size() != n) {  // given to a checkpoint's snapshot (ApplySpeculative)
-    ZPS_ASSIGN_OR_RETURN(sp.master, TakeBuffer(n));
-    ZPS_ASSIGN_OR_RETURN(sp.m, TakeBuffer(c.m.size()));
-    ZPS_ASSIGN_OR_RETURN(sp.v, TakeBuffer(c.v.size()));
+  if (!store_ && sp.state.master.size() != n) {  // given to a checkpoint's snapshot
+    ZPS_ASSIGN_OR_RETURN(sp.state, buffers_->TakeLike(c.state));
   }
-  auto part = [n](AlignedBuffer<float>& b) {
-    return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
-  };
-  ChunkState st{part(sp.master), part(sp.m), part(sp.v)};
+  ChunkState st = sp.state.prefix(n);
   if (store_) {  // read into the spare, updated there in place
     const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
-    ZPS_RETURN_IF_ERROR(CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master,
-                                                  moments_ >= 1 ? st.m : std::span<float>(),
-                                                  moments_ >= 2 ? st.v : std::span<float>())));
+    ZPS_RETURN_IF_ERROR(
+        CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), st.master, st.m, st.v)));
     return UpdateChunk(c, st, serving, order, nullptr, spec_optimizer_.get());
   }
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
   // ResetTo do, and both wait for this chunk's speculation first (ApplyCommit handles it after
   // the others). No copy: the pass reads and writes the same bytes as the synchronous update.
   // The serving copy of version step + 1 goes into its bank, which no fetch reads.
-  const ConstChunkState live{c.master.span(), c.m.span(), c.v.span()};
+  const ConstChunkState live = std::as_const(c.state).spans();
   return UpdateChunk(c, st, ServingFor(c, order.step + 1), order, &live, spec_optimizer_.get());
 }
 
@@ -240,22 +198,12 @@ void ShardState::SpeculationLoop() {
   }
 }
 
-void ShardState::MirrorServing(const Chunk& c) {
-  if (c.banks[0].empty()) return;
-  std::span<uint16_t> other = c.serving.data() == c.banks[0].data() ? c.banks[1] : c.banks[0];
-  std::memcpy(other.data(), c.serving.data(), c.serving.size_bytes());
-}
-
 Status ShardState::PublishSpare(Chunk& c, Spare& sp) {
   const uint64_t n = c.size;
   const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * serving_words_);
-  auto part = [n](const AlignedBuffer<float>& b) {
-    return b.size() == 0 ? std::span<const float>() : b.span().subspan(0, n);
-  };
+  const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(IndexOf(c));
-  ZPS_RETURN_IF_ERROR(CountIo(store_->WriteChunk(
-      idx, part(sp.master), moments_ >= 1 ? part(sp.m) : std::span<const float>(),
-      moments_ >= 2 ? part(sp.v) : std::span<const float>())));
+  ZPS_RETURN_IF_ERROR(CountIo(store_->WriteChunk(idx, st.master, st.m, st.v)));
   if (ServingSpilled(c)) return CountIo(store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();
@@ -335,25 +283,19 @@ Status ShardState::ApplySpeculativeTo(const std::vector<size_t>& chunks, const C
     for (size_t i : chunks) {
       Chunk& c = chunks_[i];
       const std::span<uint16_t> next = ServingFor(c, order.step + 1);
-      if (use[i] && snap && snap->Adopt(i, c.master, c.m, c.v)) {
+      if (use[i] && snap && snap->Adopt(i, c.state)) {
         // A checkpoint still needs the pre-update state: it took the live buffers themselves;
         // the spare's become the live ones, and the spare is allocated again by the next
         // speculation of the chunk (off the critical path).
-        Spare& sp = spares_[i];
-        c.master = std::move(sp.master);
-        c.m = std::move(sp.m);
-        c.v = std::move(sp.v);
+        c.state = std::move(spares_[i].state);
         continue;
       }
       if (use[i]) {
-        Spare& sp = spares_[i];
-        std::swap(c.master, sp.master);
-        std::swap(c.m, sp.m);
-        std::swap(c.v, sp.v);
+        c.state.swap(spares_[i].state);
       } else if (snap) {
         ZPS_RETURN_IF_ERROR(UpdateForSnapshot(i, *snap, order, next));
       } else {
-        ZPS_RETURN_IF_ERROR(UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, next, order));
+        ZPS_RETURN_IF_ERROR(UpdateChunk(c, c.state.spans(), next, order));
       }
     }
     return Status::Ok();
