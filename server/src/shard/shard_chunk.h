@@ -42,11 +42,6 @@ struct ShardState::Chunk {
   int spare = -1;          // index into the speculative policy's spares (kSpeculated)
 };
 
-struct ShardState::Spare {
-  ChunkBuffers state;               // sized for the chunk (RAM state) or the largest (a store)
-  AlignedBuffer<uint16_t> serving;  // with a store only (RAM state: the next serving bank)
-};
-
 inline bool ShardState::Sealed(const Chunk& c) const {
   return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
 }

@@ -8,6 +8,7 @@
 #include "shard/chunk_layout.h"
 #include "shard/serving_staging.h"
 #include "shard/shard_chunk.h"
+#include "shard/update_policy.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/logging.h"
 
@@ -126,11 +127,12 @@ ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& j
       schedule_(job.lr_schedule),
       serving_words_(kinds_->serving_words()),
       accum_(job.accumulation_steps),
-      buffers_(std::make_unique<BufferPool>()) {}
+      buffers_(std::make_unique<BufferPool>()),
+      policy_(UpdatePolicy::Sync(this)) {}
 
 ShardState::~ShardState() {
   Shutdown(Cancelled("shard state destroyed"));
-  StopSpeculation();
+  policy_->Stop();
   StopServingReader();
 }
 
@@ -145,17 +147,6 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   ZPS_RETURN_IF_ERROR(ValidateShardJob(job, layout, optimizer));
   std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, optimizer, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
-  if (job.update_mode == UpdateMode::kSpeculative) {
-    // The speculation thread's own pool, as wide as the shard's (the thread is its caller), so
-    // that speculation gets the thread count --threads gives the commit's pass (not measured to
-    // help on 2 cores: docs/benchmarks.md); its own, not the shard's, so that a chunk it
-    // speculates runs beside that pass.
-    if (pool != nullptr && pool->size() > 1) {
-      ZPS_ASSIGN_OR_RETURN(s->spec_pool_,
-                           ThreadPool::Create({.name = "zps-spec", .threads = pool->size()}));
-    }
-    ZPS_ASSIGN_OR_RETURN(s->spec_optimizer_, Optimizer::Create(optimizer, s->spec_pool_.get()));
-  }
   s->groups_ = job.param_groups;
   if (s->groups_.empty()) s->groups_.push_back({optimizer.lr, optimizer.weight_decay});
   s->chunk_ids_ = layout.ChunksOfShard(ordinal);
@@ -210,11 +201,11 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   }
   if (banked) s->serving_bank_bytes_ = bank_bytes;
   ZPS_RETURN_IF_ERROR(s->BuildRuns());
-  s->speculative_ = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
+  const bool speculative = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
   uint64_t spares = 0;  // spare sets for speculation with a store
   if (spilling) {
     ChunkStoreOptions so = *spill;
-    if (s->speculative_) {
+    if (speculative) {
       // The spares count against the memory budget: a quarter of it (all chunks when there is
       // no budget) is set aside for them, and the store gets the rest. Chunks beyond the spares
       // are updated at the commit, as in sync mode.
@@ -261,7 +252,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
     if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
   }
-  if (s->speculative_) ZPS_RETURN_IF_ERROR(s->InitSpeculation(spares));
+  ZPS_ASSIGN_OR_RETURN(s->policy_, UpdatePolicy::Create(s.get(), optimizer, pool, spares));
   return s;
 }
 
@@ -492,11 +483,7 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
         cv_.SignalAll();
       }
     } else if (c->slots.Complete()) {
-      if (speculative_ && c->spec == SpecPhase::kIdle) {
-        c->spec = SpecPhase::kQueued;
-        spec_q_.push_back(IndexOf(*c));
-        spec_cv_.Signal();
-      }
+      policy_->OnComplete(*c);
       cv_.SignalAll();
     }
   }
@@ -536,9 +523,9 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       }
     }
     // Every chunk reduced; a speculation in progress (kSpeculating) has its report already.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == spec_speculating_; });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->ReductionsDone(); });
     if (shutdown_) return shutdown_reason_;
-    ZPS_RETURN_IF_ERROR(spec_error_);
+    ZPS_RETURN_IF_ERROR(policy_->ReductionError());
     sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
   }
   // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
@@ -553,15 +540,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   out.reserve(chunks_.size());
   MutexLock lock(&mu_);
   for (const Chunk& c : chunks_) out.emplace_back(c.id, c.report);
-  // The chunks reduced here are speculated while the coordinator decides (late), so that the
-  // commit finds them done in the common case.
-  if (speculative_ && armed_ && armed_->step == step && !mine.empty()) {
-    for (size_t i : mine) {
-      chunks_[i].spec = SpecPhase::kQueuedLate;
-      spec_q_.push_back(i);
-    }
-    spec_cv_.Signal();
-  }
+  policy_->OnReduced(step, mine);
   return out;
 }
 
@@ -573,11 +552,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
     }
-    // A speculation in progress finishes: with RAM state beside the pass over the other chunks
-    // (ApplySpeculative), with a store first. Those not started are updated here instead.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) {
-      return shutdown_ || spec_busy_ == (store_ ? 0 : spec_speculating_);
-    });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->CommitReady(); });
     if (shutdown_) return shutdown_reason_;
     for (Chunk& c : chunks_) {
       if (c.spec == SpecPhase::kQueuedLate) c.spec = SpecPhase::kReduced;
@@ -593,21 +568,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
   }
   const bool rewrite_serving = !order.skip && serving_in_store_;
   if (rewrite_serving) BeginServingRewrite();
-  Status st;
-  if (speculative_) {
-    st = ApplySpeculative(order);
-  } else if (!order.skip && store_) {
-    st = StoreUpdate(order);
-  } else if (!order.skip) {
-    for (size_t i = 0; i < chunks_.size() && st.ok(); ++i) {
-      Chunk& c = chunks_[i];
-      if (snap) {  // a checkpoint is still being written: it keeps the pre-update buffers
-        st = UpdateForSnapshot(i, *snap, order, c.serving);
-        continue;
-      }
-      st = UpdateChunk(c, c.state.spans(), c.serving, order);
-    }
-  }
+  Status st = policy_->Apply(order, snap);
   if (!st.ok() && rewrite_serving) EndServingRewrite(st);
   ZPS_RETURN_IF_ERROR(st);
   std::vector<std::pair<Waiter, Status>> ready;
@@ -615,13 +576,12 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     MutexLock lock(&mu_);
     for (Chunk& c : chunks_) {
       c.slots.ResetCoverage();
-      if (store_ && c.spec == SpecPhase::kSpeculated) free_spares_.push_back(c.spare);
+      policy_->OnPublished(c);
       c.spec = SpecPhase::kIdle;
       c.spare = -1;
       Publish(c, order.step + 1, ready);
     }
-    spec_q_.clear();
-    if (next && speculative_) armed_ = *next;
+    policy_->OnCommitted(next);
     if (rewrite_serving) {
       ++serving_gen_;  // even again, together with the new version
       reader_cv_.SignalAll();
@@ -650,6 +610,13 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
                                                  w.req.length * serving_words_)),
          nullptr);
   }
+}
+
+void ShardState::ArmSpeculation(const CommitOrder& assumed) { policy_->Arm(assumed); }
+
+SpeculationStats ShardState::speculation_stats() const {
+  MutexLock lock(&mu_);
+  return policy_->stats();
 }
 
 Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
@@ -770,7 +737,7 @@ void ShardState::Shutdown(const Status& reason) {
   }
   cv_.SignalAll();
   reader_cv_.SignalAll();
-  spec_cv_.SignalAll();
+  policy_->Wake();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 

@@ -5,6 +5,7 @@
 
 #include "shard/chunk_layout.h"
 #include "shard/shard_chunk.h"
+#include "shard/update_policy.h"
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
 
@@ -65,13 +66,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     MutexLock lock(&mu_);
     ++epoch_;
     // The chunk being speculated reads the live state and the gradient slots: let it finish.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
-    spec_q_.clear();
-    armed_.reset();
-    free_spares_.clear();
-    for (size_t k = 0; store_ && k < spares_.size(); ++k)
-      free_spares_.push_back(static_cast<int>(k));
-    spec_error_ = Status::Ok();
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->Idle(); });
+    policy_->Reset();
     snap = snapshot_.lock();
     sealed_step_ = INT64_MIN;
     for (Chunk& c : chunks_) {
@@ -154,67 +150,6 @@ Status ShardState::StoreInitChunk(Chunk& c) {
   return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.slots.initial_values(),
                                     kinds_->has(StateKind::kM) ? z : std::span<const float>(),
                                     kinds_->has(StateKind::kV) ? z : std::span<const float>()));
-}
-
-Status ShardState::StoreUpdate(const CommitOrder& order) {
-  // The same per-chunk update as the RAM path, fed by the read-ahead / write-behind pipeline.
-  // The gradient (slot 0) is a RAM buffer of the chunk; the serving copy is too, or, with
-  // serving records, the store's (resident in place, spilled written behind).
-  PassOptions pass;
-  pass.serving = serving_in_store_;
-  return CountIo(
-      store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
-        const Chunk& c = chunks_[i];
-        return UpdateChunk(c, {s.state.master, s.state.m, s.state.v},
-                           serving_in_store_ ? s.serving : c.serving, order);
-      }));
-}
-
-Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
-                               const CommitOrder& order, const ConstChunkState* source,
-                               const Optimizer* opt) const {
-  if (opt == nullptr) opt = optimizer_.get();
-  const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
-  const GradView grad = c.slots.Reduced();
-  const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
-  const size_t grad_size = DTypeSize(grad.dtype);
-  for (const Chunk::Run& r : c.runs) {
-    if (r.frozen) {
-      // Never updated. Out of place, its state is carried over to the buffers that replace the
-      // live ones (a spare, or fresh ones beside a snapshot), which hold older bytes or none.
-      if (source != nullptr) {
-        auto keep = [&](std::span<const float> from, std::span<float> to) {
-          if (to.empty()) return;
-          std::copy(from.begin() + r.begin, from.begin() + r.end, to.begin() + r.begin);
-        };
-        keep(source->master, st.master);
-        keep(source->m, st.m);
-        keep(source->v, st.v);
-      }
-      continue;
-    }
-    const ParamGroup& g = groups_[r.group];
-    const uint64_t n = r.end - r.begin;
-    UpdateParams up;
-    up.step = order.optimizer_step;
-    up.grad_scale = order.grad_scale;
-    up.out_dtype = job_.serving_dtype;
-    up.lr = schedule_.LrFor(applied, g.lr);
-    up.weight_decay = g.weight_decay;
-    if (!serving.empty()) {
-      if (job_.serving_dtype == DType::kF32) {
-        up.out32 = {reinterpret_cast<float*>(serving.data()) + r.begin, n};
-      } else {
-        up.out16 = serving.subspan(r.begin, n);
-      }
-    }
-    auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
-    ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
-    if (source != nullptr)
-      up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
-    ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
-  }
-  return Status::Ok();
 }
 
 Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,

@@ -29,26 +29,6 @@ void ShardState::ReserveSnapshotBuffers() {
   buffers_->Reserve(std::move(sizes), "shard " + std::to_string(ordinal_));
 }
 
-Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
-                                     std::span<uint16_t> serving) {
-  Chunk& c = chunks_[i];
-  if (!snap.Live(i)) {  // the snapshot has its own copy: the live state is ours again
-    return UpdateChunk(c, c.state.spans(), serving, order);
-  }
-  ZPS_ASSIGN_OR_RETURN(ChunkBuffers fresh, buffers_->TakeLike(c.state));
-  // The live state is not written (the reader may copy it meanwhile); the new state goes to the
-  // fresh buffers, which then replace it.
-  const ConstChunkState live = std::as_const(c.state).spans();
-  Status s = UpdateChunk(c, fresh.spans(), serving, order, &live);
-  if (!s.ok()) {
-    buffers_->Give(std::move(fresh));
-    return s;
-  }
-  if (!snap.Adopt(i, c.state)) buffers_->Give(std::move(c.state));  // the reader took it already
-  c.state = std::move(fresh);
-  return Status::Ok();
-}
-
 Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
   MutexLock lock(&mu_);
   if (store_) {

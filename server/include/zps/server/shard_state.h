@@ -467,7 +467,10 @@ class ShardState {
     kSpeculating
   };
   struct Chunk;  // shard_chunk.h
-  struct Spare;  // the updated state of a speculated chunk, until the commit
+  // When the optimizer runs (update_policy.h): sync or speculative.
+  class UpdatePolicy;
+  class SyncUpdate;
+  class SpeculativeUpdate;
 
   ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
              const OptimizerConfig& optimizer, ThreadPool* pool);
@@ -498,7 +501,6 @@ class ShardState {
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
-  Status StoreUpdate(const CommitOrder& order);
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
   // `source` (out of place): the old state is read from there, `st` is written.
   // `opt`: the optimizer to run it with (null: optimizer_, on the pool).
@@ -508,32 +510,16 @@ class ShardState {
   // The serving copy (serving_words_ words an element) of `master`.
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
-  // Speculation (shard_state_speculate.cc).
-  Status InitSpeculation(uint64_t spare_budget);  // at Create: spares, the thread
-  void StopSpeculation();
-  void SpeculationLoop();
+  // What every update policy runs on a chunk (update_policy.cc).
   // Reduces the chunk's slots (GradientSlots::Reduce), zeroes its frozen runs, computes the
   // report (with `opt`; null: optimizer_).
   Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
-  // Copies the live state into `sp` and updates it with `order`.
-  Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
-  Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare: the store write (store)
   // Where version `version` of c's serving copy is written and served from: its bank (version
   // < 0: bank 0), or the one copy.
   static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version);
   // With banks: copies c's current serving copy into the other bank (after it was written
   // outside a step, or for a skipped step, whose version advances over unchanged bytes).
   static void MirrorServing(const Chunk& c);
-  // The commit of a speculative step: publishes, redoes or drops each chunk's speculation;
-  // a chunk still being speculated (RAM state) last, once its speculation is done.
-  Status ApplySpeculative(const CommitOrder& order);
-  struct SpecCounts {
-    uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
-  };
-  // ApplySpeculative for `chunks` (indices; none in kSpeculating), adding to `n` and the stats.
-  Status ApplySpeculativeTo(const std::vector<size_t>& chunks, const CommitOrder& order,
-                            SpecCounts& n);
-  static bool SameOrder(const CommitOrder& a, const CommitOrder& b);
   // The sync update of chunk i while `snap` may still need its state: out of place into fresh
   // buffers, then the old ones go to the snapshot (or back to the pool).
   Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
@@ -548,12 +534,6 @@ class ShardState {
   ThreadPool* pool_;
   const std::unique_ptr<const ChunkLayout> kinds_;  // what a chunk stores
   std::unique_ptr<Optimizer> optimizer_;
-  // The speculation thread's: the same configuration on a pool of its own, as wide as the
-  // shard's (none with one thread; the same bits: the optimizer's work split does not depend on
-  // threads), so that a chunk it speculates runs beside the commit's pass over the others
-  // instead of queueing for the shard's pool.
-  std::unique_ptr<ThreadPool> spec_pool_;  // "zps-spec-N"; destroyed after spec_optimizer_
-  std::unique_ptr<Optimizer> spec_optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
   const uint32_t serving_words_;  // 16-bit words per serving element (2 for fp32)
@@ -590,26 +570,14 @@ class ShardState {
   bool reader_stop_ GUARDED_BY(mu_) = false;
   CondVar reader_cv_;  // the serving reader waits on it (with mu_)
 
-  // Speculation (UpdateMode::kSpeculative). Spares are per chunk without a store (spares_[i]
-  // belongs to chunks_[i]), else a pool of what fits in the budget (free_spares_).
-  bool speculative_ = false;
-  std::vector<Spare> spares_;
-  uint64_t spare_bytes_ = 0;
-  std::vector<int> free_spares_ GUARDED_BY(mu_);
-  std::deque<size_t> spec_q_ GUARDED_BY(mu_);  // chunk indices to speculate
-  std::optional<CommitOrder> armed_ GUARDED_BY(mu_);
-  bool spec_stop_ GUARDED_BY(mu_) = false;
-  int spec_busy_ GUARDED_BY(mu_) = 0;         // chunks being reduced/speculated
-  int spec_speculating_ GUARDED_BY(mu_) = 0;  // of those, in kSpeculating
-  CondVar spec_cv_;                           // the speculation thread waits on it (with mu_)
-  std::thread spec_thread_;                   // "zps-speculate"
-  SpeculationStats spec_stats_ GUARDED_BY(mu_);
-  Status spec_error_ GUARDED_BY(mu_);  // a failed reduction (ReduceStep)
-  std::function<void(std::string_view, int64_t)> test_hook_;
+  std::function<void(std::string_view, int64_t)> test_hook_;  // SetTestHook
   // The open snapshot of a background checkpoint (shard_state_snapshot.cc), and the buffers it
   // hands back for the next out-of-place update (buffer_pool.h).
   std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
   const std::unique_ptr<BufferPool> buffers_;
+  // When the optimizer runs: sync, or speculative with its thread and spares (update_policy.h);
+  // its fields are mu_'s. Declared after mu_ (destroyed first); the destructor stops it.
+  std::unique_ptr<UpdatePolicy> policy_;
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
