@@ -6,7 +6,7 @@
 
 #include "shard/buffer_pool.h"
 #include "shard/chunk_layout.h"
-#include "shard/serving_staging.h"
+#include "shard/serving_tier.h"
 #include "shard/shard_chunk.h"
 #include "shard/update_policy.h"
 #include "zps/common/crc32c.h"
@@ -128,12 +128,13 @@ ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& j
       serving_words_(kinds_->serving_words()),
       accum_(job.accumulation_steps),
       buffers_(std::make_unique<BufferPool>()),
-      policy_(UpdatePolicy::Sync(this)) {}
+      policy_(UpdatePolicy::Sync(this)),
+      serving_(std::make_unique<ServingTier>(this)) {}
 
 ShardState::~ShardState() {
   Shutdown(Cancelled("shard state destroyed"));
   policy_->Stop();
-  StopServingReader();
+  serving_->Stop();
 }
 
 Result<std::unique_ptr<ShardState>> ShardState::Create(
@@ -170,7 +171,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   // it), each copy at a 64-byte aligned offset.
   size_t serving_bytes = 0;
   for (const Chunk& c : s->chunks_) serving_bytes += kinds.serving_stride(c.size);
-  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (InitServingStore)
+  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (ServingTier::Start)
   // Speculation with the state in RAM writes the next version's serving copies beside the ones
   // being served: two banks ("Serving banks" in shard_state.h).
   const bool banked = job.update_mode == UpdateMode::kSpeculative && !spilling;
@@ -250,7 +251,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       so.serving_records = false;  // serving copies stay in the shard's RAM block
     }
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
-    if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
+    if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->serving_->Start());
   }
   ZPS_ASSIGN_OR_RETURN(s->policy_, UpdatePolicy::Create(s.get(), optimizer, pool, spares));
   return s;
@@ -469,7 +470,7 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
         std::span<const float> master =
             store_ ? c->slots.initial_values() : std::span<const float>(c->state.master.span());
         if (ServingSpilled(*c)) {
-          if (Status st = WriteSpilledServing(*c, master); !st.ok()) {
+          if (Status st = serving_->WriteSpilled(*c, master); !st.ok()) {
             c->slots.ResetCoverage();  // the initial values must be pushed again
             return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
           }
@@ -567,9 +568,9 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     snap = snapshot_.lock();
   }
   const bool rewrite_serving = !order.skip && serving_in_store_;
-  if (rewrite_serving) BeginServingRewrite();
+  if (rewrite_serving) serving_->BeginRewrite();
   Status st = policy_->Apply(order, snap);
-  if (!st.ok() && rewrite_serving) EndServingRewrite(st);
+  if (!st.ok() && rewrite_serving) serving_->EndRewrite(st);
   ZPS_RETURN_IF_ERROR(st);
   std::vector<std::pair<Waiter, Status>> ready;
   {
@@ -582,10 +583,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
       Publish(c, order.step + 1, ready);
     }
     policy_->OnCommitted(next);
-    if (rewrite_serving) {
-      ++serving_gen_;  // even again, together with the new version
-      reader_cv_.SignalAll();
-    }
+    if (rewrite_serving) serving_->Published();
   }
   Answer(ready, order.step + 1);
   return Status::Ok();
@@ -597,7 +595,7 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
     if (st.ok() && ServingSpilled(*c)) {
       MutexLock lock(&mu_);
       if (!shutdown_) {
-        QueueSpilledFetch(std::move(w));
+        serving_->Queue(std::move(w));
         continue;
       }
       const Status reason = shutdown_reason_;
@@ -708,7 +706,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
     return;
   }
   if (c->version >= req.min_version && ServingSpilled(*c)) {
-    QueueSpilledFetch({req, std::move(cb)});  // read back from NVMe by the serving reader
+    serving_->Queue({req, std::move(cb)});  // read back from NVMe by the serving reader
     return;
   }
   if (c->version >= req.min_version) {
@@ -733,10 +731,10 @@ void ShardState::Shutdown(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   cv_.SignalAll();
-  reader_cv_.SignalAll();
+  serving_->Wake();
   policy_->Wake();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
@@ -770,7 +768,7 @@ uint32_t ShardState::StateCrc() const {
     }
     if (ServingSpilled(c)) {
       std::vector<uint16_t> serving;
-      if (Status st = ServingCopy(c, serving); !st.ok()) {
+      if (Status st = serving_->Copy(c, serving); !st.ok()) {
         ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
       }
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
@@ -799,7 +797,7 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
     if (ServingSpilled(*c)) {
       std::vector<uint16_t> serving;
-      ZPS_RETURN_IF_ERROR(ServingCopy(*c, serving));
+      ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
       return Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
     }
     MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "shard/chunk_layout.h"
+#include "shard/serving_tier.h"
 #include "shard/shard_chunk.h"
 #include "shard/update_policy.h"
 #include "zps/common/logging.h"
@@ -49,7 +50,7 @@ void ShardState::FailWaiters(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
@@ -79,12 +80,12 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       if (slots.ok()) slots = c.slots.Fresh();
       c.version = -1;  // nothing is served until the state is back
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
   ZPS_RETURN_IF_ERROR(slots);
   for (size_t i = 0; snap && i < chunks_.size(); ++i) snap->Preserve(i);
-  if (serving_in_store_) BeginServingRewrite();
+  if (serving_in_store_) serving_->BeginRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
@@ -108,8 +109,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
           return Status::Ok();
         }));
     // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
-    // failed restore is retried by the caller (ResetTo again), which clears serving_error_.
-    if (serving_in_store_) EndServingRewrite(Status::Ok());
+    // failed restore is retried by the caller (ResetTo again), which clears the tier's error.
+    if (serving_in_store_) serving_->EndRewrite(Status::Ok());
     ZPS_RETURN_IF_ERROR(restored);
   }
   for (Chunk& c : chunks_) {
@@ -166,9 +167,9 @@ ShardStorageStats ShardState::storage_stats() const {
   if (store_) out.store = store_->stats();
   out.io_errors = io_errors_.load(std::memory_order_relaxed);
   out.serving_in_store = serving_in_store_;
-  out.serving_staging_bytes = StagingBytes();
-  out.spilled_fetches = spilled_fetches_.load(std::memory_order_relaxed);
-  out.spilled_fetch_reads = spilled_fetch_reads_.load(std::memory_order_relaxed);
+  out.serving_staging_bytes = serving_->staging_bytes();
+  out.spilled_fetches = serving_->fetches();
+  out.spilled_fetch_reads = serving_->reads();
   return out;
 }
 

@@ -273,7 +273,6 @@ inline constexpr uint32_t kServingStagingBuffers = 4;
 // ShardState's parts (server/src/shard/).
 class BufferPool;
 class ChunkLayout;
-class ServingStaging;
 struct ChunkBuffers;
 
 class ShardState {
@@ -436,15 +435,17 @@ class ShardState {
   void FailWaiters(const Status& reason);
 
  private:
-  // The parts (server/src/shard/): each has one job, and its own lock or none.
+  // The parts (server/src/shard/), each with one job and its own lock or none:
   //   chunk_layout.h     what a chunk stores (kinds master/m/v/serving, dtypes, sizes)
-  //   shard_chunk.h      the chunk table's entry (Chunk): versions, waiters, phase
-  //   gradient_slots.h   a chunk's gradient slots and coverage (guarded by mu_)
-  //   buffer_pool.h      the snapshot buffers (leaf lock)
-  //   serving_staging.h  staging buffers + cache of spilled serving copies (leaf lock)
-  // Lock order: mu_, then a Snapshot's mu_ is never taken under it (see shard_state_snapshot.cc);
-  // mu_, then the store's internal mutex (no store callback takes mu_); the pool's and the
-  // staging's locks are leaves. Callbacks run after mu_ is released.
+  //   shard_chunk.h      the chunk table's entry (Chunk): versions, waiters, phase (mu_)
+  //   gradient_slots.h   a chunk's gradient slots and coverage (mu_)
+  //   update_policy.h    when the optimizer runs: sync or speculative (mu_)
+  //   buffer_pool.h      the snapshot buffers (a leaf lock)
+  //   serving_tier.h     spilled serving copies and their reader (mu_)
+  //   serving_staging.h  its staging buffers and read cache (a leaf lock)
+  // Lock order: mu_, then the store's internal mutex (no store callback takes mu_) or a leaf; a
+  // Snapshot's mu_ is never taken under mu_ (shard_state_snapshot.cc). Callbacks run after mu_
+  // is released.
   struct Waiter {
     FetchRequest req;
     FetchCallback cb;
@@ -471,6 +472,7 @@ class ShardState {
   class UpdatePolicy;
   class SyncUpdate;
   class SpeculativeUpdate;
+  class ServingTier;  // spilled serving copies and their reader (serving_tier.h)
 
   ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
              const OptimizerConfig& optimizer, ThreadPool* pool);
@@ -486,18 +488,8 @@ class ShardState {
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
-  // Spilled serving copies (shard_state_serving.cc).
+  // Whether c's serving copy is a spilled store record (serving_tier.h).
   bool ServingSpilled(const Chunk& c) const;
-  Status InitServingStore();  // after store_ is made: resident spans, staging, reader
-  void StopServingReader();
-  void ServingReaderLoop();
-  void QueueSpilledFetch(Waiter w) REQUIRES(mu_);
-  std::vector<Waiter> TakeSpilledFetches() REQUIRES(mu_);
-  Status WriteSpilledServing(Chunk& c, std::span<const float> master) REQUIRES(mu_);
-  Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // store: not under mu_
-  void BeginServingRewrite();                                            // takes mu_
-  void EndServingRewrite(const Status& result);                          // takes mu_
-  uint64_t StagingBytes() const;
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
@@ -548,13 +540,10 @@ class ShardState {
   std::vector<uint32_t> store_ids_;             // 0 .. chunks_.size() - 1 (a full pass)
   mutable std::atomic<uint64_t> io_errors_{0};  // failed store operations
   bool serving_in_store_ = false;               // set at Create: serving copies are store records
-  std::unique_ptr<ServingStaging> staging_;     // set at Create when a serving copy spills
   // Where pushes received to be dropped land before FinishPush: reused, not zeroed. Internally
   // synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB of released buffers
   // beyond those in flight.
   mutable StagingPool push_staging_{size_t{64} << 20};
-  std::thread serving_reader_;  // "zps-serving-rd": answers spilled fetches
-  std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -562,13 +551,6 @@ class ShardState {
   int64_t sealed_step_ GUARDED_BY(mu_) = INT64_MIN;  // complete, being reduced (ForgetRank)
   bool shutdown_ GUARDED_BY(mu_) = false;
   Status shutdown_reason_ GUARDED_BY(mu_);
-  std::deque<Waiter> spilled_q_ GUARDED_BY(mu_);  // fetches of spilled serving copies to answer
-  // Odd while a pass rewrites serving copies (update, restore); a read of a spilled copy is
-  // valid only if the generation was even and the same before and after it.
-  uint64_t serving_gen_ GUARDED_BY(mu_) = 0;
-  Status serving_error_ GUARDED_BY(mu_);  // a failed update pass: spilled fetches fail
-  bool reader_stop_ GUARDED_BY(mu_) = false;
-  CondVar reader_cv_;  // the serving reader waits on it (with mu_)
 
   std::function<void(std::string_view, int64_t)> test_hook_;  // SetTestHook
   // The open snapshot of a background checkpoint (shard_state_snapshot.cc), and the buffers it
@@ -578,6 +560,9 @@ class ShardState {
   // When the optimizer runs: sync, or speculative with its thread and spares (update_policy.h);
   // its fields are mu_'s. Declared after mu_ (destroyed first); the destructor stops it.
   std::unique_ptr<UpdatePolicy> policy_;
+  // Spilled serving copies: the fetch queue and generation (mu_'s) and the "zps-serving-rd"
+  // reader (serving_tier.h). After mu_; the destructor stops it.
+  const std::unique_ptr<ServingTier> serving_;
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
