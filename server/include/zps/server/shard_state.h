@@ -490,34 +490,34 @@ class ShardState {
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
   // Whether c's serving copy is a spilled store record (serving_tier.h).
   bool ServingSpilled(const Chunk& c) const;
+  Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
+  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
+                        std::vector<float>& v) const;
+  // The serving copy (serving_words_ words an element) of `master` (serving_tier.cc).
+  void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
+  // What every update policy runs on a chunk (update_policy.cc).
+  // Reduces the chunk's slots (GradientSlots::Reduce), zeroes its frozen runs, computes the
+  // report (with `opt`; null: optimizer_).
+  Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
   // `source` (out of place): the old state is read from there, `st` is written.
   // `opt`: the optimizer to run it with (null: optimizer_, on the pool).
   Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
                      const CommitOrder& order, const ConstChunkState* source = nullptr,
                      const Optimizer* opt = nullptr) const;
-  // The serving copy (serving_words_ words an element) of `master`.
-  void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
-  Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
-  // What every update policy runs on a chunk (update_policy.cc).
-  // Reduces the chunk's slots (GradientSlots::Reduce), zeroes its frozen runs, computes the
-  // report (with `opt`; null: optimizer_).
-  Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
+  // The sync update of chunk i while `snap` may still need its state: out of place into fresh
+  // buffers, then the old ones go to the snapshot (or back to the pool).
+  Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
+                           std::span<uint16_t> serving);
   // Where version `version` of c's serving copy is written and served from: its bank (version
   // < 0: bank 0), or the one copy.
   static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version);
   // With banks: copies c's current serving copy into the other bank (after it was written
   // outside a step, or for a skipped step, whose version advances over unchanged bytes).
   static void MirrorServing(const Chunk& c);
-  // The sync update of chunk i while `snap` may still need its state: out of place into fresh
-  // buffers, then the old ones go to the snapshot (or back to the pool).
-  Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
-                           std::span<uint16_t> serving);
-  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
-                        std::vector<float>& v) const;
   size_t IndexOf(const Chunk& c) const;
 
   const Layout layout_;
