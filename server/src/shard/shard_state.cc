@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "shard/buffer_pool.h"
+#include "shard/chunk_layout.h"
+#include "shard/serving_tier.h"
+#include "shard/shard_chunk.h"
+#include "shard/update_policy.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/logging.h"
 
@@ -112,7 +117,25 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
   return Status::Ok();
 }
 
-// The constructor and destructor are in shard_state_serving.cc (ServingStaging is complete there).
+ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
+                       const OptimizerConfig& optimizer, ThreadPool* pool)
+    : layout_(layout),
+      ordinal_(ordinal),
+      job_(job),
+      pool_(pool),
+      kinds_(std::make_unique<ChunkLayout>(ChunkLayout::For(optimizer, job.serving_dtype))),
+      schedule_(job.lr_schedule),
+      serving_words_(kinds_->serving_words()),
+      accum_(job.accumulation_steps),
+      buffers_(std::make_unique<BufferPool>()),
+      policy_(UpdatePolicy::Sync(this)),
+      serving_(std::make_unique<ServingTier>(this)) {}
+
+ShardState::~ShardState() {
+  Shutdown(Cancelled("shard state destroyed"));
+  policy_->Stop();
+  serving_->Stop();
+}
 
 Result<std::unique_ptr<ShardState>> ShardState::Create(
     const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
@@ -123,28 +146,15 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
                            std::to_string(layout.options().num_shards));
   }
   ZPS_RETURN_IF_ERROR(ValidateShardJob(job, layout, optimizer));
-  std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, pool));
+  std::unique_ptr<ShardState> s(new ShardState(layout, ordinal, job, optimizer, pool));
   ZPS_ASSIGN_OR_RETURN(s->optimizer_, Optimizer::Create(optimizer, pool));
-  if (job.update_mode == UpdateMode::kSpeculative) {
-    // The speculation thread's own pool, as wide as the shard's (the thread is its caller), so
-    // that speculation gets the thread count --threads gives the commit's pass (not measured to
-    // help on 2 cores: docs/benchmarks.md); its own, not the shard's, so that a chunk it
-    // speculates runs beside that pass.
-    if (pool != nullptr && pool->size() > 1) {
-      ZPS_ASSIGN_OR_RETURN(s->spec_pool_,
-                           ThreadPool::Create({.name = "zps-spec", .threads = pool->size()}));
-    }
-    ZPS_ASSIGN_OR_RETURN(s->spec_optimizer_, Optimizer::Create(optimizer, s->spec_pool_.get()));
-  }
   s->groups_ = job.param_groups;
   if (s->groups_.empty()) s->groups_.push_back({optimizer.lr, optimizer.weight_decay});
   s->chunk_ids_ = layout.ChunksOfShard(ordinal);
   // One slot per contributor (server-sum) or per micro-batch (pre-reduced).
   const uint32_t slots =
       (job.mode == ReductionMode::kServerSum ? job.world_size : 1) * job.accumulation_steps;
-  const uint64_t sw = s->serving_words_;
-  const bool needs_v = optimizer.kind != OptimizerKind::kSgd;
-  const bool needs_m = needs_v || optimizer.momentum > 0.0f;
+  const ChunkLayout& kinds = *s->kinds_;
   s->chunks_.resize(s->chunk_ids_.size());
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
   s->serving_in_store_ = spilling && spill->serving_records;
@@ -153,36 +163,15 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
     c.id = s->chunk_ids_[i];
     c.size = layout.chunk_size(c.id);
     if (!spilling) {
-      ZPS_ASSIGN_OR_RETURN(c.master, AlignedBuffer<float>::Allocate(c.size));
-      if (needs_m) {
-        ZPS_ASSIGN_OR_RETURN(c.m, AlignedBuffer<float>::Allocate(c.size));
-      }
-      if (needs_v) {
-        ZPS_ASSIGN_OR_RETURN(c.v, AlignedBuffer<float>::Allocate(c.size));
-      }
+      ZPS_ASSIGN_OR_RETURN(c.state, ChunkBuffers::Allocate(kinds, c.size));
     }
-    // fp32 slots: one per slot for an fp32 job; for a 16-bit job only slot 0 (the initial
-    // values, and the sum of several 16-bit slots), beside its 16-bit slots.
-    const bool grads16 = job.grad_dtype != DType::kF32;
-    for (uint32_t k = 0; k < (grads16 ? 1 : slots); ++k) {
-      ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(c.size));
-      c.grads.push_back(std::make_shared<AlignedBuffer<float>>(std::move(g)));
-    }
-    for (uint32_t k = 0; grads16 && k < slots; ++k) {
-      ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<uint16_t>::Allocate(c.size));
-      c.grads16.push_back(std::make_shared<AlignedBuffer<uint16_t>>(std::move(g)));
-    }
-    c.covered.resize(slots);
-    c.landed.assign(slots, 0);
+    ZPS_ASSIGN_OR_RETURN(c.slots, GradientSlots::Create(c.size, slots, job.grad_dtype));
   }
   // Every serving copy lives in one block (one UCX region, one rkey, when the server allocates
   // it), each copy at a 64-byte aligned offset.
-  auto serving_stride = [sw](uint64_t elems) {
-    return (elems * sw * sizeof(uint16_t) + 63) / 64 * 64;
-  };
   size_t serving_bytes = 0;
-  for (const Chunk& c : s->chunks_) serving_bytes += serving_stride(c.size);
-  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (InitServingStore)
+  for (const Chunk& c : s->chunks_) serving_bytes += kinds.serving_stride(c.size);
+  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (ServingTier::Start)
   // Speculation with the state in RAM writes the next version's serving copies beside the ones
   // being served: two banks ("Serving banks" in shard_state.h).
   const bool banked = job.update_mode == UpdateMode::kSpeculative && !spilling;
@@ -203,28 +192,27 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   size_t serving_off = 0;
   for (Chunk& c : s->chunks_) {
     if (s->serving_in_store_) break;
-    c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), c.size * sw};
+    const uint64_t words = c.size * kinds.serving_words();
+    c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), words};
     if (banked && bank_bytes > 0) {
       c.banks[0] = c.serving;
-      c.banks[1] = {reinterpret_cast<uint16_t*>(serving.data() + bank_bytes + serving_off),
-                    c.size * sw};
+      c.banks[1] = {reinterpret_cast<uint16_t*>(serving.data() + bank_bytes + serving_off), words};
     }
-    serving_off += serving_stride(c.size);
+    serving_off += kinds.serving_stride(c.size);
   }
   if (banked) s->serving_bank_bytes_ = bank_bytes;
   ZPS_RETURN_IF_ERROR(s->BuildRuns());
-  s->speculative_ = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
+  const bool speculative = job.update_mode == UpdateMode::kSpeculative && !s->chunks_.empty();
   uint64_t spares = 0;  // spare sets for speculation with a store
   if (spilling) {
     ChunkStoreOptions so = *spill;
-    if (s->speculative_) {
+    if (speculative) {
       // The spares count against the memory budget: a quarter of it (all chunks when there is
       // no budget) is set aside for them, and the store gets the rest. Chunks beyond the spares
       // are updated at the commit, as in sync mode.
       uint64_t largest = 0;
       for (const Chunk& c : s->chunks_) largest = std::max(largest, c.size);
-      const uint64_t moments = needs_v ? 2 : (needs_m ? 1 : 0);
-      const uint64_t set_bytes = AlignUp(largest * 4) * (1 + moments) + AlignUp(largest * sw * 2);
+      const uint64_t set_bytes = kinds.spare_set_bytes(largest);
       if (so.memory_budget == UINT64_MAX) {
         spares = s->chunks_.size();
       } else {
@@ -232,9 +220,8 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
         so.memory_budget -= spares * set_bytes;
       }
     }
-    so.moments = needs_v ? 2 : (needs_m ? 1 : 0);
-    so.serving_words = s->serving_words_;
-    s->moments_ = so.moments;
+    so.moments = kinds.moments();
+    so.serving_words = kinds.serving_words();
     std::vector<uint64_t> elems;
     for (const Chunk& c : s->chunks_) {
       s->store_ids_.push_back(static_cast<uint32_t>(elems.size()));
@@ -246,8 +233,8 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       so.serving_ram_alloc = serving_alloc;
       uint64_t total = 0, largest = 0;
       for (uint64_t n : elems) {
-        total += AlignUp(n * sw * sizeof(uint16_t));
-        largest = std::max(largest, AlignUp(n * sw * sizeof(uint16_t)));
+        total += AlignUp(kinds.bytes(StateKind::kServing, n));
+        largest = std::max(largest, AlignUp(kinds.bytes(StateKind::kServing, n)));
       }
       if (total > so.serving_memory_budget) {
         const uint64_t staging = uint64_t{kServingStagingBuffers} * largest;
@@ -264,9 +251,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       so.serving_records = false;  // serving copies stay in the shard's RAM block
     }
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
-    if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->InitServingStore());
+    if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->serving_->Start());
   }
-  if (s->speculative_) ZPS_RETURN_IF_ERROR(s->InitSpeculation(spares));
+  ZPS_ASSIGN_OR_RETURN(s->policy_, UpdatePolicy::Create(s.get(), optimizer, pool, spares));
   return s;
 }
 
@@ -281,10 +268,7 @@ Status ShardState::BuildRuns() {
     for (const Piece& piece : pieces) {
       if (layout_.shard_of_chunk(piece.chunk) != ordinal_) continue;
       Chunk* c = FindChunk(piece.chunk);
-      c->params.emplace_back(piece.chunk_offset, piece.chunk_offset + piece.length);
-      c->params_frozen.push_back(frozen_of(p) ? 1 : 0);
-      c->expected_init += piece.length;
-      if (!frozen_of(p)) c->expected += piece.length;
+      c->slots.AddParam(piece.chunk_offset, piece.chunk_offset + piece.length, frozen_of(p));
       starts[IndexOf(*c)].emplace_back(piece.chunk_offset, p);
     }
   }
@@ -382,13 +366,12 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
     return OutOfRange("push range outside chunk " + std::to_string(req.chunk));
   }
   // The range must lie inside one parameter run.
-  auto it =
-      std::upper_bound(c->params.begin(), c->params.end(), std::make_pair(req.offset, UINT64_MAX));
-  if (it == c->params.begin() || std::prev(it)->second < req.offset + req.length) {
+  const GradientSlots::Param* param = c->slots.ParamOf(req.offset, req.length);
+  if (param == nullptr) {
     return OutOfRange("push range [" + std::to_string(req.offset) + ", +" +
                       std::to_string(req.length) + ") is not inside one parameter");
   }
-  if (!init && c->params_frozen[std::prev(it) - c->params.begin()] != 0) {
+  if (!init && param->frozen) {
     return InvalidArgument("push range [" + std::to_string(req.offset) + ", +" +
                            std::to_string(req.length) + ") of chunk " + std::to_string(c->id) +
                            " is in a frozen parameter (never pushed)");
@@ -417,11 +400,8 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   }
   const uint32_t slot =
       init ? 0 : (job_.mode == ReductionMode::kPreReduced ? req.rank % accum_ : req.rank);
-  auto& cov = c->covered[slot];
   const uint64_t b = req.offset, e = req.offset + req.length;
-  auto next = cov.lower_bound(b);
-  if ((next != cov.end() && next->first < e) ||
-      (next != cov.begin() && std::prev(next)->second > b)) {
+  if (c->slots.Overlaps(slot, b, e)) {
     if (!init && Sealed(*c)) {
       // A restarted rank pushing again a step its old process completed (ForgetRank kept it):
       // the same rank computes the same bits (pre-reduced: the ranks redo the same
@@ -433,34 +413,18 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
         std::to_string(c->id) + " were already pushed by " +
         (slot == 0 && req.rank != 0 ? "a rank" : "rank " + std::to_string(req.rank)));
   }
-  cov.emplace(b, e);
+  // Initial values land in gradient slot 0 too (free until the first step): no push ever writes
+  // into the master directly. 16-bit gradients land in their slot as they are.
+  GradientSlots::Target target = c->slots.Reserve(slot, b, e, req.dtype);
   PushTicket t;
   t.req_ = req;
   t.slot_ = slot;
   t.epoch_ = epoch_;
   t.bytes_ = req.length * DTypeSize(req.dtype);
-  // Initial values land in gradient slot 0 too (free until the first step): no push ever writes
-  // into the master directly. 16-bit gradients land in their slot as they are.
-  if (init || req.dtype == DType::kF32) {
-    t.slot_buffer_ = c->grads[slot];
-    t.dest_ = reinterpret_cast<std::byte*>(t.slot_buffer_->data() + b);
-  } else {
-    t.slot16_buffer_ = c->grads16[slot];
-    t.dest_ = reinterpret_cast<std::byte*>(t.slot16_buffer_->data() + b);
-  }
+  t.dest_ = target.dest;
+  t.slot_buffer_ = std::move(target.fp32);
+  t.slot16_buffer_ = std::move(target.half);
   return t;
-}
-
-bool ShardState::TicketCurrent(const Chunk& c, const PushTicket& t) {
-  if (t.slot16_buffer_) {
-    return t.slot_ < c.grads16.size() && t.slot16_buffer_ == c.grads16[t.slot_];
-  }
-  return t.slot_ < c.grads.size() && t.slot_buffer_ == c.grads[t.slot_];
-}
-
-GradView ShardState::ReducedGrad(const Chunk& c) const {
-  if (c.grads16.size() == 1) return {c.grads16[0]->data(), job_.grad_dtype, c.size};
-  return {c.grads[0]->data(), DType::kF32, c.size};
 }
 
 PushTicket ShardState::DiscardedPush(const PushRequest& req, uint32_t slot) const {
@@ -484,28 +448,30 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
       return InvalidArgument("FinishPush with an invalid ticket");
     if (t.discard_) return Status::Ok();  // pushed again (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
-    if (!TicketCurrent(*c, t)) {
+    if (!c->slots.Current(t.slot_, {t.slot_buffer_, t.slot16_buffer_, t.dest_})) {
       return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
     }
     if (!transfer.ok()) {
-      c->covered[t.slot_].erase(t.req_.offset);
+      c->slots.Release(t.slot_, t.req_.offset);
       return Status::Ok();
     }
-    c->landed[t.slot_] += t.req_.length;
+    c->slots.Land(t.slot_, t.req_.length);
     if (t.req_.step == kInitStep) {
-      if (c->landed[0] == c->expected_init) {
+      if (c->slots.InitComplete()) {
         if (store_) {
           if (Status st = StoreInitChunk(*c); !st.ok()) {
-            ResetCoverage(*c);  // the initial values must be pushed again
+            c->slots.ResetCoverage();  // the initial values must be pushed again
             return st.WithContext("storing the initial values of chunk " + std::to_string(c->id));
           }
         } else {
-          std::memcpy(c->master.data(), c->grads[0]->data(), c->size * sizeof(float));
+          std::memcpy(c->state.master.data(), c->slots.initial_values().data(),
+                      c->size * sizeof(float));
         }
-        std::span<const float> master = store_ ? c->grads[0]->span() : c->master.span();
+        std::span<const float> master =
+            store_ ? c->slots.initial_values() : std::span<const float>(c->state.master.span());
         if (ServingSpilled(*c)) {
-          if (Status st = WriteSpilledServing(*c, master); !st.ok()) {
-            ResetCoverage(*c);  // the initial values must be pushed again
+          if (Status st = serving_->WriteSpilled(*c, master); !st.ok()) {
+            c->slots.ResetCoverage();  // the initial values must be pushed again
             return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
           }
         } else {
@@ -513,16 +479,12 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
           ToServing(master, c->serving);
           MirrorServing(*c);  // frozen runs are never rewritten: both banks hold them
         }
-        ResetCoverage(*c);
+        c->slots.ResetCoverage();
         Publish(*c, 0, ready);
         cv_.SignalAll();
       }
-    } else if (ChunkReady(*c)) {
-      if (speculative_ && c->spec == SpecPhase::kIdle) {
-        c->spec = SpecPhase::kQueued;
-        spec_q_.push_back(IndexOf(*c));
-        spec_cv_.Signal();
-      }
+    } else if (c->slots.Complete()) {
+      policy_->OnComplete(*c);
       cv_.SignalAll();
     }
   }
@@ -530,16 +492,9 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
   return Status::Ok();
 }
 
-bool ShardState::ChunkReady(const Chunk& c) const {
-  for (uint64_t n : c.landed) {
-    if (n != c.expected) return false;
-  }
-  return true;
-}
-
 bool ShardState::StepReady(int64_t step) const {
   for (const auto& c : chunks_) {
-    if (c.version != step || !ChunkReady(c)) return false;
+    if (c.version != step || !c.slots.Complete()) return false;
   }
   return true;
 }
@@ -569,9 +524,9 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
       }
     }
     // Every chunk reduced; a speculation in progress (kSpeculating) has its report already.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == spec_speculating_; });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->ReductionsDone(); });
     if (shutdown_) return shutdown_reason_;
-    ZPS_RETURN_IF_ERROR(spec_error_);
+    ZPS_RETURN_IF_ERROR(policy_->ReductionError());
     sealed_step_ = step;  // (ForgetRank); called again before the publish, nothing is reduced twice
   }
   // Complete chunks are not touched by pushes (every range is taken), so no lock is needed.
@@ -586,15 +541,7 @@ Result<std::vector<std::pair<uint32_t, ChunkReport>>> ShardState::ReduceStep(int
   out.reserve(chunks_.size());
   MutexLock lock(&mu_);
   for (const Chunk& c : chunks_) out.emplace_back(c.id, c.report);
-  // The chunks reduced here are speculated while the coordinator decides (late), so that the
-  // commit finds them done in the common case.
-  if (speculative_ && armed_ && armed_->step == step && !mine.empty()) {
-    for (size_t i : mine) {
-      chunks_[i].spec = SpecPhase::kQueuedLate;
-      spec_q_.push_back(i);
-    }
-    spec_cv_.Signal();
-  }
+  policy_->OnReduced(step, mine);
   return out;
 }
 
@@ -606,11 +553,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
       return FailedPrecondition("commit for step " + std::to_string(order.step) +
                                 " before its gradients are complete");
     }
-    // A speculation in progress finishes: with RAM state beside the pass over the other chunks
-    // (ApplySpeculative), with a store first. Those not started are updated here instead.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) {
-      return shutdown_ || spec_busy_ == (store_ ? 0 : spec_speculating_);
-    });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->CommitReady(); });
     if (shutdown_) return shutdown_reason_;
     for (Chunk& c : chunks_) {
       if (c.spec == SpecPhase::kQueuedLate) c.spec = SpecPhase::kReduced;
@@ -625,40 +568,22 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     snap = snapshot_.lock();
   }
   const bool rewrite_serving = !order.skip && serving_in_store_;
-  if (rewrite_serving) BeginServingRewrite();
-  Status st;
-  if (speculative_) {
-    st = ApplySpeculative(order);
-  } else if (!order.skip && store_) {
-    st = StoreUpdate(order);
-  } else if (!order.skip) {
-    for (size_t i = 0; i < chunks_.size() && st.ok(); ++i) {
-      Chunk& c = chunks_[i];
-      if (snap) {  // a checkpoint is still being written: it keeps the pre-update buffers
-        st = UpdateForSnapshot(i, *snap, order, c.serving);
-        continue;
-      }
-      st = UpdateChunk(c, {c.master.span(), c.m.span(), c.v.span()}, c.serving, order);
-    }
-  }
-  if (!st.ok() && rewrite_serving) EndServingRewrite(st);
+  if (rewrite_serving) serving_->BeginRewrite();
+  Status st = policy_->Apply(order, snap);
+  if (!st.ok() && rewrite_serving) serving_->EndRewrite(st);
   ZPS_RETURN_IF_ERROR(st);
   std::vector<std::pair<Waiter, Status>> ready;
   {
     MutexLock lock(&mu_);
     for (Chunk& c : chunks_) {
-      ResetCoverage(c);
-      if (store_ && c.spec == SpecPhase::kSpeculated) free_spares_.push_back(c.spare);
+      c.slots.ResetCoverage();
+      policy_->OnPublished(c);
       c.spec = SpecPhase::kIdle;
       c.spare = -1;
       Publish(c, order.step + 1, ready);
     }
-    spec_q_.clear();
-    if (next && speculative_) armed_ = *next;
-    if (rewrite_serving) {
-      ++serving_gen_;  // even again, together with the new version
-      reader_cv_.SignalAll();
-    }
+    policy_->OnCommitted(next);
+    if (rewrite_serving) serving_->Published();
   }
   Answer(ready, order.step + 1);
   return Status::Ok();
@@ -670,7 +595,7 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
     if (st.ok() && ServingSpilled(*c)) {
       MutexLock lock(&mu_);
       if (!shutdown_) {
-        QueueSpilledFetch(std::move(w));
+        serving_->Queue(std::move(w));
         continue;
       }
       const Status reason = shutdown_reason_;
@@ -685,18 +610,21 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
   }
 }
 
+void ShardState::ArmSpeculation(const CommitOrder& assumed) { policy_->Arm(assumed); }
+
+SpeculationStats ShardState::speculation_stats() const {
+  MutexLock lock(&mu_);
+  return policy_->stats();
+}
+
 Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
   MutexLock lock(&mu_);
   uint64_t dropped = 0;
   auto forget = [&](Chunk& c, uint32_t slot) -> Status {
-    if (c.covered[slot].empty() && c.landed[slot] == 0) return Status::Ok();
-    dropped += c.landed[slot];
-    c.covered[slot].clear();
-    c.landed[slot] = 0;
-    // As FreshSlots: a buffer a ticket still holds is replaced, so the old transfer writes
-    // into memory no one reads and FinishPush refuses it.
-    if (slot < c.grads.size()) ZPS_RETURN_IF_ERROR(FreshSlot(c.grads[slot], c.size));
-    if (slot < c.grads16.size()) ZPS_RETURN_IF_ERROR(FreshSlot(c.grads16[slot], c.size));
+    // A buffer a ticket still holds is replaced, so the old transfer writes into memory no one
+    // reads and FinishPush refuses it.
+    ZPS_ASSIGN_OR_RETURN(uint64_t n, c.slots.Forget(slot));
+    dropped += n;
     return Status::Ok();
   };
   for (Chunk& c : chunks_) {
@@ -708,12 +636,12 @@ Result<uint64_t> ShardState::ForgetRank(uint32_t rank) {
     if (job_.mode == ReductionMode::kPreReduced) {
       // Slices have no per-rank owner, and every rank restarts the step with a new
       // communicator (the coordinator's worker generation): the whole step is pushed again.
-      for (uint32_t slot = 0; slot < c.covered.size(); ++slot) ZPS_RETURN_IF_ERROR(forget(c, slot));
+      for (uint32_t slot = 0; slot < c.slots.count(); ++slot) ZPS_RETURN_IF_ERROR(forget(c, slot));
       continue;
     }
     for (uint32_t micro = 0; micro < accum_; ++micro) {
       const uint32_t slot = rank * accum_ + micro;
-      if (slot < c.covered.size()) ZPS_RETURN_IF_ERROR(forget(c, slot));
+      if (slot < c.slots.count()) ZPS_RETURN_IF_ERROR(forget(c, slot));
     }
   }
   return dropped;
@@ -729,37 +657,13 @@ std::vector<uint32_t> ShardState::MissingRanks(int64_t step) const {
       if (c.version != step) continue;
       for (uint32_t micro = 0; micro < accum_ && !missing; ++micro) {
         const uint32_t slot = rank * accum_ + micro;
-        missing = slot < c.landed.size() && c.landed[slot] != c.expected;
+        missing = slot < c.slots.count() && c.slots.landed(slot) != c.slots.expected();
       }
       if (missing) break;
     }
     if (missing) out.push_back(rank);
   }
   return out;
-}
-
-void ShardState::ResetCoverage(Chunk& c) {
-  for (auto& cov : c.covered) cov.clear();
-  std::fill(c.landed.begin(), c.landed.end(), 0);
-}
-
-template <typename T>
-Status ShardState::FreshSlot(std::shared_ptr<AlignedBuffer<T>>& g, uint64_t size) {
-  // Only tickets share a slot buffer, and none can be made without mu_: a count of 1 means no
-  // transfer can write into it any more.
-  if (g.use_count() == 1) {
-    std::fill(g->span().begin(), g->span().end(), T{0});
-    return Status::Ok();
-  }
-  ZPS_ASSIGN_OR_RETURN(auto fresh, AlignedBuffer<T>::Allocate(size));  // zeroed
-  g = std::make_shared<AlignedBuffer<T>>(std::move(fresh));
-  return Status::Ok();
-}
-
-Status ShardState::FreshSlots(Chunk& c) {
-  for (auto& g : c.grads) ZPS_RETURN_IF_ERROR(FreshSlot(g, c.size));
-  for (auto& g : c.grads16) ZPS_RETURN_IF_ERROR(FreshSlot(g, c.size));
-  return Status::Ok();
 }
 
 void ShardState::Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready) {
@@ -802,7 +706,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
     return;
   }
   if (c->version >= req.min_version && ServingSpilled(*c)) {
-    QueueSpilledFetch({req, std::move(cb)});  // read back from NVMe by the serving reader
+    serving_->Queue({req, std::move(cb)});  // read back from NVMe by the serving reader
     return;
   }
   if (c->version >= req.min_version) {
@@ -827,28 +731,18 @@ void ShardState::Shutdown(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   cv_.SignalAll();
-  reader_cv_.SignalAll();
-  spec_cv_.SignalAll();
+  serving_->Wake();
+  policy_->Wake();
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 
 uint32_t ShardState::GradientCrc() const {
   MutexLock lock(&mu_);
   uint32_t crc = 0;
-  for (const auto& c : chunks_) {
-    for (const auto& g : c.grads) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
-    for (const auto& g : c.grads16) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
-    for (size_t slot = 0; slot < c.covered.size(); ++slot) {
-      for (const auto& [b, e] : c.covered[slot]) {
-        const uint64_t range[2] = {b, e};
-        crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint64_t>(range)));
-      }
-      crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint64_t>(&c.landed[slot], 1)));
-    }
-  }
+  for (const auto& c : chunks_) crc = c.slots.Crc(crc);
   return crc;
 }
 
@@ -870,13 +764,11 @@ uint32_t ShardState::StateCrc() const {
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
     } else {
       MutexLock lock(&mu_);
-      crc = Crc32cExtend(crc, std::as_bytes(c.master.span()));
-      crc = Crc32cExtend(crc, std::as_bytes(c.m.span()));
-      crc = Crc32cExtend(crc, std::as_bytes(c.v.span()));
+      crc = c.state.Crc(crc);
     }
     if (ServingSpilled(c)) {
       std::vector<uint16_t> serving;
-      if (Status st = ServingCopy(c, serving); !st.ok()) {
+      if (Status st = serving_->Copy(c, serving); !st.ok()) {
         ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
       }
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
@@ -905,17 +797,14 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
     crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
     if (ServingSpilled(*c)) {
       std::vector<uint16_t> serving;
-      ZPS_RETURN_IF_ERROR(ServingCopy(*c, serving));
+      ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
       return Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
     }
     MutexLock lock(&mu_);
     return Crc32cExtend(crc, std::as_bytes(c->serving));
   }
   MutexLock lock(&mu_);
-  uint32_t crc = Crc32c(c->master.data(), c->size * sizeof(float));
-  if (c->m.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->m.span()));
-  if (c->v.size() == c->size) crc = Crc32cExtend(crc, std::as_bytes(c->v.span()));
-  return Crc32cExtend(crc, std::as_bytes(c->serving));
+  return Crc32cExtend(c->state.Crc(0), std::as_bytes(c->serving));
 }
 
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
@@ -927,7 +816,7 @@ Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
     return master;
   }
   MutexLock lock(&mu_);
-  return std::vector<float>(c->master.data(), c->master.data() + c->size);
+  return std::vector<float>(c->state.master.data(), c->state.master.data() + c->size);
 }
 
 }  // namespace zps::server

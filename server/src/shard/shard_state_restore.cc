@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "shard/chunk_layout.h"
+#include "shard/serving_tier.h"
+#include "shard/shard_chunk.h"
+#include "shard/update_policy.h"
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
 
@@ -32,7 +36,8 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
         }));
   }
   for (const Chunk& c : chunks_) {
-    ZPS_RETURN_IF_ERROR(fn(c.id, version, c.master.span(), c.m.span(), c.v.span()));
+    const ConstChunkState st = c.state.spans();
+    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, st.m, st.v));
   }
   return Status::Ok();
 }
@@ -45,7 +50,7 @@ void ShardState::FailWaiters(const Status& reason) {
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
@@ -62,13 +67,8 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     MutexLock lock(&mu_);
     ++epoch_;
     // The chunk being speculated reads the live state and the gradient slots: let it finish.
-    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || spec_busy_ == 0; });
-    spec_q_.clear();
-    armed_.reset();
-    free_spares_.clear();
-    for (size_t k = 0; store_ && k < spares_.size(); ++k)
-      free_spares_.push_back(static_cast<int>(k));
-    spec_error_ = Status::Ok();
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->Idle(); });
+    policy_->Reset();
     snap = snapshot_.lock();
     sealed_step_ = INT64_MIN;
     for (Chunk& c : chunks_) {
@@ -76,16 +76,16 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       c.spare = -1;
       for (auto& w : c.waiters) failed.push_back(std::move(w));
       c.waiters.clear();
-      ResetCoverage(c);
-      if (slots.ok()) slots = FreshSlots(c);
+      c.slots.ResetCoverage();
+      if (slots.ok()) slots = c.slots.Fresh();
       c.version = -1;  // nothing is served until the state is back
     }
-    for (auto& w : TakeSpilledFetches()) failed.push_back(std::move(w));
+    for (auto& w : serving_->TakeQueued()) failed.push_back(std::move(w));
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
   ZPS_RETURN_IF_ERROR(slots);
   for (size_t i = 0; snap && i < chunks_.size(); ++i) snap->Preserve(i);
-  if (serving_in_store_) BeginServingRewrite();
+  if (serving_in_store_) serving_->BeginRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
@@ -109,23 +109,22 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
           return Status::Ok();
         }));
     // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
-    // failed restore is retried by the caller (ResetTo again), which clears serving_error_.
-    if (serving_in_store_) EndServingRewrite(Status::Ok());
+    // failed restore is retried by the caller (ResetTo again), which clears the tier's error.
+    if (serving_in_store_) serving_->EndRewrite(Status::Ok());
     ZPS_RETURN_IF_ERROR(restored);
   }
   for (Chunk& c : chunks_) {
     if (store_) break;
     c.serving = ServingFor(c, version);  // the bank of the version restored
     if (version < 0) {
-      std::fill(c.master.span().begin(), c.master.span().end(), 0.0f);
-      std::fill(c.m.span().begin(), c.m.span().end(), 0.0f);
-      std::fill(c.v.span().begin(), c.v.span().end(), 0.0f);
+      c.state.Zero();
       std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
       MirrorServing(c);
       continue;
     }
-    ZPS_RETURN_IF_ERROR(load(c.id, c.master.span(), c.m.span(), c.v.span()));
-    ToServing(c.master.span(), c.serving);
+    const ChunkState st = c.state.spans();
+    ZPS_RETURN_IF_ERROR(load(c.id, st.master, st.m, st.v));
+    ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
   if (version >= 1) {
@@ -149,77 +148,16 @@ Status ShardState::CountIo(Status s) const {
 Status ShardState::StoreInitChunk(Chunk& c) {
   const std::vector<float> zeros(c.size, 0.0f);
   const std::span<const float> z(zeros);
-  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.grads[0]->span(),
-                                    moments_ >= 1 ? z : std::span<const float>(),
-                                    moments_ >= 2 ? z : std::span<const float>()));
-}
-
-Status ShardState::StoreUpdate(const CommitOrder& order) {
-  // The same per-chunk update as the RAM path, fed by the read-ahead / write-behind pipeline.
-  // The gradient (slot 0) is a RAM buffer of the chunk; the serving copy is too, or, with
-  // serving records, the store's (resident in place, spilled written behind).
-  PassOptions pass;
-  pass.serving = serving_in_store_;
-  return CountIo(
-      store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
-        const Chunk& c = chunks_[i];
-        return UpdateChunk(c, {s.state.master, s.state.m, s.state.v},
-                           serving_in_store_ ? s.serving : c.serving, order);
-      }));
-}
-
-Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
-                               const CommitOrder& order, const ConstChunkState* source,
-                               const Optimizer* opt) const {
-  if (opt == nullptr) opt = optimizer_.get();
-  const int64_t applied = order.optimizer_step - 1;  // the schedule's index (lr_schedule.h)
-  const GradView grad = ReducedGrad(c);
-  const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
-  const size_t grad_size = DTypeSize(grad.dtype);
-  for (const Chunk::Run& r : c.runs) {
-    if (r.frozen) {
-      // Never updated. Out of place, its state is carried over to the buffers that replace the
-      // live ones (a spare, or fresh ones beside a snapshot), which hold older bytes or none.
-      if (source != nullptr) {
-        auto keep = [&](std::span<const float> from, std::span<float> to) {
-          if (to.empty()) return;
-          std::copy(from.begin() + r.begin, from.begin() + r.end, to.begin() + r.begin);
-        };
-        keep(source->master, st.master);
-        keep(source->m, st.m);
-        keep(source->v, st.v);
-      }
-      continue;
-    }
-    const ParamGroup& g = groups_[r.group];
-    const uint64_t n = r.end - r.begin;
-    UpdateParams up;
-    up.step = order.optimizer_step;
-    up.grad_scale = order.grad_scale;
-    up.out_dtype = job_.serving_dtype;
-    up.lr = schedule_.LrFor(applied, g.lr);
-    up.weight_decay = g.weight_decay;
-    if (!serving.empty()) {
-      if (job_.serving_dtype == DType::kF32) {
-        up.out32 = {reinterpret_cast<float*>(serving.data()) + r.begin, n};
-      } else {
-        up.out16 = serving.subspan(r.begin, n);
-      }
-    }
-    auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
-    ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
-    if (source != nullptr)
-      up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
-    ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
-  }
-  return Status::Ok();
+  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.slots.initial_values(),
+                                    kinds_->has(StateKind::kM) ? z : std::span<const float>(),
+                                    kinds_->has(StateKind::kV) ? z : std::span<const float>()));
 }
 
 Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
                                   std::vector<float>& v) const {
   master.assign(c.size, 0.0f);
-  m.assign(moments_ >= 1 ? c.size : 0, 0.0f);
-  v.assign(moments_ >= 2 ? c.size : 0, 0.0f);
+  m.assign(kinds_->has(StateKind::kM) ? c.size : 0, 0.0f);
+  v.assign(kinds_->has(StateKind::kV) ? c.size : 0, 0.0f);
   return CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), master, m, v));
 }
 
@@ -229,9 +167,9 @@ ShardStorageStats ShardState::storage_stats() const {
   if (store_) out.store = store_->stats();
   out.io_errors = io_errors_.load(std::memory_order_relaxed);
   out.serving_in_store = serving_in_store_;
-  out.serving_staging_bytes = StagingBytes();
-  out.spilled_fetches = spilled_fetches_.load(std::memory_order_relaxed);
-  out.spilled_fetch_reads = spilled_fetch_reads_.load(std::memory_order_relaxed);
+  out.serving_staging_bytes = serving_->staging_bytes();
+  out.spilled_fetches = serving_->fetches();
+  out.spilled_fetch_reads = serving_->reads();
   return out;
 }
 

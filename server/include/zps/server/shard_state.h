@@ -270,6 +270,11 @@ struct SpeculationStats {
 /// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
 inline constexpr uint32_t kServingStagingBuffers = 4;
 
+// ShardState's parts (server/src/shard/).
+class BufferPool;
+class ChunkLayout;
+struct ChunkBuffers;
+
 class ShardState {
  public:
   /// `spill`: when set, master, m and v live in a ChunkStore made with these options (its
@@ -430,6 +435,17 @@ class ShardState {
   void FailWaiters(const Status& reason);
 
  private:
+  // The parts (server/src/shard/), each with one job and its own lock or none:
+  //   chunk_layout.h     what a chunk stores (kinds master/m/v/serving, dtypes, sizes)
+  //   shard_chunk.h      the chunk table's entry (Chunk): versions, waiters, phase (mu_)
+  //   gradient_slots.h   a chunk's gradient slots and coverage (mu_)
+  //   update_policy.h    when the optimizer runs: sync or speculative (mu_)
+  //   buffer_pool.h      the snapshot buffers (a leaf lock)
+  //   serving_tier.h     spilled serving copies and their reader (mu_)
+  //   serving_staging.h  its staging buffers and read cache (a leaf lock)
+  // Lock order: mu_, then the store's internal mutex (no store callback takes mu_) or a leaf; a
+  // Snapshot's mu_ is never taken under mu_ (shard_state_snapshot.cc). Callbacks run after mu_
+  // is released.
   struct Waiter {
     FetchRequest req;
     FetchCallback cb;
@@ -451,175 +467,83 @@ class ShardState {
     kQueuedLate,
     kSpeculating
   };
-  struct Spare {  // the updated state of a speculated chunk, until the commit
-    AlignedBuffer<float> master, m, v;
-    AlignedBuffer<uint16_t> serving;  // with a store only (RAM state: the next serving bank)
-  };
-  class ServingStaging;  // staging buffers + read cache of spilled serving copies
-  struct Chunk {
-    uint32_t id = 0;
-    uint64_t size = 0;
-    AlignedBuffer<float> master, m, v;
-    std::span<uint16_t> serving;   // from the ServingAllocator (or serving_own_, or the store's
-                                   // resident serving RAM), zeroed at Create; empty if spilled.
-                                   // With banks: banks[version % 2] (Publish sets it).
-    std::span<uint16_t> banks[2];  // "Serving banks"; empty when there is one
-    // Shared with the push tickets writing into them (see "Rollback fence"). fp32 job: one
-    // fp32 slot per contributor in `grads`, `grads16` empty. 16-bit job: `grads16` has the
-    // slots; `grads` holds only slot 0, where initial values land and several 16-bit slots
-    // are summed.
-    std::vector<std::shared_ptr<AlignedBuffer<float>>> grads;
-    std::vector<std::shared_ptr<AlignedBuffer<uint16_t>>> grads16;
-    std::vector<std::map<uint64_t, uint64_t>> covered;  // per slot: begin -> end (reserved)
-    std::vector<uint64_t> landed;                       // per slot: elements completed
-    std::vector<std::pair<uint64_t, uint64_t>> params;  // parameter runs [begin, end), sorted
-    std::vector<uint8_t> params_frozen;                 // per entry of params: 1 = frozen
-    uint64_t expected = 0;       // trained (not frozen) parameter elements: a step's coverage
-    uint64_t expected_init = 0;  // all parameter elements: the initial values' coverage
-    struct Run {                 // [begin, end) of one group (or frozen), covering the chunk
-      uint64_t begin = 0, end = 0;
-      uint32_t group = 0;
-      bool frozen = false;
-    };
-    std::vector<Run> runs;
-    int64_t version = -1;
-    std::vector<Waiter> waiters;
-    // These four are ShardState::mu_'s (a nested struct's annotation cannot name the
-    // enclosing object's mutex; the analysis checks them through Sealed and the REQUIRES(mu_)
-    // functions that take a Chunk).
-    SpecPhase spec = SpecPhase::kIdle;
-    ChunkReport report;      // kReduced / kSpeculated
-    CommitOrder spec_order;  // kSpeculated
-    int spare = -1;          // index into spares_ (kSpeculated)
-  };
+  struct Chunk;  // shard_chunk.h
+  // When the optimizer runs (update_policy.h): sync or speculative.
+  class UpdatePolicy;
+  class SyncUpdate;
+  class SpeculativeUpdate;
+  class ServingTier;  // spilled serving copies and their reader (serving_tier.h)
 
-  ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job, ThreadPool* pool);
+  ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& job,
+             const OptimizerConfig& optimizer, ThreadPool* pool);
   Chunk* FindChunk(uint32_t id);
   const Chunk* FindChunk(uint32_t id) const;
-  bool ChunkReady(const Chunk& c) const REQUIRES(mu_);
+  bool StepReady(int64_t step) const REQUIRES(mu_);
   // The chunk's gradients of the step in progress are complete and taken by the reduction (the
   // step is sealed, or the speculation thread queued or reduced the chunk, which sums the slots
   // in place): ForgetRank leaves its slots, and a rank's re-push is dropped.
-  bool Sealed(const Chunk& c) const REQUIRES(mu_) {
-    return c.version == sealed_step_ || c.spec != SpecPhase::kIdle;
-  }
-  bool StepReady(int64_t step) const REQUIRES(mu_);
-  // Whether the ticket's slot buffer is still the chunk's (not replaced by ForgetRank or a
-  // rollback since BeginPush).
-  static bool TicketCurrent(const Chunk& c, const PushTicket& t);
-  // The reduced gradient of a chunk (after ReduceChunk): the one 16-bit slot as it landed, or
-  // the fp32 slot 0.
-  GradView ReducedGrad(const Chunk& c) const;
+  bool Sealed(const Chunk& c) const REQUIRES(mu_);
   // A ticket that receives the push into a staging buffer and is dropped by FinishPush.
   PushTicket DiscardedPush(const PushRequest& req, uint32_t slot) const REQUIRES(mu_);
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
-  void ResetCoverage(Chunk& c);
-  Status FreshSlots(Chunk& c) REQUIRES(mu_);  // see ResetTo
-  // Zeroes a slot buffer, or replaces it with a zeroed one while a ticket still holds it.
-  template <typename T>
-  static Status FreshSlot(std::shared_ptr<AlignedBuffer<T>>& g, uint64_t size);
   // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
-  // Spilled serving copies (shard_state_serving.cc).
-  bool ServingSpilled(const Chunk& c) const { return serving_in_store_ && c.serving.empty(); }
-  Status InitServingStore();  // after store_ is made: resident spans, staging, reader
-  void StopServingReader();
-  void ServingReaderLoop();
-  void QueueSpilledFetch(Waiter w) REQUIRES(mu_);
-  std::vector<Waiter> TakeSpilledFetches() REQUIRES(mu_);
-  Status WriteSpilledServing(Chunk& c, std::span<const float> master) REQUIRES(mu_);
-  Status ServingCopy(const Chunk& c, std::vector<uint16_t>& out) const;  // store: not under mu_
-  void BeginServingRewrite();                                            // takes mu_
-  void EndServingRewrite(const Status& result);                          // takes mu_
-  uint64_t StagingBytes() const;
+  // Whether c's serving copy is a spilled store record (serving_tier.h).
+  bool ServingSpilled(const Chunk& c) const;
+  Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
-  Status StoreInitChunk(Chunk& c);  // writes grads[0] as master (m = v = 0) to the store
-  Status StoreUpdate(const CommitOrder& order);
+  Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
+  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
+                        std::vector<float>& v) const;
+  // The serving copy (serving_words_ words an element) of `master` (serving_tier.cc).
+  void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
+  // What every update policy runs on a chunk (update_policy.cc).
+  // Reduces the chunk's slots (GradientSlots::Reduce), zeroes its frozen runs, computes the
+  // report (with `opt`; null: optimizer_).
+  Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
   // The fused update of one chunk, run by run (groups, frozen), writing `serving` (words).
   // `source` (out of place): the old state is read from there, `st` is written.
   // `opt`: the optimizer to run it with (null: optimizer_, on the pool).
   Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
                      const CommitOrder& order, const ConstChunkState* source = nullptr,
                      const Optimizer* opt = nullptr) const;
-  // The serving copy (serving_words_ words an element) of `master`.
-  void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
-  Status BuildRuns();  // at Create: params_frozen, expected, runs of every chunk
-  // Speculation (shard_state_speculate.cc).
-  Status InitSpeculation(uint64_t spare_budget);  // at Create: spares, the thread
-  void StopSpeculation();
-  void SpeculationLoop();
-  // Sums the slots in contributor order into slot 0 (16-bit slots: widened into the fp32 slot
-  // 0; one 16-bit slot stays as it is), zeroes frozen runs of the reduced gradient, computes
-  // the report (with `opt`; null: optimizer_).
-  Result<ChunkReport> ReduceChunk(Chunk& c, const Optimizer* opt = nullptr) const;
-  // Copies the live state into `sp` and updates it with `order`.
-  Status Speculate(const Chunk& c, Spare& sp, const CommitOrder& order);
-  Status PublishSpare(Chunk& c, Spare& sp);  // live state <- spare: the store write (store)
-  // Where version `version` of c's serving copy is written and served from: its bank (version
-  // < 0: bank 0), or the one copy.
-  static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version) {
-    if (c.banks[0].empty()) return c.serving;
-    return c.banks[std::max<int64_t>(version, 0) & 1];
-  }
-  // With banks: copies c's current serving copy into the other bank (after it was written
-  // outside a step, or for a skipped step, whose version advances over unchanged bytes).
-  static void MirrorServing(const Chunk& c);
-  // The commit of a speculative step: publishes, redoes or drops each chunk's speculation;
-  // a chunk still being speculated (RAM state) last, once its speculation is done.
-  Status ApplySpeculative(const CommitOrder& order);
-  struct SpecCounts {
-    uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
-  };
-  // ApplySpeculative for `chunks` (indices; none in kSpeculating), adding to `n` and the stats.
-  Status ApplySpeculativeTo(const std::vector<size_t>& chunks, const CommitOrder& order,
-                            SpecCounts& n);
-  static bool SameOrder(const CommitOrder& a, const CommitOrder& b);
-  // Buffers handed back by a snapshot once written, reused for the next out-of-place update
-  // while a snapshot is open (shard_state_snapshot.cc): no page faults, no zeroing.
-  Result<AlignedBuffer<float>> TakeBuffer(size_t n);
-  void GiveBuffer(AlignedBuffer<float> b);
   // The sync update of chunk i while `snap` may still need its state: out of place into fresh
   // buffers, then the old ones go to the snapshot (or back to the pool).
   Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
                            std::span<uint16_t> serving);
-  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
-                        std::vector<float>& v) const;
-  size_t IndexOf(const Chunk& c) const { return static_cast<size_t>(&c - chunks_.data()); }
+  // Where version `version` of c's serving copy is written and served from: its bank (version
+  // < 0: bank 0), or the one copy.
+  static std::span<uint16_t> ServingFor(const Chunk& c, int64_t version);
+  // With banks: copies c's current serving copy into the other bank (after it was written
+  // outside a step, or for a skipped step, whose version advances over unchanged bytes).
+  static void MirrorServing(const Chunk& c);
+  size_t IndexOf(const Chunk& c) const;
 
   const Layout layout_;
   const uint32_t ordinal_;
   const ShardJob job_;
   ThreadPool* pool_;
+  const std::unique_ptr<const ChunkLayout> kinds_;  // what a chunk stores
   std::unique_ptr<Optimizer> optimizer_;
-  // The speculation thread's: the same configuration on a pool of its own, as wide as the
-  // shard's (none with one thread; the same bits: the optimizer's work split does not depend on
-  // threads), so that a chunk it speculates runs beside the commit's pass over the others
-  // instead of queueing for the shard's pool.
-  std::unique_ptr<ThreadPool> spec_pool_;  // "zps-spec-N"; destroyed after spec_optimizer_
-  std::unique_ptr<Optimizer> spec_optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
-  uint32_t serving_words_ = 1;  // 16-bit words per serving element (2 for fp32)
-  uint32_t accum_ = 1;          // accumulation_steps
+  const uint32_t serving_words_;  // 16-bit words per serving element (2 for fp32)
+  uint32_t accum_ = 1;            // accumulation_steps
   std::vector<uint32_t> chunk_ids_;
-  std::vector<Chunk> chunks_;             // same order as chunk_ids_
+  std::vector<Chunk> chunks_;             // the chunk table, same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given
   uint64_t serving_bank_bytes_ = 0;       // "Serving banks"; 0: one bank
   // Set at Create when spilling; store chunk i is chunks_[i]. Internally synchronised (lock
-  // order above). When set, Chunk::master/m/v are empty.
+  // order above). When set, Chunk::state is empty.
   std::unique_ptr<ChunkStore> store_;
   std::vector<uint32_t> store_ids_;             // 0 .. chunks_.size() - 1 (a full pass)
-  uint32_t moments_ = 0;                        // the store's moments (0, 1 = m, 2 = m and v)
   mutable std::atomic<uint64_t> io_errors_{0};  // failed store operations
   bool serving_in_store_ = false;               // set at Create: serving copies are store records
-  std::unique_ptr<ServingStaging> staging_;     // set at Create when a serving copy spills
   // Where pushes received to be dropped land before FinishPush: reused, not zeroed. Internally
   // synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB of released buffers
   // beyond those in flight.
   mutable StagingPool push_staging_{size_t{64} << 20};
-  std::thread serving_reader_;  // "zps-serving-rd": answers spilled fetches
-  std::atomic<uint64_t> spilled_fetches_{0}, spilled_fetch_reads_{0};
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -627,36 +551,18 @@ class ShardState {
   int64_t sealed_step_ GUARDED_BY(mu_) = INT64_MIN;  // complete, being reduced (ForgetRank)
   bool shutdown_ GUARDED_BY(mu_) = false;
   Status shutdown_reason_ GUARDED_BY(mu_);
-  std::deque<Waiter> spilled_q_ GUARDED_BY(mu_);  // fetches of spilled serving copies to answer
-  // Odd while a pass rewrites serving copies (update, restore); a read of a spilled copy is
-  // valid only if the generation was even and the same before and after it.
-  uint64_t serving_gen_ GUARDED_BY(mu_) = 0;
-  Status serving_error_ GUARDED_BY(mu_);  // a failed update pass: spilled fetches fail
-  bool reader_stop_ GUARDED_BY(mu_) = false;
-  CondVar reader_cv_;  // the serving reader waits on it (with mu_)
 
-  // Speculation (UpdateMode::kSpeculative). Spares are per chunk without a store (spares_[i]
-  // belongs to chunks_[i]), else a pool of what fits in the budget (free_spares_).
-  bool speculative_ = false;
-  std::vector<Spare> spares_;
-  uint64_t spare_bytes_ = 0;
-  std::vector<int> free_spares_ GUARDED_BY(mu_);
-  std::deque<size_t> spec_q_ GUARDED_BY(mu_);  // chunk indices to speculate
-  std::optional<CommitOrder> armed_ GUARDED_BY(mu_);
-  bool spec_stop_ GUARDED_BY(mu_) = false;
-  int spec_busy_ GUARDED_BY(mu_) = 0;         // chunks being reduced/speculated
-  int spec_speculating_ GUARDED_BY(mu_) = 0;  // of those, in kSpeculating
-  CondVar spec_cv_;                           // the speculation thread waits on it (with mu_)
-  std::thread spec_thread_;                   // "zps-speculate"
-  SpeculationStats spec_stats_ GUARDED_BY(mu_);
-  Status spec_error_ GUARDED_BY(mu_);  // a failed reduction (ReduceStep)
-  std::function<void(std::string_view, int64_t)> test_hook_;
-  // The open snapshot of a background checkpoint (shard_state_snapshot.cc).
+  std::function<void(std::string_view, int64_t)> test_hook_;  // SetTestHook
+  // The open snapshot of a background checkpoint (shard_state_snapshot.cc), and the buffers it
+  // hands back for the next out-of-place update (buffer_pool.h).
   std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
-  Mutex buffers_mu_ ACQUIRED_AFTER(mu_);                                         // a leaf lock
-  std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(buffers_mu_);  // by size
-  std::thread reserve_thread_;             // "zps-reserve" (ReserveSnapshotBuffers)
-  std::atomic<bool> reserve_stop_{false};  // the destructor stops it between buffers
+  const std::unique_ptr<BufferPool> buffers_;
+  // When the optimizer runs: sync, or speculative with its thread and spares (update_policy.h);
+  // its fields are mu_'s. Declared after mu_ (destroyed first); the destructor stops it.
+  std::unique_ptr<UpdatePolicy> policy_;
+  // Spilled serving copies: the fetch queue and generation (mu_'s) and the "zps-serving-rd"
+  // reader (serving_tier.h). After mu_; the destructor stops it.
+  const std::unique_ptr<ServingTier> serving_;
 };
 
 /// A consistent copy-on-write snapshot of a shard's master, m and v at one version
@@ -680,24 +586,20 @@ class ShardState::Snapshot {
   uint64_t copied_on_write() const;
 
   Snapshot(ShardState* state, int64_t version);  // use ShardState::BeginSnapshot
+  ~Snapshot();
 
  private:
   friend class ShardState;
   enum class Phase : uint8_t { kLive, kCopied, kTaken };
-  struct Entry {
-    Phase phase = Phase::kLive;
-    AlignedBuffer<float> master, m, v;  // kCopied
-  };
+  struct Entry;                 // per chunk: its phase and, once copied, its state
   void Preserve(size_t index);  // before chunk `index` changes
   // Before chunk `index`'s buffers are replaced (a speculative publish): when the snapshot still
-  // needs the live state, takes the three buffers themselves (no copy) and returns true.
-  bool Adopt(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
-             AlignedBuffer<float>& v);
+  // needs the live state, takes the buffers themselves (no copy) and returns true.
+  bool Adopt(size_t index, ChunkBuffers& live);
   // Whether the snapshot still needs chunk `index`'s live state (no copy of its own yet).
   bool Live(size_t index) const;
-  // Copies chunk `index`'s live state into the three buffers (sized here, from the pool).
-  Status CopyLive(size_t index, AlignedBuffer<float>& master, AlignedBuffer<float>& m,
-                  AlignedBuffer<float>& v) const;
+  // Copies chunk `index`'s live state into `to` (sized here, from the pool).
+  Status CopyLive(size_t index, ChunkBuffers& to) const;
 
   ShardState* state_;
   const int64_t version_;

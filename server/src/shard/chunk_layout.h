@@ -1,0 +1,110 @@
+// What one chunk of a shard stores, described once: the kinds of state (master, Adam m and v,
+// the serving copy), their dtypes and element sizes, and the buffers that hold a chunk's
+// optimizer state. Buffer sizes, the store's options, spare sets, CRCs and copies are derived
+// from here; a new kind or dtype of state changes this file and the optimizer kernel.
+//
+// Thread-safety: ChunkLayout is immutable after For(). ChunkBuffers is a plain value: its owner
+// synchronises it (ShardState::mu_ for the live state, the snapshot's mutex for its copies).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "zps/common/aligned_buffer.h"
+#include "zps/common/dtype.h"
+#include "zps/common/status.h"
+#include "zps/server/optimizer.h"
+
+namespace zps::server {
+
+/// The kinds of state a chunk stores. The first three are the optimizer's state (kStateKinds);
+/// the serving copy is what workers fetch, derived from the master.
+enum class StateKind : uint8_t { kMaster = 0, kM = 1, kV = 2, kServing = 3 };
+inline constexpr size_t kNumStateKinds = 4;
+/// The optimizer-state kinds, in the order every CRC, copy and store record lists them.
+inline constexpr std::array<StateKind, 3> kOptimizerStateKinds = {StateKind::kMaster, StateKind::kM,
+                                                                  StateKind::kV};
+
+struct StateKindInfo {
+  StateKind kind = StateKind::kMaster;
+  std::string_view name;  // "master", "m", "v", "serving"
+  bool present = false;   // the optimizer keeps it (master and serving: always)
+  DType dtype = DType::kF32;
+  uint32_t element_bytes = 4;  // DTypeSize(dtype)
+};
+
+/// The per-element description of a chunk's state for one job.
+class ChunkLayout {
+ public:
+  /// m is kept by Adam-family optimizers and SGD with momentum, v by Adam-family ones; the
+  /// serving copy has `serving_dtype` (fp16, bf16 or fp32). The optimizer state is fp32.
+  static ChunkLayout For(const OptimizerConfig& optimizer, DType serving_dtype);
+
+  const StateKindInfo& info(StateKind k) const { return kinds_[static_cast<size_t>(k)]; }
+  bool has(StateKind k) const { return info(k).present; }
+  /// The optimizer's moments as the ChunkStore counts them: 0, 1 (m) or 2 (m and v).
+  uint32_t moments() const;
+  /// 16-bit words per serving element (2 for fp32): serving spans count words.
+  uint32_t serving_words() const { return info(StateKind::kServing).element_bytes / 2; }
+  DType serving_dtype() const { return info(StateKind::kServing).dtype; }
+  /// Bytes of `n` elements of kind `k` (0 when absent).
+  uint64_t bytes(StateKind k, uint64_t n) const { return has(k) ? n * info(k).element_bytes : 0; }
+  /// Bytes of one chunk of `n` elements in the serving block: 64-byte aligned, so that every
+  /// serving copy starts on a cache line.
+  uint64_t serving_stride(uint64_t n) const {
+    return (bytes(StateKind::kServing, n) + 63) / 64 * 64;
+  }
+  /// Bytes of a spare set for a chunk of `n` elements (speculation with a store): every kind
+  /// present, each rounded up to the store's direct-I/O alignment.
+  uint64_t spare_set_bytes(uint64_t n) const;
+
+ private:
+  std::array<StateKindInfo, kNumStateKinds> kinds_;
+};
+
+/// A chunk's optimizer state (master, m, v): an empty buffer for a kind the optimizer does not
+/// keep. Move-only.
+struct ChunkBuffers {
+  AlignedBuffer<float> master, m, v;
+
+  /// Zeroed buffers of `n` elements for every optimizer-state kind `layout` keeps. Errors:
+  /// ResourceExhausted.
+  static Result<ChunkBuffers> Allocate(const ChunkLayout& layout, uint64_t n);
+
+  AlignedBuffer<float>& of(StateKind k) {
+    return k == StateKind::kMaster ? master : (k == StateKind::kM ? m : v);
+  }
+  const AlignedBuffer<float>& of(StateKind k) const {
+    return const_cast<ChunkBuffers*>(this)->of(k);
+  }
+  /// Calls fn(kind, buffer) for master, m and v, in that order.
+  template <typename Fn>
+  void ForEach(Fn&& fn) {
+    for (StateKind k : kOptimizerStateKinds) fn(k, of(k));
+  }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (StateKind k : kOptimizerStateKinds) fn(k, of(k));
+  }
+
+  ChunkState spans() { return {master.span(), m.span(), v.span()}; }
+  ConstChunkState spans() const { return {master.span(), m.span(), v.span()}; }
+  /// The first `n` elements of each buffer (a spare sized for the largest chunk).
+  ChunkState prefix(uint64_t n);
+  /// Bytes held.
+  uint64_t bytes() const;
+  /// Extends `crc` over master, m and v, in that order (absent kinds add nothing).
+  uint32_t Crc(uint32_t crc) const;
+  /// Sets every element to zero.
+  void Zero();
+  /// Copies `from` into these buffers, which must have the same sizes.
+  void CopyFrom(const ChunkBuffers& from);
+  void swap(ChunkBuffers& other) noexcept {
+    std::swap(master, other.master);
+    std::swap(m, other.m);
+    std::swap(v, other.v);
+  }
+};
+
+}  // namespace zps::server

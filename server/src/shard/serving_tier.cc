@@ -1,0 +1,173 @@
+// ShardState's spilled serving copies (serving_tier.h), and the conversion of a master into its
+// serving copy. See shard_state.h and docs/nvme.md "Serving copies".
+#include "shard/serving_tier.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "zps/common/logging.h"
+
+namespace zps::server {
+
+void ShardState::ToServing(std::span<const float> master, std::span<uint16_t> serving) const {
+  if (job_.serving_dtype == DType::kF32) {
+    std::memcpy(serving.data(), master.data(), std::min(serving.size_bytes(), master.size_bytes()));
+  } else if (job_.serving_dtype == DType::kF16) {
+    ConvertF32ToF16(master, serving);
+  } else {
+    ConvertF32ToBF16(master, serving);
+  }
+}
+
+Status ShardState::ServingTier::Start() {
+  ShardState& s = *s_;
+  uint64_t largest = 0;
+  bool any_spilled = false;
+  for (size_t i = 0; i < s.chunks_.size(); ++i) {
+    Chunk& c = s.chunks_[i];
+    c.serving = s.store_->ResidentServing(static_cast<uint32_t>(i));
+    any_spilled = any_spilled || c.serving.empty();
+    largest = std::max(largest, c.size);
+  }
+  if (!any_spilled) return Status::Ok();
+  ZPS_ASSIGN_OR_RETURN(staging_,
+                       ServingStaging::Create(kServingStagingBuffers, largest * s.serving_words_));
+  reader_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "zps-serving-rd");
+    Loop();
+  });
+  const ChunkStoreStats st = s.store_->stats();
+  ZPS_LOG(INFO) << "shard " << s.ordinal_ << ": " << st.serving_resident << "/" << st.chunks
+                << " serving copies in RAM, " << st.chunks - st.serving_resident
+                << " spilled; fetches of spilled copies are read back into "
+                << kServingStagingBuffers << " staging buffers";
+  return Status::Ok();
+}
+
+void ShardState::ServingTier::Stop() {
+  if (!reader_.joinable()) return;
+  {
+    MutexLock lock(&s_->mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  staging_->Stop();
+  reader_.join();
+}
+
+void ShardState::ServingTier::Queue(Waiter w) {
+  s_->mu_.AssertHeld();
+  queue_.push_back(std::move(w));
+  cv_.Signal();
+}
+
+std::vector<ShardState::Waiter> ShardState::ServingTier::TakeQueued() {
+  s_->mu_.AssertHeld();
+  std::vector<Waiter> out(std::make_move_iterator(queue_.begin()),
+                          std::make_move_iterator(queue_.end()));
+  queue_.clear();
+  return out;
+}
+
+void ShardState::ServingTier::Published() {
+  s_->mu_.AssertHeld();
+  ++gen_;  // even again, together with the new version
+  cv_.SignalAll();
+}
+
+void ShardState::ServingTier::BeginRewrite() {
+  MutexLock lock(&s_->mu_);
+  if (gen_ % 2 == 0) ++gen_;  // odd: readers wait
+}
+
+void ShardState::ServingTier::EndRewrite(const Status& result) {
+  {
+    MutexLock lock(&s_->mu_);
+    if (gen_ % 2 == 1) ++gen_;
+    error_ = result;
+  }
+  cv_.SignalAll();
+}
+
+Status ShardState::ServingTier::WriteSpilled(const Chunk& c, std::span<const float> master) const {
+  const ShardState& s = *s_;
+  std::vector<uint16_t> serving(c.size * s.serving_words_);
+  s.ToServing(master, serving);
+  return s.CountIo(s.store_->WriteServing(static_cast<uint32_t>(s.IndexOf(c)), serving));
+}
+
+Status ShardState::ServingTier::Copy(const Chunk& c, std::vector<uint16_t>& out) const {
+  const ShardState& s = *s_;
+  out.assign(c.size * s.serving_words_, 0);
+  if (!s.ServingSpilled(c)) {
+    std::copy(c.serving.begin(), c.serving.end(), out.begin());
+    return Status::Ok();
+  }
+  return s.CountIo(s.store_->ReadServing(static_cast<uint32_t>(s.IndexOf(c)), out));
+}
+
+// One fetch at a time, in arrival order: wait until no pass is rewriting serving copies, read
+// the chunk's copy (or take it from the cache), and answer if no rewrite began meanwhile (else
+// queue it again at the front). The callback runs without mu_.
+void ShardState::ServingTier::Loop() {
+  ShardState& s = *s_;
+  MutexLock lock(&s_->mu_);
+  for (;;) {
+    cv_.Wait(lock, [&]() REQUIRES(s_->mu_) {
+      return stop_ || s_->shutdown_ || (!queue_.empty() && gen_ % 2 == 0);
+    });
+    if (stop_ || s_->shutdown_) return;  // Shutdown fails what is queued
+    Waiter w = std::move(queue_.front());
+    queue_.pop_front();
+    const Chunk* c = s.FindChunk(w.req.chunk);
+    const int64_t version = c->version;
+    Status fail = error_;
+    if (fail.ok() && version < w.req.min_version) {
+      fail = Unavailable("chunk " + std::to_string(c->id) + " rolled back while a fetch waited");
+    }
+    if (!fail.ok()) {
+      lock.Unlock();
+      w.cb(fail, -1, {}, nullptr);
+      lock.Lock();
+      continue;
+    }
+    const uint64_t gen = gen_;
+    const auto index = static_cast<uint32_t>(s.IndexOf(*c));
+    lock.Unlock();
+    bool hit = false;
+    auto data = staging_->Get(
+        index, gen,
+        [&](uint16_t* out) {
+          return s.CountIo(
+              s.store_->ReadServing(index, {out, static_cast<size_t>(c->size * s.serving_words_)}));
+        },
+        &hit);
+    lock.Lock();
+    if (data.ok() && gen_ != gen) {  // rewritten while we read: read again later
+      queue_.push_front(std::move(w));
+      continue;
+    }
+    lock.Unlock();
+    if (!data.ok()) {
+      ZPS_LOG(ERROR) << "fetch of the spilled serving copy of chunk " << c->id << ": "
+                     << data.status().ToString();
+      w.cb(data.status(), -1, {}, nullptr);
+    } else {
+      fetches_.fetch_add(1, std::memory_order_relaxed);
+      if (!hit) reads_.fetch_add(1, std::memory_order_relaxed);
+      // The reply gets a copy of its range, never the staging buffer itself: a send to a peer
+      // that vanished may never complete (shared memory in UCX 1.13), and its data then stays
+      // held for good; a held staging buffer would stall every later spilled fetch.
+      const uint16_t* from = data->get() + w.req.offset * s.serving_words_;
+      auto copy =
+          std::make_shared<std::vector<uint16_t>>(from, from + w.req.length * s.serving_words_);
+      data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
+      w.cb(Status::Ok(), version, std::as_bytes(std::span<const uint16_t>(*copy)), copy);
+    }
+    lock.Lock();
+  }
+}
+
+}  // namespace zps::server

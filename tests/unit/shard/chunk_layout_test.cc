@@ -1,0 +1,107 @@
+// ChunkLayout (what a chunk stores, per kind) and ChunkBuffers (a chunk's optimizer state).
+#include "shard/chunk_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "zps/common/crc32c.h"
+#include "zps/server/nvme.h"
+#include "zps/testing/status_matchers.h"
+
+namespace zps::server {
+namespace {
+
+OptimizerConfig Opt(OptimizerKind kind, float momentum = 0.0f) {
+  OptimizerConfig o;
+  o.kind = kind;
+  o.momentum = momentum;
+  return o;
+}
+
+TEST(ChunkLayoutTest, AdamKeepsMasterMomentsAndServing) {
+  const ChunkLayout l = ChunkLayout::For(Opt(OptimizerKind::kAdamW), DType::kBF16);
+  for (StateKind k : {StateKind::kMaster, StateKind::kM, StateKind::kV, StateKind::kServing}) {
+    EXPECT_TRUE(l.has(k)) << l.info(k).name;
+  }
+  EXPECT_EQ(l.moments(), 2u);
+  EXPECT_EQ(l.info(StateKind::kMaster).dtype, DType::kF32);
+  EXPECT_EQ(l.info(StateKind::kV).element_bytes, 4u);
+  EXPECT_EQ(l.serving_dtype(), DType::kBF16);
+  EXPECT_EQ(l.serving_words(), 1u);
+  EXPECT_EQ(l.bytes(StateKind::kServing, 10), 20u);
+  EXPECT_EQ(l.serving_stride(10), 64u);  // one cache line
+  EXPECT_EQ(l.serving_stride(32), 64u);
+  EXPECT_EQ(l.serving_stride(33), 128u);
+}
+
+TEST(ChunkLayoutTest, SgdKeepsMomentumOnlyWhenAsked) {
+  const ChunkLayout plain = ChunkLayout::For(Opt(OptimizerKind::kSgd), DType::kF16);
+  EXPECT_FALSE(plain.has(StateKind::kM));
+  EXPECT_FALSE(plain.has(StateKind::kV));
+  EXPECT_EQ(plain.moments(), 0u);
+  EXPECT_EQ(plain.bytes(StateKind::kM, 100), 0u);
+  const ChunkLayout momentum = ChunkLayout::For(Opt(OptimizerKind::kSgd, 0.9f), DType::kF16);
+  EXPECT_TRUE(momentum.has(StateKind::kM));
+  EXPECT_FALSE(momentum.has(StateKind::kV));
+  EXPECT_EQ(momentum.moments(), 1u);
+}
+
+TEST(ChunkLayoutTest, Fp32ServingIsTwoWordsAnElement) {
+  const ChunkLayout l = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kF32);
+  EXPECT_EQ(l.serving_words(), 2u);
+  EXPECT_EQ(l.bytes(StateKind::kServing, 16), 64u);
+}
+
+TEST(ChunkLayoutTest, SpareSetCountsEveryKindAligned) {
+  const uint64_t n = 1000;
+  const ChunkLayout adam = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kBF16);
+  EXPECT_EQ(adam.spare_set_bytes(n), AlignUp(n * 4) * 3 + AlignUp(n * 2));
+  const ChunkLayout sgd = ChunkLayout::For(Opt(OptimizerKind::kSgd), DType::kF32);
+  EXPECT_EQ(sgd.spare_set_bytes(n), AlignUp(n * 4) + AlignUp(n * 4));
+}
+
+TEST(ChunkBuffersTest, AllocatesTheKindsTheLayoutKeeps) {
+  const ChunkLayout sgd = ChunkLayout::For(Opt(OptimizerKind::kSgd, 0.5f), DType::kBF16);
+  auto b = ChunkBuffers::Allocate(sgd, 7);
+  ASSERT_THAT(b.status(), IsOk());
+  EXPECT_EQ(b->master.size(), 7u);
+  EXPECT_EQ(b->m.size(), 7u);
+  EXPECT_EQ(b->v.size(), 0u);
+  EXPECT_EQ(b->bytes(), 2 * 7 * sizeof(float));
+  for (float x : b->master.span()) EXPECT_EQ(x, 0.0f);
+  EXPECT_TRUE(b->spans().v.empty());
+}
+
+TEST(ChunkBuffersTest, CrcCopyZeroPrefixSwap) {
+  const ChunkLayout adam = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kBF16);
+  auto a = ChunkBuffers::Allocate(adam, 5);
+  auto b = ChunkBuffers::Allocate(adam, 5);
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_THAT(b.status(), IsOk());
+  std::iota(a->master.span().begin(), a->master.span().end(), 1.0f);
+  std::iota(a->m.span().begin(), a->m.span().end(), 10.0f);
+  std::iota(a->v.span().begin(), a->v.span().end(), 20.0f);
+  // master, m, v in that order, as the shard's CRCs have always listed them.
+  uint32_t want = Crc32c(std::as_bytes(a->master.span()));
+  want = Crc32cExtend(want, std::as_bytes(a->m.span()));
+  want = Crc32cExtend(want, std::as_bytes(a->v.span()));
+  EXPECT_EQ(a->Crc(0), want);
+
+  b->CopyFrom(*a);
+  EXPECT_EQ(b->Crc(0), want);
+  const ChunkState p = b->prefix(2);
+  EXPECT_EQ(p.master.size(), 2u);
+  EXPECT_EQ(p.v[1], 21.0f);
+
+  b->Zero();
+  EXPECT_NE(b->Crc(0), want);
+  const float* a_master = a->master.data();
+  a->swap(*b);
+  EXPECT_EQ(b->master.data(), a_master);
+  EXPECT_EQ(b->Crc(0), want);
+  EXPECT_EQ(&a->of(StateKind::kV), &a->v);
+}
+
+}  // namespace
+}  // namespace zps::server

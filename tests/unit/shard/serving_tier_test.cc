@@ -1,0 +1,140 @@
+// The serving tier (server/src/shard/serving_tier.h) through ShardState: a spilled serving copy
+// is answered from the reader thread with an owner, read from NVMe once per version and then
+// from the cache; a fetch queued before the initial values is answered at their publish; and a
+// rollback fails the fetches that wait.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "zps/server/shard_state.h"
+#include "zps/testing/status_matchers.h"
+
+namespace zps::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kChunk = 4096;
+constexpr uint64_t kRecord = kChunk * 2;  // bf16
+
+// 1 shard, 16 chunks of 4096 elements.
+Layout SixteenChunks() {
+  auto l = Layout::Build({{"a", {16 * kChunk}}}, {.chunk_elems = kChunk, .num_shards = 1});
+  EXPECT_THAT(l, IsOk());
+  return *l;
+}
+
+std::string SpillDir() {
+  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
+  std::string dir = d != nullptr ? d : ::testing::TempDir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+// A few serving copies fit in RAM beside the staging buffers; the rest spill.
+std::unique_ptr<ShardState> Make(const Layout& layout) {
+  ChunkStoreOptions so;
+  so.memory_budget = UINT64_MAX;
+  so.serving_records = true;
+  so.serving_memory_budget = (kServingStagingBuffers + 5 + 2) * kRecord;
+  so.spill_dir = SpillDir();
+  so.file_prefix = "serving-tier-test-" + std::to_string(::getpid());
+  ShardJob job{ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
+  auto s = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
+  EXPECT_THAT(s, IsOk()) << s.status().ToString();
+  return std::move(*s);
+}
+
+void PushInit(ShardState& s, const Layout& layout) {
+  for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+    auto t = s.BeginPush({kInitStep, c, 0, kChunk, 0, DType::kF32});
+    ASSERT_THAT(t, IsOk());
+    std::vector<float> v(kChunk, 1.0f + static_cast<float>(c));
+    std::memcpy(t->destination().data(), v.data(), t->destination().size());
+    ASSERT_THAT(s.FinishPush(std::move(*t), Status::Ok()), IsOk());
+  }
+}
+
+struct Answer {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  int64_t version = -1;
+  std::vector<uint16_t> words;
+  bool owned = false;
+
+  FetchCallback Callback() {
+    return [this](const Status& s, int64_t v, std::span<const std::byte> d,
+                  std::shared_ptr<const void> owner) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      version = v;
+      words.resize(d.size() / 2);
+      if (!d.empty()) std::memcpy(words.data(), d.data(), d.size());
+      owned = owner != nullptr;
+      done = true;
+      cv.notify_all();
+    };
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, 60s, [&] { return done; });
+  }
+};
+
+// The chunk whose serving copy spilled: the last ones (the first fit the budget).
+constexpr uint32_t kSpilled = 15;
+
+TEST(ServingTierTest, SpilledCopiesComeFromTheReaderThenTheCache) {
+  const Layout layout = SixteenChunks();
+  auto s = Make(layout);
+  const ShardStorageStats st0 = s->storage_stats();
+  ASSERT_TRUE(st0.serving_in_store);
+  EXPECT_EQ(st0.serving_staging_bytes, kServingStagingBuffers * kRecord);
+  EXPECT_LT(st0.store.serving_resident, st0.store.chunks);
+  PushInit(*s, layout);
+  Answer first, second;
+  s->Fetch({kSpilled, 10, 4, 0}, first.Callback());
+  ASSERT_TRUE(first.Wait());
+  ASSERT_THAT(first.status, IsOk());
+  EXPECT_EQ(first.version, 0);
+  EXPECT_TRUE(first.owned);  // a copy of the range, with its owner
+  ASSERT_EQ(first.words.size(), 4u);
+  EXPECT_EQ(first.words[0], 0x4180);  // bf16 16.0: chunk 15's initial value
+  s->Fetch({kSpilled, 0, 8, 0}, second.Callback());
+  ASSERT_TRUE(second.Wait());
+  ASSERT_THAT(second.status, IsOk());
+  const ShardStorageStats st = s->storage_stats();
+  EXPECT_EQ(st.spilled_fetches, 2u);
+  EXPECT_EQ(st.spilled_fetch_reads, 1u);  // the second from the cache
+}
+
+TEST(ServingTierTest, AFetchWaitingForTheInitialValuesIsAnsweredAtTheirPublish) {
+  const Layout layout = SixteenChunks();
+  auto s = Make(layout);
+  Answer parked;
+  s->Fetch({kSpilled, 0, 4, 0}, parked.Callback());
+  PushInit(*s, layout);
+  ASSERT_TRUE(parked.Wait());
+  ASSERT_THAT(parked.status, IsOk());
+  EXPECT_EQ(parked.words[3], 0x4180);
+}
+
+TEST(ServingTierTest, ARollbackFailsWaitingFetches) {
+  const Layout layout = SixteenChunks();
+  auto s = Make(layout);
+  PushInit(*s, layout);
+  Answer waiting;
+  s->Fetch({kSpilled, 0, 4, 1}, waiting.Callback());  // version 1: not published yet
+  ASSERT_THAT(s->ResetTo(-1, {}, Unavailable("rolled back")), IsOk());
+  ASSERT_TRUE(waiting.Wait());
+  EXPECT_THAT(waiting.status, StatusIs(Code::kUnavailable));
+}
+
+}  // namespace
+}  // namespace zps::server
