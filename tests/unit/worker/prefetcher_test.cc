@@ -55,6 +55,7 @@ class FakeSource : public ParamSource {
   FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length,
                      int64_t min_version) override {
     calls.push_back({param, min_version});
+    ranges.emplace_back(begin, length);
     FetchPromise p(param);
     if (param >= layout_.num_params()) {
       p.Fail(OutOfRange("parameter id " + std::to_string(param)));
@@ -91,6 +92,7 @@ class FakeSource : public ParamSource {
   std::set<uint32_t> hold;
   std::map<uint32_t, Status> fail;
   std::vector<FetchCall> calls;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, length) of each call
   std::vector<std::pair<uint32_t, FetchPromise>> held;
 
  private:
@@ -325,6 +327,70 @@ TEST(Prefetcher, DestroyedWithFetchesInFlight) {
   }                                       // nothing waits on the held prefetches
   src.Complete(1);                        // an answer after the Prefetcher is gone goes nowhere
   EXPECT_TRUE(src.held.front().second.op().done());
+}
+
+// Rank 0 of two: the other rank's block is a copy of this one's (as if it fetched the same
+// bytes), so a gathered parameter holds its id in every byte.
+class FakeCollectives : public Collectives {
+ public:
+  uint32_t rank() const override { return 0; }
+  uint32_t world_size() const override { return 2; }
+  Status ReduceScatter(std::span<float>) override { return Unimplemented("not used"); }
+  Status AllReduce(std::span<float>) override { return Unimplemented("not used"); }
+  Status AllGather(std::span<std::byte> inout, size_t block_bytes) override {
+    blocks.push_back(block_bytes);
+    if (!fail.ok()) return fail;
+    if (inout.size() != 2 * block_bytes) return InvalidArgument("not two blocks");
+    std::memcpy(inout.data() + block_bytes, inout.data(), block_bytes);
+    return Status::Ok();
+  }
+  std::vector<size_t> blocks;  // block_bytes of each AllGather
+  Status fail;
+};
+
+TEST(Prefetcher, BandwidthCentricFetchesSlicesAndGathersAnAcquireInOneGo) {
+  FakeSource src(3);
+  FakeCollectives gather;
+  Prefetcher p(&src, {.gather = &gather});
+  p.BeginStep(0);
+  std::vector<uint32_t> ids = {0, 1};
+  auto r = p.Acquire(ids);
+  ASSERT_THAT(r, IsOk());
+  // This rank's slice (the first half) of each parameter, then one all-gather of both.
+  EXPECT_THAT(src.ranges, ElementsAre(std::pair<uint64_t, uint64_t>{0, kNumel / 2},
+                                      std::pair<uint64_t, uint64_t>{0, kNumel / 2}));
+  EXPECT_THAT(gather.blocks, ElementsAre(2 * kBytes / 2));
+  EXPECT_EQ(p.stats().gathers, 2u);
+  ASSERT_EQ(r->size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_EQ((*r)[i]->param, ids[i]);
+    ASSERT_EQ((*r)[i]->bytes().size(), kBytes);  // the whole parameter
+    EXPECT_EQ((*r)[i]->bytes()[kBytes - 1], std::byte(ids[i]));
+  }
+  // Acquired again while live: nothing to gather.
+  r = p.Acquire(ids);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(gather.blocks.size(), 1u);
+  p.Release(ids);
+  p.Release(ids);
+  p.EndStep();
+}
+
+TEST(Prefetcher, FailedGatherLeavesNothingAcquired) {
+  FakeSource src(2);
+  FakeCollectives gather;
+  gather.fail = Unavailable("rank 1 lost");
+  Prefetcher p(&src, {.gather = &gather});
+  p.BeginStep(0);
+  std::vector<uint32_t> ids = {0, 1};
+  EXPECT_THAT(p.Acquire(ids), StatusIs(Code::kUnavailable));
+  EXPECT_EQ(p.live_bytes(), 0u);
+  gather.fail = Status::Ok();
+  auto r = p.Acquire(ids);  // fetched and gathered again
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(src.calls.size(), 4u);
+  p.Release(ids);
+  p.EndStep();
 }
 
 TEST(FetchPromise, OnlyTheFirstCompletionCounts) {
