@@ -9,6 +9,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "fetch_op_state.h"
 #include "region_arena.h"
 #include "serving_directory.h"
 #include "zps/common/config.h"
@@ -22,53 +23,6 @@
 namespace zps::worker {
 
 using namespace std::chrono_literals;
-
-// ---- FetchOp --------------------------------------------------------------------------------
-
-struct FetchOp::State {
-  Mutex mu;
-  CondVar cv;
-  size_t remaining GUARDED_BY(mu) = 0;
-  std::vector<uint32_t> waiting GUARDED_BY(mu);  // the shard of each piece not answered yet
-  Status error GUARDED_BY(mu);
-  int64_t version GUARDED_BY(mu) = INT64_MAX;  // the lowest version over pieces
-  std::shared_ptr<ParamBuffer> buffer;
-
-  void Complete(uint32_t shard, const Status& s, int64_t piece_version) {
-    {
-      MutexLock lock(&mu);
-      auto w = std::find(waiting.begin(), waiting.end(), shard);
-      if (w != waiting.end()) waiting.erase(w);
-      if (!s.ok() && error.ok()) error = s;
-      version = std::min(version, piece_version);
-      --remaining;
-    }
-    cv.SignalAll();
-  }
-};
-
-Result<std::shared_ptr<const ParamBuffer>> FetchOp::Wait(std::chrono::milliseconds timeout) {
-  MutexLock lock(&state_->mu);
-  if (!state_->cv.WaitFor(lock, timeout,
-                          [&]() REQUIRES(state_->mu) { return state_->remaining == 0; })) {
-    std::vector<uint32_t> who = state_->waiting;
-    std::sort(who.begin(), who.end());
-    who.erase(std::unique(who.begin(), who.end()), who.end());
-    std::string by;
-    for (uint32_t w : who) by += (by.empty() ? "" : ", ") + std::to_string(w);
-    return DeadlineExceeded("fetch of parameter " + std::to_string(state_->buffer->param) +
-                            " not answered by shard" + (who.size() == 1 ? " " : "s ") + by +
-                            " within " + std::to_string(timeout.count()) + " ms");
-  }
-  if (!state_->error.ok()) return state_->error;
-  state_->buffer->version = state_->version;
-  return std::shared_ptr<const ParamBuffer>(state_->buffer);
-}
-
-bool FetchOp::done() const {
-  MutexLock lock(&state_->mu);
-  return state_->remaining == 0;
-}
 
 // ---- Client ---------------------------------------------------------------------------------
 

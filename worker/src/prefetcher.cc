@@ -7,11 +7,11 @@
 
 namespace zps::worker {
 
-Prefetcher::Prefetcher(Client* client, const PrefetchOptions& options)
-    : client_(client), options_(options) {}
+Prefetcher::Prefetcher(ParamSource* source, const PrefetchOptions& options)
+    : source_(source), options_(options) {}
 
 uint64_t Prefetcher::ParamBytes(uint32_t param) const {
-  return client_->layout().param_numel(param) * DTypeSize(client_->job().serving_dtype);
+  return source_->layout().param_numel(param) * DTypeSize(source_->serving_dtype());
 }
 
 void Prefetcher::BeginStep(int64_t step) {
@@ -38,10 +38,10 @@ Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version) {
   if (it != entries_.end()) return it->second;
   auto fetch = [&] {
     Collectives* g = options_.gather;
-    if (g == nullptr || g->world_size() == 1) return client_->FetchAsync(param, version);
+    if (g == nullptr || g->world_size() == 1) return source_->FetchAsync(param, version);
     const SliceRange mine =
-        RankSlice(client_->layout().param_numel(param), g->world_size(), g->rank());
-    return client_->FetchAsync(param, mine.begin, mine.length, version);
+        RankSlice(source_->layout().param_numel(param), g->world_size(), g->rank());
+    return source_->FetchAsync(param, mine.begin, mine.length, version);
   };
   Entry e{fetch(), nullptr, ParamBytes(param), 0, ++clock_};
   live_bytes_ += e.bytes;
@@ -52,7 +52,7 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
     std::span<const uint32_t> ids) {
   std::vector<std::shared_ptr<const ParamBuffer>> out;
   out.reserve(ids.size());
-  const uint32_t num_params = client_->layout().num_params();
+  const uint32_t num_params = source_->layout().num_params();
   std::vector<char> hits(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) hits[i] = entries_.count({ids[i], step_}) > 0;
   if (options_.gather != nullptr && options_.gather->world_size() > 1 &&
@@ -85,6 +85,11 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t id = ids[i];
     ++stats_.acquires;
+    if (id >= num_params) {
+      // Before the recording: a bad id in the trace would be prefetched (and sized) next step.
+      Release({ids.data(), out.size()});
+      return OutOfRange("parameter id " + std::to_string(id));
+    }
     recording_.push_back(id);
     if (following_) {
       if (cursor_ < trace_.size() && trace_[cursor_] == id) {
@@ -94,15 +99,11 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
         ZPS_LOG(DEBUG) << "access order changed at position " << cursor_ << "; rebuilding trace";
       }
     }
-    if (id >= num_params) {
-      Release({ids.data(), out.size()});
-      return OutOfRange("parameter id " + std::to_string(id));
-    }
     if (hits[i]) ++stats_.hits;
     Entry& e = Start(id, step_);
     if (!e.buffer) {  // direct (bandwidth-centric buffers were gathered above)
       auto t0 = std::chrono::steady_clock::now();
-      auto r2 = e.op.Wait(client_->op_timeout());
+      auto r2 = e.op.Wait(source_->op_timeout());
       stats_.wait += std::chrono::steady_clock::now() - t0;
       if (!r2.ok()) {
         live_bytes_ -= e.bytes;
@@ -134,8 +135,8 @@ Status Prefetcher::Gather(const std::vector<Key>& keys) {
   size_t block = 0;
   for (const Key& k : keys) {
     Entry& e = entries_.at(k);
-    ZPS_ASSIGN_OR_RETURN(auto slice, e.op.Wait(client_->op_timeout()));
-    const uint64_t numel = client_->layout().param_numel(k.first);
+    ZPS_ASSIGN_OR_RETURN(auto slice, e.op.Wait(source_->op_timeout()));
+    const uint64_t numel = source_->layout().param_numel(k.first);
     const size_t sb = SliceElems(numel, world) * DTypeSize(slice->dtype);
     items.push_back({&e, slice, numel, sb, block});
     block += sb;

@@ -7,12 +7,17 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "shard_driver.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/kv_service.h"
+#include "shard/rpc_service.h"
+#include "shard/session_table.h"
+#include "shard/shard_driver.h"
 #include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
@@ -204,12 +209,8 @@ struct ShardMetrics {
 };
 
 struct ShardServer::Impl {
-  struct Session {
-    uint32_t rank = 0;
-    ucx::Endpoint ep;
-    // ShardState::epoch() at admission: the session's pushes are refused after a rollback.
-    uint64_t epoch = 0;
-  };
+  using Sessions = SessionTable<ucx::Endpoint>;
+  using Session = Sessions::Session;
   using Clock = std::chrono::steady_clock;
 
   ShardServerOptions opts;
@@ -227,18 +228,19 @@ struct ShardServer::Impl {
   std::unique_ptr<rpc::Server> rpc;
   std::unique_ptr<CoordinatorCatalog> catalog;  // coordinator with --data-dir; before coordinator
   std::unique_ptr<Coordinator> coordinator;
-  std::unique_ptr<KvStore> kv;        // the coordinator's rendezvous store (KvSet/KvGet)
+  std::unique_ptr<KvStore> kv;  // the coordinator's rendezvous store (KvSet/KvGet)
+  std::unique_ptr<CoordinatorService> coordinator_service;  // with the coordinator
+  std::unique_ptr<KvService> kv_service;                    // with the coordinator
   std::unique_ptr<ShardState> state;  // set once by the driver, before state_ptr
   std::atomic<ShardState*> state_ptr{nullptr};
-  std::unique_ptr<ShardDriver> drv;    // the step driver's logic (shard_driver.cc)
-  std::atomic<bool> accepting{false};  // workers may connect (set by the driver)
+  std::unique_ptr<ShardDriver> drv;  // the step driver's logic (shard_driver.cc)
   std::thread driver;
   std::once_flag stop_once;
 
   Mutex mu;
   CondVar cv;
-  std::unordered_map<uint64_t, Session> sessions GUARDED_BY(mu);  // key = session token
-  std::unordered_set<uint64_t> fenced GUARDED_BY(mu);             // sessions from before a rollback
+  // Worker sessions and their admission and fence policy (session_table.h).
+  Sessions sessions{[this](size_t n) { sm.connected_workers.Set(static_cast<double>(n)); }};
   bool stopping GUARDED_BY(mu) = false;
   bool finished GUARDED_BY(mu) = false;
   Status fatal GUARDED_BY(mu);
@@ -306,33 +308,15 @@ struct ShardServer::Impl {
   SpeculationStats last_spec;      // driver thread only: the figures last exported
   uint32_t storage_moments = 0;    // driver thread only: fp32 moment arrays per parameter
 
-  // The answer to a data-plane message whose session is not (or no longer) valid.
-  Status SessionError(uint64_t token) {
-    MutexLock lock(&mu);
-    if (fenced.count(token) != 0) {
-      return Unavailable(
-          "this session ended: the shard rolled back or lost the coordinator; re-join");
-    }
-    return Unauthenticated("unknown session token");
-  }
   // Driver callback (shard_driver.h): let workers in, or fence them out.
   void SetServing(bool accept, const Status& reason);
 
-  bool FindSession(uint64_t token, Session* out) {
-    MutexLock lock(&mu);
-    auto it = sessions.find(token);
-    if (it == sessions.end()) return false;
-    *out = it->second;
-    return true;
-  }
-
-  void SetupCoordinatorRpcs();
-  Status SetupDataPlane();     // every AM handler, or the error of the first that failed
-  void SetupDurabilityRpcs();  // coordinator: checkpoint reports, shard sync, checkpoint-now
-  void SetupKvRpcs();          // coordinator: the collectives' rendezvous (KvSet/KvGet)
-  // The KV generation a request names (0 = current), after moving the store to the
-  // coordinator's epoch + 1. Errors: Unavailable while the job recovers.
-  Result<uint64_t> KvGeneration(uint64_t asked);
+  Status SetupDataPlane();   // every AM handler, or the error of the first that failed
+  void SetupControlPlane();  // every RPC handler and the hello/disconnect hooks
+  RpcMetering Metering();
+  // The hello of a worker (its UCX address in `extra`): admits its session (session_table.h).
+  void AdmitWorker(const rpc::Peer& peer, std::span<const std::byte> extra, rpc::HelloDone done);
+  void WorkerDisconnected(const rpc::Peer& peer);
   void DriverLoop();
   // `bank_bytes`: ShardState::serving_bank_bytes() (0: one bank).
   void ReplyFetch(const ucx::Endpoint& ep, uint64_t request, const Status& s, int64_t version,
@@ -426,15 +410,16 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
     return;
   }
   const auto t0 = BeginRequest(metrics::kFetch);
-  Session session;
-  if (!FindSession(h->session, &session)) {
+  const std::optional<Session> found = sessions.Find(h->session);
+  if (!found) {
     sm.pm.ProtocolError("unauthenticated");
     if (m.reply_endpoint().valid()) {
-      ReplyFetch(m.reply_endpoint(), h->request, SessionError(h->session), -1, {}, rma);
+      ReplyFetch(m.reply_endpoint(), h->request, sessions.SessionError(h->session), -1, {}, rma);
     }
     EndRequest(metrics::kFetch, t0);
     return;
   }
+  const Session& session = *found;
   ShardState* st = state_ptr.load();
   if (st == nullptr) {
     ReplyFetch(session.ep, h->request, Unavailable("the shard has no job yet"), -1, {}, rma);
@@ -455,14 +440,12 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
             });
   in_fetch_handler = false;
   // SetServing(false) (another thread) may have fenced this session and answered the waiting
-  // fetches between FindSession above and the Fetch: one parked after that would wait for a
+  // fetches between the lookup above and the Fetch: one parked after that would wait for a
   // publish that the rollback never makes, and its answer from ResetTo would go to a closed
-  // endpoint (the worker then waits for its --op-timeout). While not accepting, every waiting
+  // endpoint (the worker then waits for its --op-timeout). While not serving, every waiting
   // fetch belongs to a fenced session: answer them now. The endpoint closes SetServing queued
   // run on this thread after this handler, so the reply goes out first.
-  if (!accepting.load()) {
-    st->FailWaiters(Unavailable("this shard stopped serving (a rollback began); re-join"));
-  }
+  if (Status parked = sessions.ParkedFetchError(); !parked.ok()) st->FailWaiters(parked);
 }
 
 Status ShardServer::Impl::SetupDataPlane() {
@@ -505,15 +488,16 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
   }
   const msg::PushHeader* h = &rh.push;
   const auto t0 = BeginRequest(metrics::kPush);
-  Session session;
-  if (!FindSession(h->session, &session)) {
+  const std::optional<Session> found = sessions.Find(h->session);
+  if (!found) {
     sm.pm.ProtocolError("unauthenticated");
     if (m.reply_endpoint().valid()) {
-      ReplyPush(m.reply_endpoint(), h->request, SessionError(h->session));
+      ReplyPush(m.reply_endpoint(), h->request, sessions.SessionError(h->session));
     }
     EndRequest(metrics::kPush, t0);
     return;
   }
+  const Session& session = *found;
   ShardState* st = state_ptr.load();
   if (st == nullptr) {
     ReplyPush(session.ep, h->request, Unavailable("the shard has no job yet"));
@@ -562,168 +546,6 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
   }
 }
 
-// ---- coordinator RPCs -------------------------------------------------------------------------
-
-void ShardServer::Impl::SetupCoordinatorRpcs() {
-  Coordinator* c = coordinator.get();
-  rpc->Register(
-      msg::kRegisterShard,
-      Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
-        auto m = msg::RegisterShard::Decode(p);
-        if (!m.ok()) return r.Error(m.status());
-        if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-          return r.Error(InvalidArgument("RegisterShard must come from shard " +
-                                         std::to_string(m->ordinal) + "'s own connection"));
-        }
-        Status s = c->RegisterShard(m->ordinal, m->endpoint, peer.session_id);
-        if (!s.ok()) return r.Error(s);
-        r.Reply({});
-      }));
-  rpc->Register(msg::kAwaitJob,
-                [this, c](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
-                  c->AwaitJob([r, poll = LongPoll()](const Result<JobSpec>& j) mutable {
-                    if (!j.ok()) return r.Error(j.status());
-                    r.Reply(j->Serialize());
-                  });
-                });
-  rpc->Register(msg::kJoin,
-                [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
-                  auto poll = LongPoll();
-                  auto m = msg::Join::Decode(p);
-                  if (!m.ok()) return r.Error(m.status());
-                  std::optional<JobSpec> spec;
-                  if (!m->job_spec.empty()) {
-                    auto j = JobSpec::Deserialize(m->job_spec);
-                    if (!j.ok()) return r.Error(j.status().WithContext("job spec"));
-                    spec = std::move(*j);
-                  }
-                  auto info = c->Join(m->rank, spec, m->job_hash, peer.session_id);
-                  if (!info.ok()) return r.Error(info.status());
-                  // A new worker generation (a pre-reduced rank re-joined) drops the old
-                  // communicator's rendezvous keys and fails its parked Gets now, not at the next
-                  // kv call.
-                  kv->Advance(c->kv_generation());
-                  ZPS_LOG(INFO) << "rank " << m->rank << " joined from " << peer.remote
-                                << ", resume at step " << info->resume_step;
-                  c->AwaitJob([r, info = *info, poll](const Result<JobSpec>& j) mutable {
-                    if (!j.ok()) return r.Error(j.status());
-                    msg::JoinReply reply;
-                    reply.job_hash = info.job_hash;
-                    reply.resume_step = info.resume_step;
-                    reply.loss_scale = info.loss_scale;
-                    reply.shard_endpoints = info.shard_endpoints;
-                    reply.layout = j->layout.Serialize();
-                    reply.reduction_mode = static_cast<uint8_t>(j->shard.mode);
-                    reply.world_size = j->shard.world_size;
-                    reply.grad_dtype = j->shard.grad_dtype;
-                    reply.serving_dtype = j->shard.serving_dtype;
-                    reply.accumulation_steps = j->shard.accumulation_steps;
-                    r.Reply(reply.Encode());
-                  });
-                });
-  rpc->Register(
-      msg::kReport, [this, c](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
-        auto poll = LongPoll();
-        auto m = msg::Report::Decode(p);
-        if (!m.ok()) return r.Error(m.status());
-        std::vector<std::pair<uint32_t, ChunkReport>> reports;
-        reports.reserve(m->chunks.size());
-        for (const auto& ch : m->chunks)
-          reports.emplace_back(ch.chunk, ChunkReport{ch.sum_squares, ch.non_finite});
-        c->Report(m->step, m->ordinal, reports, [r, poll](const Result<CommitInfo>& ci) mutable {
-          if (!ci.ok()) return r.Error(ci.status());
-          MaybeCrashAt("decide", ci->step);  // decided, not yet told
-          r.Reply(ci->Encode());
-        });
-      });
-  rpc->Register(msg::kAwaitCommit,
-                [this, c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
-                  auto poll = LongPoll();
-                  auto m = msg::AwaitCommit::Decode(p);
-                  if (!m.ok()) return r.Error(m.status());
-                  c->AwaitCommit(
-                      m->step,
-                      [r, poll](const Result<CommitInfo>& ci) mutable {
-                        if (!ci.ok()) return r.Error(ci.status());
-                        r.Reply(ci->Encode());
-                      },
-                      peer.session_id);
-                });
-}
-
-// ---- coordinator: checkpoints and recovery (docs/protocol.md) ---------------------------------
-
-void ShardServer::Impl::SetupDurabilityRpcs() {
-  Coordinator* c = coordinator.get();
-  rpc->Register(
-      msg::kCheckpointReport,
-      Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
-        auto m = msg::CheckpointReport::Decode(p);
-        if (!m.ok()) return r.Error(m.status());
-        if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-          return r.Error(InvalidArgument("a checkpoint report must come from the shard itself"));
-        }
-        Status s = c->ReportCheckpoints(*m);
-        if (!s.ok()) return r.Error(s);
-        r.Reply({});
-      }));
-  rpc->Register(msg::kShardSync,
-                Timed([c](const rpc::Peer& peer, std::span<const std::byte> p, rpc::Responder r) {
-                  auto m = msg::ShardSync::Decode(p);
-                  if (!m.ok()) return r.Error(m.status());
-                  if (peer.role != msg::kRoleShard || peer.rank != m->ordinal) {
-                    return r.Error(InvalidArgument("a shard sync must come from the shard itself"));
-                  }
-                  auto reply = c->ShardSync(*m);
-                  if (!reply.ok()) return r.Error(reply.status());
-                  r.Reply(reply->Encode());
-                }));
-  rpc->Register(msg::kCheckpointNow, [this, c](const rpc::Peer& peer, std::span<const std::byte>,
-                                               rpc::Responder r) {
-    ZPS_LOG(INFO) << "checkpoint requested by " << peer.name << " from " << peer.remote;
-    c->RequestCheckpoint([r, poll = LongPoll()](const Result<msg::CheckpointDone>& d) mutable {
-      if (!d.ok()) return r.Error(d.status());
-      r.Reply(d->Encode());
-    });
-  });
-}
-
-// ---- coordinator: key-value rendezvous (docs/protocol.md, "Key-value rendezvous") ------------
-
-Result<uint64_t> ShardServer::Impl::KvGeneration(uint64_t asked) {
-  ZPS_RETURN_IF_ERROR(coordinator->stopped());
-  if (coordinator->phase() == msg::JobPhase::kRecovering) {
-    return Unavailable("the job is recovering; rendezvous again after re-joining");
-  }
-  kv->Advance(coordinator->kv_generation());
-  return asked == 0 ? kv->generation() : asked;
-}
-
-void ShardServer::Impl::SetupKvRpcs() {
-  rpc->Register(msg::kKvSet,
-                Timed([this](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
-                  auto m = msg::KvSet::Decode(p);
-                  if (!m.ok()) return r.Error(m.status());
-                  auto g = KvGeneration(m->generation);
-                  if (!g.ok()) return r.Error(g.status());
-                  Status s = kv->Set(*g, m->key, std::move(m->value));
-                  if (!s.ok()) return r.Error(s);
-                  r.Reply(msg::KvReply{*g, {}}.Encode());
-                }));
-  rpc->Register(
-      msg::kKvGet, [this](const rpc::Peer&, std::span<const std::byte> p, rpc::Responder r) {
-        auto m = msg::KvGet::Decode(p);
-        if (!m.ok()) return r.Error(m.status());
-        auto g = KvGeneration(m->generation);
-        if (!g.ok()) return r.Error(g.status());
-        kv->Get(*g, m->key, std::chrono::milliseconds(m->wait_ms),
-                [r, g = *g, poll = LongPoll()](const Result<std::vector<std::byte>>& v) mutable {
-                  if (!v.ok()) return r.Error(v.status());
-                  r.Reply(msg::KvReply{g, *v}.Encode());
-                });
-      });
-}
-
 std::string ShardServer::Impl::StatusJson() {
   nlohmann::json j;
   j["ordinal"] = opts.ordinal;
@@ -741,10 +563,7 @@ std::string ShardServer::Impl::StatusJson() {
     j["checkpoint_waiters"] = coordinator->checkpoint_waiters();
     j["awaiting_reports"] = coordinator->awaiting_reports();
   }
-  {
-    MutexLock lock(&mu);
-    j["worker_sessions"] = sessions.size();
-  }
+  j["worker_sessions"] = sessions.size();
   return j.dump();
 }
 
@@ -807,20 +626,10 @@ void ShardServer::Impl::UpdateStorageMetrics() {
 
 void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
   if (accept) {
-    accepting.store(true);
+    sessions.SetAccepting(true);
     return;
   }
-  accepting.store(false);
-  std::vector<std::pair<uint64_t, ucx::Endpoint>> eps;
-  {
-    MutexLock lock(&mu);
-    for (auto& [token, session] : sessions) {
-      fenced.insert(token);
-      eps.emplace_back(token, session.ep);
-    }
-    sessions.clear();
-    sm.connected_workers.Set(0);
-  }
+  const std::vector<std::pair<uint64_t, ucx::Endpoint>> eps = sessions.FenceAll();
   // Waiting fetches are answered (`reason`: the worker re-joins at once) before their
   // endpoints close: a reply sent after the close is lost, and the worker would wait for its
   // --op-timeout instead.
@@ -842,12 +651,7 @@ void ShardServer::Impl::SendNotice(const ucx::Endpoint& ep, uint64_t token, int6
 
 void ShardServer::Impl::NoticeServing(int64_t version) {
   if (!serving_region || version < 0) return;
-  std::vector<std::pair<uint64_t, ucx::Endpoint>> to;
-  {
-    MutexLock lock(&mu);
-    for (auto& [token, session] : sessions) to.emplace_back(token, session.ep);
-  }
-  for (auto& [token, ep] : to) SendNotice(ep, token, version);
+  for (auto& [token, ep] : sessions.Endpoints()) SendNotice(ep, token, version);
 }
 
 void ShardServer::Impl::DriverLoop() {
@@ -863,6 +667,102 @@ void ShardServer::Impl::DriverLoop() {
     }
   }
   Fail(s.code() == Code::kCancelled ? Status::Ok() : s);
+}
+
+// ---- control plane: rpc_service.h (the handlers), session_table.h (the sessions) ------------
+
+RpcMetering ShardServer::Impl::Metering() {
+  return {[this](rpc::Handler h) { return Timed(std::move(h)); }, [this] { return LongPoll(); }};
+}
+
+void ShardServer::Impl::SetupControlPlane() {
+  const RpcMetering metering = Metering();
+  if (coordinator) {
+    RegisterCoordinatorRpcs(*rpc, metering, coordinator_service.get());
+    RegisterKvRpcs(*rpc, metering, kv_service.get());
+  }
+  RegisterShardRpcs(*rpc, metering,
+                    {[this] { return state_ptr.load(); }, [this] { return StatusJson(); }});
+  rpc->OnProtocolError([this](std::string_view kind) { sm.pm.ProtocolError(kind); });
+  // The endpoint is made on the UCX progress thread, and the hello answered from there: no RPC
+  // io thread waits for the progress thread (which may be busy with transfers).
+  rpc->OnHelloAsync([this](const rpc::Peer& peer, std::span<const std::byte> extra,
+                           rpc::HelloDone done) { AdmitWorker(peer, extra, std::move(done)); });
+  rpc->OnDisconnect([this](const rpc::Peer& peer) { WorkerDisconnected(peer); });
+}
+
+void ShardServer::Impl::AdmitWorker(const rpc::Peer& peer, std::span<const std::byte> extra,
+                                    rpc::HelloDone done) {
+  if (peer.role != msg::kRoleWorker) return done(std::vector<std::byte>{});
+  if (extra.empty()) return done(InvalidArgument("a worker's hello must carry its UCX address"));
+  // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
+  // they retry until it has, so no data-plane message ever meets a shard without a job.
+  ShardState* st = state_ptr.load();
+  if (st == nullptr) return done(Unavailable("this shard has not loaded the job yet"));
+  // The generation is read before the admission check: the driver fences (FenceAll) before it
+  // rolls back, so a session admitted across a rollback carries the old one and is refused.
+  const uint64_t epoch = st->epoch();
+  if (Status admit = sessions.CheckAdmission(); !admit.ok()) return done(admit);
+  std::vector<std::byte> address(extra.begin(), extra.end());
+  const bool posted = ucx->Post([this, st, peer, epoch, address = std::move(address), done]() {
+    // On the progress thread Connect makes the endpoint at once (no wait).
+    // The failure itself is logged where it is decided (ucx::Worker: WARNING when UCX or
+    // the pid check found it, INFO when we declared it because the worker's control
+    // connection closed, as at the end of every job); this line names the rank.
+    auto ep = ucx->Connect(address, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
+      ZPS_LOG(INFO) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
+    });
+    if (!ep.ok()) return done(ep.status());
+    // A rank's new session replaces any old one (its process restarted, or it re-joined after
+    // an error; the old connection may not have closed yet): the old sessions are dropped and
+    // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
+    // On the progress thread, where every push begins: no push of an old session can begin
+    // after the forget (its token is gone by then).
+    const std::vector<ucx::Endpoint> old_eps = sessions.TakeRank(peer.rank);
+    Result<uint64_t> dropped = st->ForgetRank(peer.rank);
+    if (!dropped.ok()) {
+      ucx->Close(*ep);
+      return done(dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
+                                               "'s old session"));
+    }
+    if (st->job().mode == ReductionMode::kPreReduced && *dropped > 0) {
+      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                       << " old session(s) closed): " << *dropped
+                       << " elements pushed of the step in progress dropped (pre-reduced: every "
+                          "rank restarts the step and pushes it again)";
+    } else if (*dropped > 0 || !old_eps.empty()) {
+      ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
+                       << " old session(s) closed): " << *dropped
+                       << " elements it pushed of the step in progress dropped; it pushes them "
+                          "again";
+    }
+    for (const auto& old : old_eps) {
+      if (!old.peer_error_handling()) {
+        ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
+      }
+      ucx->Close(old);
+    }
+    sessions.Add(peer.session_token, {peer.rank, *ep, epoch});
+    ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
+    done(ucx->Address());
+  });
+  if (!posted) done(Unavailable("this shard is stopping"));
+}
+
+void ShardServer::Impl::WorkerDisconnected(const rpc::Peer& peer) {
+  if (peer.role == msg::kRoleShard && coordinator) {
+    coordinator->ShardLost(peer.rank, peer.session_id);
+    return;
+  }
+  const std::optional<ucx::Endpoint> found = sessions.Disconnect(peer.session_token);
+  if (!found) return;
+  const ucx::Endpoint& ep = *found;
+  ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
+  // Without UCX peer-failure handling (shared memory) the control-plane connection is how we
+  // learn that the worker is gone: fail the endpoint, so nothing waits on it, then close it.
+  if (!ep.peer_error_handling())
+    ucx->Fail(ep, Unavailable("worker rank " + std::to_string(peer.rank) + " disconnected"));
+  ucx->Close(ep);
 }
 
 // ---- lifecycle --------------------------------------------------------------------------------
@@ -911,6 +811,10 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
     }
     impl->coordinator = std::make_unique<Coordinator>(static_cast<uint32_t>(options.shards), co);
     impl->kv = std::make_unique<KvStore>();
+    impl->coordinator_service = std::make_unique<CoordinatorService>(
+        impl->coordinator.get(), impl->kv.get(),
+        [](std::string_view point, int64_t step) { MaybeCrashAt(point, step); });
+    impl->kv_service = std::make_unique<KvService>(impl->coordinator.get(), impl->kv.get());
     ZPS_RETURN_IF_ERROR(impl->coordinator->LoadCatalog());
   }
   Impl* d = impl.get();
@@ -926,20 +830,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
     return d->state.get();
   };
   host.set_serving = [d](bool accept, const Status& reason) { d->SetServing(accept, reason); };
-  host.absent_ranks = [d](uint32_t world) {
-    std::vector<bool> seen(world, false);
-    {
-      MutexLock lock(&d->mu);
-      for (const auto& [token, session] : d->sessions) {
-        if (session.rank < world) seen[session.rank] = true;
-      }
-    }
-    std::vector<uint32_t> out;
-    for (uint32_t r = 0; r < world; ++r) {
-      if (!seen[r]) out.push_back(r);
-    }
-    return out;
-  };
+  host.absent_ranks = [d](uint32_t world) { return d->sessions.AbsentRanks(world); };
   host.serving_alloc = [d](size_t bytes) -> Result<std::span<std::byte>> {
     if (d->serving_region) return FailedPrecondition("the serving region is allocated already");
     ZPS_ASSIGN_OR_RETURN(d->serving_region, d->ucx_context->Allocate(bytes));
@@ -960,152 +851,7 @@ Result<std::unique_ptr<ShardServer>> ShardServer::Create(const ShardServerOption
 Status ShardServer::Start() {
   Impl* d = impl_.get();
   ZPS_RETURN_IF_ERROR(d->SetupDataPlane());
-  if (d->coordinator) {
-    d->SetupCoordinatorRpcs();
-    d->SetupDurabilityRpcs();
-    d->SetupKvRpcs();
-  }
-  d->rpc->Register(
-      msg::kStatus, d->Timed([d](const rpc::Peer&, std::span<const std::byte>, rpc::Responder r) {
-        std::string s = d->StatusJson();
-        r.Reply(std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
-                                       reinterpret_cast<const std::byte*>(s.data()) + s.size()));
-      }));
-  d->rpc->Register(msg::kChunkCrcs, d->Timed([d](const rpc::Peer&, std::span<const std::byte> p,
-                                                 rpc::Responder r) {
-    auto m = msg::ChunkCrcsRequest::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    ShardState* st = d->state_ptr.load();
-    if (st == nullptr) return r.Error(Unavailable("the shard has no job yet"));
-    msg::ChunkCrcs out;
-    out.version = st->version();
-    if (out.version < m->min_version) {
-      return r.Error(Unavailable("shard at version " + std::to_string(out.version)));
-    }
-    for (uint32_t c : st->chunk_ids()) {
-      auto crc = st->ChunkCrc(c);
-      if (!crc.ok()) return r.Error(crc.status());
-      out.crcs.emplace_back(c, *crc);
-    }
-    r.Reply(out.Encode());
-  }));
-  d->rpc->Register(msg::kReadMaster, d->Timed([d](const rpc::Peer&, std::span<const std::byte> p,
-                                                  rpc::Responder r) {
-    auto m = msg::ReadMasterRequest::Decode(p);
-    if (!m.ok()) return r.Error(m.status());
-    ShardState* st = d->state_ptr.load();
-    if (st == nullptr) return r.Error(Unavailable("the shard has no job yet"));
-    msg::MasterRange out;
-    out.version = st->version();
-    if (out.version < m->min_version) {
-      return r.Error(Unavailable("shard at version " + std::to_string(out.version)));
-    }
-    auto master = st->MasterOf(m->chunk);  // OutOfRange for a chunk that is not local
-    if (!master.ok()) return r.Error(master.status());
-    if (m->offset > master->size() || m->length > master->size() - m->offset) {
-      return r.Error(OutOfRange("ReadMaster range past chunk " + std::to_string(m->chunk)));
-    }
-    out.values.assign(master->begin() + static_cast<ptrdiff_t>(m->offset),
-                      master->begin() + static_cast<ptrdiff_t>(m->offset + m->length));
-    r.Reply(out.Encode());
-  }));
-  d->rpc->OnProtocolError([d](std::string_view kind) { d->sm.pm.ProtocolError(kind); });
-  // The endpoint is made on the UCX progress thread, and the hello answered from there: no RPC
-  // io thread waits for the progress thread (which may be busy with transfers).
-  d->rpc->OnHelloAsync([d](const rpc::Peer& peer, std::span<const std::byte> extra,
-                           rpc::HelloDone done) {
-    if (peer.role != msg::kRoleWorker) return done(std::vector<std::byte>{});
-    if (extra.empty()) return done(InvalidArgument("a worker's hello must carry its UCX address"));
-    // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
-    // they retry until it has, so no data-plane message ever meets a shard without a job.
-    ShardState* st = d->state_ptr.load();
-    if (st == nullptr) return done(Unavailable("this shard has not loaded the job yet"));
-    // The generation is read before `accepting`: the driver fences (accepting = false) before it
-    // rolls back, so a session admitted across a rollback carries the old one and is refused.
-    const uint64_t epoch = st->epoch();
-    if (!d->accepting.load()) return done(Unavailable("this shard is restoring the job's state"));
-    std::vector<std::byte> address(extra.begin(), extra.end());
-    const bool posted = d->ucx->Post([d, st, peer, epoch, address = std::move(address), done]() {
-      // On the progress thread Connect makes the endpoint at once (no wait).
-      // The failure itself is logged where it is decided (ucx::Worker: WARNING when UCX or
-      // the pid check found it, INFO when we declared it because the worker's control
-      // connection closed, as at the end of every job); this line names the rank.
-      auto ep = d->ucx->Connect(address, [rank = peer.rank](const ucx::Endpoint&, const Status& s) {
-        ZPS_LOG(INFO) << "data-plane peer (rank " << rank << ") failed: " << s.ToString();
-      });
-      if (!ep.ok()) return done(ep.status());
-      // A rank's new session replaces any old one (its process restarted, or it re-joined after
-      // an error; the old connection may not have closed yet): the old sessions are dropped and
-      // what the rank pushed for the step in progress is forgotten, so it pushes the step again.
-      // On the progress thread, where every push begins: no push of an old session can begin
-      // after the forget (its token is gone by then).
-      std::vector<ucx::Endpoint> old_eps;
-      {
-        MutexLock lock(&d->mu);
-        for (auto it = d->sessions.begin(); it != d->sessions.end();) {
-          if (it->second.rank == peer.rank) {
-            old_eps.push_back(it->second.ep);
-            it = d->sessions.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-      Result<uint64_t> dropped = st->ForgetRank(peer.rank);
-      if (!dropped.ok()) {
-        d->ucx->Close(*ep);
-        return done(dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
-                                                 "'s old session"));
-      }
-      if (st->job().mode == ReductionMode::kPreReduced && *dropped > 0) {
-        ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
-                         << " old session(s) closed): " << *dropped
-                         << " elements pushed of the step in progress dropped (pre-reduced: every "
-                            "rank restarts the step and pushes it again)";
-      } else if (*dropped > 0 || !old_eps.empty()) {
-        ZPS_LOG(WARNING) << "worker rank " << peer.rank << " connected again (" << old_eps.size()
-                         << " old session(s) closed): " << *dropped
-                         << " elements it pushed of the step in progress dropped; it pushes them "
-                            "again";
-      }
-      for (const auto& old : old_eps) {
-        if (!old.peer_error_handling()) {
-          d->ucx->Fail(old, Unavailable("worker rank " + std::to_string(peer.rank) + " replaced"));
-        }
-        d->ucx->Close(old);
-      }
-      {
-        MutexLock lock(&d->mu);
-        d->sessions[peer.session_token] = {peer.rank, *ep, epoch};
-        d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
-      }
-      ZPS_LOG(INFO) << "worker rank " << peer.rank << " connected from " << peer.remote;
-      done(d->ucx->Address());
-    });
-    if (!posted) done(Unavailable("this shard is stopping"));
-  });
-  d->rpc->OnDisconnect([d](const rpc::Peer& peer) {
-    if (peer.role == msg::kRoleShard && d->coordinator) {
-      d->coordinator->ShardLost(peer.rank, peer.session_id);
-      return;
-    }
-    ucx::Endpoint ep;
-    {
-      MutexLock lock(&d->mu);
-      d->fenced.erase(peer.session_token);
-      auto it = d->sessions.find(peer.session_token);
-      if (it == d->sessions.end()) return;
-      ep = it->second.ep;
-      d->sessions.erase(it);
-      d->sm.connected_workers.Set(static_cast<double>(d->sessions.size()));
-    }
-    ZPS_LOG(INFO) << "worker rank " << peer.rank << " disconnected";
-    // Without UCX peer-failure handling (shared memory) the control-plane connection is how we
-    // learn that the worker is gone: fail the endpoint, so nothing waits on it, then close it.
-    if (!ep.peer_error_handling())
-      d->ucx->Fail(ep, Unavailable("worker rank " + std::to_string(peer.rank) + " disconnected"));
-    d->ucx->Close(ep);
-  });
+  d->SetupControlPlane();
   if (d->opts.metrics_port != 0) {
     metrics::ExporterOptions eo;
     eo.bind_address = d->opts.bind_address;

@@ -32,6 +32,8 @@
 #include "zps/common/process_metrics.h"
 #include "zps/common/status.h"
 #include "zps/worker/device.h"
+#include "zps/worker/fetch_op.h"
+#include "zps/worker/param_source.h"
 
 namespace zps::worker {
 
@@ -71,32 +73,7 @@ struct WorkerOptions {
   const metrics::ProcessMetrics* metrics = nullptr;
 };
 
-/// A fetched parameter (or, from a ranged fetch, elements [begin, begin + n) of it): n elements of
-/// the serving dtype (bf16, fp16, or fp32: numel x 4 bytes), at `version` or newer.
-struct ParamBuffer {
-  uint32_t param = 0;
-  uint64_t begin = 0;  // first element held (0 for a whole parameter; a ranged fetch's begin)
-  int64_t version = -1;
-  DType dtype = DType::kBF16;
-  DeviceBuffer memory;
-  std::span<const std::byte> bytes() const { return {memory.data(), memory.size()}; }
-};
-
-/// An in-flight fetch. Wait() may be called from any thread, any number of times.
-class FetchOp {
- public:
-  /// Blocks until every piece arrived or failed, or `timeout`. Errors: from the shards,
-  /// Unavailable (peer lost), DeadlineExceeded.
-  Result<std::shared_ptr<const ParamBuffer>> Wait(std::chrono::milliseconds timeout);
-  bool done() const;
-  struct State;
-  explicit FetchOp(std::shared_ptr<State> s) : state_(std::move(s)) {}
-
- private:
-  std::shared_ptr<State> state_;
-};
-
-class Client {
+class Client final : public ParamSource {
  public:
   /// Connects to the coordinator (retrying until connect_timeout), joins the job (rank 0
   /// registers `job_spec`; other ranks are checked against `job_hash`), and connects to every
@@ -109,8 +86,10 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  const Layout& layout() const;
+  const Layout& layout() const override;
   const msg::JoinReply& job() const;
+  /// The dtype fetched buffers hold (job().serving_dtype).
+  DType serving_dtype() const override { return job().serving_dtype; }
   /// The step to train next (0 for a new job).
   int64_t resume_step() const { return job().resume_step; }
   uint32_t rank() const;
@@ -120,15 +99,15 @@ class Client {
   /// contributions in the order rank * k + m. The pushes without `micro` are micro 0.
   uint32_t accumulation_steps() const;
   /// The bound on every single wait (WorkerOptions::op_timeout).
-  std::chrono::milliseconds op_timeout() const;
+  std::chrono::milliseconds op_timeout() const override;
 
   /// Starts fetching parameter `param` at version >= min_version from the shards that hold it.
   /// Errors are reported by the returned op's Wait (OutOfRange for a bad id).
-  FetchOp FetchAsync(uint32_t param, int64_t min_version);
+  FetchOp FetchAsync(uint32_t param, int64_t min_version) override;
   /// Starts fetching elements [begin, begin + length) of parameter `param` (a bandwidth-centric
   /// rank's slice): the buffer holds `length` elements, `begin` is recorded in it. length 0 gives
   /// a completed op with an empty buffer. Errors (by Wait): OutOfRange for a bad id or range.
-  FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version);
+  FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version) override;
   /// FetchAsync + Wait(op_timeout).
   Result<std::shared_ptr<const ParamBuffer>> Fetch(uint32_t param, int64_t min_version);
 

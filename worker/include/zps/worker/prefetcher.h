@@ -11,8 +11,11 @@
 // forward pass serves the backward pass too when it is still live. Released buffers beyond
 // `max_live_bytes` are freed, least recently used first.
 //
-// Thread-safety: one thread drives a Prefetcher (the training loop). The Client it uses may be
-// shared with other threads.
+// Parameters come from a ParamSource (zps/worker/param_source.h): a Client in training, a fake in
+// the unit tests (tests/unit/worker/prefetcher_test.cc).
+//
+// Thread-safety: one thread drives a Prefetcher (the training loop). The source it uses (a
+// Client) may be shared with other threads.
 #pragma once
 
 #include <chrono>
@@ -24,8 +27,9 @@
 #include <vector>
 
 #include "zps/common/status.h"
-#include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
+#include "zps/worker/fetch_op.h"
+#include "zps/worker/param_source.h"
 
 namespace zps::worker {
 
@@ -53,7 +57,8 @@ struct PrefetchStats {
 
 class Prefetcher {
  public:
-  Prefetcher(Client* client, const PrefetchOptions& options);
+  /// `source` (not owned; a Client) must outlive the Prefetcher.
+  Prefetcher(ParamSource* source, const PrefetchOptions& options);
 
   /// Starts step `step`: parameters are needed at version >= step.
   void BeginStep(int64_t step);
@@ -87,7 +92,7 @@ class Prefetcher {
   void Evict();
   uint64_t ParamBytes(uint32_t param) const;
 
-  Client* client_;
+  ParamSource* source_;
   PrefetchOptions options_;
   PrefetchStats stats_;
   int64_t step_ = 0;
