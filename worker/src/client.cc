@@ -452,7 +452,8 @@ Status Client::Impl::ConnectShards() {
         }));
   }
   if (fetch_rma && opts.direct_fetch) {
-    directory_owner = std::make_unique<ServingDirectory>(session, job.reduction_mode == 0);
+    directory_owner = std::make_unique<ServingDirectory>(
+        session, job.reduction_mode == msg::ReductionMode::kServerSum);
     dir.store(directory_owner.get(), std::memory_order_release);
   }
   return Status::Ok();

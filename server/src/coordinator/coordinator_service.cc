@@ -42,7 +42,7 @@ void CoordinatorService::Join(const rpc::Peer& peer, const msg::Join& m,
     reply.loss_scale = info.loss_scale;
     reply.shard_endpoints = info.shard_endpoints;
     reply.layout = j->layout.Serialize();
-    reply.reduction_mode = static_cast<uint8_t>(j->shard.mode);
+    reply.reduction_mode = static_cast<msg::ReductionMode>(j->shard.mode);
     reply.world_size = j->shard.world_size;
     reply.grad_dtype = j->shard.grad_dtype;
     reply.serving_dtype = j->shard.serving_dtype;

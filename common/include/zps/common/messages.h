@@ -1,8 +1,13 @@
 // zps/common/messages.h — the message catalogue of the control plane (RPC types) and the data
 // plane (UCX active-message ids), with their encodings. docs/protocol.md describes each one.
 //
-// Every Decode validates lengths, counts and enum values and returns InvalidArgument on
-// anything malformed; nothing is read past the input.
+// Each message is declared once, as a field table (wire_codec.h): one row per member with its
+// default, its meaning and its codec, which fixes the encoding and every bound the decoder checks.
+// Encode and Decode come from the table, and so do the field tables in docs/protocol.md
+// (tests/unit/common/protocol_doc_test.cc keeps them in step). Every Decode validates lengths,
+// counts, bounds and enum values and returns InvalidArgument on anything malformed, trailing
+// bytes included; nothing is read past the input. Changing a row changes the wire:
+// tests/unit/common/messages_wire_test.cc pins the bytes of each message.
 // Thread-safety: pure functions and value types.
 #pragma once
 
@@ -13,6 +18,7 @@
 
 #include "zps/common/dtype.h"
 #include "zps/common/status.h"
+#include "zps/common/wire_codec.h"
 
 namespace zps::msg {
 
@@ -35,112 +41,132 @@ enum RpcType : uint16_t {
   kKvGet = 31,  ///< worker/tool -> coordinator: KvGet; reply KvReply (long-poll until set)
 };
 
+// Bounds the decoders check (beside the ones next to their messages below).
+inline constexpr size_t kMaxEndpoint = 512;     ///< host:port of a control plane
+inline constexpr uint32_t kMaxShards = 4096;    ///< shards of a job
+inline constexpr size_t kMaxSpec = 512u << 20;  ///< a job spec or layout blob
+inline constexpr uint32_t kMaxChunksPerReport = 1u << 24;
+inline constexpr uint32_t kMaxAccumulationSteps = 1024;  ///< micro-batches per step
+
 /// Asks a shard for the CRC32C of every local chunk's state once it reached `min_version`
 /// (Unavailable while it has not: retry).
 struct ChunkCrcsRequest {
-  int64_t min_version = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<ChunkCrcsRequest> Decode(std::span<const std::byte> b);
-};
-
-/// Asks a shard for elements [offset, offset+length) of a local chunk's fp32 master once the
-/// shard reached `min_version` (Unavailable while it has not: retry). length <= kMaxReadMaster.
-struct ReadMasterRequest {
-  int64_t min_version = 0;
-  uint32_t chunk = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<ReadMasterRequest> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_CHUNK_CRCS_REQUEST(X) \
+  X(min_version, 0, "the version the shard must reach first", wire::I64)
+  ZPS_WIRE_MESSAGE(ChunkCrcsRequest, ZPS_MSG_CHUNK_CRCS_REQUEST)
 };
 
 /// Most elements one ReadMaster may ask for (8 MiB of fp32, under the frame bound).
 inline constexpr uint64_t kMaxReadMaster = uint64_t{2} << 20;
 
+/// Asks a shard for elements [offset, offset+length) of a local chunk's fp32 master once the
+/// shard reached `min_version` (Unavailable while it has not: retry).
+struct ReadMasterRequest {
+#define ZPS_MSG_READ_MASTER_REQUEST(X)                                   \
+  X(min_version, 0, "the version the shard must reach first", wire::I64) \
+  X(chunk, 0, "a chunk of this shard", wire::U32)                        \
+  X(offset, 0, "first element, within the chunk", wire::U64)             \
+  X(length, 0, "elements", wire::Int<uint64_t, 0, kMaxReadMaster>)
+  ZPS_WIRE_MESSAGE(ReadMasterRequest, ZPS_MSG_READ_MASTER_REQUEST)
+};
+
 struct MasterRange {
-  int64_t version = 0;  // the shard's version the values are at
-  std::vector<float> values;
-  std::vector<std::byte> Encode() const;
-  static Result<MasterRange> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_MASTER_RANGE(X)                                     \
+  X(version, 0, "the shard's version the values are at", wire::I64) \
+  X(values, {}, "the chunk's fp32 master", wire::PodArray<float, kMaxReadMaster>)
+  ZPS_WIRE_MESSAGE(MasterRange, ZPS_MSG_MASTER_RANGE)
 };
 
 struct ChunkCrcs {
-  int64_t version = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> crcs;  // (chunk, crc), ascending chunk
-  std::vector<std::byte> Encode() const;
-  static Result<ChunkCrcs> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_CHUNK_CRCS(X)                                                   \
+  X(version, 0, "the shard's version the CRCs are at", wire::I64)               \
+  X(crcs, {}, "(chunk, CRC32C over master, m, v and serving), ascending chunk", \
+    wire::List<wire::Pair<wire::U32, wire::U32>>)
+  ZPS_WIRE_MESSAGE(ChunkCrcs, ZPS_MSG_CHUNK_CRCS)
 };
 
 /// Roles in the hello.
 enum Role : uint32_t { kRoleWorker = 1, kRoleShard = 2, kRoleTool = 3 };
 
 struct RegisterShard {
-  uint32_t ordinal = 0;
-  std::string endpoint;  // host:port of the shard's control plane
-  std::vector<std::byte> Encode() const;
-  static Result<RegisterShard> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_REGISTER_SHARD(X)                 \
+  X(ordinal, 0, "the shard's ordinal", wire::U32) \
+  X(endpoint, {}, "host:port of the shard's control plane", wire::Str<kMaxEndpoint>)
+  ZPS_WIRE_MESSAGE(RegisterShard, ZPS_MSG_REGISTER_SHARD)
 };
 
 struct Join {
-  uint32_t rank = 0;
-  uint64_t job_hash = 0;
-  std::vector<std::byte> job_spec;  // rank 0: the full spec; other ranks: empty
-  std::vector<std::byte> Encode() const;
-  static Result<Join> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_JOIN(X)                                    \
+  X(rank, 0, "the worker's rank", wire::U32)               \
+  X(job_hash, 0, "FNV-1a hash of the job spec", wire::U64) \
+  X(job_spec, {}, "rank 0: the full spec; other ranks: empty", wire::Bytes<kMaxSpec>)
+  ZPS_WIRE_MESSAGE(Join, ZPS_MSG_JOIN)
+};
+
+/// How a job's gradients reach the shards (the job's reduction mode; the values of
+/// zps::server::ReductionMode).
+enum class ReductionMode : uint8_t {
+  kServerSum = 0,   ///< every rank pushes its gradient; the shard sums them
+  kPreReduced = 1,  ///< the ranks reduce among themselves; each range is pushed once
 };
 
 /// What a worker needs to move data: the layout and the data-plane settings of the job.
 struct JoinReply {
-  uint64_t job_hash = 0;
-  int64_t resume_step = 0;
-  double loss_scale = 1.0;
-  std::vector<std::string> shard_endpoints;  // index = shard ordinal
-  std::vector<std::byte> layout;             // Layout::Serialize()
-  uint8_t reduction_mode = 0;                // 0 server-sum, 1 pre-reduced
-  uint32_t world_size = 1;
-  DType grad_dtype = DType::kF32;
-  DType serving_dtype = DType::kBF16;
-  /// Micro-batches per step (the job's ShardJob::accumulation_steps). Trailing and optional on the
-  /// wire: written only when != 1, and a reply without it decodes as 1.
-  uint32_t accumulation_steps = 1;
-  std::vector<std::byte> Encode() const;
-  static Result<JoinReply> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_JOIN_REPLY(X)                                                               \
+  X(job_hash, 0, "FNV-1a hash of the job spec", wire::U64)                                  \
+  X(resume_step, 0, "the step the job is at", wire::I64)                                    \
+  X(loss_scale, 1.0, "the loss scale for that step", wire::F64)                             \
+  X(shard_endpoints, {}, "host:port of each shard; index = shard ordinal",                  \
+    wire::List<wire::Str<kMaxEndpoint>, kMaxShards, 1>)                                     \
+  X(layout, {}, "Layout::Serialize()", wire::Bytes<kMaxSpec>)                               \
+  X(reduction_mode, ReductionMode::kServerSum, "0 server-sum, 1 pre-reduced",               \
+    wire::Enum<ReductionMode, ReductionMode::kPreReduced>)                                  \
+  X(world_size, 1, "ranks of the job", wire::U32)                                           \
+  X(grad_dtype, DType::kF32, "0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>)     \
+  X(serving_dtype, DType::kBF16, "0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>) \
+  X(accumulation_steps, 1,                                                                  \
+    "micro-batches per step (ShardJob::accumulation_steps); sent only when not 1",          \
+    wire::Trailing<wire::Int<uint32_t, 1, kMaxAccumulationSteps>, 1>)
+  ZPS_WIRE_MESSAGE(JoinReply, ZPS_MSG_JOIN_REPLY)
 };
 
 struct ChunkStat {
-  uint32_t chunk = 0;
-  double sum_squares = 0.0;
-  bool non_finite = false;
+#define ZPS_MSG_CHUNK_STAT(X)                                      \
+  X(chunk, 0, "a chunk of the reporting shard", wire::U32)         \
+  X(sum_squares, 0.0, "sum of squares of its gradient", wire::F64) \
+  X(non_finite, false, "its gradient holds Inf or NaN", wire::NonZeroBool)
+  ZPS_WIRE_FIELDS(ChunkStat, ZPS_MSG_CHUNK_STAT)
 };
 
 struct Report {
-  int64_t step = 0;
-  uint32_t ordinal = 0;
-  std::vector<ChunkStat> chunks;
-  std::vector<std::byte> Encode() const;
-  static Result<Report> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_REPORT(X)                                        \
+  X(step, 0, "the step whose gradients are complete", wire::I64) \
+  X(ordinal, 0, "the reporting shard", wire::U32)                \
+  X(chunks, {}, "per chunk", wire::List<wire::Struct<ChunkStat>, kMaxChunksPerReport>)
+  ZPS_WIRE_MESSAGE(Report, ZPS_MSG_REPORT)
 };
 
 struct CommitInfo {
-  int64_t step = 0;
-  bool skip = false;
-  float grad_scale = 0.0f;
-  double global_norm = 0.0;
-  double loss_scale = 1.0;         // used by this step's gradients
-  double next_loss_scale = 1.0;    // to use for the next step
-  int64_t optimizer_step = 0;      // applied updates after this step
-  int64_t good_steps = 0;          // loss scaler: consecutive good steps after this step
-  bool checkpoint = false;         // shards checkpoint the state at version step + 1
-  int64_t protect_checkpoint = 0;  // newest checkpoint complete on every shard (0: none): shards
-                                   // keep it whatever their garbage collection would drop
-  std::vector<std::byte> Encode() const;
-  static Result<CommitInfo> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_COMMIT_INFO(X)                                                            \
+  X(step, 0, "the step decided", wire::I64)                                               \
+  X(skip, false, "the step is skipped (non-finite gradients)", wire::NonZeroBool)         \
+  X(grad_scale, 0.0f, "what the shards multiply the gradient sum by", wire::F32)          \
+  X(global_norm, 0.0, "the gradient's global norm", wire::F64)                            \
+  X(loss_scale, 1.0, "used by this step's gradients", wire::F64)                          \
+  X(next_loss_scale, 1.0, "to use for the next step", wire::F64)                          \
+  X(optimizer_step, 0, "applied updates after this step", wire::I64)                      \
+  X(good_steps, 0, "loss scaler: consecutive good steps after this step", wire::I64)      \
+  X(checkpoint, false, "shards checkpoint the state at version step + 1", wire::Bool)     \
+  X(protect_checkpoint, 0,                                                                \
+    "newest checkpoint complete on every shard (0: none): shards keep it whatever their " \
+    "garbage collection would drop",                                                      \
+    wire::Int<int64_t, 0>)
+  ZPS_WIRE_MESSAGE(CommitInfo, ZPS_MSG_COMMIT_INFO)
 };
 
 struct AwaitCommit {
-  int64_t step = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<AwaitCommit> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_AWAIT_COMMIT(X) X(step, 0, "the step whose decision to wait for", wire::I64)
+  ZPS_WIRE_MESSAGE(AwaitCommit, ZPS_MSG_AWAIT_COMMIT)
 };
 
 // ---- data plane (UCX active messages) ----
@@ -165,25 +191,29 @@ inline constexpr size_t kMaxRkeyBytes = 4096;
 
 inline constexpr size_t kMaxErrorMessage = 1024;
 
+// A reply's `code` is a zps::Code as a u32 and stays a bare number on purpose: a code this build
+// does not know (a newer peer's) must become Internal through StatusFromWire, not make the whole
+// reply undecodable.
+
 struct FetchHeader {
-  uint64_t session = 0;  // the session token from the shard's hello
-  uint64_t request = 0;
-  uint32_t chunk = 0;
-  uint64_t offset = 0;  // elements
-  uint64_t length = 0;  // elements
-  int64_t min_version = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<FetchHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_FETCH_HEADER(X)                                         \
+  X(session, 0, "the session token from the shard's hello", wire::U64)  \
+  X(request, 0, "chosen by the worker; the reply echoes it", wire::U64) \
+  X(chunk, 0, "a chunk of the shard", wire::U32)                        \
+  X(offset, 0, "first element, within the chunk", wire::U64)            \
+  X(length, 0, "elements", wire::U64)                                   \
+  X(min_version, 0, "answered once the chunk is at this version or later", wire::I64)
+  ZPS_WIRE_MESSAGE(FetchHeader, ZPS_MSG_FETCH_HEADER)
 };
 
 /// Reply to a fetch; the data (length x serving dtype bytes) follows when code == 0.
 struct FetchReplyHeader {
-  uint64_t request = 0;
-  uint32_t code = 0;  // zps::Code
-  int64_t version = -1;
-  std::string message;
-  std::vector<std::byte> Encode() const;
-  static Result<FetchReplyHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_FETCH_REPLY_HEADER(X)                       \
+  X(request, 0, "the fetch's request", wire::U64)           \
+  X(code, 0, "a zps::Code; 0: the data follows", wire::U32) \
+  X(version, -1, "the version of the data", wire::I64)      \
+  X(message, {}, "the error's text", wire::CutStr<kMaxErrorMessage>)
+  ZPS_WIRE_MESSAGE(FetchReplyHeader, ZPS_MSG_FETCH_REPLY_HEADER)
 };
 
 /// Reply to a kAmFetchRma, with no data: when code == 0 the requested range (length x serving
@@ -193,40 +223,40 @@ struct FetchReplyHeader {
 /// this range to the same range in the other bank, where versions of the other parity are
 /// (version + 1 at remote_address + bank_delta, version + 2 at remote_address again, ...).
 struct FetchRmaReplyHeader {
-  uint64_t request = 0;
-  uint32_t code = 0;  // zps::Code
-  int64_t version = -1;
-  std::string message;
-  uint64_t remote_address = 0;
-  std::vector<std::byte> rkey;  // <= kMaxRkeyBytes; empty unless code == 0
-  int64_t bank_delta = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<FetchRmaReplyHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_FETCH_RMA_REPLY_HEADER(X)                                                     \
+  X(request, 0, "the fetch's request", wire::U64)                                             \
+  X(code, 0, "a zps::Code; 0: the range is at remote_address", wire::U32)                     \
+  X(version, -1, "the version of the range", wire::I64)                                       \
+  X(message, {}, "the error's text", wire::CutStr<kMaxErrorMessage>)                          \
+  X(remote_address, 0, "the range's address in the shard's serving region", wire::U64)        \
+  X(rkey, {}, "the region's packed rkey; empty unless code is 0", wire::Bytes<kMaxRkeyBytes>) \
+  X(bank_delta, 0, "0: one bank; else the bytes from this range to the other bank's", wire::I64)
+  ZPS_WIRE_MESSAGE(FetchRmaReplyHeader, ZPS_MSG_FETCH_RMA_REPLY_HEADER)
 };
 
 /// A push; the data (length x dtype bytes) follows.
 struct PushHeader {
-  uint64_t session = 0;
-  uint64_t request = 0;
-  int64_t step = 0;  // -1 = initial values
-  uint32_t chunk = 0;
-  uint64_t offset = 0;  // elements
-  uint64_t length = 0;  // elements
-  uint32_t rank = 0;
-  DType dtype = DType::kF32;
-  std::vector<std::byte> Encode() const;
-  static Result<PushHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_PUSH_HEADER(X)                                                      \
+  X(session, 0, "the session token from the shard's hello", wire::U64)              \
+  X(request, 0, "chosen by the worker; the reply echoes it", wire::U64)             \
+  X(step, 0, "the gradient's step; -1: initial values", wire::I64)                  \
+  X(chunk, 0, "a chunk of the shard", wire::U32)                                    \
+  X(offset, 0, "first element, within the chunk", wire::U64)                        \
+  X(length, 0, "elements", wire::U64)                                               \
+  X(rank, 0, "the contributor: rank × accumulation_steps + micro-batch", wire::U32) \
+  X(dtype, DType::kF32, "of the data: 0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>)
+  ZPS_WIRE_MESSAGE(PushHeader, ZPS_MSG_PUSH_HEADER)
 };
 
 /// A push whose data the shard reads with RMA get: `push.length` x `push.dtype` bytes at
 /// `remote_address` in the worker's region whose packed rkey is `rkey`. The bytes stay unchanged
 /// until the worker gets the kAmPushReply (or the endpoint fails).
 struct PushRmaHeader {
-  PushHeader push;
-  uint64_t remote_address = 0;
-  std::vector<std::byte> rkey;  // 1..kMaxRkeyBytes
-  std::vector<std::byte> Encode() const;
-  static Result<PushRmaHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_PUSH_RMA_HEADER(X)                                             \
+  X(push, {}, "the push, inline", wire::Struct<PushHeader>)                    \
+  X(remote_address, 0, "the data's address in the worker's region", wire::U64) \
+  X(rkey, {}, "the region's packed rkey", wire::Bytes<kMaxRkeyBytes, 1>)
+  ZPS_WIRE_MESSAGE(PushRmaHeader, ZPS_MSG_PUSH_RMA_HEADER)
 };
 
 /// Shard -> worker (protocol 3), no data, no reply. `version` >= 0: this shard has published
@@ -239,18 +269,18 @@ struct PushRmaHeader {
 /// token the shard issued to this worker: a notice with another token is refused.
 struct ServingNoticeHeader {
   static constexpr int64_t kNoticeForget = -1;
-  uint64_t session = 0;
-  int64_t version = kNoticeForget;
-  std::vector<std::byte> Encode() const;
-  static Result<ServingNoticeHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_SERVING_NOTICE_HEADER(X)                                        \
+  X(session, 0, "the session token the shard issued to this worker", wire::U64) \
+  X(version, kNoticeForget, "≥ 0: published; -1: forget", wire::Int<int64_t, kNoticeForget>)
+  ZPS_WIRE_MESSAGE(ServingNoticeHeader, ZPS_MSG_SERVING_NOTICE_HEADER)
 };
 
 struct PushReplyHeader {
-  uint64_t request = 0;
-  uint32_t code = 0;
-  std::string message;
-  std::vector<std::byte> Encode() const;
-  static Result<PushReplyHeader> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_PUSH_REPLY_HEADER(X)                \
+  X(request, 0, "the push's request", wire::U64)    \
+  X(code, 0, "a zps::Code; 0: accepted", wire::U32) \
+  X(message, {}, "the error's text", wire::CutStr<kMaxErrorMessage>)
+  ZPS_WIRE_MESSAGE(PushReplyHeader, ZPS_MSG_PUSH_REPLY_HEADER)
 };
 
 /// Turns a reply's (code, message) into a Status; unknown codes become Internal.
@@ -265,50 +295,56 @@ inline constexpr size_t kMaxCheckpointSteps = 4096;
 /// and after each checkpoint attempt; `result_*` describe that attempt (has_result false at
 /// registration).
 struct CheckpointReport {
-  uint32_t ordinal = 0;
-  std::vector<int64_t> steps;
-  bool has_result = false;
-  int64_t result_step = 0;
-  uint32_t result_code = 0;  // Code of the attempt (0 = committed)
-  std::string result_message;
-  std::vector<std::byte> Encode() const;
-  static Result<CheckpointReport> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_CHECKPOINT_REPORT(X)                                                            \
+  X(ordinal, 0, "the reporting shard", wire::U32)                                               \
+  X(steps, {}, "the shard's complete local checkpoints",                                        \
+    wire::List<wire::Int<int64_t, 0>, kMaxCheckpointSteps, 0, wire::Order::kStrictlyAscending>) \
+  X(has_result, false, "an attempt's outcome follows (false at registration)", wire::Bool)      \
+  X(result_step, 0, "the attempt's step", wire::I64)                                            \
+  X(result_code, 0, "the attempt's zps::Code (0: committed)", wire::U32)                        \
+  X(result_message, {}, "the attempt's error text", wire::CutStr<kMaxErrorMessage>)
+  ZPS_WIRE_MESSAGE(CheckpointReport, ZPS_MSG_CHECKPOINT_REPORT)
 };
 
 /// The loss-scaler and optimizer counters at a step boundary (kept in every checkpoint).
 struct ResumeState {
-  int64_t step = 0;         // the version the state is at
-  double loss_scale = 1.0;  // the scale for step `step`
-  int64_t good_steps = 0;
-  int64_t optimizer_step = 0;  // applied updates before step `step`
+#define ZPS_MSG_RESUME_STATE(X)                                                  \
+  X(step, 0, "the version the state is at", wire::Int<int64_t, 0>)               \
+  X(loss_scale, 1.0, "the loss scale for step `step`",                           \
+    wire::Float<double, wire::FloatCheck::kPositiveFinite>)                      \
+  X(good_steps, 0, "loss scaler: consecutive good steps", wire::Int<int64_t, 0>) \
+  X(optimizer_step, 0, "applied updates before step `step`", wire::Int<int64_t, 0>)
+  ZPS_WIRE_FIELDS(ResumeState, ZPS_MSG_RESUME_STATE)
 };
 
 /// A shard asks where the job stands; with `ready`, it says it restored `state` for `epoch`.
 struct ShardSync {
-  uint32_t ordinal = 0;
-  uint64_t epoch = 0;
-  bool ready = false;
-  ResumeState state;
-  std::vector<std::byte> Encode() const;
-  static Result<ShardSync> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_SHARD_SYNC(X)                                           \
+  X(ordinal, 0, "the asking shard", wire::U32)                          \
+  X(epoch, 0, "the coordinator epoch the shard knows", wire::U64)       \
+  X(ready, false, "the shard restored `state` for `epoch`", wire::Bool) \
+  X(state, {}, "what the shard restored, inline", wire::Struct<ResumeState>)
+  ZPS_WIRE_MESSAGE(ShardSync, ZPS_MSG_SHARD_SYNC)
 };
 
 enum class JobPhase : uint8_t { kNoJob = 0, kRecovering = 1, kRunning = 2 };
 
 struct ShardSyncReply {
-  uint64_t epoch = 0;
-  JobPhase phase = JobPhase::kNoJob;
-  int64_t target_step = -1;  // while recovering: the step to restore (-1: not known yet)
-  std::vector<std::byte> Encode() const;
-  static Result<ShardSyncReply> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_SHARD_SYNC_REPLY(X)                                                            \
+  X(epoch, 0, "the coordinator's epoch", wire::U64)                                            \
+  X(phase, JobPhase::kNoJob, "0 no job, 1 recovering, 2 running",                              \
+    wire::Enum<JobPhase, JobPhase::kRunning>)                                                  \
+  X(target_step, -1, "recovering: the step to restore (-1: not known yet); running: the step", \
+    wire::I64)
+  ZPS_WIRE_MESSAGE(ShardSyncReply, ZPS_MSG_SHARD_SYNC_REPLY)
 };
 
 /// The answer to kCheckpointNow: a global checkpoint complete on every shard.
 struct CheckpointDone {
-  int64_t step = 0;
-  uint32_t shards = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<CheckpointDone> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_CHECKPOINT_DONE(X)               \
+  X(step, 0, "the checkpoint's step", wire::I64) \
+  X(shards, 0, "shards that hold it", wire::U32)
+  ZPS_WIRE_MESSAGE(CheckpointDone, ZPS_MSG_CHECKPOINT_DONE)
 };
 
 // ---- key-value rendezvous (control plane) ----
@@ -322,29 +358,30 @@ inline constexpr uint32_t kMaxKvWaitMs = 10 * 60 * 1000;  // 10 min per KvGet
 /// generation of the job: the coordinator's epoch + 1, so a rollback or a recovery starts an
 /// empty store and a communicator built before it cannot meet one built after.
 struct KvSet {
-  uint64_t generation = 0;
-  std::string key;               // 1..kMaxKvKeyBytes
-  std::vector<std::byte> value;  // 0..kMaxKvValueBytes
-  std::vector<std::byte> Encode() const;
-  static Result<KvSet> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_KV_SET(X)                                                   \
+  X(generation, 0, "the store's generation; 0: the current one", wire::U64) \
+  X(key, {}, "the key", wire::Str<kMaxKvKeyBytes, 1>)                       \
+  X(value, {}, "the value", wire::Bytes<kMaxKvValueBytes>)
+  ZPS_WIRE_MESSAGE(KvSet, ZPS_MSG_KV_SET)
 };
 
 /// Waits up to `wait_ms` (<= kMaxKvWaitMs; 0 = do not wait) for `key` in `generation` (0 = the
 /// current one) and returns its value.
 struct KvGet {
-  uint64_t generation = 0;
-  std::string key;
-  uint32_t wait_ms = 0;
-  std::vector<std::byte> Encode() const;
-  static Result<KvGet> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_KV_GET(X)                                                   \
+  X(generation, 0, "the store's generation; 0: the current one", wire::U64) \
+  X(key, {}, "the key", wire::Str<kMaxKvKeyBytes, 1>)                       \
+  X(wait_ms, 0, "how long to wait for the key; 0: do not wait",             \
+    wire::Int<uint32_t, 0, kMaxKvWaitMs>)
+  ZPS_WIRE_MESSAGE(KvGet, ZPS_MSG_KV_GET)
 };
 
 /// The answer to KvSet (value empty) and KvGet: the generation that served it.
 struct KvReply {
-  uint64_t generation = 0;
-  std::vector<std::byte> value;
-  std::vector<std::byte> Encode() const;
-  static Result<KvReply> Decode(std::span<const std::byte> b);
+#define ZPS_MSG_KV_REPLY(X)                                    \
+  X(generation, 0, "the generation that served it", wire::U64) \
+  X(value, {}, "the value; empty for KvSet", wire::Bytes<kMaxKvValueBytes>)
+  ZPS_WIRE_MESSAGE(KvReply, ZPS_MSG_KV_REPLY)
 };
 
 }  // namespace zps::msg
