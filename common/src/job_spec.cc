@@ -3,9 +3,7 @@
 #include "zps/common/job_spec.h"
 
 #include <algorithm>
-#include <bit>
 #include <charconv>
-#include <cstdio>
 #include <cstring>
 #include <tuple>
 #include <type_traits>

@@ -209,7 +209,14 @@ struct ParamGroup {
     "speculative: each chunk is updated as soon as its gradient is complete (bit-identical)")
 
 /// What every shard must agree on about the job's step (besides the layout and optimizer).
-/// Validated by ValidateShardJob (JobSpec::Validate, ShardState::Create).
+/// Validated by ValidateShardJob (JobSpec::Validate, ShardState::Create). Beyond the doc column:
+///   - accumulation_steps k: each rank pushes k micro-batches per step, with contributor index
+///     rank * k + micro in PushRequest::rank;
+///   - param_groups not empty: OptimizerConfig::lr / weight_decay are not used (still validated);
+///   - param_group not empty: exactly layout.num_params() entries, each < param_groups.size()
+///     (param_groups must then not be empty);
+///   - frozen not empty: exactly layout.num_params() entries of 0 or 1;
+///   - serving_dtype fp32: 4 bytes an element everywhere the serving copy goes.
 struct ShardJob {
   ZPS_SHARD_JOB_FIELDS(ZPS_DECLARE_FIELD)
   bool operator==(const ShardJob&) const = default;
