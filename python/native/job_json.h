@@ -1,16 +1,17 @@
 // job_json.h — the job description and the worker options of the C API, from JSON.
 //
 // The binding (zps.torch) sends the job it derived from the model and the user's config as one
-// JSON document; this is the only place that turns it into a server::JobSpec, so the keys a
-// binding may use are exactly those read here (docs/pytorch.md, "The job description").
+// JSON document; JobFromJson turns it into a JobSpec through the job spec's own JSON codec
+// (zps/common/job_spec.h, JobSpecFromJson), so the keys a binding may use are exactly the field
+// lists declared there (docs/pytorch.md, "The job description", is generated from them).
 //
 // Thread-safety: pure functions.
 #pragma once
 
 #include <string_view>
 
+#include "zps/common/job_spec.h"
 #include "zps/common/status.h"
-#include "zps/server/job.h"
 #include "zps/worker/client.h"
 #include "zps/worker/prefetcher.h"
 
@@ -18,7 +19,7 @@ namespace zps::capi {
 
 /// Errors: InvalidArgument for malformed JSON, an unknown key, a missing or out-of-range value,
 /// or a spec that fails JobSpec::Validate.
-Result<server::JobSpec> JobFromJson(std::string_view json);
+Result<JobSpec> JobFromJson(std::string_view json);
 
 struct ConnectOptions {
   worker::WorkerOptions worker;

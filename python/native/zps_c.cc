@@ -223,7 +223,7 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
     ZPS_ASSIGN_OR_RETURN(c->client, zps::worker::Client::Connect(opts.worker, spec, job.Hash()));
     const uint32_t world = c->client->job().world_size;
     c->pre_reduced = opts.reduction == "pre-reduced";
-    if (c->pre_reduced != (job.shard.mode == zps::server::ReductionMode::kPreReduced)) {
+    if (c->pre_reduced != (job.shard.mode == zps::ReductionMode::kPreReduced)) {
       return zps::InvalidArgument("options.reduction and job.shard.reduction disagree");
     }
     if (world > 1 && (c->pre_reduced || opts.fetch_strategy == "bandwidth-centric")) {

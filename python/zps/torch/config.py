@@ -197,6 +197,11 @@ class Config:
     server_threads: int = _D["zps.server_threads"]
     shards_given: bool = False
     endpoint_given: bool = False
+    # What the user's config sets of the job description's "optimizer" and "commit" sections,
+    # under the job spec's own keys (common/include/zps/common/job_spec.h; docs/pytorch.md has
+    # the generated table). Each DeepSpeed key is mapped where it is read, below; a key left out
+    # keeps the job spec's default, which the native codec fills in.
+    job: dict = field(default_factory=lambda: {"optimizer": {}, "commit": {}})
 
     def serving(self) -> str:
         if self.serving_dtype:
@@ -239,9 +244,12 @@ def load(config: ConfigSource) -> Config:
         c.lr = params.get("lr", float, 0.0)
         c.weight_decay = params.get("weight_decay", float, 0.0)
         c.optimizer = _OPTIMIZERS[kind.lower()]
+        job_opt = c.job["optimizer"]
+        job_opt.update(lr=c.lr, weight_decay=c.weight_decay)
         if c.optimizer == "sgd":
             c.momentum = params.get("momentum", float, 0.0, 0.999999)
             c.nesterov = params.get("nesterov", bool)
+            job_opt.update(momentum=c.momentum, nesterov=c.nesterov)
         else:
             betas = params.get("betas", list)
             if len(betas) != 2 or not all(isinstance(b, (int, float)) for b in betas):
@@ -253,6 +261,9 @@ def load(config: ConfigSource) -> Config:
             if c.optimizer == "adam" and params.get("adam_w_mode", bool):
                 c.optimizer = "adamw"
             params.get("torch_adam", bool)  # same update either way on the servers
+            job_opt.update(beta1=c.betas[0], beta2=c.betas[1], eps=c.eps,
+                           bias_correction=c.bias_correction)
+        job_opt["type"] = c.optimizer
         params.finish()
         opt.finish()
 
@@ -273,6 +284,7 @@ def load(config: ConfigSource) -> Config:
         sch.finish()
 
     c.gradient_clipping = root.get("gradient_clipping", float, 0.0)
+    c.job["commit"]["max_grad_norm"] = c.gradient_clipping
 
     fp16 = root.get("fp16", dict)
     if fp16 is not None:
@@ -288,6 +300,8 @@ def load(config: ConfigSource) -> Config:
             raise _bad("fp16.hysteresis", "zps lowers the scale at the first overflow (1); "
                        f"hysteresis {hysteresis} is not a zps option")
         c.min_loss_scale = fp16.get("min_loss_scale", float, 0.0)
+        c.job["commit"].update(initial_loss_scale=c.initial_loss_scale,
+                               scale_window=c.loss_scale_window, min_loss_scale=c.min_loss_scale)
         fp16.finish()
     bf16 = root.get("bf16", dict)
     if bf16 is not None:

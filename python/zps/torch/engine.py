@@ -182,12 +182,14 @@ class Engine:
 
     # ---- setup ----
     def _job(self, cfg, zparams, group_of, groups):
-        """The job description for the C API (python/native/job_json.cc reads exactly these)."""
-        shard = {"reduction": cfg.reduction, "world_size": self.world,
+        """The job description for the C API: the job spec's JSON keys (docs/pytorch.md's table,
+        generated from common/include/zps/common/job_spec.h, whose codec reads this document and
+        fills in the defaults of keys left out): what config.load mapped from the user's config
+        (cfg.job), and what only the engine knows (ranks, parameters, groups, frozen)."""
+        k = cfg.gradient_accumulation_steps
+        shard = {"reduction": cfg.reduction, "update": cfg.update, "world_size": self.world,
                  "grad_dtype": cfg.grad_dtype(), "serving_dtype": cfg.serving(),
-                 "accumulation_steps": cfg.gradient_accumulation_steps}
-        if cfg.update != "sync":
-            shard["update"] = cfg.update
+                 "accumulation_steps": k}
         if len(groups) > 1 or groups[0] != (cfg.lr, cfg.weight_decay):
             shard["param_groups"] = [{"lr": lr, "weight_decay": wd} for lr, wd in groups]
             shard["param_group"] = group_of
@@ -199,16 +201,9 @@ class Engine:
             "params": [{"name": zp.names[0], "shape": list(zp.shape) or [1]} for zp in zparams],
             "chunk_elems": cfg.chunk_elems,
             "num_shards": cfg.shards,
-            "optimizer": {"type": cfg.optimizer, "lr": cfg.lr, "beta1": cfg.betas[0],
-                          "beta2": cfg.betas[1], "eps": cfg.eps, "weight_decay": cfg.weight_decay,
-                          "bias_correction": cfg.bias_correction, "momentum": cfg.momentum,
-                          "nesterov": cfg.nesterov},
-            "commit": {"max_grad_norm": cfg.gradient_clipping,
-                       "grad_divisor": float(self.world * cfg.gradient_accumulation_steps),
-                       "dynamic_loss_scale": cfg.fp16,
-                       "initial_loss_scale": cfg.initial_loss_scale,
-                       "scale_window": cfg.loss_scale_window,
-                       "min_loss_scale": cfg.min_loss_scale},
+            "optimizer": dict(cfg.job["optimizer"]),
+            "commit": {**cfg.job["commit"], "grad_divisor": float(self.world * k),
+                       "dynamic_loss_scale": cfg.fp16},
             "shard": shard,
         }
 

@@ -5,28 +5,6 @@
 
 namespace zps::server {
 
-Status CommitConfig::Validate() const {
-  if (!(max_grad_norm >= 0.0) || !std::isfinite(max_grad_norm)) {
-    return InvalidArgument("max_grad_norm must be a finite number >= 0");
-  }
-  if (!(grad_divisor > 0.0) || !std::isfinite(grad_divisor)) {
-    return InvalidArgument("grad_divisor must be > 0");
-  }
-  if (dynamic_loss_scale) {
-    if (!(initial_loss_scale > 0.0) || !std::isfinite(initial_loss_scale)) {
-      return InvalidArgument("initial_loss_scale must be > 0");
-    }
-    if (!(scale_factor > 1.0) || !std::isfinite(scale_factor)) {
-      return InvalidArgument("scale_factor must be > 1");
-    }
-    if (scale_window < 1) return InvalidArgument("scale_window must be >= 1");
-    if (!(min_loss_scale > 0.0) || min_loss_scale > initial_loss_scale) {
-      return InvalidArgument("min_loss_scale must be in (0, initial_loss_scale]");
-    }
-  }
-  return Status::Ok();
-}
-
 StepCommit::StepCommit(const CommitConfig& config)
     : config_(config), loss_scale_(config.dynamic_loss_scale ? config.initial_loss_scale : 1.0) {}
 

@@ -19,48 +19,13 @@
 #include <cstdint>
 #include <string_view>
 
+#include "zps/common/job_spec.h"
 #include "zps/common/status.h"
 
 namespace zps::server {
 
-enum class LrScheduleKind : uint8_t {
-  kNone = 0,            // each group's own lr, constant
-  kWarmupLR = 1,        // DeepSpeed "WarmupLR"
-  kWarmupDecayLR = 2,   // DeepSpeed "WarmupDecayLR"
-  kWarmupCosineLR = 3,  // DeepSpeed "WarmupCosineLR"
-};
-enum class WarmupType : uint8_t { kLog = 0, kLinear = 1 };
-
-/// "none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" (DeepSpeed's scheduler type names).
-std::string_view LrScheduleKindName(LrScheduleKind kind);
-/// Errors: InvalidArgument for another name.
-Result<LrScheduleKind> ParseLrScheduleKind(std::string_view text);
-/// "log", "linear". Errors: InvalidArgument for another name.
-Result<WarmupType> ParseWarmupType(std::string_view text);
-
-/// The schedule's parameters, DeepSpeed's JSON names. Fields a kind does not use are ignored (but
-/// still validated and serialised). Validate() rejects bad values with InvalidArgument naming the
-/// field.
-struct LrScheduleConfig {
-  LrScheduleKind kind = LrScheduleKind::kNone;  // Default: none
-  // WarmupLR, WarmupDecayLR:
-  double warmup_min_lr = 0.0;    // Default: 0. Finite, >= 0.
-  double warmup_max_lr = 0.001;  // Default: 0.001. Finite, >= 0.
-  // All warmup kinds. DeepSpeed uses max(2, warmup_num_steps) (so does zps).
-  int64_t warmup_num_steps = 1000;            // Default: 1000. >= 1.
-  WarmupType warmup_type = WarmupType::kLog;  // Default: log
-  // WarmupDecayLR, WarmupCosineLR:
-  int64_t total_num_steps = 0;  // Default: 0 (must be set, >= 1, for those kinds).
-  // WarmupCosineLR:
-  double warmup_min_ratio = 0.0;  // Default: 0. Finite, >= 0.
-  double cos_min_ratio = 0.0001;  // Default: 0.0001. Finite, >= 0.
-
-  Status Validate() const;
-  /// The largest factor (absolute lr for WarmupLR/WarmupDecayLR, ratio for WarmupCosineLR, 1 for
-  /// none) the schedule can produce: for the AdamW check lr * weight_decay <= 1.
-  double MaxValue() const;
-  bool operator==(const LrScheduleConfig&) const = default;
-};
+// LrScheduleKind, WarmupType and LrScheduleConfig (the schedule's parameters) are part of the
+// job spec: zps/common/job_spec.h.
 
 class LrSchedule {
  public:

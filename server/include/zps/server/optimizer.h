@@ -28,36 +28,14 @@
 
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
+#include "zps/common/job_spec.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_pool.h"
 
 namespace zps::server {
 
-enum class OptimizerKind : uint8_t { kAdam = 0, kAdamW = 1, kSgd = 2 };
-
-std::string_view OptimizerKindName(OptimizerKind kind);
-/// "adam", "adamw", "sgd".
-Result<OptimizerKind> ParseOptimizerKind(std::string_view text);
-
-/// Hyperparameters. Validate() rejects bad values with InvalidArgument naming the field.
-struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::kAdamW;  // Default: adamw
-  float lr = 1e-3f;                            // Default: 1e-3. Must be >= 0 and finite.
-  float beta1 = 0.9f;                          // Default: 0.9. Adam/AdamW; in [0, 1).
-  float beta2 = 0.999f;                        // Default: 0.999. Adam/AdamW; in [0, 1).
-  float eps = 1e-8f;                           // Default: 1e-8. Adam/AdamW; > 0.
-  float weight_decay = 0.0f;                   // Default: 0. >= 0. Coupled (L2) for kAdam and kSgd,
-                                               // decoupled for kAdamW.
-  bool bias_correction = true;                 // Default: true. Adam/AdamW.
-  float momentum = 0.0f;                       // Default: 0. SGD; in [0, 1).
-  bool nesterov = false;                       // Default: false. SGD; needs momentum > 0.
-
-  Status Validate() const;
-  /// A stable binary encoding (versioned), for checkpoints.
-  std::vector<std::byte> Serialize() const;
-  /// Errors: InvalidArgument / DataLoss for a malformed or unknown-version buffer.
-  static Result<OptimizerConfig> Deserialize(std::span<const std::byte> bytes);
-};
+// OptimizerKind and OptimizerConfig (the hyperparameters) are part of the job spec:
+// zps/common/job_spec.h.
 
 /// The state of one chunk: fp32 master, and the moments. `v` is unused (may be empty) for SGD;
 /// `m` holds the momentum buffer for SGD (may be empty when momentum == 0).

@@ -93,6 +93,7 @@
 
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/dtype.h"
+#include "zps/common/job_spec.h"
 #include "zps/common/layout.h"
 #include "zps/common/staging_pool.h"
 #include "zps/common/status.h"
@@ -105,64 +106,8 @@
 
 namespace zps::server {
 
-enum class ReductionMode : uint8_t { kServerSum = 0, kPreReduced = 1 };
-std::string_view ReductionModeName(ReductionMode m);
-Result<ReductionMode> ParseReductionMode(std::string_view text);
-
-/// When a shard runs the optimizer (docs/architecture.md "The speculative step"):
-///   - sync: after the commit decision, over every chunk;
-///   - speculative: on each chunk as soon as its gradient is complete, into spare buffers,
-///     assuming no clip and no skip; the commit publishes the spare (the decided order is the
-///     assumed one), redoes the chunk from its untouched pre-update state (it clipped), or drops
-///     the spare (skip). Bit-identical to sync in every case.
-enum class UpdateMode : uint8_t { kSync = 0, kSpeculative = 1 };
-std::string_view UpdateModeName(UpdateMode m);
-/// "sync" or "speculative". Errors: InvalidArgument.
-Result<UpdateMode> ParseUpdateMode(std::string_view text);
-
 /// The step value of initial-value pushes.
 inline constexpr int64_t kInitStep = -1;
-
-/// One torch.optim-style parameter group: its own lr and weight decay (the rest of the
-/// optimizer's hyperparameters are shared, from OptimizerConfig).
-struct ParamGroup {
-  float lr = 1e-3f;           // Default: 1e-3. Finite, >= 0.
-  float weight_decay = 0.0f;  // Default: 0. Finite, >= 0 (coupled or decoupled as the optimizer).
-  bool operator==(const ParamGroup&) const = default;
-};
-
-/// What every shard must agree on about the job's step (besides the layout and optimizer).
-/// Validated by ValidateShardJob (JobSpec::Validate, ShardState::Create).
-struct ShardJob {
-  ReductionMode mode = ReductionMode::kServerSum;  // Default: server-sum
-  uint32_t world_size = 1;                         // Default: 1
-  DType grad_dtype = DType::kF32;                  // Default: fp32; the dtype pushes must use
-  /// The copy workers fetch: bf16, fp16, or fp32 (4 bytes an element: a copy of the master).
-  DType serving_dtype = DType::kBF16;  // Default: bf16
-  /// Gradient accumulation: each rank pushes k micro-batches per step (contributor index
-  /// rank * k + micro in PushRequest::rank). In [1, 1024]; world_size * k <= 65536.
-  uint32_t accumulation_steps = 1;  // Default: 1
-  /// Parameter groups. Empty (default): one group with OptimizerConfig::lr / weight_decay.
-  /// Not empty: OptimizerConfig::lr / weight_decay are not used.
-  std::vector<ParamGroup> param_groups;  // Default: empty
-  /// Per parameter (layout order): its index into param_groups. Empty (default): every parameter
-  /// in group 0. Not empty: exactly layout.num_params() entries, each < param_groups.size()
-  /// (param_groups must then not be empty).
-  std::vector<uint32_t> param_group;  // Default: empty
-  /// Per parameter (layout order): 1 = frozen (served, never pushed, never updated), 0 = trained.
-  /// Empty (default): nothing frozen. Not empty: exactly layout.num_params() entries of 0 or 1.
-  std::vector<uint8_t> frozen;  // Default: empty
-  /// The learning-rate schedule (zps/server/lr_schedule.h).
-  LrScheduleConfig lr_schedule;  // Default: none (constant)
-  /// When the optimizer runs (UpdateMode). Job spec version 3 when not sync.
-  UpdateMode update_mode = UpdateMode::kSync;  // Default: sync
-};
-
-/// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
-/// (world_size, serving_dtype, accumulation_steps, param_groups[i].lr / .weight_decay,
-/// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
-Status ValidateShardJob(const ShardJob& job, const Layout& layout,
-                        const OptimizerConfig& optimizer);
 
 struct PushRequest {
   int64_t step = 0;

@@ -18,23 +18,12 @@
 #include <span>
 #include <vector>
 
+#include "zps/common/job_spec.h"
 #include "zps/common/status.h"
 
 namespace zps::server {
 
-struct CommitConfig {
-  double max_grad_norm = 0.0;           // Default: 0 = no clipping. Must be >= 0.
-  double grad_divisor = 1.0;            // Default: 1. E.g. the world size, to average rank sums;
-                                        // world_size x accumulation_steps to average every
-                                        // micro-batch of every rank (ShardJob).
-  bool dynamic_loss_scale = false;      // Default: false (fp32 / bf16 training).
-  double initial_loss_scale = 65536.0;  // Default: 2^16. Used when dynamic_loss_scale.
-  double scale_factor = 2.0;            // Default: 2.
-  int64_t scale_window = 1000;          // Default: 1000 good steps before growing.
-  double min_loss_scale = 1.0;          // Default: 1.
-
-  Status Validate() const;
-};
+// CommitConfig (the decision's parameters) is part of the job spec: zps/common/job_spec.h.
 
 struct ChunkReport {
   double sum_squares = 0.0;
