@@ -96,7 +96,7 @@ class SessionTable {
     MutexLock lock(&mu_);
     if (fenced_.count(token) != 0) {
       return Unavailable(
-          "this session ended: the shard rolled back or lost the coordinator; re-join");
+          "the worker's session ended: the shard rolled back or lost the coordinator; re-join");
     }
     return Unauthenticated("unknown session token");
   }

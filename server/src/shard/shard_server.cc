@@ -439,8 +439,8 @@ void ShardServer::Impl::HandleFetch(ucx::AmMessage& m, bool rma) {
               EndRequest(metrics::kFetch, start);
             });
   in_fetch_handler = false;
-  // SetServing(false) (another thread) may have fenced this session and answered the waiting
-  // fetches between the lookup above and the Fetch: one parked after that would wait for a
+  // SetServing(false) (another thread) may have fenced the worker's session and answered the
+  // waiting fetches between the lookup above and the Fetch: one parked after that would wait for a
   // publish that the rollback never makes, and its answer from ResetTo would go to a closed
   // endpoint (the worker then waits for its --op-timeout). While not serving, every waiting
   // fetch belongs to a fenced session: answer them now. The endpoint closes SetServing queued

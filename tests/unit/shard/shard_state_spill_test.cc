@@ -448,9 +448,9 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
     ASSERT_THAT(held.back()->status, IsOk());
   }
   // A fifth chunk (not cached). The held owners hold copies of their ranges, never a staging
-  // buffer (ServingReaderLoop replies with a copy), so this read does not wait for one to be
-  // released; whether it is answered yet is up to the serving reader thread, so that is not
-  // asserted (it was, and failed when the reader answered first).
+  // buffer (the serving tier's reader, ServingTier::Loop, replies with a copy), so this read does
+  // not wait for one to be released; whether it is answered yet is up to the serving reader thread,
+  // so that is not asserted (it was, and failed when the reader answered first).
   FetchResult fifth;
   spill->Fetch({10, 0, 4096, 0}, fifth.Callback());
   // Queued behind it: a chunk whose copy is held.
