@@ -109,7 +109,6 @@ struct Schema;
   template <>                                                         \
   struct Schema<S> {                                                  \
     using Self = S;                                                   \
-    static constexpr std::string_view kName = #S;                     \
     static constexpr auto kFields = std::tuple{LIST(ZPS_FIELD_DESC)}; \
   };
 ZPS_SCHEMA(OptimizerConfig, ZPS_OPTIMIZER_CONFIG_FIELDS)
