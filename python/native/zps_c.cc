@@ -158,7 +158,7 @@ zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
   co.host = endpoint.substr(0, colon);
   co.port = static_cast<uint16_t>(port);
   co.token = token;
-  co.role = zps::msg::kRoleTool;
+  co.role = zps::rpc::PeerRole::kTool;
   co.name = "zps.torch";
   return co;
 }
