@@ -14,7 +14,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 3
+API_VERSION = 4
 
 
 class JobInfo(ctypes.Structure):
@@ -77,6 +77,7 @@ def lib():
         "zps_cluster_shards": (c_int, [ctypes.c_char_p, ctypes.c_char_p, c_i64,
                                        ctypes.POINTER(c_u32)]),
         "zps_job_hash": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_u64)]),
+        "zps_check_memory_budget": (c_int, [ctypes.c_char_p, c_u64]),
         "zps_job_info_get": (c_int, [c_p, ctypes.POINTER(JobInfo)]),
         "zps_stats_get": (c_int, [c_p, ctypes.POINTER(Stats)]),
         "zps_push_initial": (c_int, [c_p, c_u32, c_p, c_u64]),
@@ -138,6 +139,12 @@ def cuda_available(device=0):
     except ZpsError as e:
         return e
     return None
+
+
+def check_memory_budget(job_json, memory_budget):
+    """Raises the shard's own RESOURCE_EXHAUSTED advice when a shard of the job could not start
+    with `memory_budget` bytes (zps_check_memory_budget); before any shard starts."""
+    check(lib().zps_check_memory_budget(job_json.encode(), memory_budget))
 
 
 def job_hash(job_json):
