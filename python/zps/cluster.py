@@ -163,13 +163,13 @@ class LocalCluster:
                 return f"{m.group(1)}: {m.group(2)}"
         return ""
 
-    def stopped(self, error=None, grace_s=2.0):
+    def stopped(self, error=None, grace_s=5.0):
         """None while every shard runs (or after close()). Once one has exited: the ShardStopped
         error that says why, for the shard that left a status (else the lowest ordinal), and the
         cluster keeps its directory at close(). `error`: the failed call that asks; when it may
         be the first sign of a shard's exit (UNAVAILABLE, DEADLINE_EXCEEDED, ...), the shards
-        get up to `grace_s` seconds to be seen exiting. Cheap when none has: one waitpid per
-        shard."""
+        get up to `grace_s` seconds to be seen exiting (a coordinator that fails stays up 2 s to
+        tell the workers why). Cheap when none has: one waitpid per shard."""
         procs = self.procs
         dead = [i for i, p in enumerate(procs) if p.poll() is not None]
         if not dead and error is not None and getattr(error, "code", "") in _LOST_PEER_CODES:
