@@ -19,6 +19,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/common/spill_budget.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
@@ -135,6 +136,14 @@ int zps_job_hash(const char* job_json, uint64_t* out) {
     ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
     *out = job.Hash();
     return zps::Status::Ok();
+  });
+}
+
+int zps_check_memory_budget(const char* job_json, uint64_t memory_budget) {
+  return Guard([&]() -> zps::Status {
+    if (job_json == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
+    return zps::CheckJobMemoryBudget(job, memory_budget);
   });
 }
 
