@@ -502,8 +502,9 @@ Status RunWorker(const TrainOptions& o) {
       WorkerAccess& access = *access_ptr;
       access.BeginStep(step, step == o.inject_overflow_step && lead);
       auto r = model->TrainStep(batch, d.batch, static_cast<float>(loss_scale), access);
-      access.EndStep();
+      Status ended = access.EndStep();
       if (!r.ok()) return r.status();
+      ZPS_RETURN_IF_ERROR(ended);
       out = *r;
       ZPS_RETURN_IF_ERROR(access.FlushGradients());
       ZPS_RETURN_IF_ERROR(client->FlushPushes());

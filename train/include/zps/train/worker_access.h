@@ -34,7 +34,8 @@ class WorkerAccess final : public ParamAccess {
   /// `inject_overflow`: replace element 0 of parameter 0's gradient with +Inf (test hook,
   /// mirroring ReferenceOptions::inject_overflow_step).
   void BeginStep(int64_t step, bool inject_overflow);
-  void EndStep() { prefetcher_.EndStep(); }
+  /// Ends the step's fetches (Prefetcher::EndStep). Errors: bandwidth-centric collectives.
+  Status EndStep() { return prefetcher_.EndStep(); }
   /// pre-reduced: reduce-scatters and pushes what is left in the bucket (call after the step's
   /// last PushGrad, before Client::FlushPushes). Errors: from the collective or the push.
   Status FlushGradients();
