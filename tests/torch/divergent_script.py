@@ -11,9 +11,11 @@ Scenarios (rank r of world w, step s):
 - skip: the last rank skips a branch on odd steps.
 - shared: a mixture of experts with a shared expert every token goes through.
 - forwards: rank r runs r + 1 forward calls per step (one backward of their summed loss).
+- all: every one of the above at once (expert 3 is rank 0's only, expert 2 idle on even steps).
 
---mismatch RANK:BUCKET makes rank RANK skip its reduce-scatter of bucket BUCKET (the test hook
-ZPS_TEST_SKIP_BUCKET); each rank then prints the error it got and exits with status 3.
+--mismatch RANK:BUCKET makes rank RANK skip its reduce-scatter of bucket BUCKET (the test hooks
+ZPS_TEST_SKIP_BUCKET, and ZPS_TEST_BUCKET_BYTES for buckets of 512 bytes) in pre-reduced +
+direct mode; each rank then prints the error it got (a JSON line) and exits with status 3.
 """
 
 import argparse
@@ -80,6 +82,9 @@ def route_of(scenario, rank, world, step):
         return [3 if rank == 0 and i % 2 == 0 else (rank + i) % 3 for i in range(TOKENS)]
     if scenario == "shared":
         return [(rank * 3 + step) % EXPERTS] * TOKENS
+    if scenario == "all":
+        n = 2 if step % 2 == 0 else 3
+        return [3 if rank == 0 and i == 0 else (rank + step + i) % n for i in range(TOKENS)]
     return [(rank + i) % EXPERTS for i in range(TOKENS)]
 
 
@@ -90,26 +95,27 @@ def batch(rank, step, k=0):
 
 def train(scenario, reduction, fetch, rank, world, steps, mismatch):
     torch.manual_seed(0)
-    model = MoE(shared=scenario == "shared")
+    model = MoE(shared=scenario in ("shared", "all"))
     config = {
         "train_micro_batch_size_per_gpu": TOKENS,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-        "zps": {"shards": 2, "ucx_tls": "tcp", "reduction": reduction, "fetch_strategy": fetch,
+        "zps": {"shards": 1, "ucx_tls": "tcp", "reduction": reduction, "fetch_strategy": fetch,
                 "serving_dtype": "fp32", "op_timeout_s": 30.0 if mismatch else 120.0},
     }
     engine = zt.initialize(model, config)
     try:
         for step in range(steps):
-            if scenario == "eval" and rank == 0 and step % 2 == 1:
+            if scenario in ("eval", "all") and rank == 0 and step % 2 == 1:
                 with torch.no_grad():
                     x, _ = batch(rank, step, 99)
                     engine(x, route_of("moe", rank, world, step))
-            calls = rank + 1 if scenario == "forwards" else 1
+            calls = {"forwards": rank + 1, "all": rank % 2 + 1}.get(scenario, 1)
             loss = 0.0
             for k in range(calls):
                 x, y = batch(rank, step, k)
-                use_branch = not (scenario == "skip" and rank == world - 1 and step % 2 == 1)
+                use_branch = not (scenario in ("skip", "all") and rank == world - 1
+                                  and step % 2 == 1)
                 pred = engine(x, route_of(scenario, rank, world, step), use_branch)
                 loss = loss + ((pred - y) ** 2).mean()
             engine.backward(loss)
@@ -131,6 +137,7 @@ def main():
     dist.init_process_group("gloo")
     if args.mismatch:
         who, bucket = args.mismatch.split(":")
+        os.environ["ZPS_TEST_BUCKET_BYTES"] = "512"  # a few buckets in the tiny model
         if int(who) == rank:
             os.environ["ZPS_TEST_SKIP_BUCKET"] = bucket
         t0 = time.monotonic()

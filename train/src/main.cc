@@ -436,6 +436,7 @@ Status RunWorker(const TrainOptions& o) {
     }
     worker::PrefetchOptions po{o.prefetch_bytes, o.max_live_bytes};
     if (bandwidth_centric) po.gather = collectives.get();
+    po.same_first_step = true;  // every rank trains the same model: the same acquires
     access_ptr =
         std::make_unique<WorkerAccess>(client.get(), po, pre_reduced ? collectives.get() : nullptr,
                                        o.bucket_bytes / sizeof(float));

@@ -151,6 +151,9 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   if (Gathering() &&
       std::all_of(ids.begin(), ids.end(), [&](uint32_t id) { return id < num_params; })) {
     groups_.emplace_back(ids.begin(), ids.end());
+    if (options_.same_first_step && !plan_agreed_) {
+      plan_.push_back(groups_.back());  // every rank does the same: this is the plan so far
+    }
     // bandwidth-centric: the group's next plan position, after the ones skipped on the way.
     auto at = std::find(plan_.begin() + static_cast<std::ptrdiff_t>(plan_done_), plan_.end(),
                         groups_.back());
@@ -317,6 +320,7 @@ Status Prefetcher::AgreePlan() {
     }
   }
   plan_ = std::move(plan);
+  plan_agreed_ = true;
   planned_.assign(source_->layout().num_params(), 0);
   for (const Group& g : plan_) {
     for (uint32_t id : g) planned_[id] = 1;

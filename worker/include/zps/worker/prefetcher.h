@@ -52,6 +52,10 @@ struct PrefetchOptions {
   /// the same step. Not owned; must outlive the Prefetcher. Default: null = `direct` (each
   /// rank fetches whole parameters).
   Collectives* gather = nullptr;
+  /// bandwidth-centric: the ranks are known to acquire the same groups in the same order in
+  /// the first step too (zps-train: one model, every rank alike), so the first step all-gathers
+  /// each Acquire as it comes (as the plan would) instead of fetching whole. Default: false.
+  bool same_first_step = false;
 };
 
 struct PrefetchStats {
@@ -131,6 +135,7 @@ class Prefetcher {
   std::vector<Group> plan_;                      // groups every rank all-gathers this step
   std::vector<char> planned_;                    // per parameter: in plan_
   size_t plan_done_ = 0;                         // plan positions taken part in
+  bool plan_agreed_ = false;                     // an EndStep agreed on a plan
   uint64_t live_bytes_ = 0;
   uint64_t clock_ = 0;
 };
