@@ -104,6 +104,7 @@ def train(scenario, reduction, fetch, rank, world, steps, mismatch):
                 "serving_dtype": "fp32", "op_timeout_s": 30.0 if mismatch else 120.0},
     }
     engine = zt.initialize(model, config)
+    error = None
     try:
         for step in range(steps):
             if scenario in ("eval", "all") and rank == 0 and step % 2 == 1:
@@ -120,9 +121,15 @@ def train(scenario, reduction, fetch, rank, world, steps, mismatch):
                 loss = loss + ((pred - y) ** 2).mean()
             engine.backward(loss)
             engine.step()
-        return {k: v.clone() for k, v in engine.state_dict().items()}, engine.stats()
-    finally:
-        engine.close()
+        weights = {k: v.clone() for k, v in engine.state_dict().items()}
+        stats = engine.stats()
+    except Exception as e:  # reported after every rank is done with the cluster
+        error = e
+    dist.barrier()  # rank 0 stops the embedded cluster at close: every rank is done with it
+    engine.close()
+    if error is not None:
+        raise error
+    return weights, stats
 
 
 def main():
