@@ -443,6 +443,7 @@ Status RunWorker(const TrainOptions& o) {
     }
     worker::PrefetchOptions po{o.prefetch_bytes, o.max_live_bytes};
     if (bandwidth_centric) po.gather = collectives.get();
+    po.same_first_step = true;  // every rank trains the same model: the same acquires
     access_ptr =
         std::make_unique<WorkerAccess>(client.get(), po, pre_reduced ? collectives.get() : nullptr,
                                        o.bucket_bytes / sizeof(float));
@@ -509,8 +510,9 @@ Status RunWorker(const TrainOptions& o) {
       WorkerAccess& access = *access_ptr;
       access.BeginStep(step, step == o.inject_overflow_step && lead);
       auto r = model->TrainStep(batch, d.batch, static_cast<float>(loss_scale), access);
-      access.EndStep();
+      Status ended = access.EndStep();
       if (!r.ok()) return r.status();
+      ZPS_RETURN_IF_ERROR(ended);
       out = *r;
       ZPS_RETURN_IF_ERROR(access.FlushGradients());
       ZPS_RETURN_IF_ERROR(client->FlushPushes());

@@ -322,6 +322,10 @@ class Engine:
             return {"step": self.global_step, "boundary": False}
         self.micro = 0
         self.pusher.micro = 0
+        # This rank's fetches of the step are over: bandwidth-centric, it takes part in the
+        # all-gathers it skipped and agrees on the next step's plan, before waiting on anything
+        # that needs the other ranks' backward (their gradients' collectives, the commit).
+        self.client.end_step()
         try:
             self.client.flush()
         except ZpsError as e:
@@ -334,7 +338,6 @@ class Engine:
                          "pushes (its process before a restart); taking the decision",
                          self.rank, self.global_step)
         info = self.client.await_commit(self.global_step)
-        self.client.end_step()
         out = {"step": info.step, "skipped": bool(info.skip), "grad_norm": info.global_norm,
                "loss_scale": info.loss_scale, "grad_scale": info.grad_scale,
                "optimizer_step": info.optimizer_step, "checkpoint": bool(info.checkpoint),
