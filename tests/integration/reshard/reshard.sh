@@ -204,7 +204,7 @@ bad_input() {
     "$d/a/s0/checkpoints,$d/other/s1/checkpoints" "$out"
   expect_refused wrong-step "INVALID_ARGUMENT: .*newest checkpoints are of different steps .*stale-s1/checkpoints 10" \
     "$d/a/s0/checkpoints,$d/stale-s1/checkpoints" "$out"
-  expect_refused corrupt-value "DATA_LOSS: .*CRC32C mismatch.*outputs were removed" \
+  expect_refused corrupt-value "DATA_LOSS: .*outputs were removed.*CRC32C mismatch" \
     "$d/a/s0/checkpoints,$d/corrupt-s1/checkpoints" "$out"
   expect_refused output-not-empty "FAILED_PRECONDITION: .*exists and is not empty" \
     "$d/a/s0/checkpoints,$d/a/s1/checkpoints" "$d/other/s0/checkpoints,$d/new/s1/checkpoints"
@@ -224,7 +224,7 @@ bad_input() {
         --out '$d/full/s0/checkpoints,$d/full/s1/checkpoints,$d/full/s2/checkpoints'; echo \"rc=\$?\";
       echo \"left=\$(ls -A '$d/full')\"; }" > "$work/full.out" 2>&1 || rc=$?
   after=$(tree_sum "$d/a")
-  if grep -q "rc=1" "$work/full.out" && grep -Eq "RESOURCE_EXHAUSTED: .*disk full.*outputs were removed" "$work/full.out" &&
+  if grep -q "rc=1" "$work/full.out" && grep -Eq "RESOURCE_EXHAUSTED: .*outputs were removed.*disk full" "$work/full.out" &&
      grep -qx "left=" "$work/full.out" && [[ $before == "$after" ]]; then
     echo "PASS bad-input/disk-full: $(grep -m1 'zps-ckpt reshard:' "$work/full.out")"
   else
