@@ -50,13 +50,13 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
                 --advertise-host "${tb_addr[$h]}" --token-file "$work/token" --metrics-port 0
                 --ucx-tls tcp --step-timeout 60 --threads 1)
     [[ $i -ne 0 ]] && args+=(--coordinator "${tb_addr[s0]}:7070")
-    testbed_exec "$h" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
+    ip netns exec "${tb_ns[$h]}" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
     sp+=($!); pids+=($!)
   done
   local op_timeout=20
   local w=() r
   for r in 0 1; do
-    testbed_exec w "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
+    ip netns exec "${tb_ns[w]}" "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
       --token-file "$work/token" --rank "$r" "${model[@]}" --ucx-tls tcp \
       --op-timeout "$op_timeout" --max-recoveries 3 --log-every 1 --print-crcs \
       > "$dir/worker$r.out" 2> "$dir/worker$r.err" &

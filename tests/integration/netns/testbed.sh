@@ -10,7 +10,8 @@
 #   testbed_host s0; testbed_host w0
 #   testbed_shape s0 1000 0.1        # 1 Gbit/s each way, 0.1 ms delay (where netem exists)
 #   testbed_wait_reachable w0 s0
-#   testbed_exec s0 "$bin/zps-server" --bind "${tb_addr[s0]}" ...
+#   ip netns exec "${tb_ns[s0]}" "$bin/zps-server" --bind "${tb_addr[s0]}" ... &
+#   pids+=($!)
 #
 # Layout: a "switch" namespace holds a bridge (br0); each host is a namespace with one veth,
 # "eth0" on its side (10.<net>.0.<n>/24) and "<tag><host>p" on the bridge. The host's own
@@ -22,7 +23,10 @@
 # (some VM kernels) get the rate alone and testbed_shape says so on stderr.
 #
 # Variables set: tb_tag (name prefix), tb_net (the /24's second octet), tb_sw (the switch
-# namespace), tb_addr[HOST] (the host's address), tb_hosts (in order of creation),
+# namespace), tb_addr[HOST] (the host's address), tb_ns[HOST] (its namespace: start a program
+# whose pid you keep with `ip netns exec "${tb_ns[HOST]}" PROGRAM &`, so that $! is the
+# program's own pid; a shell function sent to the background is a subshell, and killing that
+# would leave the program running), tb_hosts (in order of creation),
 # tb_delay_applied (1 once a delay was put in force, else 0).
 #
 # Functions:
@@ -39,7 +43,7 @@
 #   testbed_cut NAME / testbed_restore NAME
 #       Takes NAME's bridge port down / up (a partition of that host).
 #   testbed_exec NAME CMD...
-#       Runs CMD in NAME's namespace (`ip netns exec`).
+#       Runs CMD in NAME's namespace (`ip netns exec`), in the foreground (see tb_ns).
 #   testbed_wait_reachable FROM TO
 #       Waits (up to about 4 s) until a TCP connect from FROM to TO succeeds; fails the test
 #       (lib.sh `fail`) if it never does.
@@ -56,7 +60,7 @@ tb_hosts=()
 tb_delay_applied=0
 tb_netem_warned=0
 tb_made=()
-declare -A tb_addr=()
+declare -A tb_addr=() tb_ns=()
 
 testbed_delete() {
   local n
@@ -86,6 +90,7 @@ testbed_host() {  # name
   local h=$1 ns=${tb_tag}$1
   tb_hosts+=("$h")
   tb_addr[$h]=10.$tb_net.0.${#tb_hosts[@]}
+  tb_ns[$h]=$ns
   tb_mkns "$ns"
   ip link add "$ns" type veth peer name "${ns}p"
   ip link set "$ns" netns "$ns"
@@ -141,7 +146,7 @@ testbed_exec() {  # name cmd...
 testbed_wait_reachable() {  # from to
   local port=7071 lp tries=0
   # (no ping installed): a listener in TO, a connect from FROM.
-  testbed_exec "$2" python3 -c '
+  ip netns exec "${tb_ns[$2]}" python3 -c '
 import socket, sys
 s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(10); s.accept()
 ' "${tb_addr[$2]}" "$port" &
@@ -160,7 +165,7 @@ socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
 testbed_transfer() {  # from to bytes
   local port=7072 out
   out=$(mktemp)
-  testbed_exec "$2" python3 -c '
+  ip netns exec "${tb_ns[$2]}" python3 -c '
 import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(30)

@@ -49,12 +49,12 @@ for i in 0 1; do
         --advertise-host "${tb_addr[s$i]}" --token-file "$work/token" --metrics-port "$mport"
         --ucx-tls tcp --step-timeout 60 --threads 1)
   [[ $i -ne 0 ]] && args+=(--coordinator "${tb_addr[s0]}:7070")
-  testbed_exec "s$i" "$bin/zps-server" "${args[@]}" > "$work/shard$i.log" 2>&1 &
+  ip netns exec "${tb_ns[s$i]}" "$bin/zps-server" "${args[@]}" > "$work/shard$i.log" 2>&1 &
   sp+=($!); pids+=($!)
 done
 w=()
 for r in 0 1; do
-  testbed_exec w "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
+  ip netns exec "${tb_ns[w]}" "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
     --token-file "$work/token" --rank "$r" "${model[@]}" --ucx-tls tcp --op-timeout 60 \
     --print-crcs > "$work/worker$r.out" 2> "$work/worker$r.err" &
   w+=($!); pids+=($!)
@@ -80,5 +80,6 @@ for line in text.decode().splitlines():
   pushed=$((pushed + n))
 done
 kill -TERM "${sp[@]}" 2>/dev/null || true
+join_pids 30 "${sp[@]}" || true
 echo "PASS job: $(wc -l < "$work/dist.crc") chunks bit-identical; shards received $pushed bytes"
 echo "PASS: the slow-network testbed"
