@@ -57,6 +57,7 @@ tb_tag=z$(($$ % 100000))
 tb_net=$((10 + $$ % 200))
 tb_sw=${tb_tag}sw
 tb_hosts=()
+# shellcheck disable=SC2034  # tb_delay_applied is read by the callers
 tb_delay_applied=0
 tb_netem_warned=0
 tb_made=()
@@ -115,6 +116,7 @@ tb_shape_dev() {  # netns dev rate_mbit delay_ms
   if [[ -n $delay && $delay != 0 ]]; then
     if tc -n "$ns" qdisc add dev "$dev" parent 1:1 handle 10: netem delay "${delay}ms" \
       2>/dev/null; then
+      # shellcheck disable=SC2034  # read by the callers
       tb_delay_applied=1
     elif [[ $tb_netem_warned -eq 0 ]]; then
       tb_netem_warned=1
