@@ -15,9 +15,9 @@
 # transport zps uses here) between a worker host and a shard host, in the same run.
 #
 # Calibration of the prediction (zps-plan --json, printed beside each row):
-#   --compute-s      the same mode's step time with the links unlimited, measured in this run (it
-#                    holds the forward, backward, optimizer pass and every other per-step cost
-#                    on this CPU), so --optimizer-rate is set out of the way;
+#   --compute-s      the same mode's step time with the links unlimited, measured right before
+#                    the limited run (it holds the forward, backward, optimizer pass and every
+#                    other per-step cost on this CPU), so --optimizer-rate is set out of the way;
 #   --link-efficiency  ucx_perftest's figure at that rate over the rate (at most 1).
 # Needs root (ip netns, tc); exits 77 where namespaces cannot be made. Prints JSON lines, then a
 # Markdown table.
@@ -157,9 +157,9 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
       --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15 $plan_opts --json)
   fi
   python3 - "$name" "$rate" "${link:-0}" "$STEPS" "$params" "$push" "$fetch" "$step_s" \
-    "$train_opts" "$plan" <<'PY' | tee -a "$results"
+    "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" <<'PY' | tee -a "$results"
 import json, sys
-name, rate, link, steps, params, push, fetch, step_s, opts, plan = sys.argv[1:]
+name, rate, link, steps, params, push, fetch, step_s, opts, plan = sys.argv[1:11]
 steps, params, push, fetch = int(steps), int(params), int(push), int(fetch)
 serving = 4 if "--serving-dtype fp32" in opts else 2
 # Less rank 0's initial values (fp32) and its two evaluations (direct fetches, serving dtype).
@@ -167,6 +167,7 @@ ingress = (push - params * 4) / steps
 egress = (fetch - 2 * params * serving) / steps
 plan = json.loads(plan)
 row = {"mode": name, "rate_mbit": int(rate), "link_mbit_ucx_perftest": int(link),
+       "calibration_s_per_step": float(sys.argv[11]) if sys.argv[11] else None,
        "params": params, "s_per_step": float(step_s),
        "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress)}
 if plan:
@@ -181,25 +182,35 @@ PY
 echo "# bench-network: $WORLD workers x $SHARDS shards as namespace hosts; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# zps-train ${model[*]}"
 echo "# tc: tbf per host each way; delay ${DELAY_MS} ms where netem exists"
-for m in "${modes[@]}"; do one_run 0 "" "$m"; done
+shape_all() { for h in "${hosts[@]}"; do testbed_shape "$h" "$1" "$DELAY_MS"; done; }
+unshape_all() { for h in "${hosts[@]}"; do testbed_unshape "$h"; done; }
 for rate in $RATES; do
-  for h in "${hosts[@]}"; do testbed_shape "$h" "$rate" "$DELAY_MS"; done
+  shape_all "$rate"
   link=$(link_figure)
   echo "# rate $rate Mbit/s: ucx_perftest w0 -> s0 ${link:-?} Mbit/s; delay applied: $tb_delay_applied"
-  for m in "${modes[@]}"; do one_run "$rate" "$link" "$m"; done
+  for m in "${modes[@]}"; do
+    # The calibration run (links unlimited) right before the limited one, so that both meet
+    # the same load from the machine's other processes.
+    unshape_all
+    one_run 0 "" "$m"
+    shape_all "$rate"
+    one_run "$rate" "$link" "$m"
+  done
 done
 
 python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| link | mode | s/step | plan lower..upper | shard in / step | plan | shard out / step | plan |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
+print("| link (ucx_perftest) | mode | s/step unlimited | s/step | plan lower .. upper "
+      "| shard in / step | plan | shard out / step | plan |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    link = "unlimited" if r["rate_mbit"] == 0 else f'{r["rate_mbit"]} Mbit/s ({r["link_mbit_ucx_perftest"]})'
-    plan = f'{r["plan_t_lower"]:.3f}..{r["plan_t_upper"]:.3f}' if "plan_t_lower" in r else "(calibration)"
-    pin = f'{r["plan_shard_ingress"]:,}' if "plan_shard_ingress" in r else ""
-    pout = f'{r["plan_shard_egress"]:,}' if "plan_shard_egress" in r else ""
-    print(f'| {link} | {r["mode"]} | {r["s_per_step"]:.3f} | {plan} | '
-          f'{r["shard_ingress_bytes_per_step"]:,} | {pin} | {r["shard_egress_bytes_per_step"]:,} | {pout} |')
+    if r["rate_mbit"] == 0:
+        continue  # the calibration runs: in the next row's "unlimited" column
+    link = f'{r["rate_mbit"]} Mbit/s ({r["link_mbit_ucx_perftest"]})'
+    print(f'| {link} | {r["mode"]} | {r["calibration_s_per_step"]:.3f} | {r["s_per_step"]:.3f} | '
+          f'{r["plan_t_lower"]:.3f} .. {r["plan_t_upper"]:.3f} | '
+          f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
+          f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
 PY
