@@ -64,7 +64,7 @@ phase() {  # dir shards steps [crash-spec]
   mkdir -p "$dir"
   port=()
   local i
-  for ((i = 0; i < n; i++)); do port[$i]=$(free_port); done
+  for ((i = 0; i < n; i++)); do port[i]=$(free_port); done
   for ((i = 0; i < n; i++)); do
     if [[ $i -eq 1 && -n $crash ]]; then start_shard "$dir" "$i" "$n" "$crash"
     else start_shard "$dir" "$i" "$n"; fi
