@@ -144,7 +144,7 @@ zps::Status Save(const Options& o) {
   if (o.token_file.empty()) return zps::InvalidArgument("save needs --token-file");
   ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
   ZPS_ASSIGN_OR_RETURN(std::string token, zps::ReadTokenFile(o.token_file));
-  zps::rpc::ClientOptions co{hp.first, hp.second,  token, zps::msg::kRoleTool,
+  zps::rpc::ClientOptions co{hp.first, hp.second,  token, zps::rpc::PeerRole::kTool,
                              0,        "zps-ckpt", {},    5000};
   ZPS_ASSIGN_OR_RETURN(auto client, zps::rpc::Client::Connect(co));
   ZPS_ASSIGN_OR_RETURN(
