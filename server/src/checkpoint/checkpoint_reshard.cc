@@ -3,10 +3,9 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <thread>
 
 #include "zps/common/logging.h"
 #include "zps/common/thread_pool.h"
