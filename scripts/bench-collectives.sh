@@ -6,10 +6,28 @@
 #   scripts/bench-collectives.sh             # defaults: WORLD=4 SHARDS=2 STEPS=20 BUILD_DIR=build
 #   WORLD=8 SHARDS=4 scripts/bench-collectives.sh --d-model 64   # the 8-rank x 4-shard job
 # Extra arguments go to every zps-train run (e.g. --d-model 256). Prints JSON lines.
+#
+#   PART=moe scripts/bench-collectives.sh    # ranks that agree vs ranks that diverge (zps.torch)
+# runs bench/torch_divergent.py under torchrun instead, WORLD ranks, in each of the four modes: a
+# mixture of experts routed alike on every rank, then per rank (with rank 0's no_grad
+# evaluation every other step): median step time and shard bytes per step for both, and their
+# ratio (extra arguments go to the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 WORLD=${WORLD:-4}
+if [[ ${PART:-} == moe ]]; then
+  echo "# zps.torch divergent MoE: $WORLD ranks on $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  for combo in "server-sum direct" "pre-reduced direct" "server-sum bandwidth-centric" "pre-reduced bandwidth-centric"; do
+    read -r red fs <<< "$combo"
+    port=$(PYTHONPATH=python python3 -m zps.ports)
+    PYTHONPATH=python ZPS_BUILD_DIR=$BUILD_DIR ZPS_LOG_LEVEL=warning /usr/bin/python3 \
+      -m torch.distributed.run --nnodes=1 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" \
+      --nproc_per_node="$WORLD" --redirects 2 --tee 2 bench/torch_divergent.py \
+      --reduction "$red" --fetch-strategy "$fs" "$@" 2>/dev/null | grep -o '{"bench".*'
+  done
+  exit 0
+fi
 SHARDS=${SHARDS:-2}
 STEPS=${STEPS:-20}
 bin=$BUILD_DIR/bin

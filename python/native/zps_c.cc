@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -19,7 +20,9 @@
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/common/spill_budget.h"
 #include "zps/common/thread_annotations.h"
+#include "zps/worker/bucket_reducer.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
@@ -37,7 +40,12 @@ struct zps_client {
 #endif
   std::unique_ptr<zps::worker::Client> client;
   zps::worker::WorkerOptions options;
-  std::unique_ptr<zps::worker::Collectives> collectives;  // null: server-sum and direct
+  // Gloo among the ranks, one communicator per job: `collectives` for pre-reduced gradients
+  // (driven by the reducer's thread), `gather` for bandwidth-centric fetches (by the training
+  // thread), so that neither waits behind the other. Null where the mode does not use them.
+  std::unique_ptr<zps::worker::Collectives> collectives;
+  std::unique_ptr<zps::worker::Collectives> gather;
+  std::unique_ptr<zps::worker::BucketReducer> reducer;  // pre-reduced with world > 1
   bool pre_reduced = false;
   zps::Mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
   std::unique_ptr<zps::worker::Prefetcher> prefetcher PT_GUARDED_BY(mu);
@@ -138,6 +146,14 @@ int zps_job_hash(const char* job_json, uint64_t* out) {
   });
 }
 
+int zps_check_memory_budget(const char* job_json, uint64_t memory_budget) {
+  return Guard([&]() -> zps::Status {
+    if (job_json == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
+    return zps::CheckJobMemoryBudget(job, memory_budget);
+  });
+}
+
 }  // extern "C"
 
 namespace {
@@ -158,7 +174,7 @@ zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
   co.host = endpoint.substr(0, colon);
   co.port = static_cast<uint16_t>(port);
   co.token = token;
-  co.role = zps::msg::kRoleTool;
+  co.role = zps::rpc::PeerRole::kTool;
   co.name = "zps.torch";
   return co;
 }
@@ -232,12 +248,37 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
       go.token = opts.worker.token;
       go.rank = opts.worker.rank;
       go.world_size = world;
-      go.prefix = "zps.torch/gloo/resume" + std::to_string(c->client->resume_step());
       go.hostname = opts.gloo_hostname;
       if (go.hostname.empty() && go.endpoint.rfind("127.", 0) == 0) go.hostname = "127.0.0.1";
       go.timeout = opts.worker.op_timeout;
-      ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
-      if (opts.fetch_strategy == "bandwidth-centric") opts.prefetch.gather = c->collectives.get();
+      const std::string prefix = "zps.torch/gloo/resume" + std::to_string(c->client->resume_step());
+      if (c->pre_reduced) {
+        go.prefix = prefix;
+        ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
+        zps::worker::BucketReducerOptions ro;
+        // Test hooks (tests/torch/test_divergent.py): small buckets, and a rank that skips one
+        // bucket's collective.
+        if (const char* skip = std::getenv("ZPS_TEST_SKIP_BUCKET"); skip != nullptr) {
+          ro.skip_bucket = std::atoll(skip);
+        }
+        if (const char* bytes = std::getenv("ZPS_TEST_BUCKET_BYTES"); bytes != nullptr) {
+          ro.bucket_bytes = std::strtoull(bytes, nullptr, 10);
+        }
+        zps::worker::Client* client = c->client.get();
+        ZPS_ASSIGN_OR_RETURN(c->reducer,
+                             zps::worker::BucketReducer::Create(
+                                 client->layout(), job.shard.frozen, c->collectives.get(),
+                                 [client](uint32_t param, int64_t step, uint64_t begin,
+                                          std::span<const float> g, uint32_t micro) {
+                                   return client->PushGradRange(param, step, begin, g, micro);
+                                 },
+                                 ro));
+      }
+      if (opts.fetch_strategy == "bandwidth-centric") {
+        go.prefix = prefix + "/gather";
+        ZPS_ASSIGN_OR_RETURN(c->gather, zps::worker::GlooCollectives::Create(go));
+        opts.prefetch.gather = c->gather.get();
+      }
     }
 #if ZPS_C_WITH_CUDA
     // Device gradients in pre-reduced mode: NCCL, one communicator per job generation (the
@@ -336,8 +377,7 @@ int zps_end_step(zps_client* c) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     zps::MutexLock lock(&c->mu);
-    c->prefetcher->EndStep();
-    return zps::Status::Ok();
+    return c->prefetcher->EndStep();
   });
 }
 
@@ -399,16 +439,9 @@ int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad, uint
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (grad == nullptr && numel > 0) return zps::InvalidArgument("null gradient");
-    if (!c->pre_reduced || !c->collectives) {
-      return c->client->PushGrad(param, step, {grad, numel}, micro);
-    }
-    // pre-reduced: sum over the ranks in place, then push this rank's slice of the parameter.
-    ZPS_RETURN_IF_ERROR(c->collectives->ReduceScatter({grad, numel}));
-    const auto slice =
-        zps::worker::RankSlice(numel, c->collectives->world_size(), c->collectives->rank());
-    if (slice.length == 0) return zps::Status::Ok();
-    return c->client->PushGradRange(param, step, slice.begin, {grad + slice.begin, slice.length},
-                                    micro);
+    if (!c->reducer) return c->client->PushGrad(param, step, {grad, numel}, micro);
+    // pre-reduced: into the parameter's bucket, reduce-scattered in the buckets' order.
+    return c->reducer->Add(param, step, micro, {grad, numel});
   });
 }
 
@@ -422,6 +455,11 @@ int zps_await_pushes_below(zps_client* c, uint64_t max_pending) {
 int zps_flush(zps_client* c) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (c->reducer) {
+      // Zeros for every bucket this rank got no gradient for, then every bucket reduced.
+      ZPS_RETURN_IF_ERROR(c->reducer->Finish());
+      ZPS_RETURN_IF_ERROR(c->reducer->Drain());
+    }
     return c->client->FlushPushes();
   });
 }
@@ -612,13 +650,10 @@ int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad
                                       {reinterpret_cast<const float*>(host.data()), slice.length},
                                       micro);
     }
-    // No NCCL: the whole gradient to a pinned slot, reduce-scattered there with Gloo.
+    // No NCCL: the whole gradient to a pinned slot, then into its bucket (Gloo, bucket order).
     ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(grad, numel * sizeof(float), st));
-    auto* h = reinterpret_cast<float*>(host.data());
-    ZPS_RETURN_IF_ERROR(c->collectives->ReduceScatter({h, numel}));
-    if (slice.length == 0) return zps::Status::Ok();
-    return c->client->PushGradRange(param, step, slice.begin, {h + slice.begin, slice.length},
-                                    micro);
+    return c->reducer->Add(param, step, micro,
+                           {reinterpret_cast<const float*>(host.data()), numel});
 #else
     (void)c, (void)param, (void)step, (void)grad, (void)grad_dtype, (void)numel, (void)micro,
         (void)stream;
@@ -632,7 +667,7 @@ int zps_cuda_info(zps_client* c, char* buf, size_t len) {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (buf == nullptr || len == 0) return zps::InvalidArgument("null buffer");
     nlohmann::json doc;
-    doc["collectives"] = c->collectives ? "gloo" : "none";
+    doc["collectives"] = c->collectives || c->gather ? "gloo" : "none";
 #if ZPS_C_WITH_CUDA
     if (c->nccl) doc["collectives"] = "nccl";
     if (c->cuda) {

@@ -8,14 +8,20 @@ namespace zps::train {
 
 WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
                            worker::Collectives* reduce, uint64_t bucket_elems)
-    : client_(client),
-      prefetcher_(client, prefetch),
-      reduce_(reduce),
-      bucket_elems_(bucket_elems) {}
+    : client_(client), prefetcher_(client, prefetch), reduce_(reduce), bucket_elems_(bucket_elems) {
+  if (reduce_ != nullptr) {
+    // Ranks whose buckets differ get an error naming the bucket and the sizes, not a transport
+    // that aborts (zps/worker/checked_collectives.h).
+    checked_ = std::make_unique<worker::CheckedCollectives>(
+        reduce_, [this](const worker::CollectiveOp& op) {
+          return "gradient bucket " + std::to_string(op.id) + " of step " + std::to_string(step_);
+        });
+  }
+}
 
 Status WorkerAccess::FlushGradients() {
   if (reduce_ == nullptr || entries_.empty()) return Status::Ok();
-  ZPS_RETURN_IF_ERROR(reduce_->ReduceScatter(bucket_));
+  ZPS_RETURN_IF_ERROR(checked_->ReduceScatter(buckets_++, bucket_));
   const worker::SliceRange mine =
       worker::RankSlice(bucket_.size(), reduce_->world_size(), reduce_->rank());
   const uint64_t mine_end = mine.begin + mine.length;
@@ -35,6 +41,7 @@ Status WorkerAccess::FlushGradients() {
 
 void WorkerAccess::BeginStep(int64_t step, bool inject_overflow) {
   step_ = step;
+  buckets_ = 0;
   pushes_ = 0;
   slices_ = 0;
   bucket_.clear();  // left over from a failed step

@@ -7,8 +7,91 @@
 
 namespace zps::worker {
 
+namespace {
+// The CollectiveOp id of the plan exchange (plan positions are below it).
+constexpr uint32_t kTraceExchange = 0xffffffffu;
+
+uint64_t Fnv(std::span<const uint32_t> words) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint32_t w : words) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= (w >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+// Groups as words: count, then each group's size and ids.
+std::vector<uint32_t> Encode(const std::vector<std::vector<uint32_t>>& groups) {
+  std::vector<uint32_t> out{static_cast<uint32_t>(groups.size())};
+  for (const auto& g : groups) {
+    out.push_back(static_cast<uint32_t>(g.size()));
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  return out;
+}
+
+Result<std::vector<std::vector<uint32_t>>> Decode(std::span<const uint32_t> w) {
+  std::vector<std::vector<uint32_t>> out;
+  if (w.empty()) return out;
+  size_t i = 1;
+  for (uint32_t n = 0; n < w[0]; ++n) {
+    if (i >= w.size() || w[i] > w.size() - i - 1) return DataLoss("a rank's groups do not parse");
+    out.emplace_back(w.begin() + i + 1, w.begin() + i + 1 + w[i]);
+    i += 1 + w[i];
+  }
+  return out;
+}
+
+// A longest common subsequence of two group sequences (dynamic programming, O(|a| |b|)).
+std::vector<std::vector<uint32_t>> Common(const std::vector<std::vector<uint32_t>>& a,
+                                          const std::vector<std::vector<uint32_t>>& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<uint32_t> len((n + 1) * (m + 1), 0);
+  auto at = [&](size_t i, size_t j) -> uint32_t& { return len[i * (m + 1) + j]; };
+  for (size_t i = n; i-- > 0;) {
+    for (size_t j = m; j-- > 0;) {
+      at(i, j) = a[i] == b[j] ? at(i + 1, j + 1) + 1 : std::max(at(i + 1, j), at(i, j + 1));
+    }
+  }
+  std::vector<std::vector<uint32_t>> out;
+  for (size_t i = 0, j = 0; i < n && j < m;) {
+    if (a[i] == b[j]) {
+      out.push_back(a[i]);
+      ++i, ++j;
+    } else if (at(i + 1, j) >= at(i, j + 1)) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 Prefetcher::Prefetcher(ParamSource* source, const PrefetchOptions& options)
-    : source_(source), options_(options) {}
+    : source_(source), options_(options) {
+  if (Gathering()) {
+    checked_ =
+        std::make_unique<CheckedCollectives>(options_.gather, [this](const CollectiveOp& op) {
+          if (op.id == kTraceExchange) return std::string("the ranks' acquire groups");
+          std::string s = "plan position " + std::to_string(op.id);
+          if (op.id < plan_.size() && !plan_[op.id].empty()) {
+            s += " (params";
+            for (size_t i = 0; i < plan_[op.id].size() && i < 3; ++i) {
+              s += " " + source_->layout().spec(plan_[op.id][i]).name;
+            }
+            s += plan_[op.id].size() > 3 ? " ...)" : ")";
+          }
+          return s;
+        });
+  }
+}
+
+bool Prefetcher::Gathering() const {
+  return options_.gather != nullptr && options_.gather->world_size() > 1;
+}
 
 uint64_t Prefetcher::ParamBytes(uint32_t param) const {
   return source_->layout().param_numel(param) * DTypeSize(source_->serving_dtype());
@@ -17,6 +100,8 @@ uint64_t Prefetcher::ParamBytes(uint32_t param) const {
 void Prefetcher::BeginStep(int64_t step) {
   step_ = step;
   recording_.clear();
+  groups_.clear();
+  plan_done_ = 0;
   cursor_ = 0;
   following_ = !trace_.empty();
   // Positions prefetched for this step while the last one ended carry over.
@@ -32,18 +117,26 @@ void Prefetcher::BeginStep(int64_t step) {
   }
 }
 
-Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version) {
+Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version, bool slice) {
   Key key{param, version};
   auto it = entries_.find(key);
-  if (it != entries_.end()) return it->second;
+  if (it != entries_.end()) {
+    Entry& e = it->second;
+    if (!slice && e.slice && !e.buffer) {  // needed whole now: the slice is not enough
+      e.op = source_->FetchAsync(param, version);
+      e.slice = false;
+    }
+    return e;
+  }
+  slice = slice && Gathering();
   auto fetch = [&] {
+    if (!slice) return source_->FetchAsync(param, version);
     Collectives* g = options_.gather;
-    if (g == nullptr || g->world_size() == 1) return source_->FetchAsync(param, version);
     const SliceRange mine =
         RankSlice(source_->layout().param_numel(param), g->world_size(), g->rank());
     return source_->FetchAsync(param, mine.begin, mine.length, version);
   };
-  Entry e{fetch(), nullptr, ParamBytes(param), 0, ++clock_};
+  Entry e{fetch(), slice, nullptr, ParamBytes(param), 0, ++clock_};
   live_bytes_ += e.bytes;
   return entries_.emplace(key, std::move(e)).first->second;
 }
@@ -55,31 +148,22 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   const uint32_t num_params = source_->layout().num_params();
   std::vector<char> hits(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) hits[i] = entries_.count({ids[i], step_}) > 0;
-  if (options_.gather != nullptr && options_.gather->world_size() > 1 &&
+  if (Gathering() &&
       std::all_of(ids.begin(), ids.end(), [&](uint32_t id) { return id < num_params; })) {
-    // bandwidth-centric: every parameter of this Acquire that is not gathered yet, in one
-    // all-gather (the same set on every rank: the same calls in the same order).
-    std::vector<Key> pending;
-    for (uint32_t id : ids) {
-      const Entry& e = Start(id, step_);
-      if (!e.buffer && std::find(pending.begin(), pending.end(), Key{id, step_}) == pending.end()) {
-        pending.emplace_back(id, step_);
-      }
+    groups_.emplace_back(ids.begin(), ids.end());
+    if (options_.same_first_step && !plan_agreed_) {
+      plan_.push_back(groups_.back());  // every rank does the same: this is the plan so far
     }
-    if (!pending.empty()) {
+    // bandwidth-centric: the group's next plan position, after the ones skipped on the way.
+    auto at = std::find(plan_.begin() + static_cast<std::ptrdiff_t>(plan_done_), plan_.end(),
+                        groups_.back());
+    if (at != plan_.end()) {
       const auto t0 = std::chrono::steady_clock::now();
-      Status s = Gather(pending);
+      Status s = GatherUpTo(static_cast<size_t>(at - plan_.begin()) + 1);
       stats_.wait += std::chrono::steady_clock::now() - t0;
-      if (!s.ok()) {
-        for (const Key& k : pending) {
-          auto it = entries_.find(k);
-          if (it != entries_.end() && !it->second.buffer && it->second.refs == 0) {
-            live_bytes_ -= it->second.bytes;
-            entries_.erase(it);
-          }
-        }
-        return s;
-      }
+      if (!s.ok()) return s;
+    } else {
+      ++stats_.unplanned;
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -100,8 +184,8 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
       }
     }
     if (hits[i]) ++stats_.hits;
-    Entry& e = Start(id, step_);
-    if (!e.buffer) {  // direct (bandwidth-centric buffers were gathered above)
+    Entry& e = Start(id, step_, /*slice=*/false);
+    if (!e.buffer) {  // whole (a planned group's buffers were gathered above)
       auto t0 = std::chrono::steady_clock::now();
       auto r2 = e.op.Wait(source_->op_timeout());
       stats_.wait += std::chrono::steady_clock::now() - t0;
@@ -121,51 +205,127 @@ Result<std::vector<std::shared_ptr<const ParamBuffer>>> Prefetcher::Acquire(
   return out;
 }
 
-Status Prefetcher::Gather(const std::vector<Key>& keys) {
-  Collectives* g = options_.gather;
-  const uint32_t world = g->world_size();
+Status Prefetcher::GatherUpTo(size_t end) {
+  for (; plan_done_ < end; ++plan_done_) {
+    Status s = Gather(plan_done_);
+    if (!s.ok()) {
+      // The communicator is unusable: no more plan (everything is fetched whole from now on).
+      plan_.clear();
+      planned_.clear();
+      plan_done_ = 0;
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Prefetcher::Gather(size_t pos) {
+  const uint32_t world = checked_->world_size();
+  const uint32_t rank = checked_->rank();
+  const size_t esize = DTypeSize(source_->serving_dtype());
   struct Item {
-    Entry* entry;
-    std::shared_ptr<const ParamBuffer> slice;
+    Key key;
+    std::shared_ptr<const ParamBuffer> mine;  // this rank's slice, or the whole parameter
     uint64_t numel;
     size_t slice_bytes;  // padded: SliceElems(numel, world) x esize
     size_t offset;       // in each rank's block
   };
   std::vector<Item> items;
   size_t block = 0;
-  for (const Key& k : keys) {
-    Entry& e = entries_.at(k);
-    ZPS_ASSIGN_OR_RETURN(auto slice, e.op.Wait(source_->op_timeout()));
-    const uint64_t numel = source_->layout().param_numel(k.first);
-    const size_t sb = SliceElems(numel, world) * DTypeSize(slice->dtype);
-    items.push_back({&e, slice, numel, sb, block});
+  for (uint32_t id : plan_[pos]) {
+    const Key key{id, step_};
+    if (std::any_of(items.begin(), items.end(), [&](const Item& it) { return it.key == key; })) {
+      continue;
+    }
+    Entry& e = Start(id, step_, /*slice=*/true);
+    std::shared_ptr<const ParamBuffer> mine = e.buffer;
+    if (!mine) {
+      auto r = e.op.Wait(source_->op_timeout());
+      if (!r.ok()) {
+        if (e.refs == 0) {
+          live_bytes_ -= e.bytes;
+          entries_.erase(key);
+        }
+        return r.status();
+      }
+      mine = *r;
+      if (!e.slice) e.buffer = mine;  // a whole fetch in flight: the buffer is the parameter
+    }
+    const uint64_t numel = source_->layout().param_numel(id);
+    const size_t sb = SliceElems(numel, world) * esize;
+    items.push_back({key, std::move(mine), numel, sb, block});
     block += sb;
   }
   // Rank q's block: its slice of every parameter, back to back (each padded to SliceElems).
   std::vector<std::byte> all(block * world);
   for (const Item& it : items) {
-    if (!it.slice->bytes().empty()) {
-      std::memcpy(all.data() + block * g->rank() + it.offset, it.slice->bytes().data(),
-                  it.slice->bytes().size());
-    }
+    const SliceRange s = RankSlice(it.numel, world, rank);
+    // A whole buffer holds the slice at its offset; a slice buffer is the slice.
+    const size_t from =
+        it.mine->begin == 0 && it.mine->bytes().size() == it.numel * esize ? s.begin * esize : 0;
+    const size_t n = s.length * esize;
+    if (n > 0)
+      std::memcpy(all.data() + block * rank + it.offset, it.mine->bytes().data() + from, n);
   }
-  ZPS_RETURN_IF_ERROR(g->AllGather(all, block));
+  ZPS_RETURN_IF_ERROR(checked_->AllGather(static_cast<uint32_t>(pos), all, block));
   for (const Item& it : items) {
+    Entry& e = entries_.at(it.key);
+    if (e.buffer) continue;  // already whole
     auto mem = std::make_shared<std::vector<std::byte>>(it.slice_bytes * world);
     for (uint32_t q = 0; q < world; ++q) {
       std::memcpy(mem->data() + it.slice_bytes * q, all.data() + block * q + it.offset,
                   it.slice_bytes);
     }
     auto out = std::make_shared<ParamBuffer>();
-    out->param = it.slice->param;
-    out->version = it.slice->version;
-    out->dtype = it.slice->dtype;
+    out->param = it.key.first;
+    out->version = it.mine->version;
+    out->dtype = source_->serving_dtype();
     std::byte* raw = mem->data();
-    out->memory = DeviceBuffer(raw, it.numel * DTypeSize(it.slice->dtype),
+    out->memory = DeviceBuffer(raw, it.numel * esize,
                                [mem = std::move(mem)](std::byte*) mutable { mem.reset(); });
-    it.entry->buffer = std::move(out);
+    e.buffer = std::move(out);
     ++stats_.gathers;
   }
+  return Status::Ok();
+}
+
+Status Prefetcher::AgreePlan() {
+  const uint32_t world = checked_->world_size();
+  const std::vector<uint32_t> mine = Encode(groups_);
+  // First the fixed-size summary (hash, length) of every rank; the groups themselves only where
+  // the ranks differ.
+  std::vector<uint64_t> heads(2 * world);
+  heads[2 * checked_->rank()] = Fnv(mine);
+  heads[2 * checked_->rank() + 1] = mine.size();
+  ZPS_RETURN_IF_ERROR(checked_->AllGather(kTraceExchange, std::as_writable_bytes(std::span(heads)),
+                                          2 * sizeof(uint64_t)));
+  bool same = true;
+  uint64_t longest = 0;
+  for (uint32_t q = 0; q < world; ++q) {
+    same = same && heads[2 * q] == heads[0] && heads[2 * q + 1] == heads[1];
+    longest = std::max(longest, heads[2 * q + 1]);
+  }
+  std::vector<Group> plan = groups_;
+  if (!same) {
+    std::vector<uint32_t> all(longest * world, 0);
+    std::copy(mine.begin(), mine.end(), all.begin() + longest * checked_->rank());
+    ZPS_RETURN_IF_ERROR(checked_->AllGather(kTraceExchange, std::as_writable_bytes(std::span(all)),
+                                            longest * sizeof(uint32_t)));
+    // The same fold on every rank (rank 0's groups, then each rank's in rank order): a common
+    // subsequence is not unique, and every rank must pick the same one.
+    for (uint32_t q = 0; q < world; ++q) {
+      ZPS_ASSIGN_OR_RETURN(auto theirs,
+                           Decode(std::span(all).subspan(longest * q, heads[2 * q + 1])));
+      plan = q == 0 ? std::move(theirs) : Common(plan, theirs);
+    }
+  }
+  plan_ = std::move(plan);
+  plan_agreed_ = true;
+  planned_.assign(source_->layout().num_params(), 0);
+  for (const Group& g : plan_) {
+    for (uint32_t id : g) planned_[id] = 1;
+  }
+  stats_.plan_groups = plan_.size();
   return Status::Ok();
 }
 
@@ -188,7 +348,7 @@ void Prefetcher::PrefetchAhead() {
         Evict();
         if (live_bytes_ + bytes > options_.max_live_bytes) break;
       }
-      Start(id, version);
+      Start(id, version, /*slice=*/id < planned_.size() && planned_[id] != 0);
       ++stats_.prefetches;
       in_flight += bytes;
     }
@@ -221,12 +381,22 @@ void Prefetcher::Evict() {
   }
 }
 
-void Prefetcher::EndStep() {
+Status Prefetcher::EndStep() {
   if (recording_ != trace_) {
     if (!trace_.empty()) ++stats_.trace_rebuilds;
     trace_ = recording_;
     ahead_ = 0;
   }
+  if (!Gathering()) return Status::Ok();
+  Status s = GatherUpTo(plan_.size());
+  if (s.ok()) s = AgreePlan();
+  if (!s.ok()) {
+    plan_.clear();
+    planned_.clear();
+    stats_.plan_groups = 0;
+  }
+  plan_done_ = 0;
+  return s;
 }
 
 }  // namespace zps::worker

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -112,7 +113,7 @@ void RunStep(Prefetcher& p, int64_t step, const std::vector<uint32_t>& order) {
     EXPECT_EQ((*r)[0]->bytes()[0], std::byte(id));
     p.Release({&id, 1});
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
 }
 
 TEST(Prefetcher, FirstStepRecordsTheTraceAndFetchesOnDemandOnly) {
@@ -143,7 +144,7 @@ TEST(Prefetcher, LaterStepsPrefetchAlongTheTraceIntoTheNextStep) {
     ASSERT_THAT(p.Acquire({&next, 1}), IsOk());
     p.Release({&next, 1});
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_EQ(p.stats().hits, 2u);  // 1 and 2 were in flight when acquired
   EXPECT_EQ(p.stats().trace_rebuilds, 0u);
   // Step 2 starts with its first parameter already fetched.
@@ -171,7 +172,7 @@ TEST(Prefetcher, ChangedOrderRebuildsTheTrace) {
     ASSERT_THAT(p.Acquire({&next, 1}), IsOk());
     p.Release({&next, 1});
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_EQ(p.stats().trace_rebuilds, 1u);  // the same order again: no rebuild
 }
 
@@ -187,7 +188,7 @@ TEST(Prefetcher, BranchAwayFromTheTraceNeverWaitsOnItsPrefetches) {
     ASSERT_THAT(r, IsOk()) << "waited on a fetch nobody asked for (parameter " << id << ")";
     p.Release({&id, 1});
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_EQ(p.stats().trace_rebuilds, 1u);
   // The abandoned prefetches are dropped with their step, still unanswered.
   p.BeginStep(2);
@@ -218,7 +219,7 @@ TEST(Prefetcher, PrefetchBytesBoundsWhatIsInFlightAhead) {
     ASSERT_THAT(p.Acquire({&id, 1}), IsOk());
     p.Release({&id, 1});
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_EQ(p.stats().hits, 7u);  // every parameter after the first was prefetched
 }
 
@@ -248,7 +249,7 @@ TEST(Prefetcher, MaxLiveBytesBoundsHeldBuffersLeastRecentlyUsedFirst) {
     p.Release({&id, 1});
     EXPECT_LE(p.live_bytes(), 3 * kBytes) << "after parameter " << id;
   }
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   // The most recently used buffer stays live.
   src.calls.clear();
   id = 7;
@@ -270,7 +271,7 @@ TEST(Prefetcher, BuffersAreSharedWhileHeldAndReusedWithinTheStep) {
   EXPECT_EQ(src.calls.size(), 1u);
   p.Release({&id, 1});
   p.Release({&id, 1});
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_EQ(p.live_bytes(), kBytes);
   p.BeginStep(1);  // an older version is never needed again
   EXPECT_EQ(p.live_bytes(), 0u);
@@ -285,7 +286,7 @@ TEST(Prefetcher, FailedFetchReleasesWhatTheAcquireTook) {
   EXPECT_THAT(p.Acquire(ids), StatusIs(Code::kUnavailable));
   ids = {2, 7};  // 7 is not a parameter
   EXPECT_THAT(p.Acquire(ids), StatusIs(Code::kOutOfRange));
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   // Nothing stays acquired: a new step drops every buffer of the old version.
   p.BeginStep(1);
   EXPECT_EQ(p.live_bytes(), 0u);
@@ -310,7 +311,7 @@ TEST(Prefetcher, FetchNotAnsweredTimesOutAndIsAskedAgain) {
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(src.calls.size(), 2u);
   p.Release({&id, 1});
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
   EXPECT_GE(p.stats().wait, kShort);
 }
 
@@ -329,8 +330,10 @@ TEST(Prefetcher, DestroyedWithFetchesInFlight) {
   EXPECT_TRUE(src.held.front().second.op().done());
 }
 
-// Rank 0 of two: the other rank's block is a copy of this one's (as if it fetched the same
-// bytes), so a gathered parameter holds its id in every byte.
+// Rank 0 of two: the other rank's block is a copy of this one's (as if it did the same thing and
+// fetched the same bytes), so a gathered parameter holds its id in every byte, and the ranks'
+// descriptors and acquire groups agree. `other` (when set) writes the other rank's block
+// instead, for the all-gather of that block size.
 class FakeCollectives : public Collectives {
  public:
   uint32_t rank() const override { return 0; }
@@ -342,24 +345,44 @@ class FakeCollectives : public Collectives {
     if (!fail.ok()) return fail;
     if (inout.size() != 2 * block_bytes) return InvalidArgument("not two blocks");
     std::memcpy(inout.data() + block_bytes, inout.data(), block_bytes);
+    if (other) other(inout.subspan(block_bytes));
     return Status::Ok();
+  }
+  // The data all-gathers only (not the 32-byte descriptors, nor the plan exchange).
+  std::vector<size_t> DataBlocks() const {
+    std::vector<size_t> out;
+    for (size_t b : blocks) {
+      if (b != 32 && b != 16) out.push_back(b);
+    }
+    return out;
   }
   std::vector<size_t> blocks;  // block_bytes of each AllGather
   Status fail;
+  std::function<void(std::span<std::byte>)> other;
 };
 
-TEST(Prefetcher, BandwidthCentricFetchesSlicesAndGathersAnAcquireInOneGo) {
+TEST(Prefetcher, BandwidthCentricGathersWhatTheRanksPlannedFromTheSecondStep) {
   FakeSource src(3);
   FakeCollectives gather;
-  Prefetcher p(&src, {.gather = &gather});
-  p.BeginStep(0);
+  Prefetcher p(&src, {.prefetch_bytes = 0, .gather = &gather});
   std::vector<uint32_t> ids = {0, 1};
+  // Step 0: no plan yet, whole parameters from the shards; EndStep agrees on the plan.
+  p.BeginStep(0);
+  ASSERT_THAT(p.Acquire(ids), IsOk());
+  p.Release(ids);
+  EXPECT_THAT(src.ranges, ElementsAre(std::pair<uint64_t, uint64_t>{0, kNumel},
+                                      std::pair<uint64_t, uint64_t>{0, kNumel}));
+  EXPECT_TRUE(gather.DataBlocks().empty());
+  ASSERT_THAT(p.EndStep(), IsOk());
+  EXPECT_EQ(p.stats().plan_groups, 1u);
+  // Step 1: this rank's slice (the first half) of each parameter, one all-gather of both.
+  src.ranges.clear();
+  p.BeginStep(1);
   auto r = p.Acquire(ids);
   ASSERT_THAT(r, IsOk());
-  // This rank's slice (the first half) of each parameter, then one all-gather of both.
   EXPECT_THAT(src.ranges, ElementsAre(std::pair<uint64_t, uint64_t>{0, kNumel / 2},
                                       std::pair<uint64_t, uint64_t>{0, kNumel / 2}));
-  EXPECT_THAT(gather.blocks, ElementsAre(2 * kBytes / 2));
+  EXPECT_THAT(gather.DataBlocks(), ElementsAre(2 * kBytes / 2));
   EXPECT_EQ(p.stats().gathers, 2u);
   ASSERT_EQ(r->size(), 2u);
   for (uint32_t i = 0; i < 2; ++i) {
@@ -367,30 +390,111 @@ TEST(Prefetcher, BandwidthCentricFetchesSlicesAndGathersAnAcquireInOneGo) {
     ASSERT_EQ((*r)[i]->bytes().size(), kBytes);  // the whole parameter
     EXPECT_EQ((*r)[i]->bytes()[kBytes - 1], std::byte(ids[i]));
   }
-  // Acquired again while live: nothing to gather.
+  // Acquired again (past its plan position): live, nothing to gather.
   r = p.Acquire(ids);
   ASSERT_THAT(r, IsOk());
-  EXPECT_EQ(gather.blocks.size(), 1u);
+  EXPECT_EQ(gather.DataBlocks().size(), 1u);
   p.Release(ids);
   p.Release(ids);
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
+}
+
+TEST(Prefetcher, SkippedPlanPositionsAreGatheredOnTheWayAndUnplannedGroupsFetchedWhole) {
+  FakeSource src(4);
+  FakeCollectives gather;
+  Prefetcher p(&src, {.prefetch_bytes = 0, .gather = &gather});
+  RunStep(p, 0, {0, 1, 2});                        // the plan: {0}, {1}, {2}
+  const uint64_t unplanned = p.stats().unplanned;  // step 0's, with no plan yet
+  gather.blocks.clear();
+  src.ranges.clear();
+  p.BeginStep(1);
+  uint32_t id = 3;  // not in the plan: whole, no collective
+  ASSERT_THAT(p.Acquire({&id, 1}), IsOk());
+  p.Release({&id, 1});
+  EXPECT_TRUE(gather.DataBlocks().empty());
+  EXPECT_EQ(p.stats().unplanned, unplanned + 1);
+  id = 1;  // plan position 1: position 0 first (skipped by this rank), then 1
+  auto r = p.Acquire({&id, 1});
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ((*r)[0]->bytes()[kBytes - 1], std::byte(1));
+  p.Release({&id, 1});
+  EXPECT_THAT(gather.DataBlocks(), ElementsAre(kBytes / 2, kBytes / 2));
+  // EndStep takes part in position 2, which this rank never acquired.
+  ASSERT_THAT(p.EndStep(), IsOk());
+  EXPECT_THAT(gather.DataBlocks(), ElementsAre(kBytes / 2, kBytes / 2, kBytes / 2));
+  EXPECT_EQ(p.stats().gathers, 3u);
+}
+
+TEST(Prefetcher, ThePlanIsWhatEveryRankAcquiredInOrder) {
+  FakeSource src(4);
+  FakeCollectives gather;
+  Prefetcher p(&src, {.prefetch_bytes = 0, .gather = &gather});
+  // The other rank acquired {0}, {2}, {3} where this one acquires {0}, {1}, {2}: the plan is
+  // {0}, {2}.
+  gather.other = [](std::span<std::byte> theirs) {
+    if (theirs.size() == 16) {  // (hash, length in words): a different hash
+      uint64_t head[2] = {42, 7};
+      std::memcpy(theirs.data(), head, sizeof(head));
+    } else if (theirs.size() == 7 * 4) {  // the groups: count, then (size, ids...)
+      uint32_t words[7] = {3, 1, 0, 1, 2, 1, 3};
+      std::memcpy(theirs.data(), words, sizeof(words));
+    }
+  };
+  RunStep(p, 0, {0, 1, 2});
+  EXPECT_EQ(p.stats().plan_groups, 2u);
+  const uint64_t unplanned = p.stats().unplanned;
+  gather.other = nullptr;
+  gather.blocks.clear();
+  RunStep(p, 1, {0, 1, 2});
+  EXPECT_THAT(gather.DataBlocks(), ElementsAre(kBytes / 2, kBytes / 2));
+  EXPECT_EQ(p.stats().unplanned, unplanned + 1);  // {1}
+}
+
+TEST(Prefetcher, RanksThatIssueDifferentGathersFailNamingThePositionAndTheSizes) {
+  FakeSource src(3);
+  FakeCollectives gather;
+  Prefetcher p(&src, {.prefetch_bytes = 0, .gather = &gather});
+  RunStep(p, 0, {0, 1});
+  // The other rank's descriptor says plan position 1 where this rank is at position 0.
+  gather.other = [](std::span<std::byte> theirs) {
+    if (theirs.size() == 32) {
+      uint32_t id = 1;
+      std::memcpy(theirs.data() + 20, &id, sizeof(id));
+    }
+  };
+  p.BeginStep(1);
+  uint32_t id = 0;
+  auto r = p.Acquire({&id, 1});
+  ASSERT_THAT(r, StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(r.status().message(), testing::HasSubstr("plan position 0 (params p0)"));
+  EXPECT_THAT(r.status().message(), testing::HasSubstr("rank 1 issued"));
+  EXPECT_THAT(r.status().message(), testing::HasSubstr("plan position 1 (params p1)"));
+  // The communicator is unusable: the plan is dropped, and everything is fetched whole.
+  gather.other = nullptr;
+  r = p.Acquire({&id, 1});
+  ASSERT_THAT(r, IsOk());
+  p.Release({&id, 1});
+  EXPECT_THAT(p.EndStep(), StatusIs(Code::kFailedPrecondition));
 }
 
 TEST(Prefetcher, FailedGatherLeavesNothingAcquired) {
   FakeSource src(2);
   FakeCollectives gather;
-  gather.fail = Unavailable("rank 1 lost");
   Prefetcher p(&src, {.gather = &gather});
-  p.BeginStep(0);
   std::vector<uint32_t> ids = {0, 1};
-  EXPECT_THAT(p.Acquire(ids), StatusIs(Code::kUnavailable));
-  EXPECT_EQ(p.live_bytes(), 0u);
-  gather.fail = Status::Ok();
-  auto r = p.Acquire(ids);  // fetched and gathered again
-  ASSERT_THAT(r, IsOk());
-  EXPECT_EQ(src.calls.size(), 4u);
+  p.BeginStep(0);
+  ASSERT_THAT(p.Acquire(ids), IsOk());
   p.Release(ids);
-  p.EndStep();
+  ASSERT_THAT(p.EndStep(), IsOk());
+  p.BeginStep(1);
+  gather.fail = Unavailable("rank 1 lost");
+  EXPECT_THAT(p.Acquire(ids), StatusIs(Code::kUnavailable));
+  for (uint32_t i : ids) p.Release({&i, 1});
+  gather.fail = Status::Ok();
+  auto r = p.Acquire(ids);  // no plan any more: fetched whole
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ((*r)[1]->bytes()[kBytes - 1], std::byte(1));
+  p.Release(ids);
 }
 
 TEST(FetchPromise, OnlyTheFirstCompletionCounts) {

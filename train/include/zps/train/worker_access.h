@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "zps/train/param_access.h"
+#include "zps/worker/checked_collectives.h"
 #include "zps/worker/client.h"
 #include "zps/worker/prefetcher.h"
 
@@ -34,7 +36,8 @@ class WorkerAccess final : public ParamAccess {
   /// `inject_overflow`: replace element 0 of parameter 0's gradient with +Inf (test hook,
   /// mirroring ReferenceOptions::inject_overflow_step).
   void BeginStep(int64_t step, bool inject_overflow);
-  void EndStep() { prefetcher_.EndStep(); }
+  /// Ends the step's fetches (Prefetcher::EndStep). Errors: bandwidth-centric collectives.
+  Status EndStep() { return prefetcher_.EndStep(); }
   /// pre-reduced: reduce-scatters and pushes what is left in the bucket (call after the step's
   /// last PushGrad, before Client::FlushPushes). Errors: from the collective or the push.
   Status FlushGradients();
@@ -68,6 +71,8 @@ class WorkerAccess final : public ParamAccess {
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
   worker::Collectives* reduce_ = nullptr;
+  std::unique_ptr<worker::CheckedCollectives> checked_;  // over reduce_
+  uint32_t buckets_ = 0;                                 // reduce-scattered in this step
   uint64_t bucket_elems_ = 0;
   // pre-reduced: the bucket being filled (gradients back to back, in push order) and where each
   // parameter's gradient sits in it.

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "zps/common/status.h"
+#include "zps/worker/checked_collectives.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/fetch_op.h"
 #include "zps/worker/param_source.h"
@@ -36,14 +37,25 @@ namespace zps::worker {
 struct PrefetchOptions {
   uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB in flight ahead; 0 = no prefetch.
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB of fetched buffers held.
-  /// The `bandwidth-centric` fetch strategy when set: this rank fetches only its slice
-  /// RankSlice(numel, world, rank) of each parameter from the shards (ahead, along the trace, as
-  /// in `direct`), and each Acquire all-gathers, in one collective, the slices of its
-  /// parameters that are not gathered yet (a layer's parameters in one go). Every rank must then
-  /// acquire the same parameters in the same order (the same model), and use the same budgets, so
-  /// that the all-gathers match. Not owned; must outlive the Prefetcher. Default: null = `direct`
-  /// (each rank fetches whole parameters).
+  /// The `bandwidth-centric` fetch strategy when set, for what every rank fetches alike: at the
+  /// end of each step (EndStep) the ranks exchange the groups they acquired (one Acquire call
+  /// each) and agree on a plan for the next step, a common subsequence of their groups in
+  /// order (all of them where the ranks did the same thing). In the next step each rank
+  /// fetches only its slice RankSlice(numel, world, rank) of a planned group's parameters from
+  /// the shards (ahead, along its own trace) and all-gathers the group, one collective per plan
+  /// position, in plan order: an Acquire of the group at plan position j first takes part in
+  /// every position it skipped before j, and EndStep in the ones left. Everything else (the
+  /// first step, a group outside the plan, one acquired again after its position) is fetched
+  /// whole from the shards, as in `direct`, and waits for no other rank. Ranks may therefore
+  /// acquire different parameters, in different orders, any number of times: a mixture of
+  /// experts, a rank-0-only evaluation forward. The ranks must call EndStep once per step, at
+  /// the same step. Not owned; must outlive the Prefetcher. Default: null = `direct` (each
+  /// rank fetches whole parameters).
   Collectives* gather = nullptr;
+  /// bandwidth-centric: the ranks are known to acquire the same groups in the same order in
+  /// the first step too (zps-train: one model, every rank alike), so the first step all-gathers
+  /// each Acquire as it comes (as the plan would) instead of fetching whole. Default: false.
+  bool same_first_step = false;
 };
 
 struct PrefetchStats {
@@ -52,6 +64,8 @@ struct PrefetchStats {
   uint64_t prefetches = 0;  // fetches started ahead of use
   uint64_t trace_rebuilds = 0;
   uint64_t gathers = 0;              // bandwidth-centric: parameters all-gathered from slices
+  uint64_t plan_groups = 0;          // bandwidth-centric: groups in the current plan
+  uint64_t unplanned = 0;            // bandwidth-centric: groups fetched whole (outside the plan)
   std::chrono::nanoseconds wait{0};  // time Acquire spent waiting for data
 };
 
@@ -64,12 +78,17 @@ class Prefetcher {
   void BeginStep(int64_t step);
   /// Returns one buffer per id (in order), fetching what is not live yet, then prefetches ahead.
   /// Errors: from the fetch (Unavailable, DeadlineExceeded, OutOfRange...), or from the
-  /// all-gather (bandwidth-centric). On error nothing stays acquired.
+  /// all-gather (bandwidth-centric; FailedPrecondition naming the plan position, the ranks and
+  /// the sizes when the ranks' collectives differ). On error nothing stays acquired.
   Result<std::vector<std::shared_ptr<const ParamBuffer>>> Acquire(std::span<const uint32_t> ids);
   /// Ends the use of `ids` (the buffers may be kept for reuse within the budget).
   void Release(std::span<const uint32_t> ids);
-  /// Ends the step: adopts the recorded order as the trace if it changed.
-  void EndStep();
+  /// Ends the step: adopts the recorded order as this rank's trace if it changed (no other rank
+  /// is involved). bandwidth-centric: first takes part in the plan positions left, then agrees
+  /// on the next step's plan with the other ranks (collectives: every rank calls EndStep once
+  /// per step). Errors: from those collectives (the plan is then empty: the next step fetches
+  /// everything whole).
+  Status EndStep();
 
   const PrefetchStats& stats() const { return stats_; }
   uint64_t live_bytes() const { return live_bytes_; }
@@ -77,17 +96,26 @@ class Prefetcher {
  private:
   struct Entry {
     FetchOp op;
+    bool slice = false;                         // op fetches this rank's slice only
     std::shared_ptr<const ParamBuffer> buffer;  // once waited
     uint64_t bytes = 0;
     int refs = 0;
     uint64_t last_use = 0;
   };
 
-  Entry& Start(uint32_t param, int64_t version);
+  // The entry of (param, version), started if there is none: a slice fetch where `slice`, else
+  // a whole one. A slice fetch not gathered yet is replaced by a whole one where !slice.
+  Entry& Start(uint32_t param, int64_t version, bool slice);
   using Key = std::pair<uint32_t, int64_t>;  // (param, version)
-  // bandwidth-centric: waits for this rank's slices of `keys` and all-gathers them (one
-  // collective) into whole parameters, set as the entries' buffers.
-  Status Gather(const std::vector<Key>& keys);
+  using Group = std::vector<uint32_t>;
+  bool Gathering() const;
+  // bandwidth-centric: this rank's slices of plan position `pos`'s parameters (from a whole
+  // buffer where there is one) all-gathered (one collective) into whole parameters.
+  Status Gather(size_t pos);
+  // bandwidth-centric: the plan positions up to `end` (exclusive) not taken part in yet.
+  Status GatherUpTo(size_t end);
+  // bandwidth-centric: all-gathers every rank's groups of this step; the next plan.
+  Status AgreePlan();
   void PrefetchAhead();
   void Evict();
   uint64_t ParamBytes(uint32_t param) const;
@@ -102,6 +130,12 @@ class Prefetcher {
   bool following_ = false;           // this step matches the trace so far
   size_t ahead_ = 0;                 // trace positions already prefetched (may wrap: >= size)
   std::map<Key, Entry> entries_;
+  std::unique_ptr<CheckedCollectives> checked_;  // over options_.gather (bandwidth-centric)
+  std::vector<Group> groups_;                    // this step's Acquire calls, in order
+  std::vector<Group> plan_;                      // groups every rank all-gathers this step
+  std::vector<char> planned_;                    // per parameter: in plan_
+  size_t plan_done_ = 0;                         // plan positions taken part in
+  bool plan_agreed_ = false;                     // an EndStep agreed on a plan
   uint64_t live_bytes_ = 0;
   uint64_t clock_ = 0;
 };
