@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ranks that agree against ranks that diverge, under torchrun: a mixture-of-experts model whose
-routing is the same on every rank ("agree") or differs per rank ("diverge": each rank sends its
-tokens to experts of its own, and rank 0 runs a no_grad evaluation forward every other step),
+routing is the same on every rank ("agree": the same two experts, a new pair every step) or
+differs per rank ("diverge": each rank sends its tokens to a pair of its own: the same work),
 trained through zps.torch in one mode. Prints one JSON line (rank 0): the median step time and
 the shard bytes per step (every rank's pushes and fetches, summed over the ranks), for both.
 
@@ -64,9 +64,6 @@ def run(args, rank, world, diverge):
         # Top-2 of the experts per step: the same pair on every rank, or a pair per rank.
         base = step + (rank * 2 if diverge else 0)
         route = [(base + i % 2) % args.experts for i in range(args.tokens)]
-        if diverge and rank == 0 and step % 2 == 1:
-            with torch.no_grad():
-                engine(x, route)
         loss = engine(x, route).pow(2).mean()
         engine.backward(loss)
         engine.step()
