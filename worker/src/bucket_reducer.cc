@@ -224,11 +224,7 @@ Status BucketReducer::Add(uint32_t param, int64_t step, uint32_t micro,
   }
   Generation& g = d.gen;
   if (!g.active || g.step != step || g.micro != micro) {
-    if (!d.Done()) {
-      return FailedPrecondition("a gradient of step " + std::to_string(step) + " micro " +
-                                std::to_string(micro) + " while step " + std::to_string(g.step) +
-                                " micro " + std::to_string(g.micro) + " is not finished");
-    }
+    ZPS_RETURN_IF_ERROR(Finish());  // the previous micro-batch is over: zeros for the rest
     d.Start(step, micro);
   }
   if (g.have[param]) {
