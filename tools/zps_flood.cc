@@ -307,10 +307,10 @@ bool ClosedAfter(int fd) {
   }
 }
 
-std::vector<std::byte> Hello(std::string_view token, uint32_t role, uint32_t rank) {
+std::vector<std::byte> Hello(std::string_view token, rpc::PeerRole role, uint32_t rank) {
   ByteWriter w;
   w.U16(kProtocolVersion);
-  w.U32(role);
+  w.U32(static_cast<uint32_t>(role));
   w.U32(rank);
   w.Str("zps-flood");
   w.Str(token);
@@ -399,7 +399,7 @@ void ShardFlooder::OnAuthed() {
   if (!authed_.valid()) {
     auto fd = Open(kUnknownType);
     if (!fd) return;
-    auto hello = EncodeFrame(kTypeHello, next_id_++, Hello(o_.token, msg::kRoleTool, 0));
+    auto hello = EncodeFrame(kTypeHello, next_id_++, Hello(o_.token, rpc::PeerRole::kTool, 0));
     Answer a;
     if (SendAll(fd->get(), hello)) a = ReadAnswer(fd->get());
     if (a.kind != Answer::kFrame || a.type != kTypeHelloReply) {
@@ -422,7 +422,7 @@ void ShardFlooder::OnAuthed() {
   steps.push_back(
       {kGarbageBody, EncodeFrame(msg::kChunkCrcs, next_id_++, garbage), Code::kInvalidArgument});
   steps.push_back({kSecondHello,
-                   EncodeFrame(kTypeHello, next_id_++, Hello(o_.token, msg::kRoleTool, 0)),
+                   EncodeFrame(kTypeHello, next_id_++, Hello(o_.token, rpc::PeerRole::kTool, 0)),
                    Code::kFailedPrecondition});
   for (const Step& st : steps) {
     s_->Sent(st.c);
@@ -524,7 +524,7 @@ class DataPlane {
     rpc::ClientOptions co{s.shard->host,
                           s.shard->port,
                           o.token,
-                          msg::kRoleWorker,
+                          rpc::PeerRole::kWorker,
                           kFloodRankBase + s.shard->index,
                           "zps-flood",
                           worker_->Address(),
@@ -643,7 +643,7 @@ class DataPlane {
 
 void ShardFlooder::Run(const std::atomic<bool>& stop) {
   const std::array<std::byte, 3> garbage{std::byte{0xff}, std::byte{0xfe}, std::byte{0xfd}};
-  const auto hello = Hello(o_.token, msg::kRoleTool, 0);
+  const auto hello = Hello(o_.token, rpc::PeerRole::kTool, 0);
   std::vector<std::byte> bad_magic(kFrameHeaderBytes, std::byte{0xab});
   auto bad_version = RawFrame(kFrameMagic, 9, kTypeHello, 1, 0, {});
   auto oversize = RawFrame(kFrameMagic, kProtocolVersion, kTypeHello, 1, 0x7fffffffu, {});
@@ -654,7 +654,8 @@ void ShardFlooder::Run(const std::atomic<bool>& stop) {
   auto bad_crc = EncodeFrame(kTypeHello, 1, hello);
   bad_crc[kFrameCrcOffset] ^= std::byte{0xff};
   auto garbage_hello = EncodeFrame(kTypeHello, 1, garbage);
-  auto wrong_token = EncodeFrame(kTypeHello, 1, Hello(o_.token + "-not-it", msg::kRoleTool, 0));
+  auto wrong_token =
+      EncodeFrame(kTypeHello, 1, Hello(o_.token + "-not-it", rpc::PeerRole::kTool, 0));
   auto before_hello = EncodeFrame(msg::kStatus, 1, {});
 
   bool dp_ready = false;
@@ -692,7 +693,7 @@ void ShardFlooder::Run(const std::atomic<bool>& stop) {
 
 // The shard still answers a tool's Status request.
 Status StillServing(const FloodOptions& o, const ShardFlood& s) {
-  rpc::ClientOptions co{s.host, s.port, o.token, msg::kRoleTool, 0, "zps-flood", {}, 5000};
+  rpc::ClientOptions co{s.host, s.port, o.token, rpc::PeerRole::kTool, 0, "zps-flood", {}, 5000};
   ZPS_ASSIGN_OR_RETURN(auto c, rpc::Client::Connect(co));
   ZPS_ASSIGN_OR_RETURN(auto st, c->Call(msg::kStatus, {}, 10s));
   (void)st;

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zps/common/rpc.h"
 #include "zps/common/status.h"
 
 namespace zps::rpc::internal {
@@ -16,13 +17,13 @@ namespace zps::rpc::internal {
 /// Hello request payload: {version u16, role u32, rank u32, name str, token str, extra blob}.
 struct HelloRequest {
   uint16_t version = 0;
-  uint32_t role = 0;
+  PeerRole role = PeerRole::kUnspecified;
   uint32_t rank = 0;
   std::string name;
   std::string token;
   std::span<const std::byte> extra;  // view into the decoded payload
 };
-std::vector<std::byte> EncodeHello(uint16_t version, uint32_t role, uint32_t rank,
+std::vector<std::byte> EncodeHello(uint16_t version, PeerRole role, uint32_t rank,
                                    std::string_view name, std::string_view token,
                                    std::span<const std::byte> extra);
 /// Errors: InvalidArgument (truncated, a field over its bound, trailing bytes).

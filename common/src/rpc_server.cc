@@ -314,8 +314,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     authed_ = true;
     ArmTimer(srv_->opts.idle_timeout_ms);  // cancels the hello timer when 0
-    ZPS_LOG(DEBUG) << "rpc: peer " << peer_.name << " (role " << peer_.role << ", rank "
-                   << peer_.rank << ") from " << remote_ << " authenticated";
+    ZPS_LOG(DEBUG) << "rpc: peer " << peer_.name << " (role " << PeerRoleName(peer_.role)
+                   << ", rank " << peer_.rank << ") from " << remote_ << " authenticated";
     Enqueue(Out{EncodeFrameHeader(kTypeHelloReply, request_id, reply), std::move(reply)});
     return true;
   }

@@ -1,18 +1,45 @@
 #include <random>
+#include <string>
 
 #include "rpc_internal.h"
 #include "zps/common/bytes.h"
 #include "zps/common/frame.h"
 #include "zps/common/rpc.h"
 
+namespace zps::rpc {
+
+std::string_view PeerRoleName(PeerRole role) {
+  switch (role) {
+    case PeerRole::kUnspecified:
+      return "unspecified";
+    case PeerRole::kWorker:
+      return "worker";
+    case PeerRole::kShard:
+      return "shard";
+    case PeerRole::kTool:
+      return "tool";
+  }
+  return "unknown";
+}
+
+Result<PeerRole> PeerRoleFromWire(uint32_t value) {
+  if (value > static_cast<uint32_t>(PeerRole::kTool)) {
+    return InvalidArgument("hello.role: " + std::to_string(value) +
+                           " is not a role (0 unspecified, 1 worker, 2 shard, 3 tool)");
+  }
+  return static_cast<PeerRole>(value);
+}
+
+}  // namespace zps::rpc
+
 namespace zps::rpc::internal {
 
-std::vector<std::byte> EncodeHello(uint16_t version, uint32_t role, uint32_t rank,
+std::vector<std::byte> EncodeHello(uint16_t version, PeerRole role, uint32_t rank,
                                    std::string_view name, std::string_view token,
                                    std::span<const std::byte> extra) {
   ByteWriter w;
   w.U16(version);
-  w.U32(role);
+  w.U32(static_cast<uint32_t>(role));
   w.U32(rank);
   w.Str(name);
   w.Str(token);
@@ -24,7 +51,8 @@ Result<HelloRequest> DecodeHello(std::span<const std::byte> payload) {
   ByteReader r(payload);
   HelloRequest h;
   ZPS_ASSIGN_OR_RETURN(h.version, r.U16("hello.version"));
-  ZPS_ASSIGN_OR_RETURN(h.role, r.U32("hello.role"));
+  ZPS_ASSIGN_OR_RETURN(const uint32_t role, r.U32("hello.role"));
+  ZPS_ASSIGN_OR_RETURN(h.role, PeerRoleFromWire(role));
   ZPS_ASSIGN_OR_RETURN(h.rank, r.U32("hello.rank"));
   ZPS_ASSIGN_OR_RETURN(h.name, r.Str("hello.name", kMaxNameBytes));
   ZPS_ASSIGN_OR_RETURN(h.token, r.Str("hello.token", kMaxTokenBytes));

@@ -20,6 +20,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/common/spill_budget.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/worker/bucket_reducer.h"
 #include "zps/worker/client.h"
@@ -145,6 +146,14 @@ int zps_job_hash(const char* job_json, uint64_t* out) {
   });
 }
 
+int zps_check_memory_budget(const char* job_json, uint64_t memory_budget) {
+  return Guard([&]() -> zps::Status {
+    if (job_json == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_ASSIGN_OR_RETURN(auto job, zps::capi::JobFromJson(job_json));
+    return zps::CheckJobMemoryBudget(job, memory_budget);
+  });
+}
+
 }  // extern "C"
 
 namespace {
@@ -165,7 +174,7 @@ zps::Result<zps::rpc::ClientOptions> ToolOptions(const std::string& endpoint,
   co.host = endpoint.substr(0, colon);
   co.port = static_cast<uint16_t>(port);
   co.token = token;
-  co.role = zps::msg::kRoleTool;
+  co.role = zps::rpc::PeerRole::kTool;
   co.name = "zps.torch";
   return co;
 }

@@ -28,8 +28,9 @@
 extern "C" {
 #endif
 
-/* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs. */
-#define ZPS_C_API_VERSION 3
+/* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs; 4:
+ * zps_check_memory_budget. */
+#define ZPS_C_API_VERSION 4
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))
@@ -98,6 +99,12 @@ ZPS_C_EXPORT int zps_cluster_shards(const char* endpoint, const char* token, int
                                     uint32_t* out);
 /* The job's serialised JobSpec hash for `job_json` without connecting (for checks and tests). */
 ZPS_C_EXPORT int zps_job_hash(const char* job_json, uint64_t* out);
+/* Whether every shard of the job in `job_json` can run with a --memory-budget of `memory_budget`
+ * bytes (0 = none): the check each shard's chunk store makes when it starts, made before any
+ * shard does (zps/common/spill_budget.h). Errors: RESOURCE_EXHAUSTED with the shard's own advice
+ * ("shard 0: memory_budget ... bytes cannot hold the spill pipeline's ..."); INVALID_ARGUMENT for
+ * a bad job. */
+ZPS_C_EXPORT int zps_check_memory_budget(const char* job_json, uint64_t memory_budget);
 
 ZPS_C_EXPORT int zps_job_info_get(zps_client* c, zps_job_info* out);
 ZPS_C_EXPORT int zps_stats_get(zps_client* c, zps_stats* out);

@@ -7,9 +7,9 @@ to the "zps" logger and its children (`zps._logging` says where they print by de
 """
 
 from zps import _logging
-from zps._errors import ZpsError
+from zps._errors import ShardStopped, ZpsError
 
-__all__: list[str] = ["ZpsError"]
+__all__: list[str] = ["ShardStopped", "ZpsError"]
 __version__: str = "0.1.0"
 
 _logging.install()

@@ -19,3 +19,25 @@ def stale_step(error: BaseException) -> bool:
     (FAILED_PRECONDITION "stale step N (chunk at version N+1)", ShardState::BeginPush)."""
     return (isinstance(error, ZpsError) and error.code == "FAILED_PRECONDITION"
             and "stale step" in str(error))
+
+
+class ShardStopped(ZpsError):
+    """An embedded shard (zps.cluster.LocalCluster) exited while the job needed it. `code` is the
+    shard's own Status code when its log ends with one ("zps-server: CODE: message", what
+    zps-server prints before it exits), else UNAVAILABLE (killed by a signal, or no status).
+
+    shard: its ordinal; returncode: its exit code, or minus the signal that ended it (as
+    subprocess has it); status: the shard's own "CODE: message" ("" when it left none);
+    log_path: its log; cluster_dir: the cluster directory, kept for the user to read."""
+
+    shard: int
+    returncode: int
+    status: str
+    log_path: str
+    cluster_dir: str
+
+    def __init__(self, code: str, message: str, *, shard: int, returncode: int, status: str,
+                 log_path: str, cluster_dir: str) -> None:
+        super().__init__(code, message)
+        self.shard, self.returncode, self.status = shard, returncode, status
+        self.log_path, self.cluster_dir = log_path, cluster_dir

@@ -6,15 +6,17 @@ the build tree (`$ZPS_BUILD_DIR/lib/libzps_c.so`, by default `build/` beside `py
 call that fails raises ZpsError with the C++ Status code and message.
 """
 
+import atexit
 import ctypes
 import os
 import pathlib
+import threading
 
 from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 3
+API_VERSION = 4
 
 
 class JobInfo(ctypes.Structure):
@@ -77,6 +79,7 @@ def lib():
         "zps_cluster_shards": (c_int, [ctypes.c_char_p, ctypes.c_char_p, c_i64,
                                        ctypes.POINTER(c_u32)]),
         "zps_job_hash": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_u64)]),
+        "zps_check_memory_budget": (c_int, [ctypes.c_char_p, c_u64]),
         "zps_job_info_get": (c_int, [c_p, ctypes.POINTER(JobInfo)]),
         "zps_stats_get": (c_int, [c_p, ctypes.POINTER(Stats)]),
         "zps_push_initial": (c_int, [c_p, c_u32, c_p, c_u64]),
@@ -140,10 +143,66 @@ def cuda_available(device=0):
     return None
 
 
+def check_memory_budget(job_json, memory_budget):
+    """Raises the shard's own RESOURCE_EXHAUSTED advice when a shard of the job could not start
+    with `memory_budget` bytes (zps_check_memory_budget); before any shard starts."""
+    check(lib().zps_check_memory_budget(job_json.encode(), memory_budget))
+
+
 def job_hash(job_json):
     out = ctypes.c_uint64()
     check(lib().zps_job_hash(job_json.encode(), ctypes.byref(out)))
     return out.value
+
+
+_abandoned = []  # connect threads given up on because a shard stopped (joined at exit)
+
+
+def _join_abandoned():
+    # Their zps_connect must return (at its connect_timeout) before the interpreter finalizes:
+    # a thread still inside the library when the process tears it down could crash the exit.
+    for t in _abandoned:
+        t.join()
+
+
+atexit.register(_join_abandoned)
+
+
+def _connect_watched(L, options_json, job_json, watch):
+    """zps_connect on a thread of its own, while the caller watches the embedded cluster: a
+    shard that stops during the connect (it fails as it loads the job) is raised at once rather
+    than after connect_timeout. The connect given up on closes its handle when it returns."""
+    lock = threading.Lock()
+    state = {"abandoned": False}
+
+    def run():
+        h = ctypes.c_void_p()
+        rc = L.zps_connect(options_json.encode(), job_json.encode(), ctypes.byref(h))
+        error = (L.zps_code_name(rc).decode(), L.zps_last_error().decode()) if rc else None
+        with lock:
+            state.update(rc=rc, h=h, error=error)
+            if state["abandoned"] and rc == 0:
+                L.zps_close(h)
+
+    t = threading.Thread(target=run, name="zps-connect", daemon=True)
+    t.start()
+    while True:
+        t.join(0.05)
+        with lock:
+            if "rc" in state:
+                break
+            stopped = watch.stopped()
+            if stopped is not None:
+                state["abandoned"] = True
+                _abandoned.append(t)
+                raise stopped
+    if state["rc"] != 0:
+        error = ZpsError(*state["error"])
+        stopped = watch.stopped(error)
+        if stopped is not None:
+            raise stopped from error
+        raise error
+    return state["h"]
 
 
 class Client:
@@ -153,11 +212,37 @@ class Client:
     release): one training thread drives them. Pushes and commits may come from any thread.
     """
 
-    def __init__(self, options_json, job_json):
+    def __init__(self, options_json, job_json, watch=None):
+        """watch: the embedded cluster serving the job (zps.cluster.LocalCluster), or None. With
+        one, a call made once a shard is known to have stopped raises that shard's ShardStopped
+        error at once, without waiting for any timeout, and so does a call that fails because
+        of it (the error it got is the cause)."""
         self._L = lib()
-        h = ctypes.c_void_p()
-        check(self._L.zps_connect(options_json.encode(), job_json.encode(), ctypes.byref(h)))
+        self._watch = watch
+        if watch is None:
+            h = ctypes.c_void_p()
+            check(self._L.zps_connect(options_json.encode(), job_json.encode(), ctypes.byref(h)))
+        else:
+            h = _connect_watched(self._L, options_json, job_json, watch)
         self._h = h
+
+    def _check(self, rc):
+        if rc == 0:
+            return
+        L = self._L
+        error = ZpsError(L.zps_code_name(rc).decode(), L.zps_last_error().decode())
+        stopped = self._watch.stopped(error) if self._watch is not None else None
+        if stopped is not None:
+            raise stopped from error
+        raise error
+
+    def _run(self, fn, *args):
+        """fn(handle, *args), a zps_* call on this client, after asking the watched cluster."""
+        if self._watch is not None:
+            stopped = self._watch.stopped()
+            if stopped is not None:
+                raise stopped
+        self._check(fn(self._h, *args))
 
     def close(self):
         if getattr(self, "_h", None):
@@ -169,58 +254,58 @@ class Client:
 
     def info(self):
         out = JobInfo()
-        check(self._L.zps_job_info_get(self._h, ctypes.byref(out)))
+        self._run(self._L.zps_job_info_get, ctypes.byref(out))
         return out
 
     def stats(self):
         out = Stats()
-        check(self._L.zps_stats_get(self._h, ctypes.byref(out)))
+        self._run(self._L.zps_stats_get, ctypes.byref(out))
         return out
 
     def push_initial(self, param, ptr, numel):
-        check(self._L.zps_push_initial(self._h, param, ptr, numel))
+        self._run(self._L.zps_push_initial, param, ptr, numel)
 
     def begin_step(self, step):
-        check(self._L.zps_begin_step(self._h, step))
+        self._run(self._L.zps_begin_step, step)
 
     def end_step(self):
-        check(self._L.zps_end_step(self._h))
+        self._run(self._L.zps_end_step)
 
     def fetch_into(self, ids, ptrs, dtypes):
         n = len(ids)
-        check(self._L.zps_fetch_into(self._h, (ctypes.c_uint32 * n)(*ids), n,
-                                     (ctypes.c_void_p * n)(*ptrs), (ctypes.c_int32 * n)(*dtypes)))
+        self._run(self._L.zps_fetch_into, (ctypes.c_uint32 * n)(*ids), n,
+                  (ctypes.c_void_p * n)(*ptrs), (ctypes.c_int32 * n)(*dtypes))
 
     def acquire(self, param):
         data, size = ctypes.c_void_p(), ctypes.c_uint64()
-        check(self._L.zps_acquire(self._h, param, ctypes.byref(data), ctypes.byref(size)))
+        self._run(self._L.zps_acquire, param, ctypes.byref(data), ctypes.byref(size))
         return data.value, size.value
 
     def release(self, param):
-        check(self._L.zps_release(self._h, param))
+        self._run(self._L.zps_release, param)
 
     def push_grad(self, param, step, ptr, numel, micro=0):
-        check(self._L.zps_push_grad(self._h, param, step, ptr, numel, micro))
+        self._run(self._L.zps_push_grad, param, step, ptr, numel, micro)
 
     def await_pushes_below(self, max_pending):
-        check(self._L.zps_await_pushes_below(self._h, max_pending))
+        self._run(self._L.zps_await_pushes_below, max_pending)
 
     def flush(self):
-        check(self._L.zps_flush(self._h))
+        self._run(self._L.zps_flush)
 
     def await_commit(self, step):
         out = CommitInfo()
-        check(self._L.zps_await_commit(self._h, step, ctypes.byref(out)))
+        self._run(self._L.zps_await_commit, step, ctypes.byref(out))
         return out
 
     def read_master(self, param, min_version, ptr):
-        check(self._L.zps_read_master(self._h, param, min_version, ptr))
+        self._run(self._L.zps_read_master, param, min_version, ptr)
 
     def shard_status(self, ordinal=0):
         """Shard `ordinal`'s status document (a dict)."""
         import json
         buf = ctypes.create_string_buffer(1 << 16)
-        check(self._L.zps_shard_status(self._h, ordinal, buf, len(buf)))
+        self._run(self._L.zps_shard_status, ordinal, buf, len(buf))
         return json.loads(buf.value.decode())
 
     def chunk_crcs(self, ordinal, min_version):
@@ -228,27 +313,26 @@ class Client:
         (raises UNAVAILABLE before): what bit-identical runs compare."""
         cap = 1 << 16
         chunks, crcs, n = (ctypes.c_uint32 * cap)(), (ctypes.c_uint32 * cap)(), ctypes.c_size_t()
-        check(self._L.zps_chunk_crcs(self._h, ordinal, min_version, chunks, crcs, cap,
-                                     ctypes.byref(n)))
+        self._run(self._L.zps_chunk_crcs, ordinal, min_version, chunks, crcs, cap,
+                  ctypes.byref(n))
         return [(chunks[i], crcs[i]) for i in range(n.value)]
 
     def fetch_to_device(self, ids, ptrs, stream):
         """Fetches `ids` into device memory (serving dtype), ordered on cudaStream_t `stream`."""
         n = len(ids)
-        check(self._L.zps_fetch_to_device(self._h, (ctypes.c_uint32 * n)(*ids), n,
-                                          (ctypes.c_void_p * n)(*ptrs), stream))
+        self._run(self._L.zps_fetch_to_device, (ctypes.c_uint32 * n)(*ids), n,
+                  (ctypes.c_void_p * n)(*ptrs), stream)
 
     def push_grad_device(self, param, step, ptr, dtype, numel, micro, stream):
-        check(self._L.zps_push_grad_device(self._h, param, step, ptr, dtype, numel, micro,
-                                           stream))
+        self._run(self._L.zps_push_grad_device, param, step, ptr, dtype, numel, micro, stream)
 
     def cuda_info(self):
         import json
         buf = ctypes.create_string_buffer(4096)
-        check(self._L.zps_cuda_info(self._h, buf, len(buf)))
+        self._run(self._L.zps_cuda_info, buf, len(buf))
         return json.loads(buf.value.decode())
 
     def checkpoint_now(self, timeout_ms):
         out = ctypes.c_int64()
-        check(self._L.zps_checkpoint_now(self._h, timeout_ms, ctypes.byref(out)))
+        self._run(self._L.zps_checkpoint_now, timeout_ms, ctypes.byref(out))
         return out.value

@@ -6,16 +6,24 @@ training script itself when its config names no endpoint (as `zps-train` does wi
 
 The server binary is, in order: $ZPS_SERVER, the copy an installed package carries
 (`zps/bin/zps-server`, setup.py), the build tree's (`$ZPS_BUILD_DIR/bin/zps-server`, by default
-`build/` beside `python/`), or `zps-server` on PATH. Their logs
-and data live in a temporary directory that is removed at close unless `keep_dir` is set. The
+`build/` beside `python/`), or `zps-server` on PATH. Their logs and data (spill files,
+checkpoints) live in `data_dir`, or else in a new directory under the temporary directory
+(TMPDIR, as tempfile has it), which close() removes unless `keep_dir` is set or a shard stopped
+on its own: then it is kept, and its path logged, for the user to read the shards' logs. The
 cluster stops its shards on close(), at interpreter exit, and when the owning process dies
 (each shard gets PR_SET_PDEATHSIG), so a crashed script leaves no servers behind.
+
+A shard that exits while the cluster runs is reported by stopped(): a ShardStopped error with
+the shard's own status (the last line zps-server printed), its exit code or signal, and its log
+(zps._native.Client asks before and after each call, so the next call raises it).
 """
 
 import atexit
 import ctypes
+import logging
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -24,8 +32,17 @@ import subprocess
 import tempfile
 import time
 
-from zps._errors import ZpsError
+from zps._errors import ShardStopped, ZpsError
 from zps.ports import free_ports
+
+_log = logging.getLogger(__name__)
+
+# What zps-server prints before it exits with a failure (server/programs/zps_server.cc).
+_STATUS_LINE = re.compile(r"^zps-server: ([A-Z_]+): (.*)$")
+# Errors of a call that can be the first sign of a shard's exit: the shards then get a moment to
+# be seen exiting before the call's own error is raised instead.
+_LOST_PEER_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ABORTED",
+                              "INTERNAL", "UNKNOWN", "DATA_LOSS"})
 
 
 def server_binary() -> str:
@@ -66,6 +83,8 @@ class LocalCluster:
         self.dir = pathlib.Path(data_dir or tempfile.mkdtemp(prefix="zps-cluster-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._keep = keep_dir
+        self._failed = False     # a shard stopped on its own: close() keeps the directory
+        self._killed = set()     # shards stopped by kill_shard (a test's own doing)
         self.token = secrets.token_hex(16)
         self.token_file = self.dir / "token"
         self.token_file.write_text(self.token)
@@ -97,7 +116,11 @@ class LocalCluster:
                                                preexec_fn=_die_with_parent))
             log.close()
         atexit.register(self.close)
-        self._wait_listening(ports)
+        try:
+            self._wait_listening(ports)
+        except BaseException:
+            self.close()  # a shard that stopped keeps the directory
+            raise
 
     def data_dirs(self):
         return [self.dir / f"shard-{i}-data" for i in range(self.shards)]
@@ -107,8 +130,7 @@ class LocalCluster:
         for i, port in enumerate(ports):
             while True:
                 if self.procs[i].poll() is not None:
-                    raise ZpsError("UNAVAILABLE", f"embedded shard {i} exited with "
-                                   f"{self.procs[i].returncode}: {self.log_tail(i)}")
+                    raise self.stopped()
                 try:
                     with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                         break
@@ -125,23 +147,89 @@ class LocalCluster:
         except OSError:
             return "(no log)"
 
+    def log_path(self, i):
+        return self.dir / f"shard-{i}.log"
+
+    def shard_status(self, i):
+        """Shard i's own "CODE: message", the last one zps-server printed in its log ("" if
+        none)."""
+        try:
+            lines = self.log_path(i).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            m = _STATUS_LINE.match(line.strip())
+            if m:
+                return f"{m.group(1)}: {m.group(2)}"
+        return ""
+
+    def stopped(self, error=None, grace_s=5.0):
+        """None while every shard runs (or after close()). Once one has exited: the ShardStopped
+        error that says why, for the shard that left a status (else the lowest ordinal), and the
+        cluster keeps its directory at close(). `error`: the failed call that asks; when it may
+        be the first sign of a shard's exit (UNAVAILABLE, DEADLINE_EXCEEDED, ...), the shards
+        get up to `grace_s` seconds to be seen exiting (a coordinator that fails stays up 2 s to
+        tell the workers why). Cheap when none has: one waitpid per shard."""
+        procs = self.procs
+        dead = [i for i, p in enumerate(procs) if p.poll() is not None]
+        if not dead and error is not None and getattr(error, "code", "") in _LOST_PEER_CODES:
+            deadline = time.monotonic() + grace_s
+            while not dead and time.monotonic() < deadline:
+                time.sleep(0.02)
+                dead = [i for i, p in enumerate(procs) if p.poll() is not None]
+        if not dead:
+            return None
+        if any(i not in self._killed for i in dead):
+            self._failed = True
+        statuses = {i: self.shard_status(i) for i in dead}
+        i = next((i for i in dead if statuses[i]), dead[0])
+        rc = procs[i].returncode
+        if rc < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-rc).name}"
+            except ValueError:
+                how = f"was killed by signal {-rc}"
+        else:
+            how = f"exited with code {rc}"
+        status = statuses[i]
+        code = status.split(":", 1)[0] if status else "UNAVAILABLE"
+        tail = self.log_tail(i)
+        detail = status or ("it printed no status" + (f"; last lines: {tail}" if tail else ""))
+        others = [j for j in dead if j != i]
+        also = f" (shard {', '.join(map(str, others))} stopped too)" if others else ""
+        keeping = self._failed or self._keep or not self._owned_dir
+        where = f"the cluster directory {self.dir} is kept" if keeping else f"logs in {self.dir}"
+        message = (f"{code}: embedded shard {i} {how}: {detail}{also}; its log: "
+                   f"{self.log_path(i)}; {where}")
+        return ShardStopped(code, message, shard=i, returncode=rc, status=status,
+                            log_path=str(self.log_path(i)), cluster_dir=str(self.dir))
+
     def kill_shard(self, i, sig=signal.SIGKILL):
-        """Tests: signals shard i (SIGKILL by default) and waits for it to exit."""
+        """Tests: signals shard i (SIGKILL by default) and waits for it to exit. A shard stopped
+        this way is reported by stopped() but is no reason to keep the directory."""
+        self._killed.add(i)
         self.procs[i].send_signal(sig)
         self.procs[i].wait()
 
     def close(self):
         procs, self.procs = self.procs, []
-        for p in procs:
+        for i, p in enumerate(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+            elif i not in self._killed:
+                self._failed = True  # it stopped before it was asked to
         for p in procs:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if procs and self._owned_dir and not self._keep:
+        if not procs or not self._owned_dir:
+            return
+        if self._failed:
+            _log.warning("zps: an embedded shard stopped on its own; the cluster directory %s "
+                         "is kept (shard-N.log are the shards' logs)", self.dir)
+        elif not self._keep:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):

@@ -1,13 +1,16 @@
-// zps-ckpt — inspect and export shard checkpoints offline.
+// zps-ckpt — inspect, export and reshard shard checkpoints offline.
 //
 //   zps-ckpt inspect --data-dir D[,D2...] [--verify]
 //   zps-ckpt export  --data-dir D0,D1,... --out model.safetensors [--step S] [--dtype fp32|bf16]
+//   zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]
+//                    (the job's stores for another shard count: --out names shard 0's store
+//                    first; the inputs are only read)
 //   zps-ckpt save    --endpoint host:port --token-file F [--timeout S]
 //                    (on-demand: the coordinator checkpoints every shard at the next step
 //                    boundary; prints the step once it is complete on every shard)
 //
-// Stores are opened read-only, so both work beside a running shard (they see the state as of
-// opening). Exit status: 0 success, 1 an error (printed as CODE: message), 2 bad usage.
+// Stores are opened read-only, so inspect and export work beside a running shard (they see the
+// state as of opening). Exit status: 0 success, 1 an error (printed as CODE: message), 2 bad usage.
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -19,19 +22,21 @@
 #include "zps/common/rpc.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_export.h"
+#include "zps/server/checkpoint_reshard.h"
 #include "zps/server/shard_server.h"
 
 namespace {
 
 struct Options {
-  std::string data_dir;        // Default: none — comma-separated checkpoint stores
-  bool verify = false;         // Default: false — inspect reads every value
-  int64_t step = -1;           // Default: -1 — the newest step committed on every shard
-  std::string out;             // Default: none — export output file
-  std::string dtype = "fp32";  // Default: fp32
-  std::string endpoint;        // Default: none — save: the coordinator's control endpoint
-  std::string token_file;      // Default: none — save: the shared auth secret's file
-  int64_t timeout_s = 600;     // Default: 600 s — save: longest wait for the checkpoint
+  std::string data_dir;         // Default: none — comma-separated checkpoint stores
+  bool verify = false;          // Default: false — inspect reads every value
+  int64_t step = -1;            // Default: -1 — the newest step committed on every shard
+  std::string out;              // Default: none — export: output file; reshard: output stores
+  std::string coordinator_out;  // Default: none — reshard: <parent of the first --out>/coordinator
+  std::string dtype = "fp32";   // Default: fp32
+  std::string endpoint;         // Default: none — save: the coordinator's control endpoint
+  std::string token_file;       // Default: none — save: the shared auth secret's file
+  int64_t timeout_s = 600;      // Default: 600 s — save: longest wait for the checkpoint
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -109,12 +114,31 @@ zps::Status Export(const Options& o) {
   return zps::Status::Ok();
 }
 
+zps::Status Reshard(const Options& o) {
+  zps::server::ReshardOptions r;
+  r.inputs = SplitComma(o.data_dir);
+  r.outputs = SplitComma(o.out);
+  r.step = o.step;
+  r.coordinator_out = o.coordinator_out;
+  if (r.inputs.empty())
+    return zps::InvalidArgument("reshard needs --data-dir (every shard's store)");
+  if (r.outputs.empty())
+    return zps::InvalidArgument("reshard needs --out (one store per new shard)");
+  ZPS_ASSIGN_OR_RETURN(auto stats, zps::server::ReshardCheckpoint(r));
+  std::printf(
+      "resharded step %lld from %u to %u shards: %u chunks, %llu bytes; coordinator catalog in "
+      "%s\n",
+      static_cast<long long>(stats.step), stats.from_shards, stats.to_shards, stats.chunks,
+      static_cast<unsigned long long>(stats.bytes), stats.coordinator_dir.c_str());
+  return zps::Status::Ok();
+}
+
 zps::Status Save(const Options& o) {
   if (o.endpoint.empty()) return zps::InvalidArgument("save needs --endpoint host:port");
   if (o.token_file.empty()) return zps::InvalidArgument("save needs --token-file");
   ZPS_ASSIGN_OR_RETURN(auto hp, zps::SplitHostPort(o.endpoint));
   ZPS_ASSIGN_OR_RETURN(std::string token, zps::ReadTokenFile(o.token_file));
-  zps::rpc::ClientOptions co{hp.first, hp.second,  token, zps::msg::kRoleTool,
+  zps::rpc::ClientOptions co{hp.first, hp.second,  token, zps::rpc::PeerRole::kTool,
                              0,        "zps-ckpt", {},    5000};
   ZPS_ASSIGN_OR_RETURN(auto client, zps::rpc::Client::Connect(co));
   ZPS_ASSIGN_OR_RETURN(
@@ -129,19 +153,30 @@ zps::Status Save(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  zps::Flags flags("zps-ckpt",
-                   "Inspect and export zps shard checkpoints.\n"
-                   "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
-                   "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
-                   "[--dtype fp32|bf16]\n"
-                   "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
-  flags.AllowPositional(1, "inspect|export|save");
+  zps::Flags flags(
+      "zps-ckpt",
+      "Inspect, export and reshard zps shard checkpoints.\n"
+      "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
+      "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
+      "[--dtype fp32|bf16]\n"
+      "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]\n"
+      "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
+  flags.AllowPositional(1, "inspect|export|reshard|save");
   flags.Add("data-dir", "checkpoint store directories, comma-separated (export: one per shard)",
             &o.data_dir);
   flags.Add("verify", "inspect: read every value and check its CRC32C", &o.verify);
-  flags.Add("step", "export: the checkpoint step; -1 = newest on every shard", &o.step, -1,
-            INT64_MAX);
-  flags.Add("out", "export: the output .safetensors file", &o.out);
+  flags.Add("step",
+            "export, reshard: the checkpoint step; -1 = newest on every shard (reshard: every "
+            "store's newest, which must agree)",
+            &o.step, -1, INT64_MAX);
+  flags.Add("out",
+            "export: the output .safetensors file; reshard: the new stores, comma-separated, "
+            "shard 0's first",
+            &o.out);
+  flags.Add("coordinator-out",
+            "reshard: where the new coordinator catalog goes (default: coordinator/ beside the "
+            "first --out)",
+            &o.coordinator_out);
   flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
   flags.Add("endpoint", "save: the coordinator's control endpoint host:port", &o.endpoint);
   flags.Add("token-file", "save: file holding the shared auth secret", &o.token_file);
@@ -153,7 +188,8 @@ int main(int argc, char** argv) {
   }
   if (*parsed == zps::ParseOutcome::kHelpShown) return 0;
   if (flags.positional().size() != 1) {
-    std::fprintf(stderr, "zps-ckpt: expected one command: inspect, export or save (see --help)\n");
+    std::fprintf(stderr,
+                 "zps-ckpt: expected one command: inspect, export, reshard or save (see --help)\n");
     return 2;
   }
   const std::string& cmd = flags.positional()[0];
@@ -162,6 +198,8 @@ int main(int argc, char** argv) {
     s = Inspect(o);
   } else if (cmd == "export") {
     s = Export(o);
+  } else if (cmd == "reshard") {
+    s = Reshard(o);
   } else if (cmd == "save") {
     s = Save(o);
   } else {

@@ -87,6 +87,30 @@ std::string DescribeExit(int status) {
   return "unknown status";
 }
 
+// The last "zps-server: CODE: message" line of a shard's log: what it printed as it exited.
+std::string ExitStatusLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, found;
+  while (std::getline(in, line)) {
+    if (line.rfind("zps-server: ", 0) == 0) found = line.substr(12);
+  }
+  return found;
+}
+
+// "shard-1 stopped early (exit code 1): RESOURCE_EXHAUSTED: spill file: ... disk full", after
+// printing the last lines of its log.
+Status StoppedEarly(const Child& c) {
+  std::string why = c.name + " stopped early (" + DescribeExit(c.status) + ")";
+  if (!c.log.empty()) {
+    std::fprintf(stderr, "last lines of %s:\n", c.log.c_str());
+    PrintTail(c.log);
+    const std::string status = ExitStatusLine(c.log);
+    if (!status.empty()) why += ": " + status;
+    why += "; its log: " + c.log;
+  }
+  return Internal(why);
+}
+
 void StopAll(std::vector<Child>& children, int sig) {
   for (auto& c : children) {
     if (!c.done) ::kill(c.pid, sig);
@@ -112,6 +136,12 @@ void StopAll(std::vector<Child>& children, int sig) {
 
 }  // namespace
 
+std::string ClusterParentDir(const std::string& work_dir) {
+  if (!work_dir.empty()) return work_dir;
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
 Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -119,8 +149,13 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   if (ec) return IoError("cannot find this program's path: " + ec.message());
   fs::path server = self.parent_path() / "zps-server";
   if (!fs::exists(server)) return NotFound("zps-server not found next to " + self.string());
-  char tmpl[] = "/tmp/zps-local-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
+  const std::string parent = ClusterParentDir(cluster.work_dir);
+  if (!fs::is_directory(parent, ec)) {
+    return NotFound("the work directory " + parent +
+                    " does not exist (--work-dir, ZPS_WORK_DIR or " + "TMPDIR)");
+  }
+  std::string tmpl = parent + "/zps-local-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
   const std::string dir = tmpl;
   const std::string token_file = dir + "/token";
   {
@@ -208,6 +243,7 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     workers.push_back(std::move(*c));
   }
   // Wait for every worker; stop early if anything fails or a signal arrives.
+  bool shard_reported = false;  // the failure is a shard's own
   while (result.ok()) {
     if (g_signal != 0) {
       result = Cancelled("interrupted by signal " + std::to_string(g_signal.load()));
@@ -221,12 +257,9 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
         if (r == c.pid) {
           c.done = true;
           bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-          if (!ok || group == &shards) {
-            result = Internal(c.name + " stopped early (" + DescribeExit(c.status) + ")");
-            if (!c.log.empty()) {
-              std::fprintf(stderr, "last lines of %s:\n", c.log.c_str());
-              PrintTail(c.log);
-            }
+          if ((!ok || group == &shards) && result.ok()) {
+            result = StoppedEarly(c);
+            shard_reported = group == &shards;
           }
         }
       }
@@ -234,6 +267,23 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     for (auto& c : workers) all_done = all_done && c.done;
     if (all_done || !result.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // A worker fails as soon as a shard it talks to is gone: the shard's own reason is the cause,
+  // so give the shards a moment to be seen exiting (a coordinator that fails stays up 2 s to
+  // tell the workers why) and report the first that did.
+  if (!result.ok() && !shard_reported && result.code() != Code::kCancelled) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    bool shard_seen = false;
+    while (!shard_seen && std::chrono::steady_clock::now() < deadline) {
+      for (auto& c : shards) {
+        if (!c.done && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.done = true;
+        if (c.done && !shard_seen) {
+          shard_seen = true;
+          result = StoppedEarly(c);
+        }
+      }
+      if (!shard_seen) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   StopAll(workers, SIGTERM);
   StopAll(shards, SIGTERM);
@@ -247,6 +297,11 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     std::printf("zps local cluster: all processes exited cleanly\n");
     // ZPS_KEEP_CLUSTER_LOGS (tests): the logs stay for the caller to read (and remove).
     if (std::getenv("ZPS_KEEP_CLUSTER_LOGS") == nullptr) fs::remove_all(dir, ec);
+  } else {
+    std::fprintf(stderr,
+                 "zps local cluster: the cluster directory %s is kept (shard-N.log, "
+                 "worker-N.log)\n",
+                 dir.c_str());
   }
   return result;
 }

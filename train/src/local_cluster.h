@@ -19,11 +19,20 @@ struct LocalCluster {
                                       // checkpoints); 0 = neither (all in RAM)
   uint64_t shard_serving_budget = 0;  // > 0: every shard gets --serving-budget (and the
                                       // --data-dir above)
+  std::string work_dir;  // where the cluster directory (zps-local-XXXXXX) is made; "" = $TMPDIR,
+                         // else /tmp
 };
+
+/// The directory the cluster directory is made in: `work_dir`, else $TMPDIR, else /tmp.
+std::string ClusterParentDir(const std::string& work_dir);
 
 /// Starts the shards, then the workers with this process's own arguments plus their rank and
 /// the endpoint; prints rank 0's output; stops everything at the end (or on SIGINT/SIGTERM, or
-/// when any process fails, whose log tail is printed). Logs go to a temporary directory.
+/// when any process fails, whose log tail is printed). Logs, the token and the shards' data
+/// (spill files, checkpoints) go to a new directory under ClusterParentDir(work_dir), removed
+/// after a clean run and kept (its path printed) after a failure. Errors: NotFound (no zps-server
+/// beside this program, or no such work dir), an errno error when the directory cannot be made,
+/// Internal naming a process that stopped early (its exit code or signal), Cancelled (a signal).
 Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv);
 
 }  // namespace zps::train

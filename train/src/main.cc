@@ -29,6 +29,7 @@
 #include "zps/common/messages.h"
 #include "zps/common/metrics.h"
 #include "zps/common/process_metrics.h"
+#include "zps/common/spill_budget.h"
 #include "zps/server/job.h"
 #include "zps/train/data.h"
 #include "zps/train/model.h"
@@ -94,6 +95,8 @@ struct TrainOptions {
                                          // Other modes ignore it.
   uint64_t shard_serving_budget = 0;     // Default: 0 = all in RAM. Local mode: each shard's
                                          // --serving-budget. Other modes ignore it.
+  std::string work_dir;  // Default: "" = $TMPDIR, else /tmp. Local mode: where the cluster
+                         // directory (logs, spill files) is made. Other modes ignore it.
   ModelConfig model;
   DataOptions data;
   std::string corpus;
@@ -171,12 +174,16 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("metrics-bind", "address the metrics endpoint listens on (worker mode)", &o.metrics_bind);
   f.AddBytes("shard-memory-budget",
              "local mode: each shard's --memory-budget (master + optimizer state in RAM; the rest "
-             "spills to a --data-dir under the cluster's temp dir); 0 = all in RAM",
+             "spills to <work-dir>/zps-local-XXXXXX/shard-N-data/spill); 0 = all in RAM",
              &o.shard_memory_budget);
   f.AddBytes("shard-serving-budget",
              "local mode: each shard's --serving-budget (16-bit serving copies in RAM; the rest "
-             "spills to a --data-dir under the cluster's temp dir); 0 = all in RAM",
+             "spills to <work-dir>/zps-local-XXXXXX/shard-N-data/spill); 0 = all in RAM",
              &o.shard_serving_budget);
+  f.Add("work-dir",
+        "local mode: where the cluster directory zps-local-XXXXXX is made (logs, token, the "
+        "shards' spill files); default $TMPDIR, else /tmp",
+        &o.work_dir);
   AddModelFlags(f, &o.model);
   AddDataFlags(f, &o.data, &o.corpus);
 }
@@ -625,6 +632,10 @@ Status RunWorker(const TrainOptions& o) {
 }
 
 Status RunLocal(const TrainOptions& o, int argc, char** argv) {
+  // A budget no shard could start with is refused before any starts, with the shards' advice.
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  ZPS_RETURN_IF_ERROR(
+      CheckJobMemoryBudget(job, o.shard_memory_budget).WithContext("--shard-memory-budget"));
   LocalCluster cluster;
   cluster.shards = o.shards;
   cluster.workers = o.world_size;
@@ -632,6 +643,7 @@ Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   cluster.metrics_port = o.metrics_port;
   cluster.shard_memory_budget = o.shard_memory_budget;
   cluster.shard_serving_budget = o.shard_serving_budget;
+  cluster.work_dir = o.work_dir;
   return RunLocalCluster(cluster, argc, argv);
 }
 

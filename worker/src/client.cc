@@ -385,7 +385,7 @@ Status Client::Impl::JoinJob(std::span<const std::byte> spec, uint64_t hash) {
   while (std::chrono::steady_clock::now() < deadline) {
     if (!coord || !coord->connected()) {
       rpc::ClientOptions co{hp.first,   hp.second,
-                            opts.token, msg::kRoleTool,
+                            opts.token, rpc::PeerRole::kTool,
                             opts.rank,  "worker-" + std::to_string(opts.rank),
                             {},         5000};
       auto c = rpc::Client::Connect(co);
@@ -424,9 +424,10 @@ Status Client::Impl::ConnectShards() {
   eps.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     ZPS_ASSIGN_OR_RETURN(auto hp, SplitHostPort(job.shard_endpoints[i]));
-    rpc::ClientOptions co{hp.first,         hp.second, opts.token,
-                          msg::kRoleWorker, opts.rank, "worker-" + std::to_string(opts.rank),
-                          ucx->Address(),   5000};
+    rpc::ClientOptions co{hp.first,       hp.second,
+                          opts.token,     rpc::PeerRole::kWorker,
+                          opts.rank,      "worker-" + std::to_string(opts.rank),
+                          ucx->Address(), 5000};
     // A shard refuses workers (Unavailable) until it has loaded the job: retry with backoff.
     const auto deadline = std::chrono::steady_clock::now() + opts.connect_timeout;
     auto backoff = 20ms;

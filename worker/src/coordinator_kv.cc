@@ -23,7 +23,7 @@ Result<std::unique_ptr<CoordinatorKv>> CoordinatorKv::Connect(const CoordinatorK
   auto backoff = 50ms;
   do {
     rpc::ClientOptions co{
-        hp.first, hp.second, o.token, msg::kRoleTool, o.rank, "kv-" + std::to_string(o.rank),
+        hp.first, hp.second, o.token, rpc::PeerRole::kTool, o.rank, "kv-" + std::to_string(o.rank),
         {},       5000};
     auto c = rpc::Client::Connect(co);
     if (c.ok()) return std::unique_ptr<CoordinatorKv>(new CoordinatorKv(std::move(*c), o.endpoint));

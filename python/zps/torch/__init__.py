@@ -10,8 +10,8 @@ follow). docs/pytorch.md has the whole story.
 
 import torch  # noqa: F401  (first: see above)
 
-from zps._errors import ZpsError
+from zps._errors import ShardStopped, ZpsError
 from zps.torch.construct import init
 from zps.torch.engine import Engine, initialize
 
-__all__: list[str] = ["Engine", "ZpsError", "init", "initialize"]
+__all__: list[str] = ["Engine", "ShardStopped", "ZpsError", "init", "initialize"]

@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "zps.memory_budget": 0,
     "zps.serving_budget": 0,
     "zps.data_dir": "",
+    "zps.keep_cluster_dir": False,
     "zps.checkpoint_every": 0,
     "zps.chunk_elems": 1 << 22,
     "zps.op_timeout_s": 300.0,
@@ -190,6 +191,8 @@ class Config:
     memory_budget: int = _D["zps.memory_budget"]
     serving_budget: int = _D["zps.serving_budget"]
     data_dir: str = _D["zps.data_dir"]
+    keep_cluster_dir: bool = _D["zps.keep_cluster_dir"]  # keep the embedded cluster's temporary
+                                                         # directory at a clean close() too
     checkpoint_every: int = _D["zps.checkpoint_every"]
     chunk_elems: int = _D["zps.chunk_elems"]
     op_timeout_s: float = _D["zps.op_timeout_s"]
@@ -344,6 +347,7 @@ def load(config: ConfigSource) -> Config:
         c.memory_budget = z.get("memory_budget", int, 0)
         c.serving_budget = z.get("serving_budget", int, 0)
         c.data_dir = z.get("data_dir", str)
+        c.keep_cluster_dir = z.get("keep_cluster_dir", bool)
         c.checkpoint_every = z.get("checkpoint_every", int, 0)
         c.chunk_elems = z.get("chunk_elems", int, 64)
         c.op_timeout_s = z.get("op_timeout_s", float, 0.001)

@@ -132,7 +132,7 @@ class Engine:
                     resize_storage(p.data, 0)
             zparams.append(zp)
         self.zparams = zparams
-        endpoint, token = self._endpoint(cfg)
+        endpoint, token = self._endpoint(cfg, lambda: self._job(cfg, zparams, group_of, groups))
         try:
             if cfg.endpoint_given and not cfg.shards_given:  # the servers know their count
                 cfg.shards = _native.cluster_shards(endpoint, token,
@@ -146,7 +146,9 @@ class Engine:
                        "reduction": cfg.reduction, "fetch_strategy": cfg.fetch_strategy,
                        "gloo_hostname": cfg.gloo_hostname,
                        "cuda_device": cuda_device, "collectives": cfg.collectives}
-            self.client = _native.Client(json.dumps(options), json.dumps(self.job))
+            # With an embedded cluster, a shard that stops is the error of the next call.
+            self.client = _native.Client(json.dumps(options), json.dumps(self.job),
+                                         watch=self.cluster)
         except BaseException:
             self._stop_cluster()
             raise
@@ -229,7 +231,7 @@ class Engine:
             return -1
         return devices[0]
 
-    def _endpoint(self, cfg):
+    def _endpoint(self, cfg, job_of):
         endpoint = cfg.endpoint or os.environ.get("ZPS_ENDPOINT", "")
         cfg.endpoint_given = bool(endpoint)
         if endpoint:
@@ -248,10 +250,12 @@ class Engine:
         # No endpoint: an embedded local cluster, started by rank 0 and shared with the others
         # through torch.distributed (torchrun's environment).
         if self.rank == 0:
+            # A budget no shard could start with is refused here, with the shards' own advice.
+            _native.check_memory_budget(json.dumps(job_of()), cfg.memory_budget)
             self.cluster = LocalCluster(
                 shards=cfg.shards, ucx_tls=cfg.ucx_tls, memory_budget=cfg.memory_budget,
                 serving_budget=cfg.serving_budget, checkpoint_every=cfg.checkpoint_every,
-                data_dir=cfg.data_dir or None, keep_dir=bool(cfg.data_dir),
+                data_dir=cfg.data_dir or None, keep_dir=cfg.keep_cluster_dir,
                 threads=cfg.server_threads)
             shared = [self.cluster.endpoint, self.cluster.token]
         else:

@@ -53,8 +53,11 @@ Status AddFramed(rocksdb::WriteBatch& batch, std::string_view key,
                    "batch put");
 }
 
-std::vector<std::byte> EncodeManifest(const CheckpointInfo& info, uint64_t slice_bytes,
-                                      bool has_state, uint64_t state_len, uint32_t state_crc) {
+}  // namespace
+
+namespace internal {
+std::vector<std::byte> EncodeManifest(const Manifest& m) {
+  const CheckpointInfo& info = m.info;
   ByteWriter w;
   w.U32(kManifestMagic);
   w.U32(kManifestFormat);
@@ -62,11 +65,11 @@ std::vector<std::byte> EncodeManifest(const CheckpointInfo& info, uint64_t slice
   w.I64(info.created_unix_ms);
   w.U64(info.layout_hash);
   w.U32(info.shard);
-  w.U64(slice_bytes);
+  w.U64(m.slice_bytes);
   w.U64(info.bytes);
-  w.U8(has_state ? 1 : 0);
-  w.U64(state_len);
-  w.U32(state_crc);
+  w.U8(m.has_state ? 1 : 0);
+  w.U64(m.state_len);
+  w.U32(m.state_crc);
   w.U32(static_cast<uint32_t>(info.chunks.size()));
   for (const auto& c : info.chunks) {
     w.U32(c.chunk);
@@ -76,9 +79,6 @@ std::vector<std::byte> EncodeManifest(const CheckpointInfo& info, uint64_t slice
   return w.Take();
 }
 
-}  // namespace
-
-namespace internal {
 Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> bytes) {
   ByteReader r(bytes);
   Manifest m;
@@ -116,6 +116,7 @@ Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> byt
 
 namespace {
 using internal::DecodeManifest;
+using internal::EncodeManifest;
 using internal::Manifest;
 
 // Decoding errors of our own formats are corruption of stored data.
@@ -413,6 +414,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointStore::OpenCheckpoint(int64_
   auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader(self, m->info));
   reader->snapshot_ = std::move(snap);
   reader->slice_bytes_ = m->slice_bytes;
+  reader->manifest_ = std::make_unique<Manifest>(*m);
   reader->has_state_ = m->has_state;
   reader->state_len_ = m->state_len;
   reader->state_crc_ = m->state_crc;
@@ -573,6 +575,7 @@ Status CheckpointWriter::PutSlices(const std::vector<Slice>& slices) {
 
 Status CheckpointWriter::AddChunk(uint32_t chunk, int64_t version, const ChunkTensors& t) {
   if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
+  if (like_) return InvalidArgument("copied and added chunks cannot be mixed");
   auto it = std::lower_bound(local_.begin(), local_.end(), chunk);
   if (it == local_.end() || *it != chunk) {
     return OutOfRange("chunk " + std::to_string(chunk) + " is not on shard " +
@@ -617,6 +620,120 @@ Status CheckpointWriter::SetState(std::span<const std::byte> state) {
   return Status::Ok();
 }
 
+Status CheckpointWriter::AdoptFormat(const CheckpointReader& from) {
+  if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
+  const Manifest& src = *from.manifest_;
+  if (src.info.step != step_) {
+    return InvalidArgument("checkpoint " + std::to_string(step_) + ": cannot copy from step " +
+                           std::to_string(src.info.step));
+  }
+  if (!like_) {
+    if (!chunks_.empty() || has_state_) {
+      return InvalidArgument("checkpoint " + std::to_string(step_) +
+                             ": copied and added chunks cannot be mixed");
+    }
+    like_ = std::make_unique<Manifest>(src);
+    return Status::Ok();
+  }
+  if (src.slice_bytes != like_->slice_bytes) {
+    return InvalidArgument("checkpoint " + std::to_string(step_) + ": " + from.store_->dir() +
+                           " was written with " + std::to_string(src.slice_bytes) +
+                           "-byte slices, earlier copies with " +
+                           std::to_string(like_->slice_bytes));
+  }
+  return Status::Ok();
+}
+
+Status CheckpointWriter::CopyChunk(const CheckpointReader& from, uint32_t chunk) {
+  ZPS_RETURN_IF_ERROR(AdoptFormat(from));
+  auto it = std::lower_bound(local_.begin(), local_.end(), chunk);
+  if (it == local_.end() || *it != chunk) {
+    return OutOfRange("chunk " + std::to_string(chunk) + " is not on shard " +
+                      std::to_string(shard_));
+  }
+  const size_t idx = static_cast<size_t>(it - local_.begin());
+  if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
+  const auto& src = from.info().chunks;
+  auto e =
+      std::find_if(src.begin(), src.end(), [&](const ChunkEntry& c) { return c.chunk == chunk; });
+  if (e == src.end()) {
+    return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
+                    std::to_string(step_) + " of " + from.store_->dir());
+  }
+  if (e->elems != layout_.chunk_size(chunk)) {
+    return InvalidArgument("chunk " + std::to_string(chunk) + " has " + std::to_string(e->elems) +
+                           " elements in " + from.store_->dir() + ", " +
+                           std::to_string(layout_.chunk_size(chunk)) + " in this layout");
+  }
+  Status s = CopyValues(from, chunk);
+  if (!s.ok()) {
+    state_ = State::kFailed;
+    return s;
+  }
+  added_[idx] = true;
+  chunks_.push_back(*e);
+  return Status::Ok();
+}
+
+Status CheckpointWriter::CopyState(const CheckpointReader& from) {
+  ZPS_RETURN_IF_ERROR(AdoptFormat(from));
+  if (has_state_) return InvalidArgument("checkpoint state set twice");
+  const Manifest& src = *from.manifest_;
+  if (src.has_state) {
+    Status s = CopyValues(from, kStateChunk);
+    if (!s.ok()) {
+      state_ = State::kFailed;
+      return s;
+    }
+  }
+  has_state_ = src.has_state;
+  state_len_ = src.state_len;
+  state_crc_ = src.state_crc;
+  return Status::Ok();
+}
+
+Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk) {
+  // The key holds the step, chunk, kind and slice, none of them the shard: a value is stored
+  // under the same key in the new store, and its framed bytes (CRC included) stay valid.
+  std::string begin = StepKey('d', step_), end = begin;
+  PutBe32(begin, chunk);
+  if (chunk == kStateChunk) {
+    end = StepKey('d', step_ + 1);
+  } else {
+    PutBe32(end, chunk + 1);
+  }
+  rocksdb::WriteBatch& batch = *batches_[0];
+  batch.Clear();
+  uint64_t payload = 0;
+  Status s = from.store_->db_->ForEach(
+      begin, end, from.snapshot_->get(),
+      [&](std::string_view key, std::string_view value) -> Status {
+        auto p = detail::Unframe(key, value);
+        if (!p.ok()) {
+          return p.status().WithContext("checkpoint " + std::to_string(step_) + " in " +
+                                        from.store_->dir() + ", chunk " + std::to_string(chunk));
+        }
+        payload += p->size();
+        ZPS_RETURN_IF_ERROR(FromRocks(batch.Put(rocksdb::Slice(key.data(), key.size()),
+                                                rocksdb::Slice(value.data(), value.size())),
+                                      "batch put"));
+        if (batch.GetDataSize() < store_->options_.slice_bytes) return Status::Ok();
+        // No WAL: Commit() flushes before the manifest makes anything visible.
+        Status w = store_->db_->Write(batch, false, true, "checkpoint data");
+        batch.Clear();
+        return w;
+      });
+  if (s.ok() && batch.Count() > 0) s = store_->db_->Write(batch, false, true, "checkpoint data");
+  batch.Clear();
+  ZPS_RETURN_IF_ERROR(s);
+  if (payload == 0) {
+    return DataLoss("checkpoint " + std::to_string(step_) + " in " + from.store_->dir() +
+                    ": no value stored for chunk " + std::to_string(chunk));
+  }
+  bytes_ += payload;
+  return Status::Ok();
+}
+
 Status CheckpointWriter::Commit() {
   if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
   for (size_t i = 0; i < local_.size(); ++i) {
@@ -638,8 +755,14 @@ Status CheckpointWriter::Commit() {
   info.chunks = chunks_;
   std::sort(info.chunks.begin(), info.chunks.end(),
             [](const ChunkEntry& a, const ChunkEntry& b) { return a.chunk < b.chunk; });
-  auto manifest =
-      EncodeManifest(info, store_->options_.slice_bytes, has_state_, state_len_, state_crc_);
+  Manifest m;
+  if (like_) m = *like_;  // copied chunks keep their source's format fields
+  m.info = std::move(info);
+  if (!like_) m.slice_bytes = store_->options_.slice_bytes;
+  m.has_state = has_state_;
+  m.state_len = state_len_;
+  m.state_crc = state_crc_;
+  auto manifest = EncodeManifest(m);
   rocksdb::WriteBatch batch;
   ZPS_RETURN_IF_ERROR(AddFramed(batch, StepKey('m', step_), manifest));
   ZPS_RETURN_IF_ERROR(FromRocks(batch.Delete(StepKey('p', step_)), "batch"));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "zps/common/status.h"
 #include "zps/server/checkpoint.h"
@@ -24,6 +25,8 @@ struct Manifest {
 
 /// Decodes a manifest stored under `key_step`. Errors: DataLoss.
 Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> bytes);
+/// Its inverse (`info.verification` and `info.problem` are not stored).
+std::vector<std::byte> EncodeManifest(const Manifest& m);
 
 /// Decodes a global checkpoint record of the coordinator catalog. Errors: DataLoss.
 Result<GlobalCheckpoint> DecodeGlobal(std::span<const std::byte> bytes);

@@ -130,6 +130,11 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& dir, const CheckpointOpt
   opt.rate_limiter = nullptr;
   opt.keep_log_file_num = 4;
   opt.max_manifest_file_size = 64ull << 20;
+  // Not -1 (RocksDB's default): with -1, a read-only open of a database with at most one table
+  // file per level takes RocksDB's CompactedDBImpl path, whose Get cannot resolve blob values
+  // (facebook/rocksdb#12503): after a shard's compaction, zps-ckpt export and inspect found every
+  // tensor of every checkpoint "missing".
+  opt.max_open_files = 4096;
   if (o.low_priority) {
     rocksdb::Env* env = o.env != nullptr ? o.env : rocksdb::Env::Default();
     for (auto pool : {rocksdb::Env::Priority::HIGH, rocksdb::Env::Priority::LOW}) {
@@ -242,6 +247,21 @@ Result<std::vector<std::pair<std::string, std::string>>> Db::Scan(std::string_vi
   }
   ZPS_RETURN_IF_ERROR(FromRocks(it->status(), "scan " + dir_));
   return out;
+}
+
+Status Db::ForEach(std::string_view begin, std::string_view end, const rocksdb::Snapshot* snap,
+                   const std::function<Status(std::string_view key, std::string_view value)>& fn) {
+  rocksdb::ReadOptions ro = ReadOpts(snap, /*rocks_checksums=*/false);
+  rocksdb::Slice upper(end.data(), end.size());
+  ro.iterate_upper_bound = &upper;
+  ro.readahead_size = 8ull << 20;  // values are read in key order, which is file order
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  for (it->Seek(rocksdb::Slice(begin.data(), begin.size())); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key(), v = it->value();
+    ZPS_RETURN_IF_ERROR(
+        fn(std::string_view(k.data(), k.size()), std::string_view(v.data(), v.size())));
+  }
+  return FromRocks(it->status(), "read " + dir_);
 }
 
 Status Db::Flush() {

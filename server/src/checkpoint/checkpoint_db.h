@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,6 +69,11 @@ class Db {
   /// Keys (and raw values) in [begin, end), in order. Values are copied: use for small ones only.
   Result<std::vector<std::pair<std::string, std::string>>> Scan(std::string_view begin,
                                                                 std::string_view end);
+  /// Calls `fn(key, raw value)` for each key in [begin, end), in order, as of `snap` (nullptr:
+  /// now), without copying; stops at fn's first error. RocksDB's own blob CRC is skipped: the
+  /// caller checks the values' framing. Errors: fn's, IoError, DataLoss.
+  Status ForEach(std::string_view begin, std::string_view end, const rocksdb::Snapshot* snap,
+                 const std::function<Status(std::string_view key, std::string_view value)>& fn);
   /// Flushes the memtables and waits: everything written so far is in synced files.
   Status Flush();
   /// Compacts [begin, end) down to the bottom level (reclaims deleted ranges and blob files).

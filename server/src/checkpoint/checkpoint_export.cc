@@ -137,10 +137,15 @@ Result<ExportStats> ExportSafetensors(const ExportOptions& o) {
 
   // Header.
   const size_t esize = DTypeSize(o.dtype);
+  // The layout's hash as of one shard: the weights do not depend on where the chunks lived, and
+  // a job resharded at some step exports the same bytes as one that never was.
+  LayoutOptions one_shard = layout.options();
+  one_shard.num_shards = 1;
+  ZPS_ASSIGN_OR_RETURN(Layout placement_free, Layout::Build(layout.specs(), one_shard));
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"},
                             {"zps_step", std::to_string(step)},
-                            {"zps_layout_hash", std::to_string(layout.Hash())}};
+                            {"zps_layout_hash", std::to_string(placement_free.Hash())}};
   uint64_t offset = 0;
   for (uint32_t p = 0; p < layout.num_params(); ++p) {
     const auto& spec = layout.spec(p);

@@ -10,7 +10,7 @@
 namespace zps::server {
 
 Status CoordinatorService::RegisterShard(const rpc::Peer& peer, const msg::RegisterShard& m) {
-  if (peer.role != msg::kRoleShard || peer.rank != m.ordinal) {
+  if (peer.role != rpc::PeerRole::kShard || peer.rank != m.ordinal) {
     return InvalidArgument("RegisterShard must come from shard " + std::to_string(m.ordinal) +
                            "'s own connection");
   }
@@ -70,7 +70,7 @@ void CoordinatorService::AwaitCommit(const rpc::Peer& peer, const msg::AwaitComm
 }
 
 Status CoordinatorService::CheckpointReport(const rpc::Peer& peer, const msg::CheckpointReport& m) {
-  if (peer.role != msg::kRoleShard || peer.rank != m.ordinal) {
+  if (peer.role != rpc::PeerRole::kShard || peer.rank != m.ordinal) {
     return InvalidArgument("a checkpoint report must come from the shard itself");
   }
   return c_->ReportCheckpoints(m);
@@ -78,7 +78,7 @@ Status CoordinatorService::CheckpointReport(const rpc::Peer& peer, const msg::Ch
 
 Result<msg::ShardSyncReply> CoordinatorService::ShardSync(const rpc::Peer& peer,
                                                           const msg::ShardSync& m) {
-  if (peer.role != msg::kRoleShard || peer.rank != m.ordinal) {
+  if (peer.role != rpc::PeerRole::kShard || peer.rank != m.ordinal) {
     return InvalidArgument("a shard sync must come from the shard itself");
   }
   return c_->ShardSync(m);

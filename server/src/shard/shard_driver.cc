@@ -257,7 +257,7 @@ Status ShardDriver::Connect() {
     rpc::ClientOptions co{hp.first,
                           hp.second,
                           o.token,
-                          msg::kRoleShard,
+                          rpc::PeerRole::kShard,
                           static_cast<uint32_t>(o.ordinal),
                           "shard-" + std::to_string(o.ordinal),
                           {},

@@ -693,7 +693,7 @@ void ShardServer::Impl::SetupControlPlane() {
 
 void ShardServer::Impl::AdmitWorker(const rpc::Peer& peer, std::span<const std::byte> extra,
                                     rpc::HelloDone done) {
-  if (peer.role != msg::kRoleWorker) return done(std::vector<std::byte>{});
+  if (peer.role != rpc::PeerRole::kWorker) return done(std::vector<std::byte>{});
   if (extra.empty()) return done(InvalidArgument("a worker's hello must carry its UCX address"));
   // Workers learn of the job from the coordinator, possibly before this shard has loaded it;
   // they retry until it has, so no data-plane message ever meets a shard without a job.
@@ -750,7 +750,7 @@ void ShardServer::Impl::AdmitWorker(const rpc::Peer& peer, std::span<const std::
 }
 
 void ShardServer::Impl::WorkerDisconnected(const rpc::Peer& peer) {
-  if (peer.role == msg::kRoleShard && coordinator) {
+  if (peer.role == rpc::PeerRole::kShard && coordinator) {
     coordinator->ShardLost(peer.rank, peer.session_id);
     return;
   }

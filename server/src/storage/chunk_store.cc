@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "zps/common/logging.h"
+#include "zps/common/spill_budget.h"
 
 namespace zps::server {
 
@@ -100,15 +101,11 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
     *spills = total > budget;
     uint64_t avail = budget;
     if (*spills) {
-      const uint64_t bufs = slots * max_record;
-      if (bufs > budget) {
-        return ResourceExhausted(
-            std::string("chunk store: ") + (serving ? "serving_memory_budget " : "memory_budget ") +
-            std::to_string(budget) + " bytes cannot hold the pipeline's " + std::to_string(slots) +
-            " buffers of " + std::to_string(max_record) +
-            " bytes; raise the budget, or lower read_ahead/write_behind or the chunk size");
-      }
-      avail -= bufs;
+      // The advice is the one the launchers give before any shard starts (spill_budget.h).
+      const SpillTier tier{serving ? "serving_memory_budget" : "memory_budget", budget, total,
+                           max_record};
+      ZPS_RETURN_IF_ERROR(CheckSpillPipeline(tier, slots).WithContext("chunk store"));
+      avail -= slots * max_record;
     }
     for (auto& k : chunks_) {
       const uint64_t bytes = serving ? k.serving_bytes : k.state_bytes;

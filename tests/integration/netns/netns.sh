@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-host runs and network partitions in network namespaces: shard 0 (the coordinator),
 # shard 1 and the workers each run as their own host (`ip netns`, a veth each, joined by a
-# bridge in a fourth "switch" namespace, 10.<n>.0.0/24; the host's own network is not touched).
+# bridge in a fourth "switch" namespace, 10.<n>.0.0/24; the host's own network is not touched;
+# testbed.sh, shared with the slow-network testbed, makes them).
 # Every shard gets --bind and --advertise-host with its namespace address, as
 # docs/operations.md describes for hosts. The test creates and removes the namespaces itself
 # and exits 77 (skipped) where they cannot be made (no root / no CAP_SYS_ADMIN). Data plane tcp.
@@ -17,72 +18,24 @@
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+# shellcheck source=SCRIPTDIR/testbed.sh
+source "$(dirname "${BASH_SOURCE[0]}")/testbed.sh"
 bin=$(cd "$1" && pwd)
 shift
 model=(--steps 20 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
-id=$$
-tag=z$((id % 100000))
-net=$((10 + id % 200))  # 10.<net>.0.0/24
-made_ns=()
-delete_namespaces() {
-  for n in "${made_ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-}
 work_init netns-test-token
-on_cleanup delete_namespaces
 
-sw=${tag}sw
-hosts=(s0 s1 w)
-declare -A addr=([s0]=10.$net.0.1 [s1]=10.$net.0.2 [w]=10.$net.0.3)
-mkns() {
-  ip netns add "$1" && made_ns+=("$1")
-  ip -n "$1" link set lo up
-}
 setup_net() {
-  if ! err=$(ip netns add "${tag}probe" 2>&1); then
-    echo "SKIP: cannot create network namespaces here (${err}); run as root to test it"
-    exit 77
-  fi
-  ip netns del "${tag}probe"
-  mkns "$sw"
-  ip -n "$sw" link add br0 type bridge
-  ip -n "$sw" link set br0 up
-  for h in "${hosts[@]}"; do
-    mkns "${tag}$h"
-    # One veth per host: "eth0" in the host's namespace, "<h>" on the switch's bridge.
-    ip link add "${tag}$h" type veth peer name "${tag}${h}p"
-    ip link set "${tag}$h" netns "${tag}$h"
-    ip link set "${tag}${h}p" netns "$sw"
-    ip -n "${tag}$h" link set "${tag}$h" name eth0
-    ip -n "${tag}$h" addr add "${addr[$h]}/24" dev eth0
-    ip -n "${tag}$h" link set eth0 up
-    ip -n "$sw" link set "${tag}${h}p" master br0
-    ip -n "$sw" link set "${tag}${h}p" up
-  done
-  # Reachability check (no ping installed): a listener in s0, a connect from w.
-  ip netns exec "${tag}s0" python3 -c '
-import socket, sys
-s = socket.socket(); s.bind((sys.argv[1], 7071)); s.listen(1); s.settimeout(10); s.accept()
-' "${addr[s0]}" &
-  local lp=$!
-  local tries=0
-  until ip netns exec "${tag}w" python3 -c '
-import socket, sys
-socket.create_connection((sys.argv[1], 7071), timeout=2)
-' "${addr[s0]}" 2> /dev/null; do
-    tries=$((tries + 1))
-    (( tries > 20 )) && fail "the namespaces cannot reach each other"
-    sleep 0.2
-  done
-  wait "$lp" || true
+  testbed_init
+  local h
+  for h in s0 s1 w; do testbed_host "$h"; done
+  testbed_wait_reachable w s0
 }
-# (not named "cut": that would hide the cut command used below)
-cut_link() { ip -n "$sw" link set "${tag}${1}p" down; }      # host's link, at the switch
-restore_link() { ip -n "$sw" link set "${tag}${1}p" up; }
 
 reference_crcs "${model[@]}"
 setup_net
-echo "namespaces: shard 0 ${addr[s0]}, shard 1 ${addr[s1]}, workers ${addr[w]} (bridge in $sw)"
+echo "namespaces: shard 0 ${tb_addr[s0]}, shard 1 ${tb_addr[s1]}, workers ${tb_addr[w]} (bridge in $tb_sw)"
 
 dump() { dump_logs 12 "$1"/worker0.err "$1"/worker1.err "$1"/shard0.log "$1"/shard1.log; }
 
@@ -93,17 +46,17 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
   local sp=() i
   for i in 0 1; do
     local h=s$i
-    local args=(--ordinal "$i" --shards 2 --port 7070 --bind "${addr[$h]}"
-                --advertise-host "${addr[$h]}" --token-file "$work/token" --metrics-port 0
+    local args=(--ordinal "$i" --shards 2 --port 7070 --bind "${tb_addr[$h]}"
+                --advertise-host "${tb_addr[$h]}" --token-file "$work/token" --metrics-port 0
                 --ucx-tls tcp --step-timeout 60 --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "${addr[s0]}:7070")
-    ip netns exec "${tag}$h" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
+    [[ $i -ne 0 ]] && args+=(--coordinator "${tb_addr[s0]}:7070")
+    ip netns exec "${tb_ns[$h]}" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
     sp+=($!); pids+=($!)
   done
   local op_timeout=20
   local w=() r
   for r in 0 1; do
-    ip netns exec "${tag}w" "$bin/zps-train" --mode worker --endpoint "${addr[s0]}:7070" \
+    ip netns exec "${tb_ns[w]}" "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
       --token-file "$work/token" --rank "$r" "${model[@]}" --ucx-tls tcp \
       --op-timeout "$op_timeout" --max-recoveries 3 --log-every 1 --print-crcs \
       > "$dir/worker$r.out" 2> "$dir/worker$r.err" &
@@ -115,12 +68,12 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     if ! wait_grep "$dir/worker0.out" "^step +8 " 90 0.02; then
       scenario_fail "$name" "step 8 never reached"; dump "$dir"; return
     fi
-    cut_link "$host"
+    testbed_cut "$host"
     t_cut=$(date +%s)
     echo "  $name: cut $host's link at step 8"
     if [[ $secs != forever ]]; then
       sleep "$secs"
-      restore_link "$host"
+      testbed_restore "$host"
       echo "  $name: restored $host's link after $secs s"
     fi
   fi
@@ -142,7 +95,7 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
         scenario_fail "$name" "rank $r's last error does not name shard 1"; dump "$dir"; return
       fi
     done
-    restore_link "$host"
+    testbed_restore "$host"
     kill -9 "${sp[@]}" 2>/dev/null || true
     echo "PASS $name: both workers stopped $(( $(date +%s) - t_cut )) s after the cut; rank 0: $(tail -n 1 "$dir/worker0.err" | cut -c1-200)"
     return
@@ -156,7 +109,7 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     scenario_fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
     dump "$dir"; return
   fi
-  if ! grep -q "connected from ${addr[w]}" "$dir/shard1.log"; then
+  if ! grep -q "connected from ${tb_addr[w]}" "$dir/shard1.log"; then
     scenario_fail "$name" "shard 1 did not see the workers at their namespace address"; dump "$dir"; return
   fi
   local rejoins

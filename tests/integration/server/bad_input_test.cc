@@ -85,7 +85,7 @@ class RawPeer {
       Deliver(h->request, Status::Ok());
     }));
     ZPS_RETURN_IF_ERROR(worker_->Start());
-    rpc::ClientOptions co{"127.0.0.1",        port, kToken, msg::kRoleWorker, 1, "raw-peer",
+    rpc::ClientOptions co{"127.0.0.1",        port, kToken, rpc::PeerRole::kWorker, 1, "raw-peer",
                           worker_->Address(), 5000};
     ZPS_ASSIGN_OR_RETURN(rpc_, rpc::Client::Connect(co));
     session_ = rpc_->session_token();
@@ -535,7 +535,7 @@ TEST_F(BadInputTest, ControlPlaneGarbageClosesOnlyThatConnection) {
     EXPECT_EQ(err.code(), Code::kUnimplemented);
   }
   {  // malformed payloads of known types get InvalidArgument
-    rpc::ClientOptions co{"127.0.0.1", port_, kToken, msg::kRoleTool, 0, "tool", {}, 3000};
+    rpc::ClientOptions co{"127.0.0.1", port_, kToken, rpc::PeerRole::kTool, 0, "tool", {}, 3000};
     auto c = rpc::Client::Connect(co);
     ASSERT_THAT(c, IsOk());
     std::vector<std::byte> junk(3, std::byte{1});

@@ -142,8 +142,8 @@ TEST_F(CollectivesTest, KvSetGetWaitAndBounds) {
   // A malformed request gets a typed error and the connection stays.
   auto hp = SplitHostPort(*endpoint_);
   ASSERT_THAT(hp, IsOk());
-  auto raw =
-      rpc::Client::Connect({hp->first, hp->second, kToken, msg::kRoleTool, 0, "raw", {}, 5000});
+  auto raw = rpc::Client::Connect(
+      {hp->first, hp->second, kToken, rpc::PeerRole::kTool, 0, "raw", {}, 5000});
   ASSERT_THAT(raw, IsOk());
   const std::vector<std::byte> junk(5, std::byte{0xff});
   EXPECT_EQ((*raw)->Call(msg::kKvSet, junk, 5s).status().code(), Code::kInvalidArgument);

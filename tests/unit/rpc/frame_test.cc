@@ -145,18 +145,18 @@ TEST(Frame, ErrorPayloadRoundTrip) {
 TEST(Hello, CodecAndBounds) {
   using namespace rpc::internal;
   auto extra = Bytes("ucx-address");
-  auto p = EncodeHello(kProtocolVersion, 2, 5, "worker-5", "tok", extra);
+  auto p = EncodeHello(kProtocolVersion, rpc::PeerRole::kShard, 5, "worker-5", "tok", extra);
   auto h = DecodeHello(p);
   ASSERT_THAT(h, IsOk());
   EXPECT_EQ(h->version, kProtocolVersion);
-  EXPECT_EQ(h->role, 2u);
+  EXPECT_EQ(h->role, rpc::PeerRole::kShard);
   EXPECT_EQ(h->rank, 5u);
   EXPECT_EQ(h->name, "worker-5");
   EXPECT_EQ(h->token, "tok");
   EXPECT_EQ(h->extra.size(), extra.size());
   EXPECT_FALSE(DecodeHello(std::span(p).first(p.size() - 1)).ok());
-  auto long_token =
-      EncodeHello(kProtocolVersion, 0, 0, "n", std::string(rpc::kMaxTokenBytes + 1, 't'), {});
+  auto long_token = EncodeHello(kProtocolVersion, rpc::PeerRole::kUnspecified, 0, "n",
+                                std::string(rpc::kMaxTokenBytes + 1, 't'), {});
   EXPECT_EQ(DecodeHello(long_token).status().code(), Code::kInvalidArgument);
   auto r = EncodeHelloReply(1, 2, extra);
   auto hr = DecodeHelloReply(r);
@@ -164,6 +164,24 @@ TEST(Hello, CodecAndBounds) {
   EXPECT_EQ(hr->session_id, 1u);
   EXPECT_EQ(hr->session_token, 2u);
   EXPECT_EQ(hr->extra, extra);
+}
+
+TEST(Hello, RoleIsANamedEnum) {
+  using namespace rpc::internal;
+  // The role is the hello's second field (after the u16 version): any value outside PeerRole is
+  // refused at decode, so no handler ever sees a role it does not know.
+  auto p = EncodeHello(kProtocolVersion, rpc::PeerRole::kTool, 0, "n", "t", {});
+  auto h = DecodeHello(p);
+  ASSERT_THAT(h, IsOk());
+  EXPECT_EQ(h->role, rpc::PeerRole::kTool);
+  EXPECT_EQ(rpc::PeerRoleName(h->role), "tool");
+  p[2] = std::byte{7};  // little-endian u32 role = 7
+  EXPECT_THAT(DecodeHello(p), StatusIs(Code::kInvalidArgument, ::testing::HasSubstr("not a role")));
+  EXPECT_THAT(rpc::PeerRoleFromWire(4), StatusIs(Code::kInvalidArgument));
+  for (uint32_t v = 0; v <= 3; ++v) {
+    ASSERT_THAT(rpc::PeerRoleFromWire(v), IsOk());
+    EXPECT_EQ(static_cast<uint32_t>(*rpc::PeerRoleFromWire(v)), v);
+  }
 }
 
 TEST(Hello, ConstantTimeEquals) {

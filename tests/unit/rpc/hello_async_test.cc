@@ -65,7 +65,7 @@ class AsyncHello : public ::testing::Test {
     o.host = "127.0.0.1";
     o.port = server_->port();
     o.token = kToken;
-    o.role = 1;
+    o.role = rpc::PeerRole::kWorker;
     o.name = "async-hello-test";
     o.hello_extra = Bytes(extra);
     o.connect_timeout_ms = 20000;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "zps/common/bytes.h"
+#include "zps/common/rpc.h"
 
 namespace zps::rpc::testing {
 
@@ -94,8 +95,8 @@ std::vector<std::byte> HelloPayload(std::string_view token, uint16_t version,
                                     std::string_view name) {
   ByteWriter w;
   w.U16(version);
-  w.U32(7);  // role
-  w.U32(3);  // rank
+  w.U32(static_cast<uint32_t>(PeerRole::kTool));  // role
+  w.U32(3);                                       // rank
   w.Str(name);
   w.Str(token);
   w.U32(0);  // empty extra blob

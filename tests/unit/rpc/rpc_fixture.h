@@ -67,7 +67,7 @@ class RpcTest : public ::testing::Test {
     server_->Register(kWhoAmI, [](const Peer& peer, std::span<const std::byte>, Responder r) {
       ByteWriter w;
       w.U32(peer.rank);
-      w.U32(peer.role);
+      w.U32(static_cast<uint32_t>(peer.role));
       w.Str(peer.name);
       w.U64(peer.session_token);
       r.Reply(w.Take());
@@ -99,7 +99,7 @@ class RpcTest : public ::testing::Test {
     o.host = "127.0.0.1";
     o.port = server_->port();
     o.token = std::move(token);
-    o.role = 1;
+    o.role = PeerRole::kWorker;
     o.rank = 4;
     o.name = "test-client";
     o.connect_timeout_ms = 2000;

@@ -95,7 +95,7 @@ TEST_F(ShardQueriesTest, ReadMasterRefusesOtherChunksAndRangesPastTheEnd) {
 
 rpc::Peer ShardPeer(uint32_t ordinal) {
   rpc::Peer p;
-  p.role = msg::kRoleShard;
+  p.role = rpc::PeerRole::kShard;
   p.rank = ordinal;
   p.session_id = 40 + ordinal;
   return p;
@@ -106,7 +106,7 @@ TEST(CoordinatorService, ShardCallsMustComeFromTheShardItself) {
   KvStore kv;
   CoordinatorService s(&c, &kv);
   rpc::Peer worker;
-  worker.role = msg::kRoleWorker;
+  worker.role = rpc::PeerRole::kWorker;
   worker.rank = 1;
   EXPECT_THAT(s.RegisterShard(worker, {1, "h:1"}),
               StatusIs(Code::kInvalidArgument, HasSubstr("shard 1's own connection")));

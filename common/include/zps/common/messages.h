@@ -85,9 +85,6 @@ struct ChunkCrcs {
   ZPS_WIRE_MESSAGE(ChunkCrcs, ZPS_MSG_CHUNK_CRCS)
 };
 
-/// Roles in the hello.
-enum Role : uint32_t { kRoleWorker = 1, kRoleShard = 2, kRoleTool = 3 };
-
 struct RegisterShard {
 #define ZPS_MSG_REGISTER_SHARD(X)                 \
   X(ordinal, 0, "the shard's ordinal", wire::U32) \

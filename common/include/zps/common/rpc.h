@@ -42,15 +42,28 @@ struct ServerOptions {
   int io_threads = 1;             // Default: 1. Threads named "rpc-io-N".
 };
 
+/// Who a peer says it is, in its hello. Crosses the wire as a u32; a hello with any other value is
+/// refused (InvalidArgument) before the OnHello hook runs.
+enum class PeerRole : uint32_t {
+  kUnspecified = 0,  ///< a client that declares no role (generic RPC users, tests)
+  kWorker = 1,       ///< a training worker
+  kShard = 2,        ///< a shard registering with the coordinator
+  kTool = 3,         ///< zps-ckpt, zps-flood, libzps_c's control calls, KV clients
+};
+/// "unspecified", "worker", "shard" or "tool".
+std::string_view PeerRoleName(PeerRole role);
+/// The role for a wire value. Errors: InvalidArgument for a value outside PeerRole.
+Result<PeerRole> PeerRoleFromWire(uint32_t value);
+
 /// An authenticated peer, as established by its hello. The server hands it to handlers and hooks
 /// by reference, valid during the call; copy it to keep it.
 struct Peer {
   uint64_t session_id = 0;     ///< random, issued by the server at the hello
   uint64_t session_token = 0;  ///< random, issued by the server; data-plane messages carry it
-  uint32_t role = 0;           ///< as the client declared it (meaning defined by the caller)
-  uint32_t rank = 0;           ///< as the client declared it
-  std::string name;            ///< as the client declared it (<= kMaxNameBytes)
-  std::string remote;          ///< "ip:port" of the client
+  PeerRole role = PeerRole::kUnspecified;  ///< as the client declared it
+  uint32_t rank = 0;                       ///< as the client declared it
+  std::string name;                        ///< as the client declared it (<= kMaxNameBytes)
+  std::string remote;                      ///< "ip:port" of the client
 };
 
 class Connection;  // internal
@@ -163,14 +176,14 @@ class Server {
 };
 
 struct ClientOptions {
-  std::string host;                    // Default: none (required). Name or address.
-  uint16_t port = 0;                   // Default: none (required).
-  std::string token;                   // Default: empty. Shared secret (<= kMaxTokenBytes).
-  uint32_t role = 0;                   // Default: 0. Sent in the hello.
-  uint32_t rank = 0;                   // Default: 0. Sent in the hello.
-  std::string name;                    // Default: empty. Sent in the hello (<= kMaxNameBytes).
-  std::vector<std::byte> hello_extra;  // Default: empty. Passed to the server's OnHello hook.
-  int connect_timeout_ms = 5000;       // Default: 5 s. Bounds the TCP connect and the hello each.
+  std::string host;                        // Default: none (required). Name or address.
+  uint16_t port = 0;                       // Default: none (required).
+  std::string token;                       // Default: empty. Shared secret (<= kMaxTokenBytes).
+  PeerRole role = PeerRole::kUnspecified;  // Default: unspecified. Sent in the hello.
+  uint32_t rank = 0;                       // Default: 0. Sent in the hello.
+  std::string name;                        // Default: empty. Sent in the hello (<= kMaxNameBytes).
+  std::vector<std::byte> hello_extra;      // Default: empty. Passed to the server's OnHello hook.
+  int connect_timeout_ms = 5000;  // Default: 5 s. Bounds the TCP connect and the hello each.
 };
 
 /// A control-plane client: one TCP connection, one internal io thread ("rpc-client").

@@ -56,6 +56,9 @@ namespace detail {
 class Db;
 class Snapshot;
 }  // namespace detail
+namespace internal {
+struct Manifest;
+}  // namespace internal
 
 struct CheckpointOptions {
   uint32_t keep = 2;                          // Default: 2 — committed checkpoints kept (≥ 1).
@@ -120,6 +123,7 @@ struct CheckpointInfo {
 };
 
 class CheckpointStore;
+class CheckpointReader;
 
 /// An open, uncommitted checkpoint. Destroying it without Commit() aborts it (its data is
 /// deleted). Not thread-safe: one thread drives it (AddChunk spreads a chunk's slices over the
@@ -150,6 +154,20 @@ class CheckpointWriter {
   /// Bytes of payload added so far.
   uint64_t bytes() const { return bytes_; }
 
+  /// Copies chunk `chunk` of the committed checkpoint `from` (of another store, the same step)
+  /// into this one: every stored value of the chunk, byte for byte, whatever its tensors'
+  /// dtypes, each value's CRC checked on the way. The manifest this writer commits then keeps
+  /// `from`'s format fields (slice size and the rest), with this store's shard, layout and
+  /// chunks (resharding, checkpoint_reshard.h). Errors: OutOfRange (not a chunk of this shard),
+  /// NotFound (not in `from`), InvalidArgument (chunk added twice, another step, sizes or a
+  /// format that differs from earlier copies, or chunks added with AddChunk),
+  /// FailedPrecondition (writer not open), DataLoss (a value of `from` is corrupt),
+  /// ResourceExhausted, IoError. After an error the writer is failed.
+  Status CopyChunk(const CheckpointReader& from, uint32_t chunk);
+  /// Copies `from`'s state blob byte for byte (as SetState would have stored it). Errors: as
+  /// CopyChunk; InvalidArgument when set twice.
+  Status CopyState(const CheckpointReader& from);
+
  private:
   friend class CheckpointStore;
   CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout, uint32_t shard);
@@ -162,6 +180,10 @@ class CheckpointWriter {
   std::vector<Slice> CutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data) const;
   // Frames and writes `slices` (without WAL), striped over the store's write threads.
   Status PutSlices(const std::vector<Slice>& slices);
+  // Adopts `from`'s manifest format for CopyChunk/CopyState (the first call) or checks it.
+  Status AdoptFormat(const CheckpointReader& from);
+  // Copies the framed values of `chunk` (every kind and slice) verbatim, checking each CRC.
+  Status CopyValues(const CheckpointReader& from, uint32_t chunk);
   void Abort();
 
   CheckpointStore* store_;
@@ -176,6 +198,8 @@ class CheckpointWriter {
   uint32_t state_crc_ = 0;
   uint64_t state_len_ = 0;
   uint64_t bytes_ = 0;
+  // Set by the first CopyChunk/CopyState: the source manifest whose format fields are kept.
+  std::unique_ptr<internal::Manifest> like_;
   // One per write thread, reused for every slice (a fresh 4+ MiB buffer per slice costs a page
   // fault and a zeroed page per 4 KiB).
   std::vector<std::unique_ptr<rocksdb::WriteBatch>> batches_;
@@ -203,11 +227,13 @@ class CheckpointReader {
 
  private:
   friend class CheckpointStore;
+  friend class CheckpointWriter;  // CopyChunk reads the values as stored
   CheckpointReader(CheckpointStore* store, CheckpointInfo info);
   Status ReadSlices(uint32_t chunk, uint8_t kind, std::span<std::byte> out) const;
 
   CheckpointStore* store_;
   CheckpointInfo info_;
+  std::unique_ptr<internal::Manifest> manifest_;  // as decoded (CheckpointWriter::CopyChunk)
   std::unique_ptr<detail::Snapshot> snapshot_;
   uint64_t slice_bytes_ = 0;  // as written
   bool has_state_ = false;

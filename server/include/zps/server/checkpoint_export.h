@@ -3,7 +3,9 @@
 // The file is the safetensors format: an 8-byte little-endian header length N, N bytes of JSON
 // (padded with spaces to a multiple of 8) giving each parameter's dtype, shape and
 // [begin, end) byte offsets into the data section, then the data: parameters in layout order,
-// contiguous, row-major, little-endian. "__metadata__" holds the step and layout hash.
+// contiguous, row-major, little-endian. "__metadata__" holds the step and the layout hash as of
+// one shard (zps_layout_hash: the same whatever the shard count, so a resharded job exports the
+// same bytes).
 //
 // Streaming: chunks are read one at a time in flat order, each from the shard that owns it, and
 // their parameter runs are converted and appended to the file. Memory is one chunk of fp32 plus

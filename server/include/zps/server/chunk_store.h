@@ -53,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "zps/common/spill_budget.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/server/nvme.h"
@@ -70,8 +71,8 @@ struct ChunkStoreOptions {
   bool allow_buffered_fallback = false;  // Default: false. See SpillFileOptions.
   uint32_t queue_depth = 16;             // Default: 16 requests in flight.
   uint32_t io_bytes = 1u << 20;          // Default: 1 MiB per request; a multiple of 4096.
-  uint32_t read_ahead = 2;               // Default: 2 chunks read ahead of the current one; >= 1.
-  uint32_t write_behind = 2;             // Default: 2 chunks written behind at most; >= 1.
+  uint32_t read_ahead = kSpillReadAhead;      // Default: 2 chunks read ahead of the current; >= 1.
+  uint32_t write_behind = kSpillWriteBehind;  // Default: 2 chunks written behind at most; >= 1.
   bool register_buffers = false;  // Default: false. Register the pipeline buffers with io_uring.
   bool sqpoll = false;            // Default: false. io_uring SQPOLL thread.
   /// Default: true. false: the store keeps no serving records at all (the owner keeps its serving
@@ -131,8 +132,9 @@ class ChunkStore {
   /// `chunk_elems[c]` = elements of chunk c (> 0). All state starts at zero.
   /// Errors: InvalidArgument for bad options (zero depth, io_bytes not a multiple of 4096,
   /// read_ahead/write_behind 0, moments > 2, no chunks, a zero-sized chunk); ResourceExhausted when
-  /// a budget cannot hold the pipeline's buffers (the message gives the needed size), when RAM
-  /// cannot be allocated, or when the disk cannot hold the spill files; FailedPrecondition /
+  /// a budget cannot hold the pipeline's buffers (CheckSpillPipeline's advice, after "chunk
+  /// store: "), when RAM cannot be allocated, or when the disk cannot hold the spill files
+  /// (SpillFile's "disk full"); FailedPrecondition /
   /// NotFound / IoError from the spill files and io_uring (see SpillFile, CreateUringEngine).
   static Result<std::unique_ptr<ChunkStore>> Create(const ChunkStoreOptions& options,
                                                     std::vector<uint64_t> chunk_elems);

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# zps-train on the slow-network testbed (tests/integration/netns/testbed.sh): 2 shards and 4
+# workers, each a host in its own network namespace behind one bridge, every host's link limited
+# with tc to RATE Mbit/s each way. For every mode zps-train has (bf16 / fp32 serving, 16 / 32-bit
+# gradients, server-sum / pre-reduced; int8 / int4 quantized weights and gradients where
+# zps-train has --quantized-weights / --quantized-grads, else those rows are skipped) it prints
+# the step time, the shards' bytes per step (their zps_fetch/push_bytes_total counters) and
+# zps-plan's prediction of both, at each rate and with the links unlimited.
+#
+#   scripts/bench-network.sh        # defaults: RATES="100 1000 10000" STEPS=8 DELAY_MS=0.1
+#   RATES="200 1000" STEPS=6 scripts/bench-network.sh --d-model 256
+#
+# Extra arguments go to every zps-train run (after the model below, so they override it). The
+# link's own figure at each rate comes from ucx_perftest (tag_bw, 4 MiB messages, UCX tcp, the
+# transport zps uses here) between a worker host and a shard host, in the same run.
+#
+# Calibration of the prediction (zps-plan --json, printed beside each row):
+#   --compute-s      the same mode's step time with the links unlimited, measured right before
+#                    the limited run (it holds the forward, backward, optimizer pass and every
+#                    other per-step cost on this CPU), so --optimizer-rate is set out of the way;
+#   --link-efficiency  ucx_perftest's figure at that rate over the rate (at most 1).
+# Needs root (ip netns, tc); exits 77 where namespaces cannot be made. Prints JSON lines, then a
+# Markdown table.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+BUILD_DIR=${BUILD_DIR:-build}
+RATES=${RATES:-100 1000 10000}
+STEPS=${STEPS:-8}
+DELAY_MS=${DELAY_MS:-0.1}
+WORLD=4
+SHARDS=2
+bin=$(cd "$BUILD_DIR/bin" && pwd)
+for p in zps-train zps-server zps-plan; do
+  [[ -x $bin/$p ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
+done
+# The main job's model (4 blocks, 4 heads) twice as wide, with few tokens a step: on a CPU
+# worker its step costs about as much per parameter as the link does at 1 Gbit/s.
+model=(--d-model 256 --n-layers 4 --n-heads 4 --d-ff 1024 --seq-len 16 --batch 1
+       --steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS" --log-every 100000
+       --ucx-tls tcp --op-timeout 600 "$@")
+# shellcheck source=tests/integration/lib.sh
+source tests/integration/lib.sh
+# shellcheck source=tests/integration/netns/testbed.sh
+source tests/integration/netns/testbed.sh
+work_init bench-network-token
+testbed_init
+hosts=(s0 s1)
+for ((r = 0; r < WORLD; r++)); do hosts+=("w$r"); done
+for h in "${hosts[@]}"; do testbed_host "$h"; done
+testbed_wait_reachable w0 s0
+
+help=$("$bin/zps-train" --help 2>&1 || true)
+has() { grep -q -- "--$1" <<< "$help"; }
+# name | zps-train options | zps-plan options
+modes=(
+  "bf16 fetch, fp32 grads, server-sum|--serving-dtype bf16 --grad-dtype fp32 --reduction server-sum|--fetch bf16 --grad fp32"
+  "bf16 fetch, bf16 grads, server-sum|--serving-dtype bf16 --grad-dtype bf16 --reduction server-sum|--fetch bf16 --grad bf16"
+  "fp32 fetch, fp32 grads, server-sum|--serving-dtype fp32 --grad-dtype fp32 --reduction server-sum|--fetch fp32 --grad fp32"
+  "bf16 fetch, fp32 grads, pre-reduced|--serving-dtype bf16 --grad-dtype fp32 --reduction pre-reduced|--fetch bf16 --grad fp32 --reduction pre-reduced"
+  "bf16 fetch, bf16 grads, pre-reduced|--serving-dtype bf16 --grad-dtype bf16 --reduction pre-reduced|--fetch bf16 --grad bf16 --reduction pre-reduced"
+)
+if has quantized-weights; then
+  modes+=("int8 fetch, bf16 grads, server-sum|--quantized-weights int8 --grad-dtype bf16|--fetch int8 --grad bf16")
+else
+  echo "# skipped: int8 weights (zps-train has no --quantized-weights)"
+fi
+if has quantized-grads; then
+  modes+=("bf16 fetch, int8 grads, server-sum|--quantized-grads int8|--fetch bf16 --grad int8"
+          "bf16 fetch, int4 grads, server-sum|--quantized-grads int4|--fetch bf16 --grad int4")
+  if has quantized-weights; then
+    modes+=("int8 fetch, int4 grads, server-sum|--quantized-weights int8 --quantized-grads int4|--fetch int8 --grad int4")
+  fi
+else
+  echo "# skipped: int8 / int4 gradients (zps-train has no --quantized-grads)"
+fi
+
+metric() {  # shard metric
+  testbed_exec "s$1" python3 -c '
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}:{sys.argv[2]}/metrics", timeout=10).read()
+for line in text.decode().splitlines():
+    if line.startswith(sys.argv[3] + " "): print(int(float(line.split()[1])))
+' "${tb_addr[s$1]}" "$mport" "$2"
+}
+
+# ucx_perftest between w0 and s0: prints the payload rate in Mbit/s.
+link_figure() {
+  local port=$((13300 + run))
+  UCX_TLS=tcp ip netns exec "${tb_ns[s0]}" ucx_perftest -p "$port" > "$work/perf-server.log" 2>&1 &
+  local sp=$!
+  pids+=($!)
+  sleep 1
+  UCX_TLS=tcp testbed_exec w0 timeout 120 ucx_perftest "${tb_addr[s0]}" -p "$port" -t tag_bw \
+    -s 4194304 -n 40 -w 4 > "$work/perf.log" 2>&1 || true
+  kill "$sp" 2>/dev/null || true
+  wait "$sp" 2>/dev/null || true
+  # "Final: iters p50 avg overall bw_avg bw_overall ...": MB/s of 2^20 bytes.
+  awk '$1 == "Final:" {printf "%.0f\n", $7 * 1048576 * 8 / 1e6}' "$work/perf.log"
+}
+
+run=0
+declare -A unlimited_s=()
+results=$work/results.jsonl
+: > "$results"
+
+one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
+  local rate=$1 link=$2 name train_opts plan_opts
+  IFS='|' read -r name train_opts plan_opts <<< "$3"
+  run=$((run + 1))
+  # Ports of their own each run: a stopped shard's may not be free yet.
+  local cport=$((7100 + run)) dir=$work/run$run
+  mport=$((9100 + run))
+  mkdir -p "$dir"
+  local sp=() i r
+  for ((i = 0; i < SHARDS; i++)); do
+    local args=(--ordinal "$i" --shards "$SHARDS" --port "$cport" --bind "${tb_addr[s$i]}"
+                --advertise-host "${tb_addr[s$i]}" --token-file "$work/token"
+                --metrics-port "$mport" --ucx-tls tcp --log-level warning)
+    [[ $i -ne 0 ]] && args+=(--coordinator "${tb_addr[s0]}:$cport")
+    ip netns exec "${tb_ns[s$i]}" "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
+    sp+=($!); pids+=($!)
+  done
+  local w=()
+  for ((r = 0; r < WORLD; r++)); do
+    # shellcheck disable=SC2086  # train_opts is a list of words
+    ip netns exec "${tb_ns[w$r]}" "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:$cport" \
+      --token-file "$work/token" --rank "$r" --gloo-hostname "${tb_addr[w$r]}" \
+      $train_opts "${model[@]}" > "$dir/rank$r.out" 2> "$dir/rank$r.err" &
+    w+=($!); pids+=($!)
+  done
+  if ! join_pids 1800 "${w[@]}"; then
+    dump_logs 15 "$dir"/rank0.err "$dir"/rank1.err "$dir"/shard0.log "$dir"/shard1.log
+    echo "# FAILED: $name at rate $rate" >&2
+    kill -TERM "${sp[@]}" 2>/dev/null || true
+    return 0
+  fi
+  local push=0 fetch=0
+  for ((i = 0; i < SHARDS; i++)); do
+    push=$((push + $(metric "$i" zps_push_bytes_total)))
+    fetch=$((fetch + $(metric "$i" zps_fetch_bytes_total)))
+  done
+  for p in "${sp[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  local params step_s
+  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$dir/rank0.out")
+  step_s=$(sed -nE 's/^summary: .* ([0-9.]+)s\/step.*/\1/p' "$dir/rank0.out")
+  local key="$name"
+  [[ $rate -eq 0 ]] && unlimited_s[$key]=$step_s
+  local compute=${unlimited_s[$key]:-0} plan="{}"
+  if [[ $rate -ne 0 ]]; then
+    local eff
+    eff=$(python3 -c "import sys; print(min(1.0, max(0.01, float(sys.argv[1]) / float(sys.argv[2]))))" \
+      "${link:-$rate}" "$rate")
+    # shellcheck disable=SC2086  # plan_opts is a list of words
+    plan=$("$bin/zps-plan" --params "$params" --nodes "$WORLD" --gpus-per-node 1 \
+      --shards "$SHARDS" --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")" \
+      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15 $plan_opts --json)
+  fi
+  python3 - "$name" "$rate" "${link:-0}" "$STEPS" "$params" "$push" "$fetch" "$step_s" \
+    "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" <<'PY' | tee -a "$results"
+import json, sys
+name, rate, link, steps, params, push, fetch, step_s, opts, plan = sys.argv[1:11]
+steps, params, push, fetch = int(steps), int(params), int(push), int(fetch)
+serving = 4 if "--serving-dtype fp32" in opts else 2
+# Less rank 0's initial values (fp32) and its two evaluations (direct fetches, serving dtype).
+ingress = (push - params * 4) / steps
+egress = (fetch - 2 * params * serving) / steps
+plan = json.loads(plan)
+row = {"mode": name, "rate_mbit": int(rate), "link_mbit_ucx_perftest": int(link),
+       "calibration_s_per_step": float(sys.argv[11]) if sys.argv[11] else None,
+       "params": params, "s_per_step": float(step_s),
+       "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress)}
+if plan:
+    row.update({"plan_t_lower": plan["t_lower"], "plan_t_upper": plan["t_upper"],
+                "plan_t_network": plan["t_network"],
+                "plan_shard_ingress": int(plan["shard_in"] * 2),
+                "plan_shard_egress": int(plan["shard_out"] * 2)})
+print(json.dumps(row))
+PY
+}
+
+echo "# bench-network: $WORLD workers x $SHARDS shards as namespace hosts; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# zps-train ${model[*]}"
+echo "# tc: tbf per host each way; delay ${DELAY_MS} ms where netem exists"
+shape_all() { for h in "${hosts[@]}"; do testbed_shape "$h" "$1" "$DELAY_MS"; done; }
+unshape_all() { for h in "${hosts[@]}"; do testbed_unshape "$h"; done; }
+for rate in $RATES; do
+  shape_all "$rate"
+  link=$(link_figure)
+  echo "# rate $rate Mbit/s: ucx_perftest w0 -> s0 ${link:-?} Mbit/s; delay applied: $tb_delay_applied"
+  for m in "${modes[@]}"; do
+    # The calibration run (links unlimited) right before the limited one, so that both meet
+    # the same load from the machine's other processes.
+    unshape_all
+    one_run 0 "" "$m"
+    shape_all "$rate"
+    one_run "$rate" "$link" "$m"
+  done
+done
+
+python3 - "$results" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print()
+print("| link (ucx_perftest) | mode | s/step unlimited | s/step | plan lower .. upper "
+      "| shard in / step | plan | shard out / step | plan |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    if r["rate_mbit"] == 0:
+        continue  # the calibration runs: in the next row's "unlimited" column
+    link = f'{r["rate_mbit"]} Mbit/s ({r["link_mbit_ucx_perftest"]})'
+    print(f'| {link} | {r["mode"]} | {r["calibration_s_per_step"]:.3f} | {r["s_per_step"]:.3f} | '
+          f'{r["plan_t_lower"]:.3f} .. {r["plan_t_upper"]:.3f} | '
+          f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
+          f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
+PY

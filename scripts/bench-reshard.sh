@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Offline resharding time (zps-bench reshard: `zps-ckpt reshard` of SIZE of chunk state from 2 to
+# 3 shards, inputs read from the disk, outputs committed) against fio reading and writing the same
+# bytes on the same directory, in the same run: the reference time is fio's sequential read of
+# SIZE plus its sequential write of SIZE (O_DIRECT, io_uring, 1 MiB, depth 16), and the ratio is
+# that time over the reshard's (>= 0.70x: the reshard takes at most 1/0.7 of fio's time).
+#
+#   scripts/bench-reshard.sh [DIR] [SIZE] [extra zps-bench reshard flags...]
+#   DIR: default $TMPDIR or /tmp; SIZE: default 2G.
+# Environment: ZPS_BENCH (default build/bin/zps-bench), ROUNDS (default 2: fio, reshard, ...).
+# Uses about 2 x SIZE of disk at a time and removes everything it wrote.
+set -euo pipefail
+dir=${1:-${TMPDIR:-/tmp}}
+size=${2:-2G}
+shift $(( $# > 2 ? 2 : $# ))
+bench=${ZPS_BENCH:-build/bin/zps-bench}
+rounds=${ROUNDS:-2}
+command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
+work=$(mktemp -d "$dir/zps-bench-reshard.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+fio_s() {  # $1 = write|read; prints seconds
+  local rw=$1 field
+  [[ $rw == write ]] && field=50 || field=9  # terse v3: the job's runtime in ms
+  fio --name="$rw" --filename="$work/fio.tmp" --size="$size" --bs=1M --rw="$rw" --direct=1 \
+      --ioengine=io_uring --iodepth=16 --output-format=terse 2>/dev/null |
+    awk -F';' -v f="$field" '{printf "%.3f\n", $f / 1000}'
+}
+
+echo "dir $dir, size $size, $(nproc) CPUs, $(fio --version), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+ref=() zps=()
+for ((i = 0; i < rounds; i++)); do
+  w=$(fio_s write)
+  r=$(fio_s read)
+  rm -f "$work/fio.tmp"
+  ref+=("$(awk -v a="$w" -v b="$r" 'BEGIN {printf "%.3f", a + b}')")
+  line=$("$bench" reshard --dir "$work" --bytes "$size" --json "$@" | tail -1)
+  zps+=("$(sed -E 's/.*"seconds":([0-9.]+).*/\1/' <<<"$line")")
+  echo "round $i: fio write ${w} s + read ${r} s = ${ref[-1]} s | reshard ${zps[-1]} s ($line)"
+done
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+mref=$(median "${ref[@]}") mzps=$(median "${zps[@]}")
+awk -v a="$mref" -v b="$mzps" 'BEGIN {
+  printf "median: fio read+write %.3f s, reshard %.3f s; ratio fio/reshard %.2fx (target >= 0.70x)\n", a, b, a / b }'

@@ -1,0 +1,69 @@
+// zps/server/checkpoint_reshard.h — the stores of a job for another shard count, offline.
+//
+// Chunk c of a job lives on shard c % num_shards; chunk ids and sizes depend only on the
+// parameters and chunk_elems, never on the shard count. So a job's checkpoint of step S on N
+// shards becomes one on M shards by moving each chunk's stored values to the store of shard
+// c % M, byte for byte (CheckpointWriter::CopyChunk: whatever dtypes the tensors are stored in),
+// with every store's identity rewritten (the layout with num_shards = M, the shard ordinal) and
+// the state blob (step, loss scaler, optimizer step) copied as it is. Shards started with
+// `--shards M` on the new stores resume the job at step S, and since every reduction runs in a
+// fixed order whatever the placement, the job then computes exactly what it would have on N.
+//
+// The new shard 0 also gets a coordinator catalog (the job spec for M shards, the step, and the
+// checkpoint of step S recorded complete on all M shards), so that the coordinator restores the
+// job rather than waiting for a new one. docs/checkpoints.md, "Changing the shard count".
+//
+// Bad input changes nothing: the inputs are opened read-only, everything that can be checked is
+// checked before the first write, and on any later error (a corrupt value, a full disk) the
+// outputs written so far are removed again.
+//
+// Thread-safety: a free function; runs one thread per output store (at most `threads`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zps/common/status.h"
+
+namespace zps::server {
+
+struct ReshardOptions {
+  /// The job's N checkpoint stores (`<shard --data-dir>/checkpoints`), in any order.
+  std::vector<std::string> inputs;
+  /// The M new stores: outputs[i] becomes shard i's. Each must not exist or be empty, and none
+  /// may be one of the inputs.
+  std::vector<std::string> outputs;
+  /// Default: -1 = the newest checkpoint, which must be the newest on every input (a store left
+  /// at another step is an error). Otherwise a step every input holds.
+  int64_t step = -1;
+  /// Default: "" = `<the directory holding outputs[0]>/coordinator`, where shard 0 started
+  /// with `--data-dir <that directory>` looks for it. Must not exist or be empty.
+  std::string coordinator_out;
+  /// Default: 4 — output stores written at once.
+  uint32_t threads = 4;
+};
+
+struct ReshardStats {
+  int64_t step = 0;
+  uint32_t from_shards = 0;
+  uint32_t to_shards = 0;
+  uint32_t chunks = 0;
+  uint64_t bytes = 0;  // payload bytes copied (tensors and state blobs)
+  std::string coordinator_dir;
+};
+
+/// Writes the checkpoint of `options.step` of the job in `options.inputs` as a checkpoint of the
+/// same step for options.outputs.size() shards, plus the coordinator catalog.
+/// Errors (the message names the store and what is wrong):
+///   InvalidArgument   no inputs or outputs, an output among the inputs, inputs of two jobs
+///                     (layout or job spec), a shard's store missing or given twice, inputs whose
+///                     newest checkpoints differ, inputs whose state blobs differ;
+///   FailedPrecondition an output or the coordinator catalog exists and is not empty;
+///   NotFound          an input without a store identity, or without checkpoint `step`;
+///   DataLoss          a value or manifest of an input fails its CRC, or a value is missing;
+///   ResourceExhausted a full disk while writing (the outputs are removed again);
+///   IoError, Unavailable (an input is open writable elsewhere: stop its shard first).
+Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& options);
+
+}  // namespace zps::server

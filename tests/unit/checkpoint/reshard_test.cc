@@ -1,0 +1,232 @@
+// ReshardCheckpoint and CheckpointWriter::CopyChunk in-process (the multi-process runs are
+// tests/integration/reshard/reshard.sh), and the read-only open after a compaction.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <filesystem>
+
+#include "ckpt_test_util.h"
+#include "zps/server/checkpoint.h"
+#include "zps/server/checkpoint_catalog.h"
+#include "zps/server/checkpoint_reshard.h"
+#include "zps/testing/status_matchers.h"
+
+namespace zps::server::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+CheckpointOptions Small() {
+  CheckpointOptions o;
+  o.slice_bytes = 4096;  // a 1536-element chunk is two slices: the outputs must keep this size
+  o.write_buffer_bytes = 4ull << 20;
+  return o;
+}
+
+JobSpec SmallJob(uint32_t shards, float lr = 1e-3f) {
+  JobSpec j;
+  j.layout = SmallLayout(shards, 1536);
+  j.optimizer.lr = lr;
+  return j;
+}
+
+// The stores of a job of `shards` shards under `root`/s<i>/checkpoints, with checkpoints of
+// `steps` (each chunk's values from MakeChunk, so any store can be checked against them).
+std::vector<std::string> MakeJob(const std::string& root, uint32_t shards,
+                                 std::initializer_list<int64_t> steps, float lr = 1e-3f) {
+  std::vector<std::string> dirs;
+  const JobSpec job = SmallJob(shards, lr);
+  for (uint32_t s = 0; s < shards; ++s) {
+    dirs.push_back(root + "/s" + std::to_string(s) + "/checkpoints");
+    fs::create_directories(root + "/s" + std::to_string(s));
+    auto store = CheckpointStore::Open(dirs.back(), Small());
+    EXPECT_THAT(store, IsOk());
+    EXPECT_THAT((*store)->SetIdentity(job.layout, s), IsOk());
+    EXPECT_THAT((*store)->PutJobSpec(job), IsOk());
+    for (int64_t step : steps) EXPECT_THAT(WriteCheckpoint(**store, job.layout, s, step), IsOk());
+  }
+  return dirs;
+}
+
+std::vector<std::string> Outputs(const std::string& root, uint32_t shards) {
+  std::vector<std::string> out;
+  for (uint32_t s = 0; s < shards; ++s)
+    out.push_back(root + "/s" + std::to_string(s) + "/checkpoints");
+  return out;
+}
+
+CheckpointOptions ReadOnly() {
+  CheckpointOptions o;
+  o.read_only = true;
+  o.create_if_missing = false;
+  return o;
+}
+
+TEST(Reshard, TwoToThreeMovesEveryChunkAndTheState) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 2, {10, 20});
+  ReshardOptions o;
+  o.inputs = {in[1], in[0]};  // any order
+  o.outputs = Outputs(dir.sub("b"), 3);
+  auto stats = ReshardCheckpoint(o);
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->step, 20);
+  EXPECT_EQ(stats->from_shards, 2u);
+  EXPECT_EQ(stats->to_shards, 3u);
+  EXPECT_EQ(stats->coordinator_dir, dir.sub("b") + "/s0/coordinator");
+  const Layout three = SmallJob(3).layout;
+  for (uint32_t s = 0; s < 3; ++s) {
+    auto store = CheckpointStore::Open(o.outputs[s], ReadOnly());
+    ASSERT_THAT(store, IsOk());
+    auto layout = (*store)->GetLayout();
+    ASSERT_THAT(layout, IsOk());
+    EXPECT_EQ(layout->Hash(), three.Hash());
+    EXPECT_EQ(*(*store)->GetShard(), s);
+    EXPECT_EQ((*store)->GetJobSpec()->Hash(), SmallJob(3).Hash());
+    ExpectCheckpoint(**store, three, s, 20);  // values, versions and state blob
+    auto list = (*store)->ListCheckpoints(/*verify=*/true);
+    ASSERT_THAT(list, IsOk());
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ((*list)[0].verification, Verification::kVerified);
+  }
+  // The coordinator catalog: the job on 3 shards, the step, checkpoint 20 complete.
+  CheckpointOptions co;
+  auto catalog = CoordinatorCatalog::Open(stats->coordinator_dir, co);
+  ASSERT_THAT(catalog, IsOk());
+  EXPECT_EQ((*catalog)->GetJobSpec()->Hash(), SmallJob(3).Hash());
+  EXPECT_EQ(*(*catalog)->GetStep(), 20);
+  EXPECT_EQ(*(*catalog)->LatestGlobalComplete(), 20);
+}
+
+TEST(Reshard, ToOneAndBackAndAnOlderStep) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 3, {10, 20});
+  ReshardOptions o;
+  o.inputs = in;
+  o.outputs = Outputs(dir.sub("one"), 1);
+  o.step = 10;
+  ASSERT_THAT(ReshardCheckpoint(o), IsOk());
+  ReshardOptions back;
+  back.inputs = o.outputs;
+  back.outputs = Outputs(dir.sub("four"), 4);
+  ASSERT_THAT(ReshardCheckpoint(back), IsOk());
+  const Layout four = SmallJob(4).layout;
+  for (uint32_t s = 0; s < 4; ++s) {
+    auto store = CheckpointStore::Open(back.outputs[s], ReadOnly());
+    ASSERT_THAT(store, IsOk());
+    ExpectCheckpoint(**store, four, s, 10);
+  }
+}
+
+// Bad input: a clear error, the inputs untouched, nothing left at the outputs.
+class ReshardBadInput : public ::testing::Test {
+ protected:
+  void Expect(const ReshardOptions& o, Code code, const std::string& what) {
+    auto r = ReshardCheckpoint(o);
+    ASSERT_THAT(r, StatusIs(code));
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().ToString();
+    for (const auto& out : o.outputs) EXPECT_FALSE(fs::exists(out)) << out;
+    EXPECT_FALSE(fs::exists(dir_.sub("out"))) << "the outputs' parent was left behind";
+    for (uint32_t s = 0; s < 2; ++s) {
+      auto store = CheckpointStore::Open(in_[s], ReadOnly());
+      ASSERT_THAT(store, IsOk());
+      ExpectCheckpoint(**store, SmallJob(2).layout, s, 20);
+    }
+  }
+  TempDir dir_;
+  std::vector<std::string> in_ = MakeJob(dir_.sub("a"), 2, {10, 20});
+  std::vector<std::string> out_ = Outputs(dir_.sub("out"), 3);
+};
+
+TEST_F(ReshardBadInput, AStoreMissing) {
+  Expect({.inputs = {in_[1]}, .outputs = out_}, Code::kInvalidArgument,
+         "the store of shard 0 is missing");
+}
+
+TEST_F(ReshardBadInput, StoresOfTwoJobs) {
+  auto other = MakeJob(dir_.sub("other"), 2, {20}, /*lr=*/2e-3f);
+  Expect({.inputs = {in_[0], other[1]}, .outputs = out_}, Code::kInvalidArgument,
+         "stores of two different jobs");
+}
+
+TEST_F(ReshardBadInput, AStoreOfAnotherStep) {
+  auto stale = MakeJob(dir_.sub("stale"), 2, {10});
+  Expect({.inputs = {in_[0], stale[1]}, .outputs = out_}, Code::kInvalidArgument,
+         "newest checkpoints are of different steps");
+  Expect({.inputs = {in_[0], stale[1]}, .outputs = out_, .step = 20}, Code::kNotFound,
+         "has no checkpoint of step 20 (it holds 10)");
+}
+
+TEST_F(ReshardBadInput, ACorruptValue) {
+  // Shard 1's chunk 1 master, one byte flipped (a raw write; the store is closed).
+  auto copy = dir_.sub("corrupt/checkpoints");
+  fs::create_directories(copy);
+  fs::copy(in_[1], copy, fs::copy_options::recursive);
+  {
+    rocksdb::Options ro;
+    ro.enable_blob_files = true;
+    ro.min_blob_size = 4096;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(ro, copy, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string key = "d";
+    for (int i = 7; i >= 0; --i) key.push_back(static_cast<char>((uint64_t{20} >> (8 * i)) & 0xff));
+    for (uint32_t v : {0u, 0u, 0u, 1u}) key.push_back(static_cast<char>(v));  // chunk 1
+    key.push_back(0);                                                         // master
+    for (uint32_t v : {0u, 0u, 0u, 0u}) key.push_back(static_cast<char>(v));  // slice 0
+    std::string v;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
+    v[100] = static_cast<char>(v[100] ^ 0x10);
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    ASSERT_TRUE(db->Put(wo, key, v).ok());
+    ASSERT_TRUE(db->Close().ok());
+  }
+  Expect({.inputs = {in_[0], copy}, .outputs = out_}, Code::kDataLoss, "chunk 1: CRC32C mismatch");
+}
+
+TEST_F(ReshardBadInput, OutputsThatAreNotNew) {
+  auto same = ReshardCheckpoint({.inputs = in_, .outputs = {dir_.sub("out/x"), in_[0]}});
+  ASSERT_THAT(same, StatusIs(Code::kInvalidArgument));
+  EXPECT_NE(same.status().message().find("is one of the inputs"), std::string::npos);
+  auto other = MakeJob(dir_.sub("other"), 1, {20});
+  auto r = ReshardCheckpoint({.inputs = in_, .outputs = {dir_.sub("out/y"), other[0]}});
+  ASSERT_THAT(r, StatusIs(Code::kFailedPrecondition));
+  EXPECT_NE(r.status().message().find("exists and is not empty"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_.sub("out")));
+}
+
+// RocksDB opens a read-only database with one table file per level as a CompactedDBImpl, whose
+// Get did not resolve blob values (facebook/rocksdb#12503): after a compaction every tensor
+// read through a read-only store (zps-ckpt export, inspect, reshard) was "missing".
+TEST(CheckpointStoreReadOnly, ReadsValuesAfterACompaction) {
+  TempDir dir;
+  const Layout l = SmallLayout(1, 1536);
+  {
+    CheckpointOptions o = Small();
+    o.keep = 1;  // each commit deletes and compacts the previous checkpoint's range
+    auto store = CheckpointStore::Open(dir.sub("db"), o);
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->SetIdentity(l, 0), IsOk());
+    for (int64_t step : {1, 2, 3}) ASSERT_THAT(WriteCheckpoint(**store, l, 0, step), IsOk());
+  }
+  {
+    // Down to one table file: the shape that took the CompactedDBImpl path.
+    rocksdb::Options ro;
+    ro.enable_blob_files = true;
+    ro.min_blob_size = 4096;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(ro, dir.sub("db"), &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    rocksdb::CompactRangeOptions co;
+    co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    ASSERT_TRUE(db->CompactRange(co, nullptr, nullptr).ok());
+    ASSERT_TRUE(db->Close().ok());
+  }
+  auto store = CheckpointStore::Open(dir.sub("db"), ReadOnly());
+  ASSERT_THAT(store, IsOk());
+  ExpectCheckpoint(**store, l, 0, 3);
+}
+
+}  // namespace
+}  // namespace zps::server::testing

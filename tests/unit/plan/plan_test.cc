@@ -1,0 +1,174 @@
+// zps-plan's arithmetic (tools/include/zps/tools/plan.h) against cases computed by hand; each
+// comment shows the sum.
+#include "zps/tools/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "zps/testing/status_matchers.h"
+
+namespace zps::plan {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The value of an OK Result, or the test's failure (value() asserts that it holds one).
+template <typename T>
+T Value(const Result<T>& r) {
+  EXPECT_THAT(r, IsOk());
+  return r.ok() ? *r : T{};
+}
+
+// The testbed's shape: 4 workers on their own hosts, 2 shards on theirs, 1 Gbit/s, 1M
+// parameters (2 MB of bf16: the whole model fits in the 1 GiB live window, one fetch a step).
+PlanInput Testbed() {
+  PlanInput in;
+  in.params = 1e6;
+  in.nodes = 4;
+  in.gpus_per_node = 1;
+  in.shards = 2;
+  in.colocated = false;
+  in.link_gbps = 1;
+  in.link_efficiency = 1;
+  in.optimizer_rate = 1e8;
+  in.compute_s = 0.1;
+  return in;
+}
+
+TEST(PlanFormats, ElementAndStateBytes) {
+  EXPECT_EQ(ElementBytes(Format::kFp32, 2048), 4);
+  EXPECT_EQ(ElementBytes(Format::kBf16, 2048), 2);
+  EXPECT_EQ(ElementBytes(Format::kFp16, 2048), 2);
+  EXPECT_DOUBLE_EQ(ElementBytes(Format::kInt8, 2048), 1 + 4.0 / 2048);
+  EXPECT_DOUBLE_EQ(ElementBytes(Format::kInt4, 1024), 0.5 + 4.0 / 1024);
+  // master 4 + m + v + serving copy
+  EXPECT_EQ(Value(StateBytesPerParam(Format::kFp32, Format::kBf16, 2048)), 14.0);
+  EXPECT_EQ(Value(StateBytesPerParam(Format::kBf16, Format::kBf16, 2048)), 10.0);
+  EXPECT_EQ(Value(StateBytesPerParam(Format::kInt8, Format::kBf16, 2048)), 8.0);
+  EXPECT_EQ(Value(StateBytesPerParam(Format::kFp32, Format::kFp32, 2048)), 16.0);
+  EXPECT_THAT(StateBytesPerParam(Format::kInt4, Format::kBf16, 2048),
+              StatusIs(Code::kInvalidArgument));
+  EXPECT_EQ(Value(ParseFormat("bfloat16")), Format::kBf16);
+  EXPECT_EQ(Value(ParseFormat("int4")), Format::kInt4);
+  EXPECT_THAT(ParseFormat("int3"), StatusIs(Code::kInvalidArgument, HasSubstr("int3")));
+}
+
+TEST(Plan, ServerSumOnSeparateHosts) {
+  Plan p = Value(MakePlan(Testbed()));
+  EXPECT_EQ(p.workers, 4);
+  EXPECT_EQ(p.fetch_passes, 1);
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 4e6);  // 1e6 x fp32
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 2e6);   // 1e6 x bf16, once
+  EXPECT_DOUBLE_EQ(p.worker_host.out, 4e6);
+  EXPECT_DOUBLE_EQ(p.shard_in, 8e6);   // 4 workers x 0.5e6 x 4 B
+  EXPECT_DOUBLE_EQ(p.shard_out, 4e6);  // 4 workers x 0.5e6 x 2 B
+  EXPECT_DOUBLE_EQ(p.shard_host.in, 8e6);
+  EXPECT_DOUBLE_EQ(p.t_network, 0.064);        // 8e6 B / 125e6 B/s
+  EXPECT_DOUBLE_EQ(p.shard_state_bytes, 7e6);  // 0.5e6 x 14
+  EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 8e6);   // 0.5e6 x 4 slots x 4 B
+  EXPECT_DOUBLE_EQ(p.shard_ram_bytes, 15e6);   // 6e6 + 1e6 serving + 8e6
+  EXPECT_DOUBLE_EQ(p.shard_nvme_bytes, 0);
+  EXPECT_DOUBLE_EQ(p.t_optimizer, 0.005);  // 0.5e6 / 1e8
+  EXPECT_DOUBLE_EQ(p.t_lower, 0.105);      // max(0.064, 0.1) + 0.005
+  EXPECT_DOUBLE_EQ(p.t_upper, 0.169);      // 0.064 + 0.1 + 0.005
+  EXPECT_DOUBLE_EQ(p.worker_residual_bytes, 0);
+}
+
+TEST(Plan, PreReducedBf16Gradients) {
+  PlanInput in = Testbed();
+  in.pre_reduced = true;
+  in.grad = Format::kBf16;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 3.5e6);    // 3/4 x 1e6 x 4 B reduce-scatter + 0.25e6 x 2 B
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 5e6);       // 2e6 fetched + 3e6 reduce-scatter
+  EXPECT_DOUBLE_EQ(p.shard_in, 1e6);             // 0.5e6 x 2 B, once
+  EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 3e6);     // 0.5e6 x (1 slot x 2 B + 4 B fp32 sum)
+  EXPECT_DOUBLE_EQ(p.worker_bucket_bytes, 5e6);  // min(16 MiB, 4e6) + 1/4 of it
+  EXPECT_DOUBLE_EQ(p.t_network, 0.04);           // the workers' 5e6 in, at 125e6 B/s
+}
+
+TEST(Plan, BandwidthCentricFetches) {
+  PlanInput in = Testbed();
+  in.bandwidth_centric = true;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 2e6);     // 0.25e6 x 2 B + 3/4 x 2e6 all-gathered
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 5.5e6);  // 4e6 pushed + 1.5e6 all-gather
+  EXPECT_DOUBLE_EQ(p.shard_out, 1e6);          // 0.5e6 x 2 B, once
+}
+
+TEST(Plan, ColocatedNodesTwoFetchPasses) {
+  PlanInput in;
+  in.params = 1e9;  // 2 GB of bf16: over the 1 GiB window, fetched for forward and backward
+  in.nodes = 2;
+  in.gpus_per_node = 8;
+  in.shards = 2;
+  in.grad = Format::kBf16;
+  in.link_gbps = 100;
+  in.link_efficiency = 0.9;
+  Plan p = Value(MakePlan(in));
+  EXPECT_EQ(p.workers, 16);
+  EXPECT_EQ(p.fetch_passes, 2);
+  EXPECT_DOUBLE_EQ(p.shard_out, 32e9);  // 16 x 0.5e9 x 2 B x 2 passes
+  EXPECT_DOUBLE_EQ(p.shard_in, 16e9);   // 16 x 0.5e9 x 2 B
+  // Half of each node's traffic stays on it: 8 x 2e9 / 2 pushed + 32e9 / 2 served.
+  EXPECT_DOUBLE_EQ(p.worker_host.out, 24e9);
+  EXPECT_DOUBLE_EQ(p.worker_host.in, 24e9);         // 8 x 4e9 / 2 fetched + 16e9 / 2 received
+  EXPECT_NEAR(p.t_network, 24e9 / 11.25e9, 1e-12);  // 100 Gbit/s x 0.9 = 11.25e9 B/s
+  // 16 server-sum slots of bf16 + the fp32 sum slot, over 0.5e9 parameters.
+  EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 0.5e9 * (16 * 2 + 4));
+}
+
+TEST(Plan, SpillToNvme) {
+  PlanInput in;
+  in.params = 1e9;
+  in.nodes = 1;  // one node: nothing crosses a link
+  in.shards = 1;
+  in.shard_ram_bytes = 4e9;
+  in.optimizer_rate = 1e9;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument, HasSubstr("nvme")));
+  in.nvme_gbytes_s = 4;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.shard_nvme_bytes, 8e9);              // 1e9 x 12 B - 4e9
+  EXPECT_DOUBLE_EQ(p.shard_ram_bytes, 4e9 + 2e9 + 32e9);  // budget + serving + 8 fp32 slots
+  EXPECT_DOUBLE_EQ(p.t_network, 0);
+  EXPECT_DOUBLE_EQ(p.t_nvme, 4);  // 8e9 read + 8e9 written at 4 GB/s
+  EXPECT_DOUBLE_EQ(p.t_optimizer, 1);
+  EXPECT_DOUBLE_EQ(p.t_lower, 4);
+  EXPECT_DOUBLE_EQ(p.t_upper, 5);
+}
+
+TEST(Plan, QuantizedGradientsKeepAResidual) {
+  PlanInput in = Testbed();
+  in.grad = Format::kInt4;
+  in.quant_block = 1000;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.grad_bytes, 0.504);  // 0.5 + 4 / 1000
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 0.504e6);
+  EXPECT_DOUBLE_EQ(p.worker_residual_bytes, 4e6);  // fp32 of the whole gradient
+  in.pre_reduced = true;
+  p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_residual_bytes, 1e6);  // fp32 of its 1/4 slice
+}
+
+TEST(Plan, ComputeFromTokens) {
+  PlanInput in;
+  in.params = 7e9;
+  in.tokens_per_gpu = 4096;
+  in.gpu_tflops = 100;
+  Plan p = Value(MakePlan(in));
+  EXPECT_NEAR(p.t_compute, 1.72032, 1e-12);  // 6 x 7e9 x 4096 / 1e14
+}
+
+TEST(Plan, RejectsBadInput) {
+  PlanInput in;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument, HasSubstr("params")));
+  in.params = 1e6;
+  in.link_gbps = 0;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument));
+  in.link_gbps = 10;
+  in.state = Format::kInt4;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace zps::plan

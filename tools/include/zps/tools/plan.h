@@ -1,0 +1,121 @@
+// zps/tools/plan.h — the arithmetic of zps-plan: memory, bytes on every link and the bounds of
+// the step time of a zps job, from a model size, a cluster shape and the job's modes.
+//
+// The model of a step (docs/scaling.md says it in words, with its assumptions):
+//   - every worker (one per GPU) fetches the whole model in the fetch dtype `passes` times a step
+//     (1 when the model fits in the worker's live window, as forward and backward then share one
+//     fetch; 2 otherwise: forward, then backward again), directly from the shards; with the
+//     bandwidth-centric strategy each fetches 1/W of it and the workers all-gather the rest;
+//   - server-sum: every worker pushes its whole gradient; pre-reduced: the workers
+//     reduce-scatter the fp32 gradient and each pushes its 1/W slice;
+//   - the shards update their 1/S of the state after the commit (sync mode): the optimizer pass,
+//     and with state over the RAM budget the spilled part read and written once from NVMe.
+// Step time: the lower bound overlaps the network with the compute (prefetch during forward,
+// pushes during backward) and the NVMe reads with the optimizer, as zps does at best; the upper
+// bound adds every part up.
+//
+// Per-element sizes come from the code where it has them (DTypeSize for fp32/fp16/bf16; the
+// shard's state is an fp32 master, two moments and the serving copy, as ChunkLayout keeps it);
+// the int8/int4 block-quantized formats carry one fp32 scale per block.
+//
+// Thread-safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zps/common/status.h"
+
+namespace zps::plan {
+
+/// An element format on the wire or in the shard's state.
+enum class Format : uint8_t { kFp32, kFp16, kBf16, kInt8, kInt4 };
+
+/// "fp32", "fp16", "bf16", "int8", "int4". Errors: InvalidArgument.
+Result<Format> ParseFormat(std::string_view text);
+std::string_view FormatName(Format f);
+/// Bytes one element takes, scales included: DTypeSize for fp32/fp16/bf16, 1 (int8) or 0.5
+/// (int4) plus 4 bytes of fp32 scale per `block` elements.
+double ElementBytes(Format f, uint64_t block);
+
+/// Bytes per parameter of the shard's optimizer state with moments in `state` and a serving
+/// copy in `serving`: fp32 master (4) + m + v + serving. fp32 moments with a bf16 copy: 14;
+/// bf16 moments: 10; int8 moments: 8 (moments at 1 byte; block scales not counted). Errors:
+/// InvalidArgument for a state format other than fp32, bf16 or int8.
+Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block);
+
+struct PlanInput {
+  double params = 0;               // Default: 0 (required). Parameters of the model.
+  int nodes = 1;                   // Default: 1. Worker hosts.
+  int gpus_per_node = 8;           // Default: 8. Workers (ranks) per worker host.
+  int shards = 0;                  // Default: 0 = one per node.
+  bool colocated = true;           // Default: true. Shards on the worker hosts (else own hosts).
+  double link_gbps = 100;          // Default: 100 Gbit/s each way per host.
+  double link_efficiency = 0.9;    // Default: 0.9 of the line rate is payload.
+  double nvme_gbytes_s = 0;        // Default: 0 = no NVMe. GB/s per host (read or write).
+  double shard_ram_bytes = 0;      // Default: 0 = unlimited. RAM per shard for master + moments.
+  Format fetch = Format::kBf16;    // Default: bf16. What workers fetch (the serving copy).
+  Format grad = Format::kFp32;     // Default: fp32. What workers push.
+  Format state = Format::kFp32;    // Default: fp32. The optimizer's moments.
+  uint64_t quant_block = 2048;     // Default: 2048 elements per fp32 scale (int8/int4).
+  bool pre_reduced = false;        // Default: false = server-sum.
+  bool bandwidth_centric = false;  // Default: false = direct fetches.
+  double worker_live_bytes = 1073741824;  // Default: 1 GiB (zps-train's --max-live-bytes).
+  double prefetch_bytes = 268435456;      // Default: 256 MiB (zps-train's --prefetch-bytes).
+  double bucket_bytes = 16777216;         // Default: 16 MiB (zps-train's --bucket-bytes).
+  double optimizer_rate = 1.5e9;  // Default: 1.5e9 parameters/s per shard (2 threads measured).
+  double compute_s = 0;           // Default: 0. A worker's forward + backward per step.
+  double tokens_per_gpu = 0;      // Default: 0. With gpu_tflops: compute = 6 P T / FLOP/s.
+  double gpu_tflops = 0;          // Default: 0. Achieved (not peak) TFLOP/s per GPU.
+};
+
+/// Bytes a step moves on one host's link, each way.
+struct LinkBytes {
+  double out = 0;  // sent by the host
+  double in = 0;   // received by the host
+};
+
+struct Plan {
+  int workers = 0;         // nodes x gpus_per_node
+  int shards = 0;          // resolved
+  int shard_hosts = 0;     // hosts the shards run on
+  int fetch_passes = 0;    // 1 or 2
+  double fetch_bytes = 0;  // per element fetched
+  double grad_bytes = 0;   // per element pushed
+  double state_bytes = 0;  // per parameter in the shard's state (serving copy included)
+  // Memory per shard.
+  double shard_state_bytes = 0;  // master + moments + serving copy of its 1/S
+  double shard_grad_bytes = 0;   // gradient slots (not budgeted: always RAM)
+  double shard_ram_bytes = 0;    // state in RAM + gradient slots
+  double shard_nvme_bytes = 0;   // master + moments over shard_ram_bytes, spilled
+  // Memory per worker (host RAM; the live window may be GPU memory for CUDA parameters).
+  double worker_window_bytes = 0;    // live window + prefetch
+  double worker_bucket_bytes = 0;    // pre-reduced: the fp32 bucket and its reduced slice
+  double worker_residual_bytes = 0;  // quantized gradients: the fp32 error-feedback residual
+  // Bytes per step.
+  LinkBytes worker_rank;  // one worker rank's traffic (before intra-node savings)
+  LinkBytes worker_host;  // a worker host's link (separate shard hosts) or a node's (colocated)
+  LinkBytes shard_host;   // a shard host's link (separate hosts only)
+  double shard_in = 0;    // one shard's ingress (pushes)
+  double shard_out = 0;   // one shard's egress (fetches)
+  // Step time, seconds.
+  double t_network = 0;  // the busiest link direction at link_gbps x link_efficiency
+  double t_compute = 0;
+  double t_optimizer = 0;
+  double t_nvme = 0;
+  double t_lower = 0;  // max(network, compute) + max(optimizer, nvme)
+  double t_upper = 0;  // the sum
+};
+
+/// Computes the plan. Errors: InvalidArgument for a non-positive params, nodes, gpus or link
+/// rate, a negative constant, more shards than parameters, or a state format the shard cannot
+/// keep (StateBytesPerParam).
+Result<Plan> MakePlan(const PlanInput& in);
+
+/// A human-readable report: the inputs that matter, memory, bytes per link and the step time.
+std::string FormatPlan(const PlanInput& in, const Plan& plan);
+/// The same as one line of JSON (keys as in Plan; bytes and seconds as numbers).
+std::string PlanJson(const PlanInput& in, const Plan& plan);
+
+}  // namespace zps::plan

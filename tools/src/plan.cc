@@ -1,0 +1,291 @@
+#include "zps/tools/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "zps/common/dtype.h"
+
+namespace zps::plan {
+namespace {
+
+constexpr double kScaleBytes = 4;  // one fp32 scale per quantization block
+
+// A quantity in B, kB, MB, GB, TB (powers of 1000, as link rates are).
+std::string Si(double bytes) {
+  static const char* const kUnits[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1000 && u < 5) {
+    bytes /= 1000;
+    ++u;
+  }
+  char b[48];
+  std::snprintf(b, sizeof(b), u == 0 ? "%.0f %s" : "%.2f %s", bytes, kUnits[u]);
+  return b;
+}
+
+std::string Seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), s < 1 ? "%.1f ms" : "%.2f s", s < 1 ? s * 1e3 : s);
+  return b;
+}
+
+}  // namespace
+
+Result<Format> ParseFormat(std::string_view text) {
+  if (text == "int8") return Format::kInt8;
+  if (text == "int4") return Format::kInt4;
+  auto d = ParseDType(text);
+  if (!d.ok()) {
+    return InvalidArgument("unknown format '" + std::string(text) +
+                           "' (fp32, fp16, bf16, int8 or int4)");
+  }
+  switch (*d) {
+    case DType::kF32:
+      return Format::kFp32;
+    case DType::kF16:
+      return Format::kFp16;
+    case DType::kBF16:
+      return Format::kBf16;
+  }
+  return Internal("unhandled dtype");
+}
+
+std::string_view FormatName(Format f) {
+  switch (f) {
+    case Format::kFp32:
+      return "fp32";
+    case Format::kFp16:
+      return "fp16";
+    case Format::kBf16:
+      return "bf16";
+    case Format::kInt8:
+      return "int8";
+    case Format::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+double ElementBytes(Format f, uint64_t block) {
+  const double scale = kScaleBytes / static_cast<double>(std::max<uint64_t>(block, 1));
+  switch (f) {
+    case Format::kFp32:
+      return static_cast<double>(DTypeSize(DType::kF32));
+    case Format::kFp16:
+      return static_cast<double>(DTypeSize(DType::kF16));
+    case Format::kBf16:
+      return static_cast<double>(DTypeSize(DType::kBF16));
+    case Format::kInt8:
+      return 1 + scale;
+    case Format::kInt4:
+      return 0.5 + scale;
+  }
+  return 0;
+}
+
+Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block) {
+  double moment = 0;
+  switch (state) {
+    case Format::kFp32:
+      moment = static_cast<double>(DTypeSize(DType::kF32));
+      break;
+    case Format::kBf16:
+      moment = static_cast<double>(DTypeSize(DType::kBF16));
+      break;
+    case Format::kInt8:
+      moment = 1;  // the block scales of int8 moments are not counted (docs/scaling.md)
+      break;
+    default:
+      return InvalidArgument("the optimizer state can be fp32, bf16 or int8, not " +
+                             std::string(FormatName(state)));
+  }
+  const double master = static_cast<double>(DTypeSize(DType::kF32));
+  return master + 2 * moment + ElementBytes(serving, block);
+}
+
+Result<Plan> MakePlan(const PlanInput& in) {
+  if (!(in.params > 0)) return InvalidArgument("--params must be > 0");
+  if (in.nodes < 1 || in.gpus_per_node < 1) {
+    return InvalidArgument("--nodes and --gpus-per-node must be >= 1");
+  }
+  if (in.shards < 0) return InvalidArgument("--shards must be >= 0 (0 = one per node)");
+  if (!(in.link_gbps > 0) || !(in.link_efficiency > 0) || in.link_efficiency > 1) {
+    return InvalidArgument("--link-gbps must be > 0 and --link-efficiency in (0, 1]");
+  }
+  if (!(in.optimizer_rate > 0)) return InvalidArgument("--optimizer-rate must be > 0");
+  if (in.nvme_gbytes_s < 0 || in.shard_ram_bytes < 0 || in.compute_s < 0 || in.tokens_per_gpu < 0 ||
+      in.gpu_tflops < 0 || in.worker_live_bytes < 0 || in.prefetch_bytes < 0 ||
+      in.bucket_bytes < 0) {
+    return InvalidArgument("sizes, rates and times must not be negative");
+  }
+  if (in.quant_block < 1) return InvalidArgument("--quant-block must be >= 1");
+  Plan p;
+  const double P = in.params;
+  p.workers = in.nodes * in.gpus_per_node;
+  p.shards = in.shards > 0 ? in.shards : in.nodes;
+  if (p.shards > P) return InvalidArgument("more shards than parameters");
+  p.shard_hosts = in.colocated ? in.nodes : p.shards;
+  const double W = p.workers, S = p.shards, N = in.nodes, G = in.gpus_per_node;
+  p.fetch_bytes = ElementBytes(in.fetch, in.quant_block);
+  p.grad_bytes = ElementBytes(in.grad, in.quant_block);
+  ZPS_ASSIGN_OR_RETURN(p.state_bytes, StateBytesPerParam(in.state, in.fetch, in.quant_block));
+  // Forward and backward share one fetch when the whole model fits in the live window.
+  p.fetch_passes = P * p.fetch_bytes <= in.worker_live_bytes ? 1 : 2;
+  const double f = p.fetch_bytes * p.fetch_passes, g = p.grad_bytes;
+  constexpr double kFp32 = 4;  // the collectives reduce fp32 gradients
+
+  // One rank: what it exchanges with the shards, and with the other ranks.
+  const double from_shards = in.bandwidth_centric ? P / W * f : P * f;
+  const double to_shards = in.pre_reduced ? P / W * g : P * g;
+  double coll_out = 0, coll_in = 0;  // per rank
+  if (in.bandwidth_centric) {
+    coll_out += (W - 1) / W * P * f;  // all-gather of the fetched slices
+    coll_in += (W - 1) / W * P * f;
+  }
+  if (in.pre_reduced) {
+    coll_out += (W - 1) / W * P * kFp32;  // reduce-scatter
+    coll_in += (W - 1) / W * P * kFp32;
+  }
+  p.worker_rank = {to_shards + coll_out, from_shards + coll_in};
+  // A host's ranks form one stretch of the ring: only one edge leaves the host, and it carries
+  // what one rank's edge does. One host alone: the collectives never leave it.
+  const double coll_host_out = N > 1 ? coll_out : 0, coll_host_in = N > 1 ? coll_in : 0;
+
+  p.shard_in = in.pre_reduced ? P / S * g : W * P / S * g;
+  p.shard_out = in.bandwidth_centric ? P / S * f : W * P / S * f;
+  if (in.colocated) {
+    // Shards spread evenly over the nodes: 1/N of a node's shard traffic stays on the node.
+    const double remote = (N - 1) / N, per_node = S / N;
+    p.worker_host = {G * to_shards * remote + coll_host_out + per_node * p.shard_out * remote,
+                     G * from_shards * remote + coll_host_in + per_node * p.shard_in * remote};
+  } else {
+    p.worker_host = {G * to_shards + coll_host_out, G * from_shards + coll_host_in};
+    p.shard_host = {p.shard_out, p.shard_in};
+  }
+
+  // Memory per shard.
+  const double n = P / S;
+  const double serving = ElementBytes(in.fetch, in.quant_block);
+  const double slots = in.pre_reduced ? 1 : W;
+  // 16-bit (or quantized) gradients add one fp32 slot for the initial values and the sum.
+  p.shard_grad_bytes = n * (slots * g + (g < kFp32 ? kFp32 : 0));
+  p.shard_state_bytes = n * p.state_bytes;
+  const double optimizer_state = n * (p.state_bytes - serving);
+  double resident = optimizer_state;
+  if (in.shard_ram_bytes > 0 && optimizer_state > in.shard_ram_bytes) {
+    resident = in.shard_ram_bytes;
+    p.shard_nvme_bytes = optimizer_state - in.shard_ram_bytes;
+  }
+  p.shard_ram_bytes = resident + n * serving + p.shard_grad_bytes;
+
+  // Memory per worker.
+  p.worker_window_bytes = std::min(in.worker_live_bytes, P * p.fetch_bytes) +
+                          std::min(in.prefetch_bytes, P * p.fetch_bytes);
+  if (in.pre_reduced) {
+    const double bucket = std::min(in.bucket_bytes, P * kFp32);
+    p.worker_bucket_bytes = bucket + bucket / W;
+  }
+  if (in.grad == Format::kInt8 || in.grad == Format::kInt4) {
+    p.worker_residual_bytes = (in.pre_reduced ? P / W : P) * kFp32;
+  }
+
+  // Step time.
+  const double rate = in.link_gbps * 1e9 / 8 * in.link_efficiency;
+  const double busiest =
+      std::max({p.worker_host.out, p.worker_host.in, p.shard_host.out, p.shard_host.in});
+  p.t_network = busiest / rate;
+  if (in.compute_s > 0) {
+    p.t_compute = in.compute_s;
+  } else if (in.tokens_per_gpu > 0 && in.gpu_tflops > 0) {
+    p.t_compute = 6 * P * in.tokens_per_gpu / (in.gpu_tflops * 1e12);
+  }
+  p.t_optimizer = n / in.optimizer_rate;
+  if (p.shard_nvme_bytes > 0) {
+    if (!(in.nvme_gbytes_s > 0)) {
+      return InvalidArgument("the state spills " + Si(p.shard_nvme_bytes) +
+                             " per shard to NVMe: give --nvme-gbytes-s");
+    }
+    // Every spilled byte is read and written back once a step; the host's shards share its
+    // drives.
+    p.t_nvme = 2 * p.shard_nvme_bytes * (S / p.shard_hosts) / (in.nvme_gbytes_s * 1e9);
+  }
+  p.t_lower = std::max(p.t_network, p.t_compute) + std::max(p.t_optimizer, p.t_nvme);
+  p.t_upper = p.t_network + p.t_compute + p.t_optimizer + p.t_nvme;
+  return p;
+}
+
+std::string FormatPlan(const PlanInput& in, const Plan& p) {
+  std::string s;
+  char b[512];
+  auto line = [&](const char* fmt, auto... args) {
+    std::snprintf(b, sizeof(b), fmt, args...);
+    s += b;
+  };
+  line("model: %.3g parameters; %d workers (%d nodes x %d GPUs), %d shards on %s\n", in.params,
+       p.workers, in.nodes, in.gpus_per_node, p.shards,
+       in.colocated ? "the worker nodes" : "their own hosts");
+  line(
+      "modes: fetch %s (%.3g B/param, %d pass%s), grads %s (%.3g B/param), state %s "
+      "(%.3g B/param), %s, %s fetches\n",
+      std::string(FormatName(in.fetch)).c_str(), p.fetch_bytes, p.fetch_passes,
+      p.fetch_passes == 1 ? "" : "es", std::string(FormatName(in.grad)).c_str(), p.grad_bytes,
+      std::string(FormatName(in.state)).c_str(), p.state_bytes,
+      in.pre_reduced ? "pre-reduced" : "server-sum",
+      in.bandwidth_centric ? "bandwidth-centric" : "direct");
+  line("links: %.4g Gbit/s each way per host at %.0f%% efficiency; NVMe %.4g GB/s per host\n",
+       in.link_gbps, in.link_efficiency * 100, in.nvme_gbytes_s);
+  s += "memory per shard:\n";
+  line("  state (master + moments + serving copy)  %s\n", Si(p.shard_state_bytes).c_str());
+  line("  gradient slots                           %s\n", Si(p.shard_grad_bytes).c_str());
+  line("  RAM                                      %s\n", Si(p.shard_ram_bytes).c_str());
+  line("  NVMe                                     %s\n", Si(p.shard_nvme_bytes).c_str());
+  s += "memory per worker:\n";
+  line("  live window + prefetch                   %s\n", Si(p.worker_window_bytes).c_str());
+  line("  pre-reduced bucket                       %s\n", Si(p.worker_bucket_bytes).c_str());
+  line("  error-feedback residual                  %s\n", Si(p.worker_residual_bytes).c_str());
+  s += "bytes per step (out / in):\n";
+  line("  one worker rank                          %s / %s\n", Si(p.worker_rank.out).c_str(),
+       Si(p.worker_rank.in).c_str());
+  line("  %-41s%s / %s\n", in.colocated ? "one node's link" : "one worker host's link",
+       Si(p.worker_host.out).c_str(), Si(p.worker_host.in).c_str());
+  if (!in.colocated) {
+    line("  one shard host's link                    %s / %s\n", Si(p.shard_host.out).c_str(),
+         Si(p.shard_host.in).c_str());
+  }
+  line("  one shard (fetches served / pushes)      %s / %s\n", Si(p.shard_out).c_str(),
+       Si(p.shard_in).c_str());
+  s += "step time:\n";
+  line("  network (busiest link)                   %s\n", Seconds(p.t_network).c_str());
+  line("  compute (forward + backward)             %s\n", Seconds(p.t_compute).c_str());
+  line("  optimizer pass                           %s\n", Seconds(p.t_optimizer).c_str());
+  line("  NVMe                                     %s\n", Seconds(p.t_nvme).c_str());
+  line("  bounds                                   %s .. %s\n", Seconds(p.t_lower).c_str(),
+       Seconds(p.t_upper).c_str());
+  return s;
+}
+
+std::string PlanJson(const PlanInput& in, const Plan& p) {
+  char b[2048];
+  std::snprintf(
+      b, sizeof(b),
+      "{\"params\": %.17g, \"workers\": %d, \"shards\": %d, \"fetch\": \"%s\", \"grad\": \"%s\", "
+      "\"state\": \"%s\", \"reduction\": \"%s\", \"fetch_passes\": %d, \"state_bytes\": %.17g, "
+      "\"shard_ram_bytes\": %.17g, \"shard_nvme_bytes\": %.17g, \"shard_grad_bytes\": %.17g, "
+      "\"worker_window_bytes\": %.17g, \"worker_residual_bytes\": %.17g, "
+      "\"worker_host_out\": %.17g, \"worker_host_in\": %.17g, \"shard_host_out\": %.17g, "
+      "\"shard_host_in\": %.17g, \"shard_in\": %.17g, \"shard_out\": %.17g, "
+      "\"t_network\": %.6g, \"t_compute\": %.6g, \"t_optimizer\": %.6g, \"t_nvme\": %.6g, "
+      "\"t_lower\": %.6g, \"t_upper\": %.6g}",
+      in.params, p.workers, p.shards, std::string(FormatName(in.fetch)).c_str(),
+      std::string(FormatName(in.grad)).c_str(), std::string(FormatName(in.state)).c_str(),
+      in.pre_reduced ? "pre-reduced" : "server-sum", p.fetch_passes, p.state_bytes,
+      p.shard_ram_bytes, p.shard_nvme_bytes, p.shard_grad_bytes, p.worker_window_bytes,
+      p.worker_residual_bytes, p.worker_host.out, p.worker_host.in, p.shard_host.out,
+      p.shard_host.in, p.shard_in, p.shard_out, p.t_network, p.t_compute, p.t_optimizer, p.t_nvme,
+      p.t_lower, p.t_upper);
+  return b;
+}
+
+}  // namespace zps::plan
