@@ -22,8 +22,9 @@
 // Memory: a bucket's fp32 buffer lives from its first gradient until it is reduced. A rank whose
 // first bucket in the order completes last holds every gradient of its step until Finish.
 //
-// Thread-safety: Add, Finish and Drain are called by one thread (the training thread); the push
-// callback runs on the reduce thread. Errors are sticky: the first failed reduce-scatter or push
+// Thread-safety: every method is thread-safe (Add and Finish are serialised; one thread at a time
+// is the intended use: the training thread, or autograd's during backward); the push callback
+// runs on the reduce thread. Errors are sticky: the first failed reduce-scatter or push
 // is returned by every later call (the communicator is then unusable).
 #pragma once
 
