@@ -137,16 +137,17 @@ ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
  * With options.reduction "pre-reduced" (and more than one rank) the gradient goes into its
  * bucket, and the buckets are reduce-scattered among the ranks in one fixed order on a thread of
  * the library, whatever parameters and order each rank pushes (worker/bucket_reducer.h); only
- * this rank's slice of each bucket is pushed. A micro-batch's buckets not complete at zps_flush
- * (or at the next micro-batch's first push) take part with zeros for what is missing. */
+ * this rank's slice of each bucket is pushed. A bucket is reduced once every trainable parameter
+ * in it has a gradient (push zeros for those that got none) or, with zeros for what is missing,
+ * at the next micro-batch's first push. */
 ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad,
                                uint64_t numel, uint32_t micro);
 /* Waits until fewer than `max_pending` push pieces are unacknowledged (bounds the memory the
  * pushes' copies hold); returns the first push error so far without clearing it. */
 ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);
 /* Waits until every push so far is acknowledged; returns (and clears) the first push error.
- * pre-reduced: first completes the micro-batch's buckets with zeros and waits until every bucket
- * is reduced (errors: a mismatched or failed collective, naming the bucket, ranks and sizes). */
+ * pre-reduced: first waits until every complete bucket is reduced and pushed (errors: a
+ * mismatched or failed collective, naming the bucket, ranks and sizes). */
 ZPS_C_EXPORT int zps_flush(zps_client* c);
 /* The coordinator's decision for `step` (bounded by op_timeout). */
 ZPS_C_EXPORT int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out);
