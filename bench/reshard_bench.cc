@@ -34,6 +34,7 @@ struct Options {
   int64_t chunk_elems = 4 << 20;  // Default: 4 Mi elements (48 MiB of state per chunk)
   int from = 2;                   // Default: 2 input shards
   int to = 3;                     // Default: 3 output shards
+  bool direct_io = false;         // Default: false
   bool json = false;              // Default: false
 };
 
@@ -95,6 +96,7 @@ int Run(int argc, char** argv) {
   flags.Add("chunk-elems", "elements per chunk", &o.chunk_elems, 1024, int64_t{1} << 30);
   flags.Add("from", "input shards", &o.from, 1, 4096);
   flags.Add("to", "output shards", &o.to, 1, 4096);
+  flags.Add("direct-io", "O_DIRECT reads of the inputs and writes of the outputs", &o.direct_io);
   flags.Add("json", "print one JSON object", &o.json);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) return Fail(parsed.status());
@@ -111,10 +113,12 @@ int Run(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
   server::ReshardOptions r;
+  r.direct_io = o.direct_io;
   for (int s = 0; s < o.from; ++s)
     r.inputs.push_back(root + "/in/s" + std::to_string(s) + "/checkpoints");
   for (int s = 0; s < o.to; ++s)
     r.outputs.push_back(root + "/out/s" + std::to_string(s) + "/checkpoints");
+  server::KeepFreedMemory();  // as zps-ckpt reshard does
   if (Status s = WriteInputs(*layout, r.inputs); !s.ok()) return Fail(s);
   DropCache(root + "/in");
 

@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 from zps._errors import ShardStopped, ZpsError
@@ -115,12 +116,23 @@ class LocalCluster:
                                                stdin=subprocess.DEVNULL,
                                                preexec_fn=_die_with_parent))
             log.close()
+        # One thread per shard waits for its exit, so that stopped(), asked before every call
+        # into the library, costs a flag read while every shard runs (a waitpid per shard per
+        # call would cost tens of microseconds).
+        self._exited = threading.Event()
+        for i, p in enumerate(self.procs):
+            threading.Thread(target=self._await_exit, args=(p,), name=f"zps-shard-{i}-exit",
+                             daemon=True).start()
         atexit.register(self.close)
         try:
             self._wait_listening(ports)
         except BaseException:
             self.close()  # a shard that stopped keeps the directory
             raise
+
+    def _await_exit(self, proc):
+        proc.wait()
+        self._exited.set()
 
     def data_dirs(self):
         return [self.dir / f"shard-{i}-data" for i in range(self.shards)]
@@ -130,7 +142,10 @@ class LocalCluster:
         for i, port in enumerate(ports):
             while True:
                 if self.procs[i].poll() is not None:
-                    raise self.stopped()
+                    self._exited.wait(5.0)  # its exit thread has reaped it, or is about to
+                    raise self.stopped() or ZpsError(
+                        "UNAVAILABLE", f"embedded shard {i} exited with "
+                        f"{self.procs[i].returncode}: {self.log_tail(i)}")
                 try:
                     with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                         break
@@ -169,14 +184,17 @@ class LocalCluster:
         cluster keeps its directory at close(). `error`: the failed call that asks; when it may
         be the first sign of a shard's exit (UNAVAILABLE, DEADLINE_EXCEEDED, ...), the shards
         get up to `grace_s` seconds to be seen exiting (a coordinator that fails stays up 2 s to
-        tell the workers why). Cheap when none has: one waitpid per shard."""
+        tell the workers why). Cheap while every shard runs: a flag read."""
         procs = self.procs
-        dead = [i for i, p in enumerate(procs) if p.poll() is not None]
-        if not dead and error is not None and getattr(error, "code", "") in _LOST_PEER_CODES:
-            deadline = time.monotonic() + grace_s
-            while not dead and time.monotonic() < deadline:
-                time.sleep(0.02)
-                dead = [i for i, p in enumerate(procs) if p.poll() is not None]
+        if not procs:
+            return None
+        if not self._exited.is_set():
+            if error is None or getattr(error, "code", "") not in _LOST_PEER_CODES:
+                return None
+            if not self._exited.wait(grace_s):
+                return None
+        # A shard's exit thread sets its returncode before the flag.
+        dead = [i for i, p in enumerate(procs) if p.returncode is not None]
         if not dead:
             return None
         if any(i not in self._killed for i in dead):

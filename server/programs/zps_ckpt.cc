@@ -3,6 +3,7 @@
 //   zps-ckpt inspect --data-dir D[,D2...] [--verify]
 //   zps-ckpt export  --data-dir D0,D1,... --out model.safetensors [--step S] [--dtype fp32|bf16]
 //   zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]
+//                    [--world-size W --accumulation-steps K]
 //                    (the job's stores for another shard count: --out names shard 0's store
 //                    first; the inputs are only read)
 //   zps-ckpt save    --endpoint host:port --token-file F [--timeout S]
@@ -33,6 +34,8 @@ struct Options {
   int64_t step = -1;            // Default: -1 — the newest step committed on every shard
   std::string out;              // Default: none — export: output file; reshard: output stores
   std::string coordinator_out;  // Default: none — reshard: <parent of the first --out>/coordinator
+  int64_t world_size = 0;       // Default: 0 — reshard: keep the job's
+  int64_t accumulation = 0;     // Default: 0 — reshard: keep the job's
   std::string dtype = "fp32";   // Default: fp32
   std::string endpoint;         // Default: none — save: the coordinator's control endpoint
   std::string token_file;       // Default: none — save: the shared auth secret's file
@@ -115,11 +118,14 @@ zps::Status Export(const Options& o) {
 }
 
 zps::Status Reshard(const Options& o) {
+  zps::server::KeepFreedMemory();
   zps::server::ReshardOptions r;
   r.inputs = SplitComma(o.data_dir);
   r.outputs = SplitComma(o.out);
   r.step = o.step;
   r.coordinator_out = o.coordinator_out;
+  r.world_size = static_cast<uint32_t>(o.world_size);
+  r.accumulation_steps = static_cast<uint32_t>(o.accumulation);
   if (r.inputs.empty())
     return zps::InvalidArgument("reshard needs --data-dir (every shard's store)");
   if (r.outputs.empty())
@@ -159,7 +165,8 @@ int main(int argc, char** argv) {
       "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
       "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
       "[--dtype fp32|bf16]\n"
-      "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]\n"
+      "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR] "
+      "[--world-size W --accumulation-steps K]\n"
       "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
   flags.AllowPositional(1, "inspect|export|reshard|save");
   flags.Add("data-dir", "checkpoint store directories, comma-separated (export: one per shard)",
@@ -177,6 +184,12 @@ int main(int argc, char** argv) {
             "reshard: where the new coordinator catalog goes (default: coordinator/ beside the "
             "first --out)",
             &o.coordinator_out);
+  flags.Add("world-size",
+            "reshard: the workers from this step on (with --accumulation-steps; their product "
+            "must stay the job's)",
+            &o.world_size, 0, 65536);
+  flags.Add("accumulation-steps", "reshard: micro-batches per rank and step from this step on",
+            &o.accumulation, 0, 1024);
   flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
   flags.Add("endpoint", "save: the coordinator's control endpoint host:port", &o.endpoint);
   flags.Add("token-file", "save: file holding the shared auth secret", &o.token_file);

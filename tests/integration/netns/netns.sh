@@ -54,10 +54,14 @@ scenario() {  # name what(none|cut:<host>:<seconds>|cut:<host>:forever)
     sp+=($!); pids+=($!)
   done
   local op_timeout=20
+  # A link cut for good must land while the job still runs: a 20-step job on a quiet machine can
+  # finish between step 8 and the cut, so that scenario trains for far longer than it can reach.
+  local steps=()
+  [[ $what == *:forever ]] && steps=(--steps 100000)
   local w=() r
   for r in 0 1; do
     ip netns exec "${tb_ns[w]}" "$bin/zps-train" --mode worker --endpoint "${tb_addr[s0]}:7070" \
-      --token-file "$work/token" --rank "$r" "${model[@]}" --ucx-tls tcp \
+      --token-file "$work/token" --rank "$r" "${model[@]}" "${steps[@]}" --ucx-tls tcp \
       --op-timeout "$op_timeout" --max-recoveries 3 --log-every 1 --print-crcs \
       > "$dir/worker$r.out" 2> "$dir/worker$r.err" &
     w+=($!); pids+=($!)

@@ -11,6 +11,7 @@
 #   kill             2to3, with shard 1 of the 3 SIGKILLed during a push of step 20 (the first
 #                    after the resume) and restarted: the job rolls back to the resharded
 #                    checkpoint 20 and still ends bit-identical
+#   baseline         only the 40-step run on 2 shards (the reference of the others)
 #   bad-input        bad inputs leave every store as it was, with a clear error: a store
 #                    missing, stores of two jobs, a store of another step, a corrupt value, and
 #                    a full disk (a 256 KiB tmpfs in a private mount namespace; skipped where it
@@ -63,7 +64,7 @@ phase() {  # dir shards steps [crash-spec]
   mkdir -p "$dir"
   port=()
   local i
-  for ((i = 0; i < n; i++)); do port[$i]=$(free_port); done
+  for ((i = 0; i < n; i++)); do port[i]=$(free_port); done
   for ((i = 0; i < n; i++)); do
     if [[ $i -eq 1 && -n $crash ]]; then start_shard "$dir" "$i" "$n" "$crash"
     else start_shard "$dir" "$i" "$n"; fi

@@ -196,6 +196,46 @@ TEST_F(ReshardBadInput, OutputsThatAreNotNew) {
   EXPECT_FALSE(fs::exists(dir_.sub("out")));
 }
 
+TEST(Reshard, WorkerCountChangesOnlyWithTheGlobalBatchKept) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 2, {20});  // world size 1, accumulation 1
+  auto r = ReshardCheckpoint({.inputs = in,
+                              .outputs = Outputs(dir.sub("b"), 2),
+                              .world_size = 2,
+                              .accumulation_steps = 2});
+  ASSERT_THAT(r, StatusIs(Code::kInvalidArgument));
+  EXPECT_NE(r.status().message().find("2 x accumulation 2 = 4 contributions a step, the job has "
+                                      "1 x 1 = 1"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_FALSE(fs::exists(dir.sub("b")));
+  ASSERT_THAT(
+      ReshardCheckpoint({.inputs = in, .outputs = Outputs(dir.sub("b"), 2), .world_size = 1}),
+      StatusIs(Code::kInvalidArgument));
+  // The same global batch: the job spec says so, and the checkpoint is that of the job.
+  JobSpec job = SmallJob(2);
+  job.shard.world_size = 4;
+  ASSERT_THAT(job.Validate(), IsOk());
+  auto c = MakeJob(dir.sub("c"), 2, {20});
+  for (const auto& d : c) {
+    auto store = CheckpointStore::Open(d, Small());
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->PutJobSpec(job), IsOk());
+  }
+  ASSERT_THAT(ReshardCheckpoint({.inputs = c,
+                                 .outputs = Outputs(dir.sub("d"), 3),
+                                 .world_size = 2,
+                                 .accumulation_steps = 2}),
+              IsOk());
+  auto store = CheckpointStore::Open(Outputs(dir.sub("d"), 3)[1], ReadOnly());
+  ASSERT_THAT(store, IsOk());
+  auto got = (*store)->GetJobSpec();
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->shard.world_size, 2u);
+  EXPECT_EQ(got->shard.accumulation_steps, 2u);
+  EXPECT_EQ(got->layout.options().num_shards, 3u);
+}
+
 // RocksDB opens a read-only database with one table file per level as a CompactedDBImpl, whose
 // Get did not resolve blob values (facebook/rocksdb#12503): after a compaction every tensor
 // read through a read-only store (zps-ckpt export, inspect, reshard) was "missing".
