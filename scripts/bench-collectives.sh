@@ -9,8 +9,7 @@
 #
 #   PART=moe scripts/bench-collectives.sh    # ranks that agree vs ranks that diverge (zps.torch)
 # runs bench/torch_divergent.py under torchrun instead, WORLD ranks, in each of the four modes: a
-# mixture of experts routed alike on every rank, then per rank (with rank 0's no_grad
-# evaluation every other step): median step time and shard bytes per step for both, and their
+# mixture of experts routed alike on every rank, then per rank (the same work): median step time and shard bytes per step for both, and their
 # ratio (extra arguments go to the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."

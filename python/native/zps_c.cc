@@ -455,11 +455,10 @@ int zps_await_pushes_below(zps_client* c, uint64_t max_pending) {
 int zps_flush(zps_client* c) {
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
-    if (c->reducer) {
-      // Zeros for every bucket this rank got no gradient for, then every bucket reduced.
-      ZPS_RETURN_IF_ERROR(c->reducer->Finish());
-      ZPS_RETURN_IF_ERROR(c->reducer->Drain());
-    }
+    // pre-reduced: every complete bucket reduced and pushed first. Not Finish: a flush may come
+    // in the middle of a backward pass (zps.torch completes each micro-batch's buckets itself,
+    // with zeros for the parameters that got no gradient, before its flush).
+    if (c->reducer) ZPS_RETURN_IF_ERROR(c->reducer->Drain());
     return c->client->FlushPushes();
   });
 }

@@ -7,7 +7,7 @@
  *   zps_begin_step(c, step);
  *   zps_fetch_into(c, ids, n, dst_ptrs, dst_dtypes);   // parameters land in the caller's memory
  *   zps_push_grad(c, param, step, grad, numel, 0);      // async; copied before returning
- *   zps_flush(c);  zps_await_commit(c, step, &info);  zps_end_step(c);
+ *   zps_end_step(c);  zps_flush(c);  zps_await_commit(c, step, &info);
  *   zps_close(c);
  *
  * Errors: every function that can fail returns 0 on success or a zps::Code (1..14, the values of
@@ -115,7 +115,10 @@ ZPS_C_EXPORT int zps_push_initial(zps_client* c, uint32_t param, const float* va
 
 /* Prefetcher: parameters are needed at version >= step from now on. */
 ZPS_C_EXPORT int zps_begin_step(zps_client* c, int64_t step);
-/* Adopts this step's access order as the trace when it changed. */
+/* Ends this rank's fetches of the step: adopts its access order as its trace when it changed.
+ * With options.fetch_strategy "bandwidth-centric" (and more than one rank) it is a collective,
+ * once per step on every rank, before zps_flush: it takes part in the all-gathers of the step's
+ * plan this rank did not need, and agrees on the next step's plan (worker/prefetcher.h). */
 ZPS_C_EXPORT int zps_end_step(zps_client* c);
 /* Fetches (or takes from the prefetcher) each of `ids` and writes it into dst[i], converted from
  * the serving dtype to dst_dtype[i] (ZPS_DTYPE_*): numel elements of host memory the caller owns.
@@ -131,15 +134,20 @@ ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
 
 /* Sends the fp32 gradient of `param` for `step` (numel elements) as micro-batch `micro` of this
  * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush.
- * With options.reduction "pre-reduced" (and more than one rank) it is a collective: every rank
- * calls it for the same parameters in the same order; `grad` is overwritten by the
- * reduce-scatter, and only this rank's slice (worker/collectives.h, RankSlice) is pushed. */
+ * With options.reduction "pre-reduced" (and more than one rank) the gradient goes into its
+ * bucket, and the buckets are reduce-scattered among the ranks in one fixed order on a thread of
+ * the library, whatever parameters and order each rank pushes (worker/bucket_reducer.h); only
+ * this rank's slice of each bucket is pushed. A bucket is reduced once every trainable parameter
+ * in it has a gradient (push zeros for those that got none) or, with zeros for what is missing,
+ * at the next micro-batch's first push. */
 ZPS_C_EXPORT int zps_push_grad(zps_client* c, uint32_t param, int64_t step, float* grad,
                                uint64_t numel, uint32_t micro);
 /* Waits until fewer than `max_pending` push pieces are unacknowledged (bounds the memory the
  * pushes' copies hold); returns the first push error so far without clearing it. */
 ZPS_C_EXPORT int zps_await_pushes_below(zps_client* c, uint64_t max_pending);
-/* Waits until every push so far is acknowledged; returns (and clears) the first push error. */
+/* Waits until every push so far is acknowledged; returns (and clears) the first push error.
+ * pre-reduced: first waits until every complete bucket is reduced and pushed (errors: a
+ * mismatched or failed collective, naming the bucket, ranks and sizes). */
 ZPS_C_EXPORT int zps_flush(zps_client* c);
 /* The coordinator's decision for `step` (bounded by op_timeout). */
 ZPS_C_EXPORT int zps_await_commit(zps_client* c, int64_t step, zps_commit_info* out);

@@ -33,8 +33,11 @@ KILL_STEP = 9
 
 
 def torchrun(cluster, max_restarts, *args, timeout=300):
+    # pre-reduced: small buckets (a test hook), so that the later layers' slices have landed
+    # on the shards when the victim dies in the backward pass (one 16 MiB bucket would hold the
+    # whole gradient of this model until the backward ends).
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), ZPS_ENDPOINT=cluster.endpoint,
-               ZPS_TOKEN_FILE=str(cluster.token_file))
+               ZPS_TOKEN_FILE=str(cluster.token_file), ZPS_TEST_BUCKET_BYTES="4096")
     env.pop("ZPS_TOKEN", None)
     cmd = [*torchrun_command(2, f"--max_restarts={max_restarts}", "--monitor_interval=1"),
            str(HERE / "torchrun_restart_script.py"), "--steps", str(STEPS), *args]

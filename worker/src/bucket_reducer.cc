@@ -49,7 +49,10 @@ struct BucketReducer::Impl {
   std::unique_ptr<CheckedCollectives> comm;
   Push push;
   BucketReducerOptions opts;
-  Generation gen;  // training thread only
+  // Lock order: gen_mu, then mu. gen_mu only serialises callers (zps.torch pushes from the
+  // autograd thread of a CUDA backward, and flushes from the training thread).
+  Mutex gen_mu;
+  Generation gen GUARDED_BY(gen_mu);
 
   Mutex mu;
   CondVar cv;
@@ -76,7 +79,7 @@ struct BucketReducer::Impl {
     return error;
   }
 
-  void Enqueue(uint32_t order, bool early) {
+  void Enqueue(uint32_t order, bool early) REQUIRES(gen_mu) {
     Item it{gen.step, gen.micro, order, std::move(gen.buffers[order])};
     if (it.data.empty()) it.data.assign(buckets[order].elems, 0.0f);
     gen.buffers[order] = {};
@@ -87,13 +90,13 @@ struct BucketReducer::Impl {
   }
 
   // Queues complete buckets in the reduce order, stopping at the first incomplete one.
-  void QueueReady(bool early) {
+  void QueueReady(bool early) REQUIRES(gen_mu) {
     while (gen.next < buckets.size() && gen.missing[gen.next] == 0) Enqueue(gen.next++, early);
   }
 
-  bool Done() const { return !gen.active || gen.next == buckets.size(); }
+  bool Done() const REQUIRES(gen_mu) { return !gen.active || gen.next == buckets.size(); }
 
-  void Start(int64_t step, uint32_t micro) {
+  void Start(int64_t step, uint32_t micro) REQUIRES(gen_mu) {
     gen.step = step;
     gen.micro = micro;
     gen.active = true;
@@ -104,6 +107,22 @@ struct BucketReducer::Impl {
       gen.missing[b] = static_cast<uint32_t>(buckets[b].params.size());
     }
     gen.have.assign(layout->num_params(), 0);
+  }
+
+  Status FinishLocked() REQUIRES(gen_mu) {
+    ZPS_RETURN_IF_ERROR(Sticky());
+    if (Done()) return Status::Ok();
+    uint64_t zeros = 0;
+    for (uint32_t o = gen.next; o < buckets.size(); ++o) {
+      for (uint32_t p : buckets[o].params) zeros += gen.have[p] ? 0 : 1;
+      gen.missing[o] = 0;  // the buffer's zeros stand for the missing gradients
+    }
+    {
+      MutexLock lock(&mu);
+      stats.zero_filled += zeros;
+    }
+    QueueReady(/*early=*/false);
+    return Status::Ok();
   }
 
   Status Reduce(Item& it) {
@@ -216,6 +235,7 @@ Status BucketReducer::Add(uint32_t param, int64_t step, uint32_t micro,
   Impl& d = *impl_;
   ZPS_RETURN_IF_ERROR(d.Sticky());
   if (param >= d.layout->num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  MutexLock lock(&d.gen_mu);
   const std::string& name = d.layout->spec(param).name;
   if (d.frozen[param]) return InvalidArgument("parameter " + name + " is frozen");
   if (grad.size() != d.layout->param_numel(param)) {
@@ -224,11 +244,7 @@ Status BucketReducer::Add(uint32_t param, int64_t step, uint32_t micro,
   }
   Generation& g = d.gen;
   if (!g.active || g.step != step || g.micro != micro) {
-    if (!d.Done()) {
-      return FailedPrecondition("a gradient of step " + std::to_string(step) + " micro " +
-                                std::to_string(micro) + " while step " + std::to_string(g.step) +
-                                " micro " + std::to_string(g.micro) + " is not finished");
-    }
+    ZPS_RETURN_IF_ERROR(d.FinishLocked());  // the previous micro-batch is over: zeros for the rest
     d.Start(step, micro);
   }
   if (g.have[param]) {
@@ -250,21 +266,8 @@ Status BucketReducer::Add(uint32_t param, int64_t step, uint32_t micro,
 }
 
 Status BucketReducer::Finish() {
-  Impl& d = *impl_;
-  ZPS_RETURN_IF_ERROR(d.Sticky());
-  Generation& g = d.gen;
-  if (d.Done()) return Status::Ok();
-  uint64_t zeros = 0;
-  for (uint32_t o = g.next; o < d.buckets.size(); ++o) {
-    for (uint32_t p : d.buckets[o].params) zeros += g.have[p] ? 0 : 1;
-    g.missing[o] = 0;  // the buffer's zeros stand for the missing gradients
-  }
-  {
-    MutexLock lock(&d.mu);
-    d.stats.zero_filled += zeros;
-  }
-  d.QueueReady(/*early=*/false);
-  return Status::Ok();
+  MutexLock lock(&impl_->gen_mu);
+  return impl_->FinishLocked();
 }
 
 Status BucketReducer::Drain() {

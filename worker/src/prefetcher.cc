@@ -47,6 +47,7 @@ Result<std::vector<std::vector<uint32_t>>> Decode(std::span<const uint32_t> w) {
 // A longest common subsequence of two group sequences (dynamic programming, O(|a| |b|)).
 std::vector<std::vector<uint32_t>> Common(const std::vector<std::vector<uint32_t>>& a,
                                           const std::vector<std::vector<uint32_t>>& b) {
+  if (a == b) return a;  // the ranks (or the steps) agree: no table
   const size_t n = a.size(), m = b.size();
   std::vector<uint32_t> len((n + 1) * (m + 1), 0);
   auto at = [&](size_t i, size_t j) -> uint32_t& { return len[i * (m + 1) + j]; };
@@ -319,6 +320,12 @@ Status Prefetcher::AgreePlan() {
       plan = q == 0 ? std::move(theirs) : Common(plan, theirs);
     }
   }
+  // Only what the ranks did alike in this step and the one before: a group that changes every
+  // step (an expert whose tokens come and go) would otherwise be all-gathered by every rank
+  // next step whether it is used or not.
+  std::vector<Group> common = plan;
+  if (plan_agreed_) plan = Common(last_common_, plan);
+  last_common_ = std::move(common);
   plan_ = std::move(plan);
   plan_agreed_ = true;
   planned_.assign(source_->layout().num_params(), 0);

@@ -115,8 +115,12 @@ TEST_F(BucketReducerTest, FinishTakesPartWithZerosForWhatGotNoGradient) {
   EXPECT_THAT(reducer_->Add(1, 1, 0, Grad(1, 1.0f)), StatusIs(Code::kAlreadyExists));
   EXPECT_THAT(reducer_->Add(9, 1, 0, Grad(1, 1.0f)), StatusIs(Code::kOutOfRange));
   EXPECT_THAT(reducer_->Add(0, 1, 0, Grad(1, 1.0f)), StatusIs(Code::kInvalidArgument));
-  // Another step before this one is finished: refused.
-  EXPECT_THAT(reducer_->Add(0, 2, 0, Grad(0, 1.0f)), StatusIs(Code::kFailedPrecondition));
+  // Another step before this one is finished: step 1 takes part with zeros for the rest.
+  comm_.reduced.clear();
+  ASSERT_THAT(reducer_->Add(0, 2, 0, Grad(0, 1.0f)), IsOk());
+  ASSERT_THAT(reducer_->Drain(), IsOk());
+  EXPECT_THAT(comm_.reduced, ElementsAre(8u, 8u, 4u));  // step 1's three buckets
+  EXPECT_EQ(reducer_->stats().zero_filled, 3u + 3u);    // step 1's a, c, d
 }
 
 TEST_F(BucketReducerTest, MismatchedBucketsFailNamingTheBucketTheRanksAndTheSizes) {

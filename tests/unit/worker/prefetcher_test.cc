@@ -450,6 +450,19 @@ TEST(Prefetcher, ThePlanIsWhatEveryRankAcquiredInOrder) {
   EXPECT_EQ(p.stats().unplanned, unplanned + 1);  // {1}
 }
 
+TEST(Prefetcher, AGroupThatChangesEveryStepLeavesThePlan) {
+  FakeSource src(4);
+  FakeCollectives gather;
+  Prefetcher p(&src, {.prefetch_bytes = 0, .gather = &gather});
+  RunStep(p, 0, {0, 1, 3});  // every rank alike, expert 1 this step
+  EXPECT_EQ(p.stats().plan_groups, 3u);
+  RunStep(p, 1, {0, 2, 3});  // expert 2: {0} and {3} stay planned, {1} and {2} do not
+  EXPECT_EQ(p.stats().plan_groups, 2u);
+  gather.blocks.clear();
+  RunStep(p, 2, {0, 1, 3});
+  EXPECT_THAT(gather.DataBlocks(), ElementsAre(kBytes / 2, kBytes / 2));
+}
+
 TEST(Prefetcher, RanksThatIssueDifferentGathersFailNamingThePositionAndTheSizes) {
   FakeSource src(3);
   FakeCollectives gather;

@@ -22,8 +22,9 @@
 // Memory: a bucket's fp32 buffer lives from its first gradient until it is reduced. A rank whose
 // first bucket in the order completes last holds every gradient of its step until Finish.
 //
-// Thread-safety: Add, Finish and Drain are called by one thread (the training thread); the push
-// callback runs on the reduce thread. Errors are sticky: the first failed reduce-scatter or push
+// Thread-safety: every method is thread-safe (Add and Finish are serialised; one thread at a time
+// is the intended use: the training thread, or autograd's during backward); the push callback
+// runs on the reduce thread. Errors are sticky: the first failed reduce-scatter or push
 // is returned by every later call (the communicator is then unusable).
 #pragma once
 
@@ -74,11 +75,9 @@ class BucketReducer {
   BucketReducer& operator=(const BucketReducer&) = delete;
 
   /// Adds `grad` (numel elements, copied) as `param`'s gradient of (step, micro). A new (step,
-  /// micro) starts once every bucket of the previous one is queued (all its gradients added,
-  /// or Finish). Errors: OutOfRange (id), InvalidArgument (length, a frozen parameter),
-  /// AlreadyExists (a second gradient of the parameter in one (step, micro)),
-  /// FailedPrecondition (the previous (step, micro) still has buckets to queue); the reduce
-  /// thread's first error.
+  /// micro) first finishes the previous one (Finish). Errors: OutOfRange (id), InvalidArgument
+  /// (length, a frozen parameter), AlreadyExists (a second gradient of the parameter in one
+  /// (step, micro)); the reduce thread's first error.
   Status Add(uint32_t param, int64_t step, uint32_t micro, std::span<const float> grad);
   /// Ends this rank's gradients of the (step, micro) in progress: every trainable parameter
   /// without one takes part with zeros, and every bucket not queued yet is queued. Does not

@@ -40,7 +40,8 @@ struct PrefetchOptions {
   /// The `bandwidth-centric` fetch strategy when set, for what every rank fetches alike: at the
   /// end of each step (EndStep) the ranks exchange the groups they acquired (one Acquire call
   /// each) and agree on a plan for the next step, a common subsequence of their groups in
-  /// order (all of them where the ranks did the same thing). In the next step each rank
+  /// order, and of the last step's (all of them where the ranks do the same thing every step;
+  /// not an expert whose tokens come and go). In the next step each rank
   /// fetches only its slice RankSlice(numel, world, rank) of a planned group's parameters from
   /// the shards (ahead, along its own trace) and all-gathers the group, one collective per plan
   /// position, in plan order: an Acquire of the group at plan position j first takes part in
@@ -136,6 +137,7 @@ class Prefetcher {
   std::vector<char> planned_;                    // per parameter: in plan_
   size_t plan_done_ = 0;                         // plan positions taken part in
   bool plan_agreed_ = false;                     // an EndStep agreed on a plan
+  std::vector<Group> last_common_;               // what the ranks did alike in the last step
   uint64_t live_bytes_ = 0;
   uint64_t clock_ = 0;
 };
