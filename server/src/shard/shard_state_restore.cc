@@ -173,4 +173,18 @@ ShardStorageStats ShardState::storage_stats() const {
   return out;
 }
 
+ShardStateBytes ShardState::state_bytes() const {
+  ShardStateBytes out;
+  const uint64_t banks = serving_bank_bytes_ > 0 ? 2 : 1;
+  MutexLock lock(&mu_);  // the slots' buffers (their sizes never change)
+  for (const Chunk& c : chunks_) {
+    out.master += kinds_->bytes(StateKind::kMaster, c.size);
+    out.m += kinds_->bytes(StateKind::kM, c.size);
+    out.v += kinds_->bytes(StateKind::kV, c.size);
+    out.serving += banks * kinds_->bytes(StateKind::kServing, c.size);
+    out.grad += c.slots.bytes();
+  }
+  return out;
+}
+
 }  // namespace zps::server

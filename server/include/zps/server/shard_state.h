@@ -212,6 +212,21 @@ struct SpeculationStats {
   uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
 };
 
+/// Bytes of each kind of state a shard keeps, wherever it lives (RAM or the spill files): what
+/// the state costs per parameter, not where it is (ShardStorageStats and zps_memory_bytes say
+/// that). The zps_shard_state_bytes{kind} gauge and zps-train's "state bytes per parameter" line
+/// come from here (docs/state-bytes.md).
+struct ShardStateBytes {
+  uint64_t master = 0;   // fp32 masters
+  uint64_t m = 0;        // first moments (SGD: the momentum buffer), without their scales
+  uint64_t v = 0;        // second moments, without their scales
+  uint64_t scales = 0;   // the per-block scales of compact (int8) moments
+  uint64_t serving = 0;  // serving copies (both banks with speculation and RAM state)
+  uint64_t grad = 0;     // gradient slots of the step in progress
+  /// What a parameter costs between steps: master, moments, scales and serving copies.
+  uint64_t state() const { return master + m + v + scales + serving; }
+};
+
 /// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
 inline constexpr uint32_t kServingStagingBuffers = 4;
 
@@ -354,6 +369,8 @@ class ShardState {
   /// The spill tier's figures. Waits for a store pass in progress: call it from the driver
   /// thread between steps (as the shard's metrics do).
   ShardStorageStats storage_stats() const;
+  /// Bytes of each kind of state (ShardStateBytes). Fixed at Create; thread-safe.
+  ShardStateBytes state_bytes() const;
 
   // ---- durability (shard_state_restore.cc) ----
   // Called by the one thread that also calls ReduceStep/ApplyCommit (the step driver), between
