@@ -180,7 +180,9 @@ int Run(int argc, char** argv) {
           if (!st.ok()) err = st.status();
           return;
         }
-        const server::ChunkState state{{b.master.get(), n}, {b.m.get(), n}, {b.v.get(), n}};
+        const server::ChunkState state{{b.master.get(), n},
+                                       std::as_writable_bytes(std::span<float>(b.m.get(), n)),
+                                       std::as_writable_bytes(std::span<float>(b.v.get(), n))};
         server::UpdateParams up;
         up.step = step;
         up.out_dtype = c.out;

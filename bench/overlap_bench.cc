@@ -286,10 +286,11 @@ Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
       server::UpdateParams up;
       up.step = step;
       up.out16 = l.out.span();
-      server::ChunkState st{l.f[0].span(), l.f[1].span(), l.f[2].span()};
+      auto bytes = [&](int k) { return std::as_writable_bytes(l.f[k].span()); };
+      server::ChunkState st{l.f[0].span(), bytes(1), bytes(2)};
       if (place_out) {
-        st = {l.f[3].span(), l.f[4].span(), l.f[5].span()};
-        up.source = server::ConstChunkState{l.f[0].span(), l.f[1].span(), l.f[2].span()};
+        st = {l.f[3].span(), bytes(4), bytes(5)};
+        up.source = server::ConstChunkState{l.f[0].span(), bytes(1), bytes(2)};
       }
       ZPS_RETURN_IF_ERROR(opt->Update(st, {l.f[6].data(), DType::kF32, n}, up));
       if (place_out) {

@@ -36,6 +36,7 @@ ZPS_ENUM_INFO(UpdateMode, ZPS_UPDATE_MODE_VALUES, "update mode")
 ZPS_ENUM_INFO(OptimizerKind, ZPS_OPTIMIZER_KIND_VALUES, "optimizer")
 ZPS_ENUM_INFO(LrScheduleKind, ZPS_LR_SCHEDULE_KIND_VALUES, "lr schedule")
 ZPS_ENUM_INFO(WarmupType, ZPS_WARMUP_TYPE_VALUES, "lr schedule: warmup_type")
+ZPS_ENUM_INFO(StateDType, ZPS_STATE_DTYPE_VALUES, "optimizer: state_dtype")
 #undef ZPS_ENUM_INFO
 #undef ZPS_ENUM_ENTRY
 
@@ -265,12 +266,26 @@ constexpr uint32_t kJobMagic = 0x5a50534au;  // "ZPSJ"
 constexpr size_t kMaxLayoutBytes = 512u << 20;
 constexpr size_t kMaxOptimizerBytes = 4096;
 
-// The optimizer record: "ZOPT", u16 version, u16 body length, the body (the fields in list
-// order), u32 CRC32C of everything before it. A later version may append fields; readers reject
-// versions they do not know.
+// The optimizer record: "ZOPT", u16 version, u16 body length, the body (the fields of versions
+// 1 to the record's, in list order), u32 CRC32C of everything before it. A later version appends
+// fields; readers reject versions they do not know.
 constexpr char kOptMagic[4] = {'Z', 'O', 'P', 'T'};
-constexpr uint16_t kOptVersion = 1;
+constexpr uint16_t kOptVersion = 2;
 constexpr size_t kOptHeader = 8;
+
+// The JobSpec version that carries an optimizer record of version `v` (record version 2 came
+// with job spec version 4).
+constexpr uint32_t JobVersionOfOptRecord(uint32_t v) { return v <= 1 ? 1 : 4; }
+
+// The binary version a field of S is documented under in the job spec's tables.
+template <typename S>
+uint32_t JobVersionOf(uint32_t field_version) {
+  if constexpr (std::is_same_v<S, OptimizerConfig>) {
+    return JobVersionOfOptRecord(field_version);
+  } else {
+    return field_version;
+  }
+}
 
 // ---- JSON -------------------------------------------------------------------------------------
 
@@ -441,7 +456,7 @@ void JsonRows(std::string& out, const std::string& prefix, uint32_t version, boo
   (void)ForEachField<S>([&](const auto& f) {
     using T = typename std::decay_t<decltype(f)>::Type;
     const std::string key = prefix + std::string(f.key);
-    const uint32_t v = version > 0 ? version : f.version;
+    const uint32_t v = version > 0 ? version : JobVersionOf<S>(f.version);
     std::string type = TypeText<T>();
     if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
       type += " in " + Range(f.lo, f.hi);
@@ -523,6 +538,7 @@ std::string_view UpdateModeName(UpdateMode m) { return NameOf(m); }
 std::string_view OptimizerKindName(OptimizerKind kind) { return NameOf(kind); }
 std::string_view LrScheduleKindName(LrScheduleKind kind) { return NameOf(kind); }
 std::string_view WarmupTypeName(WarmupType type) { return NameOf(type); }
+std::string_view StateDTypeName(StateDType dtype) { return NameOf(dtype); }
 Result<ReductionMode> ParseReductionMode(std::string_view text) {
   return ParseEnum<ReductionMode>(text);
 }
@@ -534,15 +550,17 @@ Result<LrScheduleKind> ParseLrScheduleKind(std::string_view text) {
   return ParseEnum<LrScheduleKind>(text);
 }
 Result<WarmupType> ParseWarmupType(std::string_view text) { return ParseEnum<WarmupType>(text); }
+Result<StateDType> ParseStateDType(std::string_view text) { return ParseEnum<StateDType>(text); }
 
 // ---- OptimizerConfig record -------------------------------------------------------------------
 
 std::vector<std::byte> OptimizerConfig::Serialize() const {
+  const uint32_t version = VersionNeeded(*this);
   ByteWriter body;
-  Put(body, *this);
+  for (uint32_t v = 1; v <= version; ++v) PutVersion(body, *this, v);
   ByteWriter w;
   for (char c : kOptMagic) w.U8(static_cast<uint8_t>(c));
-  w.U16(kOptVersion);
+  w.U16(static_cast<uint16_t>(version));
   w.U16(static_cast<uint16_t>(body.size()));
   w.Raw(body.buffer().data(), body.size());
   w.U32(Crc32c(w.buffer()));
@@ -560,23 +578,32 @@ Result<OptimizerConfig> OptimizerConfig::Deserialize(std::span<const std::byte> 
   ByteReader header(bytes.subspan(4, 4));
   ZPS_ASSIGN_OR_RETURN(uint16_t version, header.U16("optimizer.version"));
   ZPS_ASSIGN_OR_RETURN(uint16_t body_len, header.U16("optimizer.length"));
-  if (version != kOptVersion) {
+  if (version < 1 || version > kOptVersion) {
     return InvalidArgument("optimizer config: unsupported version " + std::to_string(version) +
-                           " (this build reads version " + std::to_string(kOptVersion) + ")");
+                           " (this build reads versions 1 to " + std::to_string(kOptVersion) + ")");
   }
-  static const size_t kBodyLen = EncodedSize<OptimizerConfig>();
-  if (body_len != kBodyLen || bytes.size() != kOptHeader + kBodyLen + 4) {
+  ByteWriter defaults;
+  for (uint32_t v = 1; v <= version; ++v) PutVersion(defaults, OptimizerConfig{}, v);
+  const size_t body_want = defaults.size();
+  if (body_len != body_want || bytes.size() != kOptHeader + body_want + 4) {
     return InvalidArgument("optimizer config: wrong length " + std::to_string(bytes.size()) +
-                           " (body " + std::to_string(body_len) + ") for version 1");
+                           " (body " + std::to_string(body_len) + ") for version " +
+                           std::to_string(version));
   }
   uint32_t stored_crc;
   std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
   if (Crc32c(bytes.first(bytes.size() - 4)) != stored_crc) {
     return DataLoss("optimizer config: checksum mismatch");
   }
-  ByteReader r(bytes.subspan(kOptHeader, kBodyLen));
+  ByteReader r(bytes.subspan(kOptHeader, body_want));
   OptimizerConfig c;
-  ZPS_RETURN_IF_ERROR(Get(r, "optimizer config: optimizer", &c));
+  for (uint32_t v = 1; v <= version; ++v) {
+    ZPS_RETURN_IF_ERROR(ForEachField<OptimizerConfig>([&](const auto& f) {
+      return f.version == v
+                 ? Get(r, "optimizer config: optimizer." + std::string(f.member), &(c.*f.ptr))
+                 : Status::Ok();
+    }));
+  }
   ZPS_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -584,7 +611,8 @@ Result<OptimizerConfig> OptimizerConfig::Deserialize(std::span<const std::byte> 
 // ---- JobSpec ----------------------------------------------------------------------------------
 
 std::vector<std::byte> JobSpec::Serialize() const {
-  const uint32_t version = std::max(VersionNeeded(shard), VersionNeeded(commit));
+  const uint32_t version = std::max({VersionNeeded(shard), VersionNeeded(commit),
+                                     JobVersionOfOptRecord(VersionNeeded(optimizer))});
   ByteWriter w;
   w.U32(kJobMagic);
   w.U32(version);
@@ -616,6 +644,11 @@ Result<JobSpec> JobSpec::Deserialize(std::span<const std::byte> bytes) {
       ZPS_ASSIGN_OR_RETURN(j.optimizer, OptimizerConfig::Deserialize(opt_bytes));
     }
     ZPS_RETURN_IF_ERROR(GetVersion(r, &j.commit, v));
+  }
+  if (JobVersionOfOptRecord(VersionNeeded(j.optimizer)) > version) {
+    return InvalidArgument("job spec version " + std::to_string(version) +
+                           " carries an optimizer record of a later version (optimizer.state_dtype "
+                           "needs job spec version 4)");
   }
   ZPS_RETURN_IF_ERROR(r.ExpectEnd("job spec"));
   ZPS_RETURN_IF_ERROR(j.Validate());
@@ -673,7 +706,7 @@ std::string JobSpecDocTable(std::string_view which) {
         "| `params` | list of {name, shape} | | 1 | the parameters in order; a shape [] is one "
         "element |\n";
     JsonRows<LayoutOptions>(out, "", 0, true);
-    JsonRows<OptimizerConfig>(out, "optimizer.", 1, true);
+    JsonRows<OptimizerConfig>(out, "optimizer.", 0, true);
     JsonRows<CommitConfig>(out, "commit.", 0, true);
     JsonRows<ShardJob>(out, "shard.", 0, true);
   } else if (which == "binary") {
@@ -686,9 +719,15 @@ std::string JobSpecDocTable(std::string_view which) {
       WireRows<ShardJob>(out, "shard.", v, 0);
       if (v == 1) {
         out +=
-            "| `optimizer` | u32 length + record: \"ZOPT\", u16 version 1, u16 body length, "
-            "body, u32 CRC32C | 1 |\n";
-        WireRows<OptimizerConfig>(out, "optimizer.", 0, 1);
+            "| `optimizer` | u32 length + record: \"ZOPT\", u16 record version (1; 2 from job "
+            "version 4), u16 body length, body, u32 CRC32C | 1 |\n";
+        WireRows<OptimizerConfig>(out, "optimizer.", 1, 1);
+      }
+      if (v == JobVersionOfOptRecord(2)) {
+        out +=
+            "| `optimizer` (record version 2) | no field here: the record above is version 2 "
+            "and its body appends | 4 |\n";
+        WireRows<OptimizerConfig>(out, "optimizer.", 2, v);
       }
       WireRows<CommitConfig>(out, "commit.", v, 0);
     }

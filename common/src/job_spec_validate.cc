@@ -55,6 +55,11 @@ Status OptimizerConfig::Validate() const {
     return InvalidArgument("optimizer config: adamw needs lr * weight_decay <= 1, got " + Num(lr) +
                            " * " + Num(weight_decay));
   }
+  if (state_dtype != StateDType::kF32 && state_dtype != StateDType::kBF16 &&
+      state_dtype != StateDType::kInt8) {
+    return InvalidArgument("optimizer config: unknown state_dtype " +
+                           std::to_string(static_cast<int>(state_dtype)));
+  }
   return Status::Ok();
 }
 
@@ -126,6 +131,14 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
   if (job.serving_dtype != DType::kF16 && job.serving_dtype != DType::kBF16 &&
       job.serving_dtype != DType::kF32) {
     return InvalidArgument("serving_dtype must be fp16, bf16 or fp32");
+  }
+  // A shard updates each parameter run of a chunk in its own call, and a run must start on an
+  // int8 block (zps/server/optimizer.h); runs start at multiples of align_elems.
+  if (optimizer.state_dtype == StateDType::kInt8 &&
+      layout.options().align_elems % kInt8StateBlockElems != 0) {
+    return InvalidArgument("optimizer.state_dtype int8 needs align_elems to be a multiple of " +
+                           std::to_string(kInt8StateBlockElems) + ", got " +
+                           std::to_string(layout.options().align_elems));
   }
   if (job.accumulation_steps == 0 || job.accumulation_steps > 1024 ||
       uint64_t{job.world_size} * job.accumulation_steps > 65536) {

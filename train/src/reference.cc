@@ -189,9 +189,11 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
     const float lr = schedule.LrFor(optimizer_step_ - 1, options_.optimizer.lr);
     for (uint32_t c = 0; c < chunks; ++c) {
       const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
-      server::ChunkState st{
-          {master_.data() + begin, n}, {m_.data() + begin, n}, {v_.data() + begin, n}};
+      server::ChunkState st{{master_.data() + begin, n},
+                            std::as_writable_bytes(std::span<float>(m_.data() + begin, n)),
+                            std::as_writable_bytes(std::span<float>(v_.data() + begin, n))};
       server::UpdateParams up;
+      up.first_index = begin;
       up.step = optimizer_step_;
       up.grad_scale = res.decision.grad_scale;
       up.out_dtype = options_.serving_dtype;

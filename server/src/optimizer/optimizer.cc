@@ -8,6 +8,7 @@
 #include "zps/server/optimizer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,25 @@ Status CheckLen(std::string_view what, size_t got, size_t want) {
                          " elements, gradient has " + std::to_string(want));
 }
 
+Status CheckMoment(std::string_view what, StateDType dtype, size_t got_bytes, size_t n) {
+  const uint64_t want = MomentBytes(dtype, n);
+  if (got_bytes == want) return Status::Ok();
+  return InvalidArgument(std::string(what) + " has " + std::to_string(got_bytes) + " bytes; " +
+                         std::to_string(n) + " elements of " + std::string(StateDTypeName(dtype)) +
+                         " state take " + std::to_string(want));
+}
+
+template <typename B>
+std::span<B> Range(StateDType dtype, std::span<B> packed, uint64_t begin, uint64_t n) {
+  if (packed.empty()) return packed;
+  if (dtype == StateDType::kInt8 && begin % kInt8BlockElems != 0) {
+    std::abort();  // the caller's arithmetic: runs start on a block (see optimizer.h)
+  }
+  const uint64_t off = MomentOffset(dtype, begin), bytes = MomentBytes(dtype, n);
+  if (off + bytes > packed.size()) std::abort();
+  return packed.subspan(off, bytes);
+}
+
 // Runs fn(begin, end) over fixed blocks, on the pool when there is more than one block.
 template <typename Fn>
 void ForBlocks(ThreadPool* pool, size_t n, const Fn& fn) {
@@ -71,6 +91,33 @@ void ForBlocks(ThreadPool* pool, size_t n, const Fn& fn) {
 }
 
 }  // namespace
+
+uint64_t MomentBytes(StateDType dtype, uint64_t n) {
+  switch (dtype) {
+    case StateDType::kBF16:
+      return 2 * n;
+    case StateDType::kInt8:
+      return (n + kInt8BlockElems - 1) / kInt8BlockElems * kInt8BlockBytes;
+    case StateDType::kF32:
+      break;
+  }
+  return 4 * n;
+}
+
+uint64_t MomentOffset(StateDType dtype, uint64_t begin) {
+  return dtype == StateDType::kInt8 ? begin / kInt8BlockElems * kInt8BlockBytes
+                                    : MomentBytes(dtype, begin);
+}
+
+std::span<std::byte> MomentRange(StateDType dtype, std::span<std::byte> packed, uint64_t begin,
+                                 uint64_t n) {
+  return Range(dtype, packed, begin, n);
+}
+
+std::span<const std::byte> MomentRange(StateDType dtype, std::span<const std::byte> packed,
+                                       uint64_t begin, uint64_t n) {
+  return Range(dtype, packed, begin, n);
+}
 
 Optimizer::Optimizer(const OptimizerConfig& config, ThreadPool* pool, Isa isa)
     : config_(config), pool_(pool), isa_(isa) {}
@@ -99,9 +146,10 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   const size_t n = grad.n;
   const bool adam = config_.kind != OptimizerKind::kSgd;
   const bool has_momentum = !adam && config_.momentum > 0.0f;
+  const StateDType sd = config_.state_dtype;
   ZPS_RETURN_IF_ERROR(CheckLen("master", state.master.size(), n));
-  if (adam || has_momentum) ZPS_RETURN_IF_ERROR(CheckLen("m", state.m.size(), n));
-  if (adam) ZPS_RETURN_IF_ERROR(CheckLen("v", state.v.size(), n));
+  if (adam || has_momentum) ZPS_RETURN_IF_ERROR(CheckMoment("m", sd, state.m.size(), n));
+  if (adam) ZPS_RETURN_IF_ERROR(CheckMoment("v", sd, state.v.size(), n));
   if (!params.out16.empty()) ZPS_RETURN_IF_ERROR(CheckLen("out16", params.out16.size(), n));
   if (!params.out32.empty()) ZPS_RETURN_IF_ERROR(CheckLen("out32", params.out32.size(), n));
   const bool out_f32 = params.out_dtype == DType::kF32;
@@ -123,20 +171,27 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   }
   if (params.source) {
     ZPS_RETURN_IF_ERROR(CheckLen("source master", params.source->master.size(), n));
-    if (adam || has_momentum) ZPS_RETURN_IF_ERROR(CheckLen("source m", params.source->m.size(), n));
-    if (adam) ZPS_RETURN_IF_ERROR(CheckLen("source v", params.source->v.size(), n));
-    auto overlaps = [n](const float* a, const float* b) {
-      return a != nullptr && b != nullptr && a < b + n && b < a + n;
+    if (adam || has_momentum) {
+      ZPS_RETURN_IF_ERROR(CheckMoment("source m", sd, params.source->m.size(), n));
+    }
+    if (adam) ZPS_RETURN_IF_ERROR(CheckMoment("source v", sd, params.source->v.size(), n));
+    auto overlaps = [](auto a, auto b) {
+      const auto* pa = reinterpret_cast<const std::byte*>(a.data());
+      const auto* pb = reinterpret_cast<const std::byte*>(b.data());
+      return pa != nullptr && pb != nullptr && pa < pb + b.size_bytes() && pb < pa + a.size_bytes();
     };
-    if (overlaps(params.source->master.data(), state.master.data()) ||
-        overlaps(params.source->m.data(), state.m.data()) ||
-        overlaps(params.source->v.data(), state.v.data())) {
+    if (overlaps(params.source->master, state.master) || overlaps(params.source->m, state.m) ||
+        overlaps(params.source->v, state.v)) {
       return InvalidArgument("an out-of-place update's source overlaps its state");
     }
   }
   if (params.step < 1)
     return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
   if (!std::isfinite(params.grad_scale)) return InvalidArgument("grad_scale must be finite");
+  if (sd != StateDType::kF32) {
+    return Unimplemented("optimizer: " + std::string(StateDTypeName(sd)) +
+                         " state is not implemented yet");
+  }
   if (n == 0) return Status::Ok();
 
   KernelArgs a;
@@ -155,14 +210,14 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   a.nesterov = config_.nesterov;
   a.grad = grad.data;
   a.master = state.master.data();
-  a.m = (adam || has_momentum) ? state.m.data() : nullptr;
-  a.v = adam ? state.v.data() : nullptr;
+  a.m = (adam || has_momentum) ? reinterpret_cast<float*>(state.m.data()) : nullptr;
+  a.v = adam ? reinterpret_cast<float*>(state.v.data()) : nullptr;
   a.out = a.has_out && !out_f32 ? params.out16.data() : nullptr;
   a.out32 = a.has_out && out_f32 ? params.out32.data() : nullptr;
   if (params.source) {
     a.src_master = params.source->master.data();
-    a.src_m = a.m != nullptr ? params.source->m.data() : nullptr;
-    a.src_v = a.v != nullptr ? params.source->v.data() : nullptr;
+    a.src_m = a.m != nullptr ? reinterpret_cast<const float*>(params.source->m.data()) : nullptr;
+    a.src_v = a.v != nullptr ? reinterpret_cast<const float*>(params.source->v.data()) : nullptr;
   }
   a.grad_scale = params.grad_scale;
   a.lr = lr_f;

@@ -47,7 +47,7 @@ ChunkState ChunkBuffers::prefix(uint64_t n) {
   auto part = [n](AlignedBuffer<float>& b) {
     return b.size() == 0 ? std::span<float>() : b.span().subspan(0, n);
   };
-  return {part(master), part(m), part(v)};
+  return {part(master), std::as_writable_bytes(part(m)), std::as_writable_bytes(part(v))};
 }
 
 uint64_t ChunkBuffers::bytes() const {

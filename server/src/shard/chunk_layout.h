@@ -18,6 +18,14 @@
 
 namespace zps::server {
 
+/// A packed fp32 moment (the only state dtype these buffers hold) as its floats.
+inline std::span<float> Fp32Moment(std::span<std::byte> packed) {
+  return {reinterpret_cast<float*>(packed.data()), packed.size() / sizeof(float)};
+}
+inline std::span<const float> Fp32Moment(std::span<const std::byte> packed) {
+  return {reinterpret_cast<const float*>(packed.data()), packed.size() / sizeof(float)};
+}
+
 /// The kinds of state a chunk stores. The first three are the optimizer's state (kStateKinds);
 /// the serving copy is what workers fetch, derived from the master.
 enum class StateKind : uint8_t { kMaster = 0, kM = 1, kV = 2, kServing = 3 };
@@ -88,8 +96,12 @@ struct ChunkBuffers {
     for (StateKind k : kOptimizerStateKinds) fn(k, of(k));
   }
 
-  ChunkState spans() { return {master.span(), m.span(), v.span()}; }
-  ConstChunkState spans() const { return {master.span(), m.span(), v.span()}; }
+  ChunkState spans() {
+    return {master.span(), std::as_writable_bytes(m.span()), std::as_writable_bytes(v.span())};
+  }
+  ConstChunkState spans() const {
+    return {master.span(), std::as_bytes(m.span()), std::as_bytes(v.span())};
+  }
   /// The first `n` elements of each buffer (a spare sized for the largest chunk).
   ChunkState prefix(uint64_t n);
   /// Bytes held.

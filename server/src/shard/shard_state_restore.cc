@@ -32,12 +32,13 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
     pass.write_state = false;
     return CountIo(
         store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
-          return fn(chunks_[i].id, version, s.state.master, s.state.m, s.state.v);
+          return fn(chunks_[i].id, version, s.state.master, Fp32Moment(s.state.m),
+                    Fp32Moment(s.state.v));
         }));
   }
   for (const Chunk& c : chunks_) {
     const ConstChunkState st = c.state.spans();
-    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, st.m, st.v));
+    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, Fp32Moment(st.m), Fp32Moment(st.v)));
   }
   return Status::Ok();
 }
@@ -99,12 +100,15 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
           const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
           if (version < 0) {
             std::fill(s.state.master.begin(), s.state.master.end(), 0.0f);
-            std::fill(s.state.m.begin(), s.state.m.end(), 0.0f);
-            std::fill(s.state.v.begin(), s.state.v.end(), 0.0f);
+            std::fill(s.state.m.begin(), s.state.m.end(), std::byte{0});
+            std::fill(s.state.v.begin(), s.state.v.end(), std::byte{0});
             std::fill(serving.begin(), serving.end(), uint16_t{0});
             return Status::Ok();
           }
-          if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
+          if (Status st = load(c.id, s.state.master, Fp32Moment(s.state.m), Fp32Moment(s.state.v));
+              !st.ok()) {
+            return st;
+          }
           ToServing(s.state.master, serving);
           return Status::Ok();
         }));
@@ -123,7 +127,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       continue;
     }
     const ChunkState st = c.state.spans();
-    ZPS_RETURN_IF_ERROR(load(c.id, st.master, st.m, st.v));
+    ZPS_RETURN_IF_ERROR(load(c.id, st.master, Fp32Moment(st.m), Fp32Moment(st.v)));
     ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }

@@ -121,7 +121,7 @@ Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
     }
     // Read without mu_: a kCopied or kTaken entry is not touched by Preserve or Adopt any more.
     const ConstChunkState st = std::as_const(e->state).spans();
-    Status s = fn(state_->chunks_[i].id, version_, st.master, st.m, st.v);
+    Status s = fn(state_->chunks_[i].id, version_, st.master, Fp32Moment(st.m), Fp32Moment(st.v));
     {  // written: the buffers serve the next snapshot or out-of-place update
       MutexLock lock(&mu_);
       state_->buffers_->Give(std::move(e->state));

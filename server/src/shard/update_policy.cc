@@ -44,16 +44,21 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
   const GradView grad = c.slots.Reduced();
   const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
   const size_t grad_size = DTypeSize(grad.dtype);
+  const StateDType sd = opt->state_dtype();
   for (const Chunk::Run& r : c.runs) {
     if (r.frozen) {
       // Never updated. Out of place, its state is carried over to the buffers that replace the
       // live ones (a spare, or fresh ones beside a snapshot), which hold older bytes or none.
       if (source != nullptr) {
-        auto keep = [&](std::span<const float> from, std::span<float> to) {
+        if (!st.master.empty()) {
+          std::copy(source->master.begin() + r.begin, source->master.begin() + r.end,
+                    st.master.begin() + r.begin);
+        }
+        auto keep = [&](std::span<const std::byte> from, std::span<std::byte> to) {
           if (to.empty()) return;
-          std::copy(from.begin() + r.begin, from.begin() + r.end, to.begin() + r.begin);
+          const auto part = MomentRange(sd, from, r.begin, r.end - r.begin);
+          std::copy(part.begin(), part.end(), to.begin() + MomentOffset(sd, r.begin));
         };
-        keep(source->master, st.master);
         keep(source->m, st.m);
         keep(source->v, st.v);
       }
@@ -74,10 +79,14 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
         up.out16 = serving.subspan(r.begin, n);
       }
     }
+    up.first_index = uint64_t{c.id} * layout_.options().chunk_elems + r.begin;
     auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
-    ChunkState part{sub(st.master), sub(st.m), sub(st.v)};
-    if (source != nullptr)
-      up.source = ConstChunkState{sub(source->master), sub(source->m), sub(source->v)};
+    ChunkState part{sub(st.master), MomentRange(sd, st.m, r.begin, n),
+                    MomentRange(sd, st.v, r.begin, n)};
+    if (source != nullptr) {
+      up.source = ConstChunkState{sub(source->master), MomentRange(sd, source->m, r.begin, n),
+                                  MomentRange(sd, source->v, r.begin, n)};
+    }
     ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
   return Status::Ok();
@@ -339,8 +348,8 @@ Status ShardState::SpeculativeUpdate::Speculate(const Chunk& c, Spare& sp,
   ChunkState st = sp.state.prefix(n);
   if (s.store_) {  // read into the spare, updated there in place
     const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
-    ZPS_RETURN_IF_ERROR(
-        s.CountIo(s.store_->ReadChunk(static_cast<uint32_t>(s.IndexOf(c)), st.master, st.m, st.v)));
+    ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->ReadChunk(
+        static_cast<uint32_t>(s.IndexOf(c)), st.master, Fp32Moment(st.m), Fp32Moment(st.v))));
     return s.UpdateChunk(c, st, serving, order, nullptr, optimizer_.get());
   }
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
@@ -441,7 +450,9 @@ Status ShardState::SpeculativeUpdate::PublishSpare(Chunk& c, Spare& sp) {
   const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
   const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(s.IndexOf(c));
-  ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->WriteChunk(idx, st.master, st.m, st.v)));
+  ZPS_RETURN_IF_ERROR(
+      s.CountIo(s.store_->WriteChunk(idx, st.master, Fp32Moment(std::span<const std::byte>(st.m)),
+                                     Fp32Moment(std::span<const std::byte>(st.v)))));
   if (s.ServingSpilled(c)) return s.CountIo(s.store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();

@@ -388,8 +388,8 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
       auto* f = reinterpret_cast<float*>(state);
       const size_t stride = k.array_stride / sizeof(float);
       spans.state.master = {f, n};
-      if (moments >= 1) spans.state.m = {f + stride, n};
-      if (moments >= 2) spans.state.v = {f + 2 * stride, n};
+      if (moments >= 1) spans.state.m = std::as_writable_bytes(std::span<float>(f + stride, n));
+      if (moments >= 2) spans.state.v = std::as_writable_bytes(std::span<float>(f + 2 * stride, n));
     }
     if (pass.serving) {
       std::byte* sv = k.serving_resident ? serving_ram_base_ + k.serving_off : slot->serving;

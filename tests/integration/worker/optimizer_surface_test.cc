@@ -130,7 +130,10 @@ TEST_P(OptimizerSurfaceTest, GroupsFrozenScheduleAccumulationAndFp32Serving) {
       up.grad_scale = ci->grad_scale;
       up.lr = sched.LrFor(0, g.lr);  // the first update: WarmupLR's warmup_min_lr
       up.weight_decay = g.weight_decay;
-      ASSERT_THAT((*opt)->Update({want, m, v}, {sum.data(), DType::kF32, sum.size()}, up), IsOk());
+      ASSERT_THAT((*opt)->Update({want, std::as_writable_bytes(std::span<float>(m)),
+                                  std::as_writable_bytes(std::span<float>(v))},
+                                 {sum.data(), DType::kF32, sum.size()}, up),
+                  IsOk());
     }
     auto b = clients_[1]->Fetch(p, 1);
     ASSERT_THAT(b, IsOk());

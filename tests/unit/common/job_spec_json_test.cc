@@ -44,7 +44,7 @@ TEST(JobSpecJson, EveryKeyIsRead) {
     "chunk_elems": 128, "align_elems": 64, "num_shards": 2,
     "optimizer": {"type": "sgd", "lr": 0.25, "beta1": 0.5, "beta2": 0.75, "eps": 1e-6,
                   "weight_decay": 0.125, "bias_correction": false, "momentum": 0.5,
-                  "nesterov": true},
+                  "nesterov": true, "state_dtype": "int8"},
     "commit": {"max_grad_norm": 1.5, "grad_divisor": 8, "dynamic_loss_scale": true,
                "initial_loss_scale": 1024, "scale_factor": 3, "scale_window": 50,
                "min_loss_scale": 0.5},
@@ -71,6 +71,7 @@ TEST(JobSpecJson, EveryKeyIsRead) {
   o.bias_correction = false;
   o.momentum = 0.5f;
   o.nesterov = true;
+  o.state_dtype = StateDType::kInt8;
   EXPECT_EQ(j->optimizer, o);
   CommitConfig c{1.5, 8, true, 1024, 3, 50, 0.5};
   EXPECT_EQ(j->commit, c);
@@ -92,6 +93,7 @@ TEST(JobSpecJson, EveryKeyIsRead) {
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Hash(), j->Hash());
   EXPECT_EQ(back->shard, s);
+  EXPECT_EQ(back->optimizer, o);
 }
 
 TEST(JobSpecJson, ErrorsNameTheKey) {
@@ -113,6 +115,10 @@ TEST(JobSpecJson, ErrorsNameTheKey) {
               "update mode must be sync or speculative; got 'async'");
   ExpectError(R"("shard": {"reduction": 1})", "job.shard.reduction must be a string");
   ExpectError(R"("optimizer": {"type": "lamb"})", "optimizer must be adam, adamw or sgd");
+  ExpectError(R"("optimizer": {"state_dtype": "fp8"})",
+              "optimizer: state_dtype must be fp32, bf16 or int8; got 'fp8'");
+  ExpectError(R"("align_elems": 32, "chunk_elems": 128, "optimizer": {"state_dtype": "int8"})",
+              "optimizer.state_dtype int8 needs align_elems to be a multiple of 64, got 32");
   ExpectError(R"("shard": {"lr_schedule": {"warmup_type": "cubic"}})",
               "warmup_type must be log or linear");
   ExpectError(R"("shard": {"lr_schedule": 3})", "job.shard.lr_schedule must be a JSON object");
@@ -146,6 +152,10 @@ TEST(JobSpecJson, EnumNamesRoundTrip) {
   for (auto t : {WarmupType::kLog, WarmupType::kLinear}) {
     EXPECT_EQ(ParseWarmupType(WarmupTypeName(t)).value(), t);
   }
+  for (auto t : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    EXPECT_EQ(ParseStateDType(StateDTypeName(t)).value(), t);
+  }
+  EXPECT_EQ(StateDTypeName(StateDType::kInt8), "int8");
   EXPECT_EQ(ReductionModeName(ReductionMode::kPreReduced), "pre-reduced");
   EXPECT_EQ(OptimizerKindName(OptimizerKind::kAdamW), "adamw");
   EXPECT_EQ(OptimizerKindName(static_cast<OptimizerKind>(9)), "unknown");

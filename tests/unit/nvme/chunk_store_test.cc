@@ -66,9 +66,10 @@ void Train(ChunkStore& store, const Optimizer& opt, std::span<const uint32_t> id
                                 [](uint32_t c, const ChunkSpans& s) {
                                   for (size_t i = 0; i < s.state.master.size(); ++i) {
                                     s.state.master[i] = 0.01f * static_cast<float>((i + c) % 97);
-                                    s.state.m[i] = s.state.v[i] = 0.0f;
                                     s.serving[i] = 0;
                                   }
+                                  std::fill(s.state.m.begin(), s.state.m.end(), std::byte{0});
+                                  std::fill(s.state.v.begin(), s.state.v.end(), std::byte{0});
                                   return Status::Ok();
                                 })
                   .ok());

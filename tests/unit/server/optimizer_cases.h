@@ -3,11 +3,20 @@
 // correction, L2 against decoupled decay, plain, momentum and Nesterov SGD.
 #pragma once
 
+#include <cstddef>
+#include <span>
 #include <vector>
 
 #include "zps/server/optimizer.h"
 
 namespace zps::server::test_cases {
+
+// fp32 moments as the packed bytes ChunkState holds (fp32 state: the floats themselves).
+inline std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
+inline std::span<std::byte> Bytes(std::vector<float>& f) { return Bytes(std::span<float>(f)); }
+inline std::span<const std::byte> Bytes(const std::vector<float>& f) {
+  return std::as_bytes(std::span<const float>(f));
+}
 
 struct Case {
   const char* name;

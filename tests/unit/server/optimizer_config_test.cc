@@ -101,6 +101,23 @@ TEST(OptimizerConfig, SerializeRoundTrip) {
   }
 }
 
+// state_dtype: the record stays version 1 (39 bytes, as older builds wrote it) at fp32 and is
+// version 2 (40 bytes, the field appended) otherwise.
+TEST(OptimizerConfig, StateDtypeWritesRecordVersion2) {
+  OptimizerConfig c = Odd();
+  const auto v1 = c.Serialize();
+  EXPECT_EQ(v1.size(), 39u);
+  EXPECT_EQ(v1[4], std::byte{1});
+  c.state_dtype = StateDType::kInt8;
+  const auto v2 = c.Serialize();
+  ASSERT_EQ(v2.size(), 40u);
+  EXPECT_EQ(v2[4], std::byte{2});
+  EXPECT_EQ(std::memcmp(v1.data() + 8, v2.data() + 8, 27), 0);  // the version-1 body, unchanged
+  auto back = OptimizerConfig::Deserialize(v2);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(*back, c);
+}
+
 // Rewrites the trailing CRC so that a test reaches the checks behind it.
 void Reseal(std::vector<std::byte>& b) {
   const uint32_t crc = Crc32c(std::span<const std::byte>(b).first(b.size() - 4));
@@ -143,6 +160,12 @@ TEST(OptimizerConfig, GarbageRejected) {
   boolean[29] = std::byte{2};
   Reseal(boolean);
   EXPECT_EQ(bad(boolean), Code::kInvalidArgument);
+  OptimizerConfig compact = Odd();
+  compact.state_dtype = StateDType::kBF16;
+  auto state = compact.Serialize();
+  state[35] = std::byte{9};  // no such state dtype
+  Reseal(state);
+  EXPECT_EQ(bad(state), Code::kInvalidArgument);
 }
 
 }  // namespace

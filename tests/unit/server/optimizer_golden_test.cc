@@ -167,6 +167,7 @@ Inputs MakeInputs(DType grad, uint64_t seed) {
   return in;
 }
 
+using test_cases::Bytes;
 using test_cases::Case;
 using test_cases::Cases;
 
@@ -182,7 +183,9 @@ Result<uint32_t> RunOne(Isa isa, const Case& cs, DType grad, DType out, uint64_t
   Inputs in = MakeInputs(grad, seed);
   ZPS_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(cs.config, nullptr, isa));
   const bool sgd = cs.config.kind == OptimizerKind::kSgd;
-  ChunkState st{{in.p.data() + kOff, kN}, {in.m.data() + kOff, kN}, {in.v.data() + kOff, kN}};
+  ChunkState st{{in.p.data() + kOff, kN},
+                Bytes(std::span<float>(in.m.data() + kOff, kN)),
+                Bytes(std::span<float>(in.v.data() + kOff, kN))};
   if (sgd) st.v = {};
   if (sgd && cs.config.momentum == 0) st.m = {};
   UpdateParams up;

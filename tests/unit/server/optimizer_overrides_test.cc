@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "optimizer_cases.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
@@ -13,6 +14,8 @@
 
 namespace zps::server {
 namespace {
+
+using test_cases::Bytes;
 
 struct Arrays {
   std::vector<float> p, m, v, g;
@@ -57,12 +60,14 @@ TEST(OptimizerFp32Serving, CopyIsTheMasterAndStateMatchesThe16BitPath) {
       up.grad_scale = 0.5f;
       up.out_dtype = DType::kBF16;
       up.out16 = out16;
-      ASSERT_THAT(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up), IsOk());
+      ASSERT_THAT(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, n}, up),
+                  IsOk());
       UpdateParams up32 = up;
       up32.out16 = {};
       up32.out_dtype = DType::kF32;
       up32.out32 = out32;
-      ASSERT_THAT(opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, up32), IsOk());
+      ASSERT_THAT(opt->Update({b.p, Bytes(b.m), Bytes(b.v)}, {b.g.data(), DType::kF32, n}, up32),
+                  IsOk());
       ASSERT_EQ(0, std::memcmp(a.p.data(), b.p.data(), n * 4)) << n;
       ASSERT_EQ(0, std::memcmp(a.m.data(), b.m.data(), n * 4)) << n;
       if (kind != OptimizerKind::kSgd) {
@@ -82,16 +87,16 @@ TEST(OptimizerFp32Serving, MismatchedCopyArgumentsAreRejected) {
   UpdateParams up;
   up.out_dtype = DType::kBF16;
   up.out32 = out32;  // a 16-bit type writes out16
-  EXPECT_EQ(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, 8}, up).code(),
+  EXPECT_EQ(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, 8}, up).code(),
             Code::kInvalidArgument);
   up.out32 = {};
   up.out_dtype = DType::kF32;
   up.out16 = out16;  // fp32 writes out32
-  EXPECT_EQ(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, 8}, up).code(),
+  EXPECT_EQ(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, 8}, up).code(),
             Code::kInvalidArgument);
   up.out16 = {};
   up.out32 = std::span<float>(out32).first(7);
-  EXPECT_EQ(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, 8}, up).code(),
+  EXPECT_EQ(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, 8}, up).code(),
             Code::kInvalidArgument);
   Arrays fresh = Random(8, 1);
   EXPECT_EQ(0, std::memcmp(a.p.data(), fresh.p.data(), 32));  // nothing written
@@ -112,10 +117,12 @@ TEST(OptimizerOverrides, LrAndWeightDecayOverridesEqualTheConfig) {
     up.step = 2;
     up.lr = group.lr;
     up.weight_decay = group.weight_decay;
-    ASSERT_THAT(a_opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, n}, up), IsOk());
+    ASSERT_THAT(a_opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, n}, up),
+                IsOk());
     UpdateParams plain;
     plain.step = 2;
-    ASSERT_THAT(b_opt->Update({b.p, b.m, b.v}, {b.g.data(), DType::kF32, n}, plain), IsOk());
+    ASSERT_THAT(b_opt->Update({b.p, Bytes(b.m), Bytes(b.v)}, {b.g.data(), DType::kF32, n}, plain),
+                IsOk());
     EXPECT_EQ(0, std::memcmp(a.p.data(), b.p.data(), n * 4));
     EXPECT_EQ(0, std::memcmp(a.m.data(), b.m.data(), n * 4));
   }
@@ -126,11 +133,11 @@ TEST(OptimizerOverrides, BadOverridesAreRejected) {
   Arrays a = Random(4, 2);
   UpdateParams up;
   up.lr = -1.0f;
-  EXPECT_EQ(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, 4}, up).code(),
+  EXPECT_EQ(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, 4}, up).code(),
             Code::kInvalidArgument);
   up.lr = 0.5f;
   up.weight_decay = 4.0f;  // adamw: lr * wd > 1
-  EXPECT_EQ(opt->Update({a.p, a.m, a.v}, {a.g.data(), DType::kF32, 4}, up).code(),
+  EXPECT_EQ(opt->Update({a.p, Bytes(a.m), Bytes(a.v)}, {a.g.data(), DType::kF32, 4}, up).code(),
             Code::kInvalidArgument);
 }
 

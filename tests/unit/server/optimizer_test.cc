@@ -128,6 +128,7 @@ Ref Reference(const OptimizerConfig& c, int64_t step, float scale, float p, floa
   return r;
 }
 
+using test_cases::Bytes;
 using test_cases::Case;
 using test_cases::Cases;
 
@@ -144,7 +145,9 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
   auto opt = Optimizer::Create(cs.config, pool, isa);
   ASSERT_THAT(opt, IsOk());
   const float scale = 0.5f;
-  ChunkState st{{s.p.data() + off, n}, {s.m.data() + off, n}, {s.v.data() + off, n}};
+  ChunkState st{{s.p.data() + off, n},
+                Bytes(std::span<float>(s.m.data() + off, n)),
+                Bytes(std::span<float>(s.v.data() + off, n))};
   if (sgd) st.v = {};
   if (sgd && cs.config.momentum == 0) st.m = {};
   UpdateParams up;
@@ -246,7 +249,8 @@ TEST(Optimizer, BitIdenticalAcrossThreadCounts) {
       up.out16 = s.out;
       for (int64_t step = 1; step <= 2; ++step) {
         up.step = step;
-        ASSERT_THAT((*opt)->Update({s.p, s.m, s.v}, Grad(s, DType::kBF16, 0, n), up), IsOk());
+        ASSERT_THAT((*opt)->Update({s.p, Bytes(s.m), Bytes(s.v)}, Grad(s, DType::kBF16, 0, n), up),
+                    IsOk());
       }
       auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF32, 0, n), 3.0f);
       ASSERT_THAT(stats, IsOk());
@@ -283,10 +287,12 @@ TEST(Optimizer, OutOfPlaceEqualsInPlace) {
     up.step = 3;
     up.grad_scale = 0.5f;
     up.out16 = a.out;
-    ASSERT_THAT((*opt)->Update({a.p, a.m, a.v}, Grad(a, DType::kF32, 0, n), up), IsOk());
+    ASSERT_THAT((*opt)->Update({a.p, Bytes(a.m), Bytes(a.v)}, Grad(a, DType::kF32, 0, n), up),
+                IsOk());
     up.out16 = b.out;
-    up.source = ConstChunkState{src.p, src.m, src.v};
-    ASSERT_THAT((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up), IsOk());
+    up.source = ConstChunkState{src.p, Bytes(src.m), Bytes(src.v)};
+    ASSERT_THAT((*opt)->Update({b.p, Bytes(b.m), Bytes(b.v)}, Grad(src, DType::kF32, 0, n), up),
+                IsOk());
     EXPECT_EQ(std::memcmp(a.p.data(), b.p.data(), n * 4), 0) << cs.name;
     if (!a.m.empty() && cs.config.kind != OptimizerKind::kSgd) {
       EXPECT_EQ(std::memcmp(a.m.data(), b.m.data(), n * 4), 0) << cs.name;
@@ -294,9 +300,10 @@ TEST(Optimizer, OutOfPlaceEqualsInPlace) {
     }
     EXPECT_EQ(a.out, b.out) << cs.name;
     EXPECT_EQ(std::memcmp(src.p.data(), keep.p.data(), n * 4), 0) << cs.name;
-    up.source = ConstChunkState{b.p, b.m, b.v};
-    EXPECT_EQ((*opt)->Update({b.p, b.m, b.v}, Grad(src, DType::kF32, 0, n), up).code(),
-              Code::kInvalidArgument);
+    up.source = ConstChunkState{b.p, Bytes(b.m), Bytes(b.v)};
+    EXPECT_EQ(
+        (*opt)->Update({b.p, Bytes(b.m), Bytes(b.v)}, Grad(src, DType::kF32, 0, n), up).code(),
+        Code::kInvalidArgument);
   }
 }
 
@@ -321,7 +328,9 @@ TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
     up.step = 5;
     up.grad_scale = 0.25f;
     up.out16 = ref.out;
-    ASSERT_THAT((*opt)->Update({ref.p, ref.m, ref.v}, Grad(src, DType::kF32, 0, n), up), IsOk());
+    ASSERT_THAT(
+        (*opt)->Update({ref.p, Bytes(ref.m), Bytes(ref.v)}, Grad(src, DType::kF32, 0, n), up),
+        IsOk());
     for (const auto& off : offsets) {
       auto buf = [n] { return AlignedBuffer<float>::Allocate(n + 64).value(); };
       AlignedBuffer<float> p = buf(), m = buf(), v = buf();
@@ -330,8 +339,9 @@ TEST(Optimizer, OutOfPlaceStreamsAtEveryAlignment) {
                              dv = v.span().subspan(off[2], n);
       const std::span<uint16_t> dc = copy.span().subspan(off[3], n);
       up.out16 = dc;
-      up.source = ConstChunkState{src.p, src.m, src.v};
-      ASSERT_THAT((*opt)->Update({dp, dm, dv}, Grad(src, DType::kF32, 0, n), up), IsOk());
+      up.source = ConstChunkState{src.p, Bytes(src.m), Bytes(src.v)};
+      ASSERT_THAT((*opt)->Update({dp, Bytes(dm), Bytes(dv)}, Grad(src, DType::kF32, 0, n), up),
+                  IsOk());
       up.source.reset();
       const std::string at = std::string(cs.name) + " offsets " + std::to_string(off[0]) + "," +
                              std::to_string(off[1]) + "," + std::to_string(off[2]) + "," +
@@ -438,10 +448,10 @@ TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
     Status r = (*opt)->Update(st, gv, p);
     EXPECT_EQ(r.code(), Code::kInvalidArgument) << what << ": " << r.ToString();
   };
-  const ChunkState good{s.p, s.m, s.v};
-  expect_invalid({{s.p.data(), n - 1}, s.m, s.v}, g, up, "short master");
-  expect_invalid({s.p, {s.m.data(), n - 1}, s.v}, g, up, "short m");
-  expect_invalid({s.p, s.m, {}}, g, up, "missing v");
+  const ChunkState good{s.p, Bytes(s.m), Bytes(s.v)};
+  expect_invalid({{s.p.data(), n - 1}, Bytes(s.m), Bytes(s.v)}, g, up, "short master");
+  expect_invalid({s.p, Bytes(s.m).first(4 * n - 4), Bytes(s.v)}, g, up, "short m");
+  expect_invalid({s.p, Bytes(s.m), {}}, g, up, "missing v");
   expect_invalid(good, GradView{g.data, DType::kF32, n + 1}, up, "long grad");
   expect_invalid(good, GradView{nullptr, DType::kF32, n}, up, "null grad");
   expect_invalid(good, GradView{g.data, static_cast<DType>(7), n}, up, "bad dtype");

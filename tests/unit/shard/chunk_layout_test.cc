@@ -92,7 +92,7 @@ TEST(ChunkBuffersTest, CrcCopyZeroPrefixSwap) {
   EXPECT_EQ(b->Crc(0), want);
   const ChunkState p = b->prefix(2);
   EXPECT_EQ(p.master.size(), 2u);
-  EXPECT_EQ(p.v[1], 21.0f);
+  EXPECT_EQ(Fp32Moment(p.v)[1], 21.0f);
 
   b->Zero();
   EXPECT_NE(b->Crc(0), want);

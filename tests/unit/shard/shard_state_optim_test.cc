@@ -76,11 +76,12 @@ void DirectUpdate(const OptimizerConfig& base, float lr, float wd, std::vector<f
   UpdateParams up;
   up.step = step;
   up.grad_scale = scale;
-  ASSERT_TRUE(
-      (*opt)
-          ->Update({{master.data() + begin, n}, {m.data() + begin, n}, {v.data() + begin, n}},
-                   {grad.data() + begin, DType::kF32, n}, up)
-          .ok());
+  ASSERT_TRUE((*opt)
+                  ->Update({{master.data() + begin, n},
+                            std::as_writable_bytes(std::span<float>(m.data() + begin, n)),
+                            std::as_writable_bytes(std::span<float>(v.data() + begin, n))},
+                           {grad.data() + begin, DType::kF32, n}, up)
+                  .ok());
 }
 
 void Commit(ShardState& s, int64_t step, int64_t optimizer_step, float scale, bool skip = false) {

@@ -179,10 +179,11 @@ TEST_F(ShardStateTest, ServerSumIsRankOrderedAndMatchesDirectOptimizer) {
   for (int i = 0; i < 128; ++i) sum[i] = g0[i] + g1[i];
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr);
   ASSERT_THAT(opt, IsOk());
-  ASSERT_TRUE(
-      (*opt)
-          ->Update({master, m, v}, {sum.data(), DType::kF32, 128}, {1, 0.5f, DType::kBF16, {}})
-          .ok());
+  ASSERT_TRUE((*opt)
+                  ->Update({master, std::as_writable_bytes(std::span<float>(m)),
+                            std::as_writable_bytes(std::span<float>(v))},
+                           {sum.data(), DType::kF32, 128}, {1, 0.5f, DType::kBF16, {}})
+                  .ok());
   auto got = shard_->MasterOf(0);
   ASSERT_THAT(got, IsOk());
   EXPECT_EQ(0, std::memcmp(got->data(), master.data(), 128 * 4));

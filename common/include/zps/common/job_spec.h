@@ -12,8 +12,8 @@
 // A row is X(type, member, default, "json key", version, json_lo, json_hi, "doc"): json_lo and
 // json_hi bound a number read from JSON (unused for other types); version is the JobSpec binary
 // version the field first appears in (ShardJob, CommitConfig) or the version of the record the
-// struct is encoded in (OptimizerConfig: its own "ZOPT" record; LrScheduleConfig, ParamGroup:
-// inline in their ShardJob field).
+// struct is encoded in (OptimizerConfig: its own "ZOPT" record, whose version 2 only JobSpec
+// version 4 carries; LrScheduleConfig, ParamGroup: inline in their ShardJob field).
 //
 // Thread-safety: value types and pure functions.
 #pragma once
@@ -48,6 +48,7 @@ inline constexpr double kSteps = 1e15;
   X(kWarmupLR, 1, "WarmupLR")          \
   X(kWarmupDecayLR, 2, "WarmupDecayLR") X(kWarmupCosineLR, 3, "WarmupCosineLR")
 #define ZPS_WARMUP_TYPE_VALUES(X) X(kLog, 0, "log") X(kLinear, 1, "linear")
+#define ZPS_STATE_DTYPE_VALUES(X) X(kF32, 0, "fp32") X(kBF16, 1, "bf16") X(kInt8, 2, "int8")
 
 #define ZPS_ENUMERATOR(id, value, name) id = value,
 /// How gradients are reduced: server-sum (each rank pushes its own gradient, the shards sum) or
@@ -64,7 +65,14 @@ enum class OptimizerKind : uint8_t { ZPS_OPTIMIZER_KIND_VALUES(ZPS_ENUMERATOR) }
 /// none: each group's own lr, constant; the others as DeepSpeed's schedulers of that name.
 enum class LrScheduleKind : uint8_t { ZPS_LR_SCHEDULE_KIND_VALUES(ZPS_ENUMERATOR) };
 enum class WarmupType : uint8_t { ZPS_WARMUP_TYPE_VALUES(ZPS_ENUMERATOR) };
+/// How a shard stores the optimizer's moments (Adam's m and v, SGD's momentum buffer) beside the
+/// fp32 master, which is always fp32: fp32; bf16 (stochastic rounding); int8 (blockwise, dynamic
+/// quantization map, an absmax scale per block). The packed formats: zps/server/optimizer.h.
+enum class StateDType : uint8_t { ZPS_STATE_DTYPE_VALUES(ZPS_ENUMERATOR) };
 #undef ZPS_ENUMERATOR
+/// Elements per int8 quantization block (zps/server/optimizer.h has the packed format). A job
+/// with int8 state needs the layout's align_elems to be a multiple of it (ValidateShardJob).
+inline constexpr uint32_t kInt8StateBlockElems = 64;
 
 /// The name of a value ("unknown" for a value outside the enum).
 std::string_view ReductionModeName(ReductionMode m);
@@ -72,12 +80,14 @@ std::string_view UpdateModeName(UpdateMode m);
 std::string_view OptimizerKindName(OptimizerKind kind);
 std::string_view LrScheduleKindName(LrScheduleKind kind);
 std::string_view WarmupTypeName(WarmupType type);
+std::string_view StateDTypeName(StateDType dtype);
 /// The value of a name. Errors: InvalidArgument "<what> must be <the names>; got '<text>'".
 Result<ReductionMode> ParseReductionMode(std::string_view text);
 Result<UpdateMode> ParseUpdateMode(std::string_view text);
 Result<OptimizerKind> ParseOptimizerKind(std::string_view text);
 Result<LrScheduleKind> ParseLrScheduleKind(std::string_view text);
 Result<WarmupType> ParseWarmupType(std::string_view text);
+Result<StateDType> ParseStateDType(std::string_view text);
 
 #define ZPS_DECLARE_FIELD(type, member, def, key, version, lo, hi, doc) type member = def;
 
@@ -95,7 +105,9 @@ Result<WarmupType> ParseWarmupType(std::string_view text);
     ">= 0; coupled (L2) for adam and sgd, decoupled for adamw (lr * weight_decay <= 1)") \
   X(bool, bias_correction, true, "bias_correction", 1, 0, 0, "Adam/AdamW")               \
   X(float, momentum, 0.0f, "momentum", 1, 0, 1, "SGD; in [0, 1)")                        \
-  X(bool, nesterov, false, "nesterov", 1, 0, 0, "SGD; needs momentum > 0")
+  X(bool, nesterov, false, "nesterov", 1, 0, 0, "SGD; needs momentum > 0")               \
+  X(StateDType, state_dtype, StateDType::kF32, "state_dtype", 2, 0, 0,                   \
+    "how the shards store the moments (the master stays fp32): fp32, bf16 or int8")
 
 /// The optimizer's hyperparameters (the fused optimizer is zps/server/optimizer.h).
 struct OptimizerConfig {
@@ -103,8 +115,10 @@ struct OptimizerConfig {
 
   /// Errors: InvalidArgument naming the field.
   Status Validate() const;
-  /// A stable binary record (magic "ZOPT", version 1, body length, the fields in list order,
-  /// CRC32C; 39 bytes), for the job spec and checkpoints.
+  /// A stable binary record (magic "ZOPT", u16 version, u16 body length, the fields of every
+  /// version up to the one written in list order, CRC32C), for the job spec and checkpoints. The
+  /// version written is the smallest that holds every field not at its default: version 1 (39
+  /// bytes) unless state_dtype is set, version 2 (40 bytes) with it.
   std::vector<std::byte> Serialize() const;
   /// Errors: InvalidArgument for a malformed or unknown-version record or a value Validate()
   /// refuses; DataLoss for a checksum mismatch.
@@ -225,7 +239,8 @@ struct ShardJob {
 #undef ZPS_DECLARE_FIELD
 
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
-/// (world_size, serving_dtype, accumulation_steps, param_groups[i].lr / .weight_decay,
+/// (world_size, serving_dtype, optimizer.state_dtype int8 with an align_elems that is not a
+/// multiple of kInt8StateBlockElems, accumulation_steps, param_groups[i].lr / .weight_decay,
 /// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
 Status ValidateShardJob(const ShardJob& job, const Layout& layout,
                         const OptimizerConfig& optimizer);
@@ -244,7 +259,10 @@ struct JobSpec {
   /// not at its default, so a spec without newer fields has the bytes (and hash) of older
   /// builds. docs/protocol.md has the table.
   std::vector<std::byte> Serialize() const;
-  /// Reads versions 1 to 3 (fields of later versions keep their defaults), then Validate().
+  /// Reads versions 1 to 4 (fields of later versions keep their defaults), then Validate().
+  /// Version 4 adds no field of its own: it is the version that carries optimizer record
+  /// version 2 (optimizer.state_dtype), so that builds which do not know the field refuse the
+  /// spec by its version.
   /// Errors: InvalidArgument (bad magic, unknown version, a truncated or malformed field, or
   /// Validate's); DataLoss (the optimizer record's checksum).
   static Result<JobSpec> Deserialize(std::span<const std::byte> bytes);
@@ -256,7 +274,7 @@ struct JobSpec {
 };
 
 /// The highest binary version this build reads and writes.
-inline constexpr uint32_t kJobSpecVersion = 3;
+inline constexpr uint32_t kJobSpecVersion = 4;
 
 /// Builds a JobSpec from the JSON job description: {"params": [{"name", "shape"}...],
 /// "chunk_elems", "align_elems", "num_shards", "optimizer": {...}, "commit": {...},
@@ -288,11 +306,14 @@ using zps::ParamGroup;
 using zps::ParseLrScheduleKind;
 using zps::ParseOptimizerKind;
 using zps::ParseReductionMode;
+using zps::ParseStateDType;
 using zps::ParseUpdateMode;
 using zps::ParseWarmupType;
 using zps::ReductionMode;
 using zps::ReductionModeName;
 using zps::ShardJob;
+using zps::StateDType;
+using zps::StateDTypeName;
 using zps::UpdateMode;
 using zps::UpdateModeName;
 using zps::ValidateShardJob;

@@ -2,7 +2,9 @@
 //
 // One call to Optimizer::Update makes ONE pass over memory: it reads the gradient (fp32, fp16 or
 // bf16), the fp32 master, m and v, applies one scale factor (1/loss_scale x clip coefficient),
-// and writes master, m, v and the serving copy (fp16, bf16 or fp32) of the new master.
+// and writes master, m, v and the serving copy (fp16, bf16 or fp32) of the new master. The
+// moments are stored packed in the job's state dtype (OptimizerConfig::state_dtype, formats
+// below) and are unpacked and repacked inside that same pass; the master is always fp32.
 // ComputeGradStats is the separate statistics pass (sum of squares, non-finite flag) that feeds
 // the coordinator's commit decision.
 //
@@ -37,12 +39,49 @@ namespace zps::server {
 // OptimizerKind and OptimizerConfig (the hyperparameters) are part of the job spec:
 // zps/common/job_spec.h.
 
-/// The state of one chunk: fp32 master, and the moments. `v` is unused (may be empty) for SGD;
-/// `m` holds the momentum buffer for SGD (may be empty when momentum == 0).
+// ---- packed moments ---------------------------------------------------------------------------
+//
+// A moment (Adam's m or v, SGD's momentum buffer) of n elements is stored in MomentBytes(dtype, n)
+// bytes:
+//   - fp32: n floats (4n bytes);
+//   - bf16: n bfloat16 words (2n bytes), the high half of the fp32 value after stochastic
+//     rounding (docs/optimizer.md);
+//   - int8: ceil(n / kInt8BlockElems) blocks, each kInt8BlockElems one-byte codes followed by the
+//     block's scale, a bfloat16 (little-endian) at least the block's largest |value|; a code
+//     indexes the dynamic quantization map (signed for m and SGD's buffer, unsigned for v) and
+//     the element is map[code] x scale. A last partial block keeps its whole size; its unused
+//     codes are 0.
+// Elements [begin, begin + k) of a packed moment are themselves a packed moment of k elements,
+// at byte MomentOffset(dtype, begin), when begin is a multiple of kInt8BlockElems (any begin for
+// fp32 and bf16): a shard updates a chunk's parameter runs, which start at multiples of the
+// layout's align_elems, one call each (JobSpec validation keeps align_elems a multiple of the
+// block for int8).
+
+/// Elements per int8 quantization block (one scale each): the job spec's constant.
+inline constexpr uint64_t kInt8BlockElems = kInt8StateBlockElems;
+/// Bytes of one int8 block: the codes, then a bfloat16 scale.
+inline constexpr uint64_t kInt8BlockBytes = kInt8BlockElems + 2;
+
+/// Bytes of one packed moment of `n` elements in `dtype`.
+uint64_t MomentBytes(StateDType dtype, uint64_t n);
+/// The byte offset of element `begin` in a packed moment (for int8, `begin` must be a multiple of
+/// kInt8BlockElems: the offset of its block).
+uint64_t MomentOffset(StateDType dtype, uint64_t begin);
+/// Elements [begin, begin + n) of the packed moment `packed`, itself a packed moment of n elements
+/// (empty in, empty out). The range must lie inside `packed`, and for int8 `begin` must be a
+/// multiple of kInt8BlockElems (violations abort: they are the caller's arithmetic).
+std::span<std::byte> MomentRange(StateDType dtype, std::span<std::byte> packed, uint64_t begin,
+                                 uint64_t n);
+std::span<const std::byte> MomentRange(StateDType dtype, std::span<const std::byte> packed,
+                                       uint64_t begin, uint64_t n);
+
+/// The state of one chunk: the fp32 master, and the moments packed in the optimizer's state
+/// dtype (MomentBytes). `v` is unused (may be empty) for SGD; `m` holds the momentum buffer for
+/// SGD (may be empty when momentum == 0).
 struct ChunkState {
   std::span<float> master;
-  std::span<float> m;
-  std::span<float> v;
+  std::span<std::byte> m;
+  std::span<std::byte> v;
 };
 
 /// A read-only gradient buffer of `n` elements of `dtype`.
@@ -52,11 +91,11 @@ struct GradView {
   size_t n = 0;
 };
 
-/// A read-only chunk state (the source of an out-of-place update).
+/// A read-only chunk state (the source of an out-of-place update), packed as ChunkState.
 struct ConstChunkState {
   std::span<const float> master;
-  std::span<const float> m;
-  std::span<const float> v;
+  std::span<const std::byte> m;
+  std::span<const std::byte> v;
 };
 
 struct UpdateParams {
@@ -74,6 +113,12 @@ struct UpdateParams {
   /// same bits as copying the source into the state and updating in place. Not set (default):
   /// in place.
   std::optional<ConstChunkState> source;
+  /// The index, in the layout's flat parameter space, of this call's element 0 (a chunk's first
+  /// element is chunk_id x chunk_elems). bf16 state draws the random bits of its stochastic
+  /// rounding from (first_index + i, step), so the same element gets the same bits whatever
+  /// the ISA, the shard count or the call's extent: pass it wherever bit identity with another
+  /// run (the reference, a recovery) matters. Unused by fp32 and int8 state.
+  uint64_t first_index = 0;
 };
 
 struct GradStats {
@@ -95,14 +140,16 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   const OptimizerConfig& config() const { return config_; }
+  StateDType state_dtype() const { return config_.state_dtype; }
   Isa isa() const { return isa_; }
 
-  /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, m, v, out16 /
-  /// out32), when the copy does not match out_dtype (out16 with kF32, out32 with a 16-bit type),
-  /// when step < 1, when grad_scale is not finite, when an lr / weight_decay override is negative
-  /// or not finite (or, for AdamW, lr * weight_decay > 1), or for a bad grad dtype / null grad
-  /// data with n > 0. On error nothing is written.
-  /// The arrays must not overlap each other (they are read and written in one pass).
+  /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, out16 /
+  /// out32; m and v, when used, must be MomentBytes(state_dtype(), grad.n) bytes), when the copy
+  /// does not match out_dtype (out16 with kF32, out32 with a 16-bit type), when step < 1, when
+  /// grad_scale is not finite, when an lr / weight_decay override is negative or not finite (or,
+  /// for AdamW, lr * weight_decay > 1), or for a bad grad dtype / null grad data with n > 0. On
+  /// error nothing is written. The arrays must not overlap each other (they are read and written in
+  /// one pass).
   Status Update(const ChunkState& state, const GradView& grad, const UpdateParams& params) const;
 
   /// Sum of squares of (grad x scale), accumulated in double over fixed blocks of 4096

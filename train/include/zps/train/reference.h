@@ -22,7 +22,8 @@
 //      optimizer_step += 1 (1-based count of applied updates) and per chunk:
 //      Optimizer::Update({master_c, m_c, v_c}, {acc_c, fp32},
 //                        {optimizer_step, decision.grad_scale, serving_dtype, serving_c,
-//                         lr = LrSchedule(lr_schedule).LrFor(optimizer_step - 1, optimizer.lr)}).
+//                         lr = LrSchedule(lr_schedule).LrFor(optimizer_step - 1, optimizer.lr),
+//                         first_index = c x chunk_elems}).
 //   7. step += 1 (the version the next fetches ask for).
 // Initial state: master = InitParam(decl, model seed) at each parameter's offset, padding 0;
 // m = v = 0; serving = ConvertF32ToBF16 (or ToF16, or a copy for fp32) of the whole master.
