@@ -70,6 +70,7 @@ struct TrainOptions {
   double initial_loss_scale = 65536.0;   // Default: 2^16.
   std::string grad_dtype = "";           // Default: fp32, or fp16 with loss scaling.
   std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
+  std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
   std::string reduction = "server-sum";  // Default: server-sum.
   std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
@@ -128,6 +129,10 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
         &o.grad_dtype);
   f.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", &o.serving_dtype);
+  f.Add("state-dtype",
+        "how the shards store the optimizer's moments beside the fp32 master: fp32, bf16 "
+        "(stochastic rounding) or int8 (blockwise, dynamic map)",
+        &o.state_dtype);
   f.Add("reduction",
         "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
         "reduce-scatter each gradient with Gloo; each pushes its slice)",
@@ -197,6 +202,7 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(gd));
   ZPS_ASSIGN_OR_RETURN(job.shard.serving_dtype, ParseDType(sd));
   ZPS_ASSIGN_OR_RETURN(job.optimizer.kind, server::ParseOptimizerKind(o.optimizer));
+  ZPS_ASSIGN_OR_RETURN(job.optimizer.state_dtype, ParseStateDType(o.state_dtype));
   job.optimizer.lr = static_cast<float>(o.lr);
   job.optimizer.beta1 = static_cast<float>(o.beta1);
   job.optimizer.beta2 = static_cast<float>(o.beta2);

@@ -366,6 +366,8 @@ class ShardState {
   /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange; from the
   /// store.
   Result<std::vector<float>> MasterOf(uint32_t chunk) const EXCLUDES(mu_);
+  /// The state dtype m and v are packed in (the job's optimizer.state_dtype). Thread-safe.
+  StateDType state_dtype() const;
   /// The spill tier's figures. Waits for a store pass in progress: call it from the driver
   /// thread between steps (as the shard's metrics do).
   ShardStorageStats storage_stats() const;
@@ -377,13 +379,13 @@ class ShardState {
   // steps: the update is the only writer of master, m and v once they are initialised.
   using ChunkVisitor =
       std::function<Status(uint32_t chunk, int64_t version, std::span<const float> master,
-                           std::span<const float> m, std::span<const float> v)>;
-  /// Visits every local chunk's master, m and v (an empty span for a state the optimizer does
-  /// not keep), ascending. Errors: FailedPrecondition (chunks at different versions, or
-  /// uninitialised), whatever `fn` returns (the visit stops).
+                           std::span<const std::byte> m, std::span<const std::byte> v)>;
+  /// Visits every local chunk's master, and m and v packed in the state dtype (an empty span for
+  /// a state the optimizer does not keep), ascending. Errors: FailedPrecondition (chunks at
+  /// different versions, or uninitialised), whatever `fn` returns (the visit stops).
   Status VisitChunkState(const ChunkVisitor& fn) const;
   using ChunkLoader = std::function<Status(uint32_t chunk, std::span<float> master,
-                                           std::span<float> m, std::span<float> v)>;
+                                           std::span<std::byte> m, std::span<std::byte> v)>;
   /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
   /// gradients of the step in progress (zeroed slots; a push begun before writes into a buffer
   /// of its own and is refused by FinishPush: see "Rollback fence" above), then
@@ -456,8 +458,8 @@ class ShardState {
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
-  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
-                        std::vector<float>& v) const;
+  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<std::byte>& m,
+                        std::vector<std::byte>& v) const;
   // The serving copy (serving_words_ words an element) of `master` (serving_tier.cc).
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   // What every update policy runs on a chunk (update_policy.cc).
