@@ -28,12 +28,13 @@ namespace zps::bench {
 namespace {
 
 struct Options {
-  bool json = false;          // Default: false (a table).
-  int threads = 0;            // Default: 0 = run at 1 thread and at all CPUs.
-  int64_t params = 64 << 20;  // Default: 64M.
-  int steps = 8;              // Default: 8 (2 warm-up).
-  bool huge_pages = false;    // Default: false (plain pages, as the probe).
-  bool pin = false;           // Default: false.
+  bool json = false;                 // Default: false (a table).
+  int threads = 0;                   // Default: 0 = run at 1 thread and at all CPUs.
+  int64_t params = 64 << 20;         // Default: 64M.
+  int steps = 8;                     // Default: 8 (2 warm-up).
+  bool huge_pages = false;           // Default: false (plain pages, as the probe).
+  bool pin = false;                  // Default: false.
+  std::string state_dtype = "fp32";  // Default: fp32 (the moments' storage; the master is fp32).
 };
 
 struct FreeDeleter {
@@ -110,12 +111,18 @@ int Run(int argc, char** argv) {
   flags.Add("steps", "timed steps per case (the first 2 are warm-up)", &o.steps, 3, 1000);
   flags.Add("huge-pages", "madvise(MADV_HUGEPAGE) the buffers", &o.huge_pages);
   flags.Add("pin", "pin pool threads to CPUs (ThreadPoolOptions.pin)", &o.pin);
+  flags.Add("state-dtype", "how m and v are stored: fp32, bf16 or int8", &o.state_dtype);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-bench optimizer: %s\n", parsed.status().ToString().c_str());
     return 2;
   }
   if (*parsed == ParseOutcome::kHelpShown) return 0;
+  auto state_dtype = ParseStateDType(o.state_dtype);
+  if (!state_dtype.ok()) {
+    std::fprintf(stderr, "zps-bench optimizer: %s\n", state_dtype.status().ToString().c_str());
+    return 2;
+  }
   auto isa = ActiveIsa();
   if (!isa.ok()) {
     std::fprintf(stderr, "zps-bench optimizer: %s\n", isa.status().ToString().c_str());
@@ -140,23 +147,28 @@ int Run(int argc, char** argv) {
             Alloc<uint16_t>(n, o.huge_pages),
             Alloc<uint16_t>(n, o.huge_pages)};
 
-  // Fused AdamW reads g, master, m, v and writes master, m, v (+ the copy).
+  // Fused AdamW reads g, master, m, v and writes master, m, v (+ the copy); m and v are packed
+  // in the state dtype (int8: a code and 2/64 bytes of scale per element).
+  const uint64_t moment_bytes = server::MomentBytes(*state_dtype, n);
+  const double state_bytes = 8 + 4 * static_cast<double>(moment_bytes) / static_cast<double>(n);
   const std::vector<Case> cases = {
-      {"adamw_fused", DType::kF32, true, DType::kBF16, 4 + 24 + 2},
-      {"adamw_fused", DType::kF16, true, DType::kF16, 2 + 24 + 2},
-      {"adamw_fused", DType::kF32, false, DType::kBF16, 4 + 24},
+      {"adamw_fused", DType::kF32, true, DType::kBF16, 4 + state_bytes + 2},
+      {"adamw_fused", DType::kF16, true, DType::kF16, 2 + state_bytes + 2},
+      {"adamw_fused", DType::kF32, false, DType::kBF16, 4 + state_bytes},
       {"grad_stats", DType::kF32, false, DType::kF32, 4},
       {"grad_stats", DType::kF16, false, DType::kF32, 2},
   };
 
   if (!o.json) {
-    std::printf("zps-bench optimizer: %zu params, isa %s, best of %d steps after 2 warm-up\n", n,
-                std::string(IsaName(*isa)).c_str(), o.steps - 2);
+    std::printf(
+        "zps-bench optimizer: %zu params, isa %s, %s state, best of %d steps after 2 warm-up\n", n,
+        std::string(IsaName(*isa)).c_str(), o.state_dtype.c_str(), o.steps - 2);
     std::printf("%-12s %-5s %-5s %7s %10s %10s %8s %6s\n", "kernel", "grad", "out", "threads",
                 "Mparam/s", "median", "GB/s", "B/par");
   }
   server::OptimizerConfig cfg;  // AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8
   cfg.weight_decay = 0.01f;
+  cfg.state_dtype = *state_dtype;
   for (int threads : thread_counts) {
     auto pool = ThreadPool::Create({.name = "zps-bench", .threads = threads, .pin = o.pin});
     if (!pool.ok()) {
@@ -180,9 +192,11 @@ int Run(int argc, char** argv) {
           if (!st.ok()) err = st.status();
           return;
         }
-        const server::ChunkState state{{b.master.get(), n},
-                                       std::as_writable_bytes(std::span<float>(b.m.get(), n)),
-                                       std::as_writable_bytes(std::span<float>(b.v.get(), n))};
+        // The fp32 buffers hold any packed moment (MomentBytes <= 4n); zeros are a valid one.
+        const server::ChunkState state{
+            {b.master.get(), n},
+            std::as_writable_bytes(std::span<float>(b.m.get(), n)).first(moment_bytes),
+            std::as_writable_bytes(std::span<float>(b.v.get(), n)).first(moment_bytes)};
         server::UpdateParams up;
         up.step = step;
         up.out_dtype = c.out;
@@ -203,13 +217,13 @@ int Run(int argc, char** argv) {
         std::printf(
             "{\"bench\": \"optimizer\", \"kernel\": \"%s\", \"grad_dtype\": \"%s\", \"out_dtype\": "
             "\"%s\", \"threads\": %d, \"params\": %zu, \"isa\": \"%s\", \"mparams_per_s\": %.0f, "
-            "\"median_mparams_per_s\": %.0f, \"gb_per_s\": %.1f, \"bytes_per_param\": %.0f, "
-            "\"huge_pages\": %s, \"pin\": %s}\n",
+            "\"median_mparams_per_s\": %.0f, \"gb_per_s\": %.1f, \"bytes_per_param\": %.2f, "
+            "\"huge_pages\": %s, \"pin\": %s, \"state_dtype\": \"%s\"}\n",
             c.kernel.c_str(), gname.c_str(), out.c_str(), threads, n,
             std::string(IsaName(*isa)).c_str(), mps, mps_med, gbs, c.bytes_per_param,
-            o.huge_pages ? "true" : "false", o.pin ? "true" : "false");
+            o.huge_pages ? "true" : "false", o.pin ? "true" : "false", o.state_dtype.c_str());
       } else {
-        std::printf("%-12s %-5s %-5s %7d %10.0f %10.0f %8.1f %6.0f\n", c.kernel.c_str(),
+        std::printf("%-12s %-5s %-5s %7d %10.0f %10.0f %8.1f %6.1f\n", c.kernel.c_str(),
                     gname.c_str(), out.c_str(), threads, mps, mps_med, gbs, c.bytes_per_param);
       }
       std::fflush(stdout);

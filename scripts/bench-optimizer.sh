@@ -3,20 +3,26 @@
 #   - bench/adam_roofline.c, the ceiling (the roofline probe: a plain compiler-vectorised Adam
 #     over first-touched fp32 arrays, OpenMP; its adam_fp32 and adam_then_cast figures), at
 #     OMP_NUM_THREADS=1 and 2;
-#   - zps-bench optimizer (fused AdamW + 16-bit copy, grad stats) at 1 and 2 threads;
+#   - zps-bench optimizer (fused AdamW + 16-bit copy, grad stats) at 1 and 2 threads, with the
+#     moments stored as fp32, bf16 and int8 (--state-dtype; docs/optimizer.md "Compact optimizer
+#     state");
 #   - torch.optim.Adam (foreach) over the same parameter count, when torch is installed.
 # Runs are interleaved (probe, zps, torch for 1 thread, then for 2, and again for each round) so
 # that a noisy neighbour hits all of them alike; each figure is the best over rounds of the
-# best-of-steps inside each program. Prints the JSON lines, then the ratios against the targets.
+# best-of-steps inside each program. Prints the JSON lines, then the ratios against the targets,
+# then each state dtype's pass against the fp32-state pass and its bytes moved per second against
+# the probe's copy bandwidth (its cast_fp16 pass: read 4 B, write 2 B per parameter).
 #
 #   scripts/bench-optimizer.sh            # env: BUILD_DIR (default build), PARAMS (64Mi),
-#                                         #      ROUNDS (2), THREADS ("1 2")
+#                                         #      ROUNDS (2), THREADS ("1 2"),
+#                                         #      STATE_DTYPES ("fp32 bf16 int8")
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 build=${BUILD_DIR:-$root/build}
 params=${PARAMS:-67108864}
 rounds=${ROUNDS:-2}
 threads_list=${THREADS:-"1 2"}
+state_dtypes=${STATE_DTYPES:-"fp32 bf16 int8"}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -51,8 +57,10 @@ for round in $(seq 1 "$rounds"); do
     if [[ -n $probe ]]; then
       OMP_NUM_THREADS=$t "$probe" "$params" | sed "s/^{/{\"bench\": \"probe\", \"round\": $round, /" | tee -a "$results"
     fi
-    "$build/bin/zps-bench" optimizer --json --threads "$t" --params "$params" |
-      sed "s/^{/{\"round\": $round, /" | tee -a "$results"
+    for sd in $state_dtypes; do
+      "$build/bin/zps-bench" optimizer --json --threads "$t" --params "$params" --state-dtype "$sd" |
+        sed "s/^{/{\"round\": $round, /" | tee -a "$results"
+    done
     if [[ -n $torch_py ]]; then
       "$torch_py" "$root/bench/torch_adam.py" --threads "$t" --params "$params" |
         sed "s/^{/{\"round\": $round, /" | tee -a "$results"
@@ -73,9 +81,9 @@ for t in sorted({r["threads"] for r in rows}):
     pa = best(lambda r: r.get("bench") == "probe" and r["threads"] == t, "adam_fp32_mparams_per_s")
     pc = best(lambda r: r.get("bench") == "probe" and r["threads"] == t, "adam_then_cast_mparams_per_s")
     f32 = best(lambda r: r.get("kernel") == "adamw_fused" and r["threads"] == t and r["grad_dtype"] == "fp32"
-               and r["out_dtype"] == "bf16", "mparams_per_s")
+               and r["out_dtype"] == "bf16" and r.get("state_dtype", "fp32") == "fp32", "mparams_per_s")
     f16 = best(lambda r: r.get("kernel") == "adamw_fused" and r["threads"] == t and r["grad_dtype"] == "fp16"
-               and r["out_dtype"] == "fp16", "mparams_per_s")
+               and r["out_dtype"] == "fp16" and r.get("state_dtype", "fp32") == "fp32", "mparams_per_s")
     th = best(lambda r: r.get("bench") == "torch_adam" and r["threads"] == t, "mparams_per_s")
     def ratio(a, b):
         return f"{a / b:.2f}" if a and b else "n/a"
@@ -94,8 +102,37 @@ for rnd in sorted({r["round"] for r in rows}):
         pa = best(lambda r: r.get("bench") == "probe" and r["round"] == rnd and r["threads"] == t, "adam_fp32_mparams_per_s")
         pc = best(lambda r: r.get("bench") == "probe" and r["round"] == rnd and r["threads"] == t, "adam_then_cast_mparams_per_s")
         f = best(lambda r: r.get("kernel") == "adamw_fused" and r["round"] == rnd and r["threads"] == t
-                 and r["grad_dtype"] == "fp32" and r["out_dtype"] == "bf16", "mparams_per_s")
+                 and r["grad_dtype"] == "fp32" and r["out_dtype"] == "bf16"
+                 and r.get("state_dtype", "fp32") == "fp32", "mparams_per_s")
         if pa and pc and f:
             parts.append(f"{t} thr: {f / pa:.2f} / {f / pc:.2f}")
     print(f"  round {rnd}: " + ("; ".join(parts) if parts else "n/a"))
+
+# Compact state: the fused pass (fp32 grad, bf16 copy) per state dtype, against fp32 state, and
+# the bytes it moves per second against the probe's copy bandwidth (cast_fp16: 6 B/param).
+print()
+print("state dtype | threads | Mparam/s | x fp32 state (int8 target >= 1.3) | B/param | GB/s |"
+      " probe copy GB/s | GB/s / copy")
+for t in sorted({r["threads"] for r in rows}):
+    cast = best(lambda r: r.get("bench") == "probe" and r["threads"] == t, "cast_fp16_mparams_per_s")
+    copy_gbs = 6 * cast / 1e3 if cast else None
+    def fused(sd, key="mparams_per_s"):
+        return best(lambda r: r.get("kernel") == "adamw_fused" and r["threads"] == t
+                    and r["grad_dtype"] == "fp32" and r["out_dtype"] == "bf16"
+                    and r.get("state_dtype", "fp32") == sd, key)
+    base = fused("fp32")
+    for sd in ["fp32", "bf16", "int8"]:
+        mps = fused(sd)
+        if mps is None:
+            continue
+        bpp = next(r["bytes_per_param"] for r in rows if r.get("kernel") == "adamw_fused"
+                   and r.get("state_dtype", "fp32") == sd and r["grad_dtype"] == "fp32"
+                   and r["out_dtype"] == "bf16")
+        gbs = mps * bpp / 1e3
+        x = mps / base if base else None
+        verdict = "" if sd != "int8" or x is None else (" MET" if x >= 1.3 else " MISSED")
+        print(f"{sd:>11} | {t:7d} | {mps:8.0f} | {('%.2f' % x) if x else 'n/a':>6}{verdict:<28} |"
+              f" {bpp:7.2f} | {gbs:4.1f} | {('%.1f' % copy_gbs) if copy_gbs else 'n/a':>15} |"
+              f" {('%.2f' % (gbs / copy_gbs)) if copy_gbs else 'n/a':>11}")
+print("(best over rounds; B/param counts the reads and writes the pass must make, int8's scales included)")
 PY

@@ -25,7 +25,8 @@ using internal::KernelTable;
 // and an indirect call) is noise, small enough that two threads stay balanced on a 4 MiB chunk.
 // A multiple of kStatsBlock and of 64 (the kernels' alignment unit).
 constexpr size_t kTaskElems = 64 * 1024;
-static_assert(kTaskElems % internal::kStatsBlock == 0 && kTaskElems % 64 == 0);
+static_assert(kTaskElems % internal::kStatsBlock == 0 && kTaskElems % 64 == 0 &&
+              kTaskElems % kInt8BlockElems == 0);
 
 // Below this many elements the serving copy is written with ordinary stores: it fits in L2 and
 // a fetch may read it soon. Above it, non-temporal stores skip the read-for-ownership of lines
@@ -188,10 +189,6 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   if (params.step < 1)
     return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
   if (!std::isfinite(params.grad_scale)) return InvalidArgument("grad_scale must be finite");
-  if (sd != StateDType::kF32) {
-    return Unimplemented("optimizer: " + std::string(StateDTypeName(sd)) +
-                         " state is not implemented yet");
-  }
   if (n == 0) return Status::Ok();
 
   KernelArgs a;
@@ -210,14 +207,17 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   a.nesterov = config_.nesterov;
   a.grad = grad.data;
   a.master = state.master.data();
-  a.m = (adam || has_momentum) ? reinterpret_cast<float*>(state.m.data()) : nullptr;
-  a.v = adam ? reinterpret_cast<float*>(state.v.data()) : nullptr;
+  a.state = sd;
+  a.step = params.step;
+  a.first_index = params.first_index;
+  a.m = (adam || has_momentum) ? state.m.data() : nullptr;
+  a.v = adam ? state.v.data() : nullptr;
   a.out = a.has_out && !out_f32 ? params.out16.data() : nullptr;
   a.out32 = a.has_out && out_f32 ? params.out32.data() : nullptr;
   if (params.source) {
     a.src_master = params.source->master.data();
-    a.src_m = a.m != nullptr ? reinterpret_cast<const float*>(params.source->m.data()) : nullptr;
-    a.src_v = a.v != nullptr ? reinterpret_cast<const float*>(params.source->v.data()) : nullptr;
+    a.src_m = a.m != nullptr ? params.source->m.data() : nullptr;
+    a.src_v = a.v != nullptr ? params.source->v.data() : nullptr;
   }
   a.grad_scale = params.grad_scale;
   a.lr = lr_f;

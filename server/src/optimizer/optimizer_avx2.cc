@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "optimizer_kernels.h"
+#include "state_codec.h"
 #include "zps/common/dtype.h"
 #include "zps/common/simd_convert.h"
 
@@ -60,6 +61,84 @@ struct V {
     } else {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
     }
+  }
+  // ---- packed moments (optimizer_compact_body.inc; state_codec.h defines each lane) ----
+  using I = __m256i;
+  static F LoadBf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static I Fmix(I h) {
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  }
+  // Unsigned a < b: flip the sign bits and compare signed.
+  static I LessU(I a, I b) {
+    const I flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    return _mm256_cmpgt_epi32(_mm256_xor_si256(b, flip), _mm256_xor_si256(a, flip));
+  }
+  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+    const I iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const I idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)), iota);
+    const I wrapped = LessU(idx, _mm256_set1_epi32(static_cast<int>(lo_first)));
+    const I key = _mm256_blendv_epi8(_mm256_set1_epi32(static_cast<int>(key0)),
+                                     _mm256_set1_epi32(static_cast<int>(key1)), wrapped);
+    return Fmix(_mm256_xor_si256(idx, key));
+  }
+  static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
+    const I r = _mm256_and_si256(_mm256_srli_epi32(bits, shift), _mm256_set1_epi32(0xffff));
+    I y = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(x), r), 16);
+    const I nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    y = _mm256_blendv_epi8(y, _mm256_set1_epi32(0x7fc0), nan);
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static F Dequant(const uint8_t* codes, const float* table) {
+    const I idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+    return _mm256_i32gather_ps(table, idx, 4);
+  }
+  template <bool SIGNED>
+  static void Quant(uint8_t* out, F x, F inv) {
+    const MapConsts& c = SIGNED ? kSignedMap : kUnsignedMap;
+    const I bits = _mm256_castps_si256(x);
+    const F a = _mm256_mul_ps(
+        _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff))), inv);
+    I d = _mm256_setzero_si256();
+    for (float b : kDecadeBound) {
+      d = _mm256_sub_epi32(d, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GE_OQ)));
+    }
+    const F sc = _mm256_permutevar8x32_ps(_mm256_loadu_ps(c.scale), d);
+    const F ce = _mm256_permutevar8x32_ps(_mm256_loadu_ps(c.cells), d);
+    const F t = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(a, sc), _mm256_set1_ps(0.1f)), ce);
+    I cell = _mm256_max_epi32(_mm256_cvttps_epi32(t), _mm256_setzero_si256());
+    const I lim = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.limit)), d);
+    cell = _mm256_min_epi32(cell, lim);
+    const I base = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.base)), d);
+    I k = _mm256_add_epi32(base, cell);
+    const I zero = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(c.zero_below), _CMP_LT_OQ));
+    k = _mm256_andnot_si256(zero, k);
+    if constexpr (SIGNED) {
+      k = _mm256_or_si256(k,
+                          _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+    }
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w, w));
+  }
+  static I AbsBits(F x) {
+    return _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+  }
+  static I MaxU(I a, I b) { return _mm256_max_epu32(a, b); }
+  static uint32_t ReduceMax(I x) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
   }
   static void StreamFence() { _mm_sfence(); }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "optimizer_kernels.h"
+#include "state_codec.h"
 #include "zps/common/dtype.h"
 #include "zps/common/simd_convert.h"
 
@@ -65,6 +66,74 @@ struct V {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
     }
   }
+  // ---- packed moments (optimizer_compact_body.inc; state_codec.h defines each lane) ----
+  using I = __m512i;
+  static F LoadBf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static I Fmix(I h) {
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x85ebca6bu)));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  }
+  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+    const I iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const I idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo)), iota);
+    const __mmask16 wrapped =
+        _mm512_cmplt_epu32_mask(idx, _mm512_set1_epi32(static_cast<int>(lo_first)));
+    const I key = _mm512_mask_blend_epi32(wrapped, _mm512_set1_epi32(static_cast<int>(key0)),
+                                          _mm512_set1_epi32(static_cast<int>(key1)));
+    return Fmix(_mm512_xor_si512(idx, key));
+  }
+  static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
+    const I r = _mm512_and_si512(_mm512_srli_epi32(bits, static_cast<unsigned>(shift)),
+                                 _mm512_set1_epi32(0xffff));
+    I y = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(x), r), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    y = _mm512_mask_mov_epi32(y, nan, _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(y));
+  }
+  static F Dequant(const uint8_t* codes, const float* table) {
+    const I idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+    return _mm512_i32gather_ps(idx, table, 4);
+  }
+  template <bool SIGNED>
+  static void Quant(uint8_t* out, F x, F inv) {
+    const MapConsts& c = SIGNED ? kSignedMap : kUnsignedMap;
+    const I bits = _mm512_castps_si512(x);
+    const F a = _mm512_mul_ps(
+        _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff))), inv);
+    I d = _mm512_setzero_si512();
+    const I one = _mm512_set1_epi32(1);
+    for (float b : kDecadeBound) {
+      d = _mm512_mask_add_epi32(d, _mm512_cmp_ps_mask(a, _mm512_set1_ps(b), _CMP_GE_OQ), d, one);
+    }
+    const F sc = _mm512_permutexvar_ps(d, _mm512_castps256_ps512(_mm256_loadu_ps(c.scale)));
+    const F ce = _mm512_permutexvar_ps(d, _mm512_castps256_ps512(_mm256_loadu_ps(c.cells)));
+    const F t = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(a, sc), _mm512_set1_ps(0.1f)), ce);
+    I cell = _mm512_max_epi32(_mm512_cvttps_epi32(t), _mm512_setzero_si512());
+    const I lim = _mm512_permutexvar_epi32(
+        d, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.limit))));
+    cell = _mm512_min_epi32(cell, lim);
+    const I base = _mm512_permutexvar_epi32(
+        d, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.base))));
+    I k = _mm512_add_epi32(base, cell);
+    k = _mm512_mask_mov_epi32(k, _mm512_cmp_ps_mask(a, _mm512_set1_ps(c.zero_below), _CMP_LT_OQ),
+                              _mm512_setzero_si512());
+    if constexpr (SIGNED) {
+      k = _mm512_or_si512(k,
+                          _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(k));
+  }
+  static I AbsBits(F x) {
+    return _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  }
+  static I MaxU(I a, I b) { return _mm512_max_epu32(a, b); }
+  static uint32_t ReduceMax(I x) { return _mm512_reduce_max_epu32(x); }
   static void StreamFence() { _mm_sfence(); }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 };

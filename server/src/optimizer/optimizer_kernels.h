@@ -24,18 +24,23 @@ struct KernelArgs {
   bool stream_state = false;  // non-temporal stores for master, m, v (out of place, large only)
   bool has_momentum = false;  // SGD: momentum > 0 (m is read and written)
   bool nesterov = false;
+  // How m and v are packed (zps/server/optimizer.h): fp32 (float*), bf16 (uint16_t*) or int8
+  // (blocks of kInt8BlockBytes, the first at element 0 of the call).
+  StateDType state = StateDType::kF32;
+  int64_t step = 1;          // bf16: the step whose key draws the stochastic rounding's bits
+  uint64_t first_index = 0;  // bf16: the layout index of element 0 (UpdateParams::first_index)
 
   const void* grad = nullptr;
   float* master = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
   uint16_t* out = nullptr;
   float* out32 = nullptr;
   // Out of place (UpdateParams::source): master, m, v are read here and written above. Null:
   // in place.
   const float* src_master = nullptr;
-  const float* src_m = nullptr;
-  const float* src_v = nullptr;
+  const void* src_m = nullptr;
+  const void* src_v = nullptr;
 
   float grad_scale = 1.0f;
   // Adam/AdamW:
@@ -61,7 +66,8 @@ inline constexpr size_t kStatsBlock = 4096;
 
 /// One ISA's kernels.
 struct KernelTable {
-  /// Updates elements [begin, end) in place. `begin` must be a multiple of 64.
+  /// Updates elements [begin, end) in place. `begin` must be a multiple of 64 (of
+  /// kInt8BlockElems: a tile of the packed pass starts on an int8 block).
   void (*update_range)(const KernelArgs& args, size_t begin, size_t end);
   /// Sum over [begin, end) of double(g)^2 for raw (unscaled) gradient elements, computed as
   /// consecutive kStatsBlock blocks whose sums are added in order. `begin` must be a multiple of

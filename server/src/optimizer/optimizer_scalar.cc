@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "optimizer_kernels.h"
+#include "state_codec.h"
 #include "zps/common/dtype.h"
 
 namespace zps::server::internal {
@@ -42,6 +43,23 @@ struct V {
   static void StoreOut(uint16_t* p, F x) {
     *p = OUT == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
   }
+  // ---- packed moments (optimizer_compact_body.inc): state_codec.h's definitions as they are ----
+  using I = uint32_t;
+  static F LoadBf16(const uint16_t* p) { return Bf16Value(*p); }
+  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+    return Fmix32(lo ^ (lo < lo_first ? key1 : key0));
+  }
+  static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
+    *p = Bf16Stochastic(x, bits >> shift);
+  }
+  static F Dequant(const uint8_t* codes, const float* table) { return table[*codes]; }
+  template <bool SIGNED>
+  static void Quant(uint8_t* out, F x, F inv) {
+    *out = Int8Quantize<SIGNED>(x, inv);
+  }
+  static I AbsBits(F x) { return std::bit_cast<uint32_t>(x) & 0x7fffffffu; }
+  static I MaxU(I a, I b) { return a > b ? a : b; }
+  static uint32_t ReduceMax(I x) { return x; }
   static void StreamFence() {}
   static void Prefetch(const void*) {}
 };

@@ -19,10 +19,15 @@
 // not contract a*b+c into an FMA in optimizer_scalar.cc (true for the x86-64 baseline the
 // release build targets; a -march=native build would legitimately fail here).
 //
+// Compact state (kGoldenState): every optimizer case x state dtype (bf16, int8) x gradient dtype,
+// with a bf16 serving copy, the moments packed from the same inputs (PackMoment) one byte off
+// their buffers' alignment, step 5, first_index 12345 (bf16's random bits); the CRC covers
+// master, the packed m and v and the copy.
+//
 // Regenerating (only when a kernel's arithmetic changes on purpose; say why in the commit):
 //   ZPS_OPTIMIZER_GOLDEN=print build/bin/test_server_optimizer
 //       --gtest_filter='OptimizerGolden.*' | grep '^  {'     (one command line)
-// prints the two tables below (needs a CPU with AVX2 for the vector column) and fails the test
+// prints the tables below (needs a CPU with AVX2 for the vector column) and fails the test
 // on purpose, so that mode can never pass in CI. Paste them over kGolden / kGoldenStats.
 #include <gtest/gtest.h>
 
@@ -39,6 +44,7 @@
 #include "zps/common/crc32c.h"
 #include "zps/common/dtype.h"
 #include "zps/server/optimizer.h"
+#include "zps/server/packed_moment.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -108,6 +114,55 @@ constexpr Golden kGolden[] = {
   {"sgd_nesterov", "bf16", "fp16", 0x75b89cd6u, 0x16a811b2u},
   {"sgd_nesterov", "bf16", "bf16", 0xea29e873u, 0x7d7618f8u},
   {"sgd_nesterov", "bf16", "fp32", 0xf81cfd4bu, 0x21093be0u},
+};
+// clang-format on
+
+struct GoldenState {
+  const char* state;
+  const char* optimizer;
+  const char* grad;
+  uint32_t scalar;
+  uint32_t vector;
+};
+
+// clang-format off
+constexpr GoldenState kGoldenState[] = {
+  {"bf16", "adamw", "fp32", 0x784934bau, 0x66e53c82u},
+  {"bf16", "adamw", "fp16", 0x9d98a4d0u, 0x26001452u},
+  {"bf16", "adamw", "bf16", 0x9c6d2734u, 0x8eb86107u},
+  {"bf16", "adamw_nobias", "fp32", 0x04054835u, 0x764c5bf2u},
+  {"bf16", "adamw_nobias", "fp16", 0x6f7f8f0eu, 0x614290deu},
+  {"bf16", "adamw_nobias", "bf16", 0x3b0808c6u, 0x3c52ec6eu},
+  {"bf16", "adam_l2", "fp32", 0xaa5345a5u, 0x3eb5d91eu},
+  {"bf16", "adam_l2", "fp16", 0x137fc286u, 0x47e0312cu},
+  {"bf16", "adam_l2", "bf16", 0x3a11ca67u, 0xdfe2df56u},
+  {"bf16", "sgd_plain", "fp32", 0xead99809u, 0x94571334u},
+  {"bf16", "sgd_plain", "fp16", 0x1269b023u, 0xe9f53f66u},
+  {"bf16", "sgd_plain", "bf16", 0x92abe428u, 0xe3f98e39u},
+  {"bf16", "sgd_momentum", "fp32", 0xaa60237fu, 0xa17be64eu},
+  {"bf16", "sgd_momentum", "fp16", 0xb6600046u, 0x1db78bddu},
+  {"bf16", "sgd_momentum", "bf16", 0x905df081u, 0x790cf544u},
+  {"bf16", "sgd_nesterov", "fp32", 0x7d3533cau, 0x071c7854u},
+  {"bf16", "sgd_nesterov", "fp16", 0xdb27d34cu, 0xb10252aeu},
+  {"bf16", "sgd_nesterov", "bf16", 0x08a09f92u, 0xdb4cd373u},
+  {"int8", "adamw", "fp32", 0x39166ed6u, 0xcfb272b1u},
+  {"int8", "adamw", "fp16", 0xfc70e30eu, 0x0ab0c8c6u},
+  {"int8", "adamw", "bf16", 0xaf730492u, 0x58691158u},
+  {"int8", "adamw_nobias", "fp32", 0x0dcdd920u, 0x4b19d171u},
+  {"int8", "adamw_nobias", "fp16", 0x81cdf92fu, 0x560eebe5u},
+  {"int8", "adamw_nobias", "bf16", 0xa4c92279u, 0x462e8954u},
+  {"int8", "adam_l2", "fp32", 0xef43b096u, 0x530fc8a5u},
+  {"int8", "adam_l2", "fp16", 0x7373e059u, 0x0391bacdu},
+  {"int8", "adam_l2", "bf16", 0x051e3e52u, 0x587d9f1du},
+  {"int8", "sgd_plain", "fp32", 0x7440ff2cu, 0x7f86f35cu},
+  {"int8", "sgd_plain", "fp16", 0xd4690e0du, 0x2a7150dfu},
+  {"int8", "sgd_plain", "bf16", 0xa99f488fu, 0x3e6053c4u},
+  {"int8", "sgd_momentum", "fp32", 0x55aec822u, 0xe878df4du},
+  {"int8", "sgd_momentum", "fp16", 0xa432518au, 0xdd0c2103u},
+  {"int8", "sgd_momentum", "bf16", 0x0135b6ebu, 0xa28e7f3du},
+  {"int8", "sgd_nesterov", "fp32", 0xe34695c8u, 0xc2efb498u},
+  {"int8", "sgd_nesterov", "fp16", 0x798cae87u, 0xdb3539d1u},
+  {"int8", "sgd_nesterov", "bf16", 0x43a1366bu, 0x38d44a2fu},
 };
 // clang-format on
 
@@ -282,6 +337,82 @@ TEST(OptimizerGolden, EveryIsaMatchesTheStoredCrcs) {
           EXPECT_EQ(*got, isa == Isa::kScalar ? want.scalar : want.vector)
               << IsaName(isa) << " " << cs.name << " grad=" << DTypeName(gt)
               << " out=" << DTypeName(ot);
+        }
+      }
+    }
+  }
+}
+
+constexpr StateDType kStateTypes[] = {StateDType::kBF16, StateDType::kInt8};
+
+// One update with packed moments (see the file header); the CRC of master, m, v and the copy.
+Result<uint32_t> RunState(Isa isa, const Case& cs, StateDType sd, DType grad, uint64_t seed) {
+  Inputs in = MakeInputs(grad, seed);
+  OptimizerConfig config = cs.config;
+  config.state_dtype = sd;
+  ZPS_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(config, nullptr, isa));
+  const bool sgd = config.kind == OptimizerKind::kSgd;
+  const size_t bytes = MomentBytes(sd, kN);
+  std::vector<std::byte> m(bytes + 1), v(bytes + 1);
+  const std::span<std::byte> pm = std::span(m).subspan(1), pv = std::span(v).subspan(1);
+  ZPS_RETURN_IF_ERROR(PackMoment(sd, MomentKind::kM, {in.m.data() + kOff, kN}, pm));
+  ZPS_RETURN_IF_ERROR(PackMoment(sd, MomentKind::kV, {in.v.data() + kOff, kN}, pv));
+  ChunkState st{{in.p.data() + kOff, kN}, pm, pv};
+  if (sgd) st.v = {};
+  if (sgd && config.momentum == 0) st.m = {};
+  UpdateParams up;
+  up.step = 5;
+  up.grad_scale = 0.5f;
+  up.first_index = 12345;
+  up.out_dtype = DType::kBF16;
+  up.out16 = {in.out16.data() + kOff, kN};
+  const GradView g = grad == DType::kF32 ? GradView{in.g32.data() + kOff, grad, kN}
+                                         : GradView{in.g16.data() + kOff, grad, kN};
+  ZPS_RETURN_IF_ERROR(opt->Update(st, g, up));
+  uint32_t crc = CrcOf(0, in.p.data(), in.p.size() * 4);
+  crc = CrcOf(crc, m.data(), m.size());
+  crc = CrcOf(crc, v.data(), v.size());
+  return CrcOf(crc, in.out16.data(), in.out16.size() * 2);
+}
+
+TEST(OptimizerGolden, CompactStateMatchesTheStoredCrcs) {
+  const std::vector<Case> cases = Cases();
+  if (PrintMode()) {
+    ASSERT_TRUE(IsaSupported(Isa::kAvx2)) << "the vector column needs a CPU with AVX2";
+    uint64_t seed = 1000;
+    for (StateDType sd : kStateTypes) {
+      for (const Case& cs : cases) {
+        for (DType gt : kGradTypes) {
+          auto s = RunState(Isa::kScalar, cs, sd, gt, seed);
+          auto v = RunState(Isa::kAvx2, cs, sd, gt, seed);
+          ASSERT_THAT(s, IsOk());
+          ASSERT_THAT(v, IsOk());
+          std::printf("  {\"%s\", \"%s\", \"%s\", 0x%08xu, 0x%08xu},\n",
+                      std::string(StateDTypeName(sd)).c_str(), cs.name,
+                      std::string(DTypeName(gt)).c_str(), *s, *v);
+          ++seed;
+        }
+      }
+    }
+    FAIL() << "ZPS_OPTIMIZER_GOLDEN=print: table printed above; this mode never passes";
+  }
+  ASSERT_EQ(std::size(kGoldenState), std::size(kStateTypes) * cases.size() * std::size(kGradTypes))
+      << "the golden table does not match the cases: regenerate it (see the file header)";
+  for (Isa isa : PresentIsas()) {
+    size_t k = 0;
+    uint64_t seed = 1000;
+    for (StateDType sd : kStateTypes) {
+      for (const Case& cs : cases) {
+        for (DType gt : kGradTypes) {
+          const GoldenState& want = kGoldenState[k++];
+          ASSERT_EQ(std::string_view(want.state), StateDTypeName(sd));
+          ASSERT_EQ(std::string_view(want.optimizer), cs.name);
+          ASSERT_EQ(std::string_view(want.grad), DTypeName(gt));
+          auto got = RunState(isa, cs, sd, gt, seed++);
+          ASSERT_THAT(got, IsOk());
+          EXPECT_EQ(*got, isa == Isa::kScalar ? want.scalar : want.vector)
+              << IsaName(isa) << " " << StateDTypeName(sd) << " " << cs.name
+              << " grad=" << DTypeName(gt);
         }
       }
     }

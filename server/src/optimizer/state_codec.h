@@ -1,0 +1,140 @@
+// state_codec.h — the packed moment formats of zps/server/optimizer.h, element by element: the
+// bf16 stochastic rounding and its counter-based random bits, and the int8 dynamic quantization
+// map. The scalar kernel uses these functions as they are; the vector kernels compute the same
+// integer and IEEE single operations lane by lane (no FMA, no approximate instructions), so every
+// ISA packs every element to the same bits. Tests check the kernels against this file.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace zps::server::internal {
+
+// ---- bf16 with stochastic rounding --------------------------------------------------------------
+
+/// murmur3's 32-bit finaliser: a bijection whose every output bit depends on every input bit.
+constexpr uint32_t Fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+/// The key of one step (1-based optimizer step) for the indices whose top 32 bits are `hi`.
+constexpr uint32_t SrKey(int64_t step, uint32_t hi) {
+  const auto s = static_cast<uint64_t>(step);
+  const uint32_t k = Fmix32(static_cast<uint32_t>(s) ^ Fmix32(static_cast<uint32_t>(s >> 32)));
+  return Fmix32(k ^ (hi * 0x27d4eb2fu) ^ 0x165667b1u);
+}
+
+/// 32 random bits for the element at `index` of the layout's flat space in a step whose key for
+/// index >> 32 is `key`: the low 16 round m (or SGD's buffer), the high 16 round v.
+constexpr uint32_t SrBits(uint32_t key, uint64_t index) {
+  return Fmix32(static_cast<uint32_t>(index) ^ key);
+}
+
+/// x rounded to bf16 stochastically: up (in magnitude) with probability equal to the discarded
+/// fraction of an ulp, given 16 uniform bits `r16`. NaN becomes the quiet NaN 0x7fc0 (adding to
+/// its bits could carry into the sign).
+inline uint16_t Bf16Stochastic(float x, uint32_t r16) {
+  if (x != x) return 0x7fc0;
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + (r16 & 0xffffu)) >> 16);
+}
+
+inline float Bf16Value(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+// ---- int8: the dynamic quantization map
+// ----------------------------------------------------------
+//
+// Dettmers et al.'s dynamic map (bitsandbytes' create_dynamic_map): a value relative to the
+// block's scale, a in [0, 1], falls in a decade d = 0..6 ([1e-7, 1e-6), ..., [0.1, 1)), which
+// is cut into N_d equal cells; the code's value is its cell's midpoint. Signed (m, SGD's buffer):
+// a sign bit and N_d = 2^d cells, magnitude index k = 2^d + cell (1..127), 0 for zero; the code
+// is sign << 7 | k (0x80 is -0). Unsigned (v): N_d = 2^(d+1), k = 2^(d+1) - 1 + cell (1..254),
+// 0 for zero, 255 for 1.0.
+//
+// Quantizing a = |x| x (1 / scale): d = the number of decade bounds 1e-6 ... 0.1 that a reaches;
+// t = (a x 10^(6-d) - 0.1) x (N_d / 0.9); cell = trunc(t) (the conversion's "integer
+// indefinite" 0x80000000 for NaN or out of range), clamped to [0, N_d - 1] (unsigned, decade 6:
+// [0, N_d], N_d being 1.0's code). Zero: signed, a below half the smallest value; unsigned, only
+// a < 1e-38, so a positive v is never stored as 0 (it divides the update: a v rounded to zero
+// would turn a small m into a step of m / eps).
+
+inline constexpr int kDecades = 7;
+/// The decade bounds a is compared against (d = how many it reaches).
+inline constexpr float kDecadeBound[6] = {1e-6f, 1e-5f, 1e-4f, 1e-3f, 1e-2f, 1e-1f};
+
+/// Per-decade constants, padded to 8 lanes for the vector permutes.
+struct MapConsts {
+  float scale[8];    // 10^(6-d)
+  float cells[8];    // N_d / 0.9
+  int32_t base[8];   // magnitude index of the decade's first cell
+  int32_t limit[8];  // largest cell index
+  float zero_below;  // a below this is stored as 0
+};
+
+constexpr MapConsts MakeMapConsts(bool is_signed) {
+  MapConsts c{};
+  double p = 1e6;
+  for (int d = 0; d < 8; ++d) {
+    const int dd = d < kDecades ? d : kDecades - 1;
+    const int n = is_signed ? (1 << dd) : (2 << dd);
+    c.scale[d] = static_cast<float>(p);
+    if (d < kDecades - 1) p /= 10.0;
+    c.cells[d] = static_cast<float>(n / 0.9);
+    c.base[d] = is_signed ? n : n - 1;
+    c.limit[d] = (!is_signed && dd == kDecades - 1) ? n : n - 1;
+  }
+  c.zero_below = is_signed ? 2.75e-7f : 1e-38f;
+  return c;
+}
+
+inline constexpr MapConsts kSignedMap = MakeMapConsts(true);
+inline constexpr MapConsts kUnsignedMap = MakeMapConsts(false);
+
+/// The value of each code (relative to the scale): 256 floats, signed map or unsigned map.
+const float* Int8Table(bool is_signed);
+
+/// cvttss2si's result: trunc(t), or 0x80000000 for NaN and values out of int32's range.
+inline int32_t TruncOrIndefinite(float t) {
+  if (!(t >= -2147483648.0f && t < 2147483648.0f)) return INT32_MIN;
+  return static_cast<int32_t>(t);
+}
+
+/// One element's code, given the block's 1 / scale.
+template <bool SIGNED>
+inline uint8_t Int8Quantize(float x, float inv) {
+  const MapConsts& c = SIGNED ? kSignedMap : kUnsignedMap;
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const float a = std::bit_cast<float>(bits & 0x7fffffffu) * inv;
+  int d = 0;
+  for (float b : kDecadeBound) d += a >= b ? 1 : 0;
+  const float t = (a * c.scale[d] - 0.1f) * c.cells[d];
+  int32_t cell = TruncOrIndefinite(t);
+  cell = cell < 0 ? 0 : cell;
+  cell = cell > c.limit[d] ? c.limit[d] : cell;
+  uint32_t k = static_cast<uint32_t>(c.base[d] + cell);
+  if (a < c.zero_below) k = 0;
+  if constexpr (SIGNED) k |= (bits >> 24) & 0x80u;
+  return static_cast<uint8_t>(k);
+}
+
+/// The block's scale: its largest |x| (as the bits of a non-negative float, so NaN is largest
+/// and every ISA agrees) rounded UP to a bf16, so that every a = |x| / scale is at most 1.
+inline uint16_t Int8ScaleUp(uint32_t absmax_bits) {
+  if ((absmax_bits & 0xffffu) != 0) absmax_bits += 0x10000u;
+  return static_cast<uint16_t>(absmax_bits >> 16);
+}
+
+/// 1 / scale, and 0 for a zero scale (every code is then 0).
+inline float Int8Inverse(uint16_t scale) {
+  const float s = Bf16Value(scale);
+  return s == 0.0f ? 0.0f : 1.0f / s;
+}
+
+}  // namespace zps::server::internal
