@@ -146,8 +146,10 @@ int Run(int argc, char** argv) {
       for (uint32_t c = 0; c < layout->num_chunks(); ++c) {
         const uint64_t n = layout->chunk_size(c);
         master[0] = static_cast<float>(c);
-        Status s = (*w)->AddChunk(
-            c, rep, {std::span(master.data(), n), std::span(m.data(), n), std::span(v.data(), n)});
+        Status s =
+            (*w)->AddChunk(c, rep,
+                           {std::span(master.data(), n), std::as_bytes(std::span(m.data(), n)),
+                            std::as_bytes(std::span(v.data(), n))});
         if (!s.ok()) return Fail(s);
       }
       auto t1 = std::chrono::steady_clock::now();
@@ -174,7 +176,8 @@ int Run(int argc, char** argv) {
           for (uint32_t i = next++; i < layout->num_chunks() && !failed; i = next++) {
             const uint64_t n = layout->chunk_size(i);
             Status s = (*reader)->ReadChunk(
-                i, {std::span(a.data(), n), std::span(b.data(), n), std::span(c.data(), n)});
+                i, {std::span(a.data(), n), std::as_writable_bytes(std::span(b.data(), n)),
+                    std::as_writable_bytes(std::span(c.data(), n))});
             if (!s.ok() || a[0] != static_cast<float>(i)) {
               std::fprintf(stderr, "read of chunk %u: %s\n", i, s.ToString().c_str());
               failed = true;

@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--prefetch-bytes", type=int, default=128 << 20)
     ap.add_argument("--data-dir", default="", help="shards' data dir (default: a temp dir)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--state-dtype", default="fp32", choices=["fp32", "bf16", "int8"],
+                    help="how the shards store the optimizer's moments (zps.state_dtype)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
@@ -64,7 +66,7 @@ def main():
            "zps": {"shards": args.shards, "serving_dtype": "bf16",
                    "memory_budget": args.memory_budget, "max_live_bytes": args.max_live_bytes,
                    "prefetch_bytes": args.prefetch_bytes, "data_dir": args.data_dir,
-                   "op_timeout_s": 1800}}
+                   "state_dtype": args.state_dtype, "op_timeout_s": 1800}}
     t0 = time.monotonic()
     torch.manual_seed(0)
     with zt.init(cfg):

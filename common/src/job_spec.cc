@@ -735,4 +735,17 @@ std::string JobSpecDocTable(std::string_view which) {
   return out;
 }
 
+uint64_t MomentBytes(StateDType dtype, uint64_t n) {
+  switch (dtype) {
+    case StateDType::kBF16:
+      return 2 * n;
+    case StateDType::kInt8:
+      // Each block: kInt8StateBlockElems codes, then its bf16 scale.
+      return (n + kInt8StateBlockElems - 1) / kInt8StateBlockElems * (kInt8StateBlockElems + 2);
+    case StateDType::kF32:
+      break;
+  }
+  return 4 * n;
+}
+
 }  // namespace zps

@@ -22,9 +22,13 @@ uint32_t StateMoments(const OptimizerConfig& optimizer) {
 }
 
 uint64_t StateRecordBytes(const OptimizerConfig& optimizer, uint64_t elems) {
-  const uint64_t array =
-      (elems * sizeof(float) + kSpillRecordAlign - 1) / kSpillRecordAlign * kSpillRecordAlign;
-  return (1 + StateMoments(optimizer)) * array;
+  // As ChunkStore lays a record out: the fp32 master, then each moment packed in the job's state
+  // dtype, each array starting on the record alignment.
+  auto align = [](uint64_t b) {
+    return (b + kSpillRecordAlign - 1) / kSpillRecordAlign * kSpillRecordAlign;
+  };
+  return align(elems * sizeof(float)) +
+         StateMoments(optimizer) * align(MomentBytes(optimizer.state_dtype, elems));
 }
 
 Status CheckJobMemoryBudget(const JobSpec& job, uint64_t memory_budget) {

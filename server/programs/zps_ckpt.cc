@@ -83,13 +83,14 @@ zps::Status Inspect(const Options& o) {
                   layout.status().ToString().c_str());
     }
     ZPS_ASSIGN_OR_RETURN(auto list, store->ListCheckpoints(o.verify));
-    std::printf("  %-12s %-21s %7s %14s  %s\n", "step", "created", "chunks", "bytes", "status");
+    std::printf("  %-12s %-21s %7s %14s %-5s  %s\n", "step", "created", "chunks", "bytes", "state",
+                "status");
     for (const auto& c : list) {
-      std::printf("  %-12lld %-21s %7zu %14llu  %s%s%s\n", static_cast<long long>(c.step),
-                  c.verification == zps::server::Verification::kCorrupt
-                      ? "-"
-                      : FormatTime(c.created_unix_ms).c_str(),
-                  c.chunks.size(), static_cast<unsigned long long>(c.bytes),
+      const bool corrupt = c.verification == zps::server::Verification::kCorrupt;
+      std::printf("  %-12lld %-21s %7zu %14llu %-5s  %s%s%s\n", static_cast<long long>(c.step),
+                  corrupt ? "-" : FormatTime(c.created_unix_ms).c_str(), c.chunks.size(),
+                  static_cast<unsigned long long>(c.bytes),
+                  corrupt ? "-" : std::string(zps::StateDTypeName(c.state_dtype)).c_str(),
                   std::string(zps::server::VerificationName(c.verification)).c_str(),
                   c.problem.empty() ? "" : ": ", c.problem.c_str());
     }

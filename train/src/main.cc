@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <string_view>
@@ -70,6 +71,7 @@ struct TrainOptions {
   double initial_loss_scale = 65536.0;   // Default: 2^16.
   std::string grad_dtype = "";           // Default: fp32, or fp16 with loss scaling.
   std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
+  std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
   std::string reduction = "server-sum";  // Default: server-sum.
   std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
@@ -130,6 +132,10 @@ void Register(Flags& f, TrainOptions& o) {
   f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
         &o.grad_dtype);
   f.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", &o.serving_dtype);
+  f.Add("state-dtype",
+        "how the shards store the optimizer's moments beside the fp32 master: fp32, bf16 "
+        "(stochastic rounding) or int8 (blockwise, dynamic map)",
+        &o.state_dtype);
   f.Add("reduction",
         "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
         "reduce-scatter each gradient with Gloo; each pushes its slice)",
@@ -203,6 +209,7 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(gd));
   ZPS_ASSIGN_OR_RETURN(job.shard.serving_dtype, ParseDType(sd));
   ZPS_ASSIGN_OR_RETURN(job.optimizer.kind, server::ParseOptimizerKind(o.optimizer));
+  ZPS_ASSIGN_OR_RETURN(job.optimizer.state_dtype, ParseStateDType(o.state_dtype));
   job.optimizer.lr = static_cast<float>(o.lr);
   job.optimizer.beta1 = static_cast<float>(o.beta1);
   job.optimizer.beta2 = static_cast<float>(o.beta2);
@@ -226,6 +233,36 @@ Result<server::JobSpec> BuildJob(const TrainOptions& o) {
 
 void PrintCrcs(const std::vector<std::pair<uint32_t, uint32_t>>& crcs) {
   for (const auto& [c, crc] : crcs) std::printf("chunk_crc %u %08x\n", c, crc);
+}
+
+// "state bytes per parameter: X (...; gradient slots Y)": every shard's state_bytes from its
+// kStatus document (the zps_shard_state_bytes gauges' figures) over the model's parameters.
+// X is the master, moments, scales and serving copies; the gradient slots are apart.
+Status PrintStateBytes(worker::Client& client, int shards, uint64_t params) {
+  uint64_t master = 0, moments = 0, scales = 0, serving = 0, grad = 0;
+  for (uint32_t s = 0; s < static_cast<uint32_t>(shards); ++s) {
+    ZPS_ASSIGN_OR_RETURN(auto reply, client.CallShard(s, msg::kStatus, {}));
+    const auto j = nlohmann::json::parse(reinterpret_cast<const char*>(reply.data()),
+                                         reinterpret_cast<const char*>(reply.data() + reply.size()),
+                                         nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("state_bytes")) {
+      return DataLoss("shard " + std::to_string(s) + "'s status has no state_bytes");
+    }
+    const auto& b = j["state_bytes"];
+    auto get = [&](const char* k) { return b.value(k, uint64_t{0}); };
+    master += get("master");
+    moments += get("m") + get("v");
+    scales += get("scales");
+    serving += get("serving");
+    grad += get("grad");
+  }
+  const double p = static_cast<double>(std::max<uint64_t>(params, 1));
+  std::printf(
+      "state bytes per parameter: %.2f (master %.2f, moments %.2f, scales %.2f, serving %.2f); "
+      "gradient slots %.2f\n",
+      static_cast<double>(master + moments + scales + serving) / p, master / p, moments / p,
+      scales / p, serving / p, grad / p);
+  return Status::Ok();
 }
 
 // "latency <rank> <what> <count> <sum_s> <upper bound>:<count> ... +Inf:<count>" (per-bucket,
@@ -627,6 +664,8 @@ Status RunWorker(const TrainOptions& o) {
       std::sort(all.begin(), all.end());
       PrintCrcs(all);
     }
+    ZPS_RETURN_IF_ERROR(PrintStateBytes(
+        *client, static_cast<int>(client->layout().options().num_shards), CountParams(o.model)));
   }
   return Status::Ok();
 }

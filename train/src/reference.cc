@@ -108,8 +108,10 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   t->optimizer_ = std::move(opt);
   const size_t total = t->layout_.total_elems();
   t->master_.assign(total, 0.0f);
-  t->m_.assign(total, 0.0f);
-  t->v_.assign(total, 0.0f);
+  // Zeroed bytes are zero moments in every state dtype.
+  const uint64_t moment = server::MomentBytes(options.optimizer.state_dtype, total);
+  t->m_.assign(moment, std::byte{0});
+  t->v_.assign(moment, std::byte{0});
   t->acc_.assign(total, 0.0f);
   t->serving_.assign(total * t->ServingWords(), 0);
   t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
@@ -189,11 +191,12 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
     const float lr = schedule.LrFor(optimizer_step_ - 1, options_.optimizer.lr);
     for (uint32_t c = 0; c < chunks; ++c) {
       const uint64_t begin = static_cast<uint64_t>(c) * chunk_elems, n = layout_.chunk_size(c);
+      const StateDType sd = options_.optimizer.state_dtype;
       server::ChunkState st{{master_.data() + begin, n},
-                            std::as_writable_bytes(std::span<float>(m_.data() + begin, n)),
-                            std::as_writable_bytes(std::span<float>(v_.data() + begin, n))};
+                            server::MomentRange(sd, std::span<std::byte>(m_), begin, n),
+                            server::MomentRange(sd, std::span<std::byte>(v_), begin, n)};
       server::UpdateParams up;
-      up.first_index = begin;
+      up.first_index = begin;  // bf16 state's rounding: the element's index, as on the shards
       up.step = optimizer_step_;
       up.grad_scale = res.decision.grad_scale;
       up.out_dtype = options_.serving_dtype;
@@ -225,9 +228,10 @@ Result<uint32_t> ReferenceTrainer::ChunkCrc(uint32_t c) const {
   if (c >= layout_.num_chunks()) return OutOfRange("reference: chunk out of range");
   const uint64_t begin = static_cast<uint64_t>(c) * layout_.options().chunk_elems;
   const uint64_t n = layout_.chunk_size(c);
+  const StateDType sd = options_.optimizer.state_dtype;
   uint32_t crc = Crc32c(master_.data() + begin, n * sizeof(float));
-  crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m_.data() + begin, n)));
-  crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v_.data() + begin, n)));
+  crc = Crc32cExtend(crc, server::MomentRange(sd, std::span<const std::byte>(m_), begin, n));
+  crc = Crc32cExtend(crc, server::MomentRange(sd, std::span<const std::byte>(v_), begin, n));
   const size_t w = ServingWords();
   crc = Crc32cExtend(crc,
                      std::as_bytes(std::span<const uint16_t>(serving_.data() + begin * w, n * w)));

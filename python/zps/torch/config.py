@@ -38,6 +38,8 @@ DEFAULTS: dict[str, Any] = {
     "fp16.hysteresis": 1,
     "fp16.min_loss_scale": 1.0,
     "bf16.enabled": False,
+    "bf16.bf16_optimizer_states": False,
+    "bf16.bf16_master_weights_and_grads": False,
     "gradient_accumulation_steps": 1,
     "train_micro_batch_size_per_gpu": 0,
     "train_batch_size": 0,
@@ -57,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "zps.cuda_backend": "auto",
     "zps.collectives": "auto",
     "zps.serving_dtype": "",
+    "zps.state_dtype": "fp32",
     "zps.max_live_bytes": 1 << 30,
     "zps.prefetch_bytes": 256 << 20,
     "zps.memory_budget": 0,
@@ -186,6 +189,8 @@ class Config:
     collectives: str = _D["zps.collectives"]  # pre-reduced device gradients: auto (NCCL), gloo,
                                               # nccl
     serving_dtype: str = _D["zps.serving_dtype"]  # "" = from fp16/bf16 (fp16, bf16), else bf16
+    # The optimizer's moments on the servers (fp32, bf16 or int8; the master stays fp32).
+    state_dtype: str = _D["zps.state_dtype"]
     max_live_bytes: int = _D["zps.max_live_bytes"]
     prefetch_bytes: int = _D["zps.prefetch_bytes"]
     memory_budget: int = _D["zps.memory_budget"]
@@ -307,8 +312,17 @@ def load(config: ConfigSource) -> Config:
                                scale_window=c.loss_scale_window, min_loss_scale=c.min_loss_scale)
         fp16.finish()
     bf16 = root.get("bf16", dict)
+    bf16_states = False
     if bf16 is not None:
         c.bf16 = bf16.get("enabled", bool)
+        # DeepSpeed's bf16 optimizer states are zps's bf16 state dtype. Its bf16 master weights
+        # have no zps counterpart: the servers always keep the fp32 master.
+        bf16_states = bf16.get("bf16_optimizer_states", bool)
+        if bf16.get("bf16_master_weights_and_grads", bool):
+            raise _bad("bf16.bf16_master_weights_and_grads",
+                       "zps keeps fp32 master weights on its servers; compact the optimizer "
+                       "state instead (bf16.bf16_optimizer_states, or zps.state_dtype bf16 or "
+                       "int8)")
         bf16.finish()
     if c.fp16 and c.bf16:
         raise _bad("fp16.enabled", "fp16 and bf16 cannot both be enabled")
@@ -342,6 +356,10 @@ def load(config: ConfigSource) -> Config:
         c.cuda_backend = z.get("cuda_backend", str, choices=["auto", "on", "off"])
         c.collectives = z.get("collectives", str, choices=["auto", "gloo", "nccl"])
         c.serving_dtype = z.get("serving_dtype", str, choices=["bf16", "fp16", "fp32"])
+        c.state_dtype = z.get("state_dtype", str, choices=["fp32", "bf16", "int8"])
+        if bf16_states and z.has("state_dtype") and c.state_dtype != "bf16":
+            raise _bad("zps.state_dtype", f"{c.state_dtype!r} contradicts "
+                       "bf16.bf16_optimizer_states (bf16 state)")
         c.max_live_bytes = z.get("max_live_bytes", int, 0)
         c.prefetch_bytes = z.get("prefetch_bytes", int, 0)
         c.memory_budget = z.get("memory_budget", int, 0)
@@ -355,6 +373,10 @@ def load(config: ConfigSource) -> Config:
         c.server_threads = z.get("server_threads", int, 0)
         z.finish()
     root.finish()
+    if bf16_states:
+        c.state_dtype = "bf16"
+    if bf16_states or (z is not None and z.has("state_dtype")):
+        c.job["optimizer"]["state_dtype"] = c.state_dtype
 
     if c.chunk_elems % 64:
         raise _bad("zps.chunk_elems", "must be a multiple of 64")

@@ -11,6 +11,7 @@
 #include "zps/common/bytes.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/logging.h"
+#include "zps/server/optimizer.h"
 
 namespace zps::server {
 
@@ -23,7 +24,10 @@ using detail::PutBe64;
 namespace {
 
 constexpr uint32_t kManifestMagic = 0x4d4b435a;  // "ZCKM"
+// Format 1: fp32 moments. Format 2 adds the state dtype (a u8 after the state's CRC); an fp32
+// checkpoint is still written as format 1, so older builds read it.
 constexpr uint32_t kManifestFormat = 1;
+constexpr uint32_t kManifestFormatStateDType = 2;
 constexpr uint32_t kStateChunk = 0xffffffffu;
 enum Kind : uint8_t { kMaster = 0, kM = 1, kV = 2, kState = 3 };
 constexpr size_t kMaxCatalogName = 64;
@@ -59,8 +63,9 @@ namespace internal {
 std::vector<std::byte> EncodeManifest(const Manifest& m) {
   const CheckpointInfo& info = m.info;
   ByteWriter w;
+  const bool fp32 = info.state_dtype == StateDType::kF32;
   w.U32(kManifestMagic);
-  w.U32(kManifestFormat);
+  w.U32(fp32 ? kManifestFormat : kManifestFormatStateDType);
   w.I64(info.step);
   w.I64(info.created_unix_ms);
   w.U64(info.layout_hash);
@@ -70,6 +75,7 @@ std::vector<std::byte> EncodeManifest(const Manifest& m) {
   w.U8(m.has_state ? 1 : 0);
   w.U64(m.state_len);
   w.U32(m.state_crc);
+  if (!fp32) w.U8(static_cast<uint8_t>(info.state_dtype));
   w.U32(static_cast<uint32_t>(info.chunks.size()));
   for (const auto& c : info.chunks) {
     w.U32(c.chunk);
@@ -84,7 +90,8 @@ Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> byt
   Manifest m;
   ZPS_ASSIGN_OR_RETURN(uint32_t magic, r.U32("magic"));
   ZPS_ASSIGN_OR_RETURN(uint32_t format, r.U32("format"));
-  if (magic != kManifestMagic || format != kManifestFormat) {
+  if (magic != kManifestMagic ||
+      (format != kManifestFormat && format != kManifestFormatStateDType)) {
     return DataLoss("checkpoint manifest: bad magic or format");
   }
   ZPS_ASSIGN_OR_RETURN(m.info.step, r.I64("step"));
@@ -96,6 +103,13 @@ Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> byt
   ZPS_ASSIGN_OR_RETURN(uint8_t has_state, r.U8("has_state"));
   ZPS_ASSIGN_OR_RETURN(m.state_len, r.U64("state_len"));
   ZPS_ASSIGN_OR_RETURN(m.state_crc, r.U32("state_crc"));
+  if (format == kManifestFormatStateDType) {
+    ZPS_ASSIGN_OR_RETURN(uint8_t dtype, r.U8("state_dtype"));
+    if (StateDTypeName(static_cast<StateDType>(dtype)) == "unknown") {
+      return DataLoss("checkpoint manifest: unknown state dtype " + std::to_string(dtype));
+    }
+    m.info.state_dtype = static_cast<StateDType>(dtype);
+  }
   ZPS_ASSIGN_OR_RETURN(uint32_t n, r.U32("chunks"));
   if (n > bytes.size() / 20) return DataLoss("checkpoint manifest: chunk count too large");
   m.has_state = has_state != 0;
@@ -366,7 +380,8 @@ Status CheckpointStore::DeleteCatalog(std::span<const std::string> names) {
   return db_->Write(batch, true, false, "catalog delete");
 }
 
-Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64_t step) {
+Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64_t step,
+                                                                           StateDType state_dtype) {
   ZPS_RETURN_IF_ERROR(CheckWritable());
   if (step < 0) return InvalidArgument("checkpoint step must be >= 0");
   auto layout = GetLayout();
@@ -399,7 +414,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint(int64
     return s;
   }
   return std::unique_ptr<CheckpointWriter>(
-      new CheckpointWriter(this, step, std::move(*layout), shard));
+      new CheckpointWriter(this, step, std::move(*layout), shard, state_dtype));
 }
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointStore::OpenCheckpoint(int64_t step) const {
@@ -502,9 +517,10 @@ uint64_t CheckpointStore::DiskBytes() const { return db_->LiveBytes(); }
 // ---------------------------------------------------------------- writer
 
 CheckpointWriter::CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout,
-                                   uint32_t shard)
+                                   uint32_t shard, StateDType state_dtype)
     : store_(store),
       step_(step),
+      state_dtype_(state_dtype),
       layout_(std::move(layout)),
       shard_(shard),
       batches_(static_cast<size_t>(store->options_.write_threads)) {
@@ -583,15 +599,17 @@ Status CheckpointWriter::AddChunk(uint32_t chunk, int64_t version, const ChunkTe
   }
   const size_t idx = static_cast<size_t>(it - local_.begin());
   const uint64_t elems = layout_.chunk_size(chunk);
-  if (t.master.size() != elems || t.m.size() != elems || t.v.size() != elems) {
-    return InvalidArgument("chunk " + std::to_string(chunk) + ": tensors must have " +
-                           std::to_string(elems) + " elements");
+  const uint64_t moment = MomentBytes(state_dtype_, elems);
+  if (t.master.size() != elems || t.m.size() != moment || t.v.size() != moment) {
+    return InvalidArgument("chunk " + std::to_string(chunk) + ": the master must have " +
+                           std::to_string(elems) + " elements, m and v " + std::to_string(moment) +
+                           " bytes of " + std::string(StateDTypeName(state_dtype_)) + " moments");
   }
   if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
-  const std::span<const float>* parts[3] = {&t.master, &t.m, &t.v};
+  const std::span<const std::byte> parts[3] = {std::as_bytes(t.master), t.m, t.v};
   std::vector<Slice> slices;
   for (uint8_t k = 0; k < 3; ++k) {
-    auto more = CutSlices(chunk, k, std::as_bytes(*parts[k]));
+    auto more = CutSlices(chunk, k, parts[k]);
     slices.insert(slices.end(), more.begin(), more.end());
   }
   if (Status s = PutSlices(slices); !s.ok()) {
@@ -753,6 +771,7 @@ Status CheckpointWriter::Commit() {
   info.shard = shard_;
   info.bytes = bytes_;
   info.chunks = chunks_;
+  info.state_dtype = state_dtype_;
   std::sort(info.chunks.begin(), info.chunks.end(),
             [](const ChunkEntry& a, const ChunkEntry& b) { return a.chunk < b.chunk; });
   Manifest m;
@@ -814,14 +833,18 @@ Status CheckpointReader::ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) c
     return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
                     std::to_string(info_.step));
   }
-  const std::span<float>* parts[3] = {&out.master, &out.m, &out.v};
+  const uint64_t moment = MomentBytes(info_.state_dtype, it->elems);
+  const std::span<std::byte> parts[3] = {std::as_writable_bytes(out.master), out.m, out.v};
+  const uint64_t want[3] = {it->elems * sizeof(float), moment, moment};
   for (uint8_t k = 0; k < 3; ++k) {
-    if (parts[k]->empty()) continue;
-    if (parts[k]->size() != it->elems) {
-      return InvalidArgument("chunk " + std::to_string(chunk) + " has " +
-                             std::to_string(it->elems) + " elements");
+    if (parts[k].empty()) continue;
+    if (parts[k].size() != want[k]) {
+      return InvalidArgument("chunk " + std::to_string(chunk) + " of checkpoint " +
+                             std::to_string(info_.step) + " has " + std::to_string(it->elems) +
+                             " elements (m and v: " + std::to_string(moment) + " bytes of " +
+                             std::string(StateDTypeName(info_.state_dtype)) + " moments)");
     }
-    ZPS_RETURN_IF_ERROR(ReadSlices(chunk, k, std::as_writable_bytes(*parts[k])));
+    ZPS_RETURN_IF_ERROR(ReadSlices(chunk, k, parts[k]));
   }
   return Status::Ok();
 }
@@ -835,11 +858,11 @@ Result<std::vector<std::byte>> CheckpointReader::ReadState() const {
 }
 
 Status CheckpointReader::Verify() const {
-  std::vector<float> buf;
+  std::vector<std::byte> buf;
   for (const auto& c : info_.chunks) {
-    buf.resize(c.elems);
     for (uint8_t k = 0; k < 3; ++k) {
-      ZPS_RETURN_IF_ERROR(ReadSlices(c.chunk, k, std::as_writable_bytes(std::span<float>(buf))));
+      buf.resize(k == kMaster ? c.elems * sizeof(float) : MomentBytes(info_.state_dtype, c.elems));
+      ZPS_RETURN_IF_ERROR(ReadSlices(c.chunk, k, buf));
     }
   }
   return ReadState().status();

@@ -140,6 +140,14 @@ Result<std::vector<Input>> OpenInputs(const std::vector<std::string>& dirs, int6
                              "state (step, loss scaler, optimizer step) in " + in.dir +
                              " than in " + by_shard[0].dir + ": stores of different runs");
     }
+    const StateDType dtype = in.reader->info().state_dtype;
+    if (dtype != by_shard[0].reader->info().state_dtype) {
+      return InvalidArgument("checkpoint " + std::to_string(step) + " in " + in.dir + " holds " +
+                             std::string(StateDTypeName(dtype)) + " moments, in " +
+                             by_shard[0].dir + " " +
+                             std::string(StateDTypeName(by_shard[0].reader->info().state_dtype)) +
+                             ": stores of different runs");
+    }
   }
   return by_shard;
 }
@@ -312,7 +320,9 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
         ZPS_ASSIGN_OR_RETURN(auto value, inputs[0].store->GetCatalog(name));
         ZPS_RETURN_IF_ERROR(out.store->PutCatalog(name, value));
       }
-      ZPS_ASSIGN_OR_RETURN(out.writer, out.store->BeginCheckpoint(step));
+      // The moments are copied as stored, so the new checkpoints keep the job's state dtype.
+      ZPS_ASSIGN_OR_RETURN(out.writer,
+                           out.store->BeginCheckpoint(step, inputs[0].reader->info().state_dtype));
       out.from_bytes.assign(n, 0);
     }
     ZPS_ASSIGN_OR_RETURN(

@@ -93,18 +93,6 @@ void ForBlocks(ThreadPool* pool, size_t n, const Fn& fn) {
 
 }  // namespace
 
-uint64_t MomentBytes(StateDType dtype, uint64_t n) {
-  switch (dtype) {
-    case StateDType::kBF16:
-      return 2 * n;
-    case StateDType::kInt8:
-      return (n + kInt8BlockElems - 1) / kInt8BlockElems * kInt8BlockBytes;
-    case StateDType::kF32:
-      break;
-  }
-  return 4 * n;
-}
-
 uint64_t MomentOffset(StateDType dtype, uint64_t begin) {
   return dtype == StateDType::kInt8 ? begin / kInt8BlockElems * kInt8BlockBytes
                                     : MomentBytes(dtype, begin);

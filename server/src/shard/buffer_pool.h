@@ -30,25 +30,30 @@ class BufferPool {
   /// Stops the reserving thread between two buffers and joins it.
   ~BufferPool();
 
-  /// A pooled buffer of exactly `n` elements, else a new uninitialised one (empty for n == 0).
-  /// Errors: ResourceExhausted.
+  /// A pooled buffer of exactly `n` elements (masters), else a new uninitialised one (empty for
+  /// n == 0). Errors: ResourceExhausted.
   Result<AlignedBuffer<float>> Take(size_t n) EXCLUDES(mu_);
+  /// As Take, for packed moments of `n` bytes.
+  Result<AlignedBuffer<std::byte>> TakeBytes(size_t n) EXCLUDES(mu_);
   /// Buffers sized as `like`'s (uninitialised). Errors: ResourceExhausted (none is kept then).
   Result<ChunkBuffers> TakeLike(const ChunkBuffers& like) EXCLUDES(mu_);
   /// Keeps `b` for a later Take (an empty one is dropped).
   void Give(AlignedBuffer<float> b) EXCLUDES(mu_);
+  void Give(AlignedBuffer<std::byte> b) EXCLUDES(mu_);
   void Give(ChunkBuffers b) EXCLUDES(mu_);
-  /// Allocates and faults in one buffer per entry of `sizes` on the "zps-reserve" thread at the
-  /// lowest CPU priority, and returns at once; each joins the pool. Only the first call does
-  /// anything. `who` prefixes its log lines.
-  void Reserve(std::vector<size_t> sizes, std::string who);
+  /// Allocates and faults in one master buffer per entry of `master_elems` and one moment buffer
+  /// per entry of `moment_bytes`, on the "zps-reserve" thread at the lowest CPU priority, and
+  /// returns at once; each joins the pool. Only the first call does anything. `who` prefixes its
+  /// log lines.
+  void Reserve(std::vector<size_t> master_elems, std::vector<size_t> moment_bytes, std::string who);
   /// Buffers pooled now.
   size_t pooled() const EXCLUDES(mu_);
 
  private:
   mutable Mutex mu_;
-  std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(mu_);  // by size
-  std::thread reserve_thread_;                                           // "zps-reserve"
+  std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(mu_);    // masters, by size
+  std::multimap<size_t, AlignedBuffer<std::byte>> bytes_ GUARDED_BY(mu_);  // moments, by size
+  std::thread reserve_thread_;                                             // "zps-reserve"
   std::atomic<bool> reserve_stop_{false};  // the destructor stops it between buffers
 };
 

@@ -1,14 +1,18 @@
 // What one chunk of a shard stores, described once: the kinds of state (master, Adam m and v,
-// the serving copy), their dtypes and element sizes, and the buffers that hold a chunk's
-// optimizer state. Buffer sizes, the store's options, spare sets, CRCs and copies are derived
-// from here; a new kind or dtype of state changes this file and the optimizer kernel.
+// the serving copy), their dtypes and sizes, and the buffers that hold a chunk's optimizer
+// state. The master is fp32; m and v are packed in the job's state dtype (MomentBytes in
+// zps/server/optimizer.h: fp32, bf16, or int8 blocks with their scales), so they are bytes. Buffer
+// sizes, the store's options, spare sets, CRCs and copies are derived from here; a new kind or
+// dtype of state changes this file and the optimizer kernel.
 //
 // Thread-safety: ChunkLayout is immutable after For(). ChunkBuffers is a plain value: its owner
 // synchronises it (ShardState::mu_ for the live state, the snapshot's mutex for its copies).
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "zps/common/aligned_buffer.h"
@@ -18,7 +22,7 @@
 
 namespace zps::server {
 
-/// A packed fp32 moment (the only state dtype these buffers hold) as its floats.
+/// A packed fp32 moment as its floats (only for state known to be fp32: tests).
 inline std::span<float> Fp32Moment(std::span<std::byte> packed) {
   return {reinterpret_cast<float*>(packed.data()), packed.size() / sizeof(float)};
 }
@@ -36,17 +40,18 @@ inline constexpr std::array<StateKind, 3> kOptimizerStateKinds = {StateKind::kMa
 
 struct StateKindInfo {
   StateKind kind = StateKind::kMaster;
-  std::string_view name;  // "master", "m", "v", "serving"
-  bool present = false;   // the optimizer keeps it (master and serving: always)
-  DType dtype = DType::kF32;
-  uint32_t element_bytes = 4;  // DTypeSize(dtype)
+  std::string_view name;       // "master", "m", "v", "serving"
+  bool present = false;        // the optimizer keeps it (master and serving: always)
+  DType dtype = DType::kF32;   // master and serving (m and v: ChunkLayout::state_dtype)
+  uint32_t element_bytes = 4;  // master, serving: DTypeSize(dtype); m, v: one element's code
+                               // (4, 2 or 1 byte), without the int8 blocks' scales
 };
 
 /// The per-element description of a chunk's state for one job.
 class ChunkLayout {
  public:
-  /// m is kept by Adam-family optimizers and SGD with momentum, v by Adam-family ones; the
-  /// serving copy has `serving_dtype` (fp16, bf16 or fp32). The optimizer state is fp32.
+  /// m is kept by Adam-family optimizers and SGD with momentum, v by Adam-family ones, both
+  /// packed in optimizer.state_dtype; the serving copy has `serving_dtype` (fp16, bf16 or fp32).
   static ChunkLayout For(const OptimizerConfig& optimizer, DType serving_dtype);
 
   const StateKindInfo& info(StateKind k) const { return kinds_[static_cast<size_t>(k)]; }
@@ -56,8 +61,14 @@ class ChunkLayout {
   /// 16-bit words per serving element (2 for fp32): serving spans count words.
   uint32_t serving_words() const { return info(StateKind::kServing).element_bytes / 2; }
   DType serving_dtype() const { return info(StateKind::kServing).dtype; }
-  /// Bytes of `n` elements of kind `k` (0 when absent).
-  uint64_t bytes(StateKind k, uint64_t n) const { return has(k) ? n * info(k).element_bytes : 0; }
+  StateDType state_dtype() const { return state_dtype_; }
+  /// Bytes of `n` elements of kind `k` (0 when absent); m and v packed (MomentBytes).
+  uint64_t bytes(StateKind k, uint64_t n) const;
+  /// Of bytes(k, n) for m or v, those that are not the elements' codes: the int8 blocks' scales
+  /// (and the unused codes of a last partial block); 0 for fp32 and bf16 moments.
+  uint64_t scale_bytes(StateKind k, uint64_t n) const {
+    return has(k) ? bytes(k, n) - n * info(k).element_bytes : 0;
+  }
   /// Bytes of one chunk of `n` elements in the serving block: 64-byte aligned, so that every
   /// serving copy starts on a cache line.
   uint64_t serving_stride(uint64_t n) const {
@@ -69,39 +80,41 @@ class ChunkLayout {
 
  private:
   std::array<StateKindInfo, kNumStateKinds> kinds_;
+  StateDType state_dtype_ = StateDType::kF32;
 };
 
-/// A chunk's optimizer state (master, m, v): an empty buffer for a kind the optimizer does not
-/// keep. Move-only.
+/// A chunk's optimizer state: the fp32 master and m and v packed in `dtype` (MomentBytes bytes
+/// each); an empty buffer for a kind the optimizer does not keep. Zeroed bytes are zero moments
+/// in every state dtype. Move-only.
 struct ChunkBuffers {
-  AlignedBuffer<float> master, m, v;
+  AlignedBuffer<float> master;
+  AlignedBuffer<std::byte> m, v;
+  StateDType dtype = StateDType::kF32;
 
   /// Zeroed buffers of `n` elements for every optimizer-state kind `layout` keeps. Errors:
   /// ResourceExhausted.
   static Result<ChunkBuffers> Allocate(const ChunkLayout& layout, uint64_t n);
 
-  AlignedBuffer<float>& of(StateKind k) {
-    return k == StateKind::kMaster ? master : (k == StateKind::kM ? m : v);
+  /// The bytes of kind k's buffer (empty when absent).
+  std::span<std::byte> bytes_of(StateKind k) {
+    return k == StateKind::kMaster ? std::as_writable_bytes(master.span())
+                                   : (k == StateKind::kM ? m.span() : v.span());
   }
-  const AlignedBuffer<float>& of(StateKind k) const {
-    return const_cast<ChunkBuffers*>(this)->of(k);
+  std::span<const std::byte> bytes_of(StateKind k) const {
+    return const_cast<ChunkBuffers*>(this)->bytes_of(k);
   }
-  /// Calls fn(kind, buffer) for master, m and v, in that order.
+  /// Calls fn(kind, bytes) for master, m and v, in that order.
   template <typename Fn>
   void ForEach(Fn&& fn) {
-    for (StateKind k : kOptimizerStateKinds) fn(k, of(k));
+    for (StateKind k : kOptimizerStateKinds) fn(k, bytes_of(k));
   }
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (StateKind k : kOptimizerStateKinds) fn(k, of(k));
+    for (StateKind k : kOptimizerStateKinds) fn(k, bytes_of(k));
   }
 
-  ChunkState spans() {
-    return {master.span(), std::as_writable_bytes(m.span()), std::as_writable_bytes(v.span())};
-  }
-  ConstChunkState spans() const {
-    return {master.span(), std::as_bytes(m.span()), std::as_bytes(v.span())};
-  }
+  ChunkState spans() { return {master.span(), m.span(), v.span()}; }
+  ConstChunkState spans() const { return {master.span(), m.span(), v.span()}; }
   /// The first `n` elements of each buffer (a spare sized for the largest chunk).
   ChunkState prefix(uint64_t n);
   /// Bytes held.
@@ -116,6 +129,7 @@ struct ChunkBuffers {
     std::swap(master, other.master);
     std::swap(m, other.m);
     std::swap(v, other.v);
+    std::swap(dtype, other.dtype);
   }
 };
 

@@ -102,6 +102,11 @@ class GradientSlots {
   std::span<const float> initial_values() const { return grads_[0]->span(); }
   /// Extends `crc` over every slot's bytes, reserved ranges and landed count.
   uint32_t Crc(uint32_t crc) const;
+  /// Bytes of the slot buffers (fp32 and 16-bit): fixed at Create (a replaced buffer has the
+  /// same size).
+  uint64_t bytes() const {
+    return n_ * (grads_.size() * sizeof(float) + grads16_.size() * sizeof(uint16_t));
+  }
 
  private:
   uint64_t n_ = 0;

@@ -110,7 +110,29 @@ Status ShardCheckpoints::Bind(const JobSpec& job, uint32_t ordinal) {
   ZPS_RETURN_IF_ERROR(store_->SetIdentity(job.layout, ordinal)
                           .WithContext("--data-dir holds checkpoints of another job or shard "
                                        "(move it away to start a new job)"));
+  // Checkpoints hold the moments packed as the job that wrote them kept them: a job of another
+  // state dtype cannot resume from them (no conversion), which is better said now than when
+  // the coordinator picks one to restore.
+  state_dtype_ = job.optimizer.state_dtype;
+  ZPS_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(false));
+  for (const CheckpointInfo& c : list) {
+    if (c.verification != Verification::kCorrupt) ZPS_RETURN_IF_ERROR(CheckStateDType(c));
+  }
   return store_->PutJobSpec(job);
+}
+
+Status ShardCheckpoints::CheckStateDType(const CheckpointInfo& c) const {
+  if (c.state_dtype == state_dtype_) return Status::Ok();
+  return FailedPrecondition(
+      "checkpoint of step " + std::to_string(c.step) + " in " + dir_ + " holds " +
+      std::string(StateDTypeName(c.state_dtype)) +
+      " optimizer state, but this job's "
+      "optimizer.state_dtype is " +
+      std::string(StateDTypeName(state_dtype_)) +
+      ": a checkpoint is restored only into its own state dtype (run the job with state_dtype " +
+      std::string(StateDTypeName(c.state_dtype)) +
+      " to resume, or move --data-dir away to start "
+      "anew)");
 }
 
 Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {
@@ -154,23 +176,24 @@ Status ShardCheckpoints::WriteVisited(const Visit& visit, const msg::ResumeState
 
 Status ShardCheckpoints::WriteOnce(const Visit& visit, const msg::ResumeState& rs,
                                    const AfterChunk& after_chunk) {
-  auto writer = store_->BeginCheckpoint(rs.step);
+  auto writer = store_->BeginCheckpoint(rs.step, state_dtype_);
   if (!writer.ok()) {
     if (writer.status().code() == Code::kAlreadyExists) return Status::Ok();
     return writer.status();
   }
-  std::vector<float> zeros;
+  std::vector<std::byte> zeros;  // a moment the optimizer does not keep (zero bytes: zero values)
   bool first = true;
   uint64_t written = 0;  // elements of the chunks added
   Status visited = visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
-                             std::span<const float> m, std::span<const float> v) -> Status {
+                             std::span<const std::byte> m, std::span<const std::byte> v) -> Status {
     if (version != rs.step) {
       return FailedPrecondition("state at version " + std::to_string(version) +
                                 ", checkpoint of step " + std::to_string(rs.step));
     }
-    if (m.size() != master.size() || v.size() != master.size()) zeros.assign(master.size(), 0.0f);
-    ChunkTensors t{master, m.size() == master.size() ? m : std::span<const float>(zeros),
-                   v.size() == master.size() ? v : std::span<const float>(zeros)};
+    const uint64_t moment = MomentBytes(state_dtype_, master.size());
+    if (m.size() != moment || v.size() != moment) zeros.assign(moment, std::byte{0});
+    ChunkTensors t{master, m.size() == moment ? m : std::span<const std::byte>(zeros),
+                   v.size() == moment ? v : std::span<const std::byte>(zeros)};
     ZPS_RETURN_IF_ERROR((*writer)->AddChunk(chunk, version, t));
     if (first) MaybeCrashAt("checkpoint", rs.step);  // a write half done
     first = false;
@@ -187,6 +210,7 @@ Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t st
                                                    const Status& reason) {
   ZPS_RETURN_IF_ERROR(Ready(/*writable=*/false));
   ZPS_ASSIGN_OR_RETURN(auto reader, store_->OpenCheckpoint(step));
+  ZPS_RETURN_IF_ERROR(CheckStateDType(reader->info()));
   ZPS_ASSIGN_OR_RETURN(auto blob, reader->ReadState());
   ZPS_ASSIGN_OR_RETURN(msg::ResumeState rs, DecodeResume(blob));
   if (rs.step != step) {
@@ -195,7 +219,7 @@ Result<msg::ResumeState> ShardCheckpoints::Restore(ShardState& state, int64_t st
   }
   ZPS_RETURN_IF_ERROR(state.ResetTo(
       step,
-      [&](uint32_t chunk, std::span<float> master, std::span<float> m, std::span<float> v) {
+      [&](uint32_t chunk, std::span<float> master, std::span<std::byte> m, std::span<std::byte> v) {
         return reader->ReadChunk(chunk, {master, m, v})
             .WithContext("checkpoint " + std::to_string(step) + " chunk " + std::to_string(chunk));
       },

@@ -48,7 +48,9 @@ class ShardCheckpoints {
   /// CheckpointStore::Open.
   static Result<std::unique_ptr<ShardCheckpoints>> Open(const std::string& data_dir,
                                                         const CheckpointOptions& options = {});
-  /// Records the job (a different layout or shard already recorded: FailedPrecondition).
+  /// Records the job. Errors: FailedPrecondition (a different layout or shard already recorded,
+  /// or a checkpoint of another optimizer.state_dtype, which the message names: a checkpoint is
+  /// restored only into its own state dtype); from the store.
   Status Bind(const JobSpec& job, uint32_t ordinal);
   /// Steps of the complete local checkpoints, ascending, less those marked unusable; with
   /// `verify` every value is read and corrupt ones are left out (with an error naming the
@@ -68,7 +70,8 @@ class ShardCheckpoints {
   Status WriteSnapshot(ShardState::Snapshot& snap, const msg::ResumeState& rs,
                        const AfterChunk& after_chunk);
   /// Loads checkpoint `step` into `state` (ShardState::ResetTo). Errors: NotFound, DataLoss,
-  /// IoError, InvalidArgument (a checkpoint of another layout).
+  /// IoError, InvalidArgument (a checkpoint of another layout), FailedPrecondition (of another
+  /// state dtype than the job Bind recorded).
   Result<msg::ResumeState> Restore(ShardState& state, int64_t step, const Status& reason);
   /// Leaves `step` out of Steps from now on (it could not be restored).
   void MarkUnusable(int64_t step) { unusable_.push_back(step); }
@@ -88,6 +91,8 @@ class ShardCheckpoints {
   Status WriteVisited(const Visit& visit, const msg::ResumeState& rs,
                       const AfterChunk& after_chunk);
   Status WriteOnce(const Visit& visit, const msg::ResumeState& rs, const AfterChunk& after_chunk);
+  // FailedPrecondition naming both dtypes when `c` holds another state dtype than the job's.
+  Status CheckStateDType(const CheckpointInfo& c) const;
   // Closes and opens the store (writable; read-only when that fails for lack of room, or none
   // when even that fails). Errors: from the writable open.
   Status Reopen();
@@ -95,11 +100,12 @@ class ShardCheckpoints {
   // closed. Errors: from CheckpointStore::Open.
   Status Ready(bool writable);
 
-  std::string dir_;                         // <data-dir>/checkpoints
-  CheckpointOptions options_;               // as opened (writable)
-  std::unique_ptr<CheckpointStore> store_;  // null only after a failed reopen (Ready retries)
-  std::vector<int64_t> unusable_;           // steps found corrupt or unloadable (until dropped)
-  int64_t protected_ = -1;                  // re-applied to a reopened store
+  std::string dir_;                            // <data-dir>/checkpoints
+  CheckpointOptions options_;                  // as opened (writable)
+  std::unique_ptr<CheckpointStore> store_;     // null only after a failed reopen (Ready retries)
+  std::vector<int64_t> unusable_;              // steps found corrupt or unloadable (until dropped)
+  int64_t protected_ = -1;                     // re-applied to a reopened store
+  StateDType state_dtype_ = StateDType::kF32;  // the job's (Bind): how checkpoints pack m and v
 };
 
 /// What the driver needs from the ShardServer (callbacks run on the driver thread).

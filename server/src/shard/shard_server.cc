@@ -127,6 +127,7 @@ struct ShardMetrics {
   metrics::Counter nvme_serving_read, nvme_serving_write;  // 0 without --serving-budget
   std::array<metrics::Counter, 2> spilled_fetches;         // zps_spilled_fetches_total{nvme, cache}
   std::array<metrics::Gauge, 4> memory;                    // zps_memory_bytes{tier}
+  std::array<metrics::Gauge, 6> state_bytes;               // zps_shard_state_bytes{kind}
   metrics::Histogram checkpoint_duration;                  // 0 until checkpoints land
   metrics::Gauge checkpoint_last_success;                  // 0 until checkpoints land
   metrics::Gauge connected_workers;
@@ -180,6 +181,14 @@ struct ShardMetrics {
     const char* tiers[] = {"master", "optimizer_state", "serving", "nvme"};
     for (int i = 0; i < 4; ++i) {
       ZPS_ASSIGN_OR_RETURN(m.memory[i], mem->Add({tiers[i]}));
+    }
+    ZPS_ASSIGN_OR_RETURN(auto* sb, r.AddGauge("zps_shard_state_bytes",
+                                              "Bytes of each kind of state this shard keeps, in "
+                                              "RAM or spilled: what it costs per parameter.",
+                                              {"kind"}));
+    const char* kinds[] = {"master", "m", "v", "serving", "grad", "scales"};
+    for (int i = 0; i < 6; ++i) {
+      ZPS_ASSIGN_OR_RETURN(m.state_bytes[i], sb->Add({kinds[i]}));
     }
     ZPS_ASSIGN_OR_RETURN(auto* cd, r.AddHistogram("zps_checkpoint_duration_seconds",
                                                   "Time to write this shard's part of a "
@@ -306,7 +315,7 @@ struct ShardServer::Impl {
   void UpdateStorageMetrics();  // driver thread: spill I/O and speculation counters, memory gauges
   ShardStorageStats last_storage;  // driver thread only: the figures last exported
   SpeculationStats last_spec;      // driver thread only: the figures last exported
-  uint32_t storage_moments = 0;    // driver thread only: fp32 moment arrays per parameter
+  ShardStateBytes state_bytes;     // driver thread only: the job's, set with the memory gauges
 
   // Driver callback (shard_driver.h): let workers in, or fence them out.
   void SetServing(bool accept, const Status& reason);
@@ -556,6 +565,11 @@ std::string ShardServer::Impl::StatusJson() {
   j["chunks"] = st ? st->chunk_ids().size() : 0;
   // The step in progress's gradient slots (bad-input tests: a rejected push changes nothing).
   if (st) j["gradient_crc"] = st->GradientCrc();
+  if (st) {  // what zps-train's "state bytes per parameter" line sums over the shards
+    const ShardStateBytes b = st->state_bytes();
+    j["state_bytes"] = {{"master", b.master},   {"m", b.m},      {"v", b.v}, {"scales", b.scales},
+                        {"serving", b.serving}, {"grad", b.grad}};
+  }
   if (coordinator) {
     j["coordinator_step"] = coordinator->step();
     j["coordinator_epoch"] = coordinator->epoch();
@@ -567,18 +581,17 @@ std::string ShardServer::Impl::StatusJson() {
   return j.dump();
 }
 
-void ShardServer::Impl::SetMemoryGauges(const JobSpec& job) {
-  const bool needs_v = job.optimizer.kind != OptimizerKind::kSgd;
-  const bool needs_m = needs_v || job.optimizer.momentum > 0.0f;
-  uint64_t elems = 0;
-  for (uint32_t c : state->chunk_ids()) elems += job.layout.chunk_size(c);
-  sm.memory[ShardMetrics::kMaster].Set(static_cast<double>(elems * sizeof(float)));
-  sm.memory[ShardMetrics::kOptimizerState].Set(
-      static_cast<double>(elems * sizeof(float) * ((needs_m ? 1 : 0) + (needs_v ? 1 : 0))));
-  sm.memory[ShardMetrics::kServing].Set(
-      static_cast<double>(elems * DTypeSize(job.shard.serving_dtype)));
+void ShardServer::Impl::SetMemoryGauges(const JobSpec&) {
+  state_bytes = state->state_bytes();
+  const ShardStateBytes& b = state_bytes;
+  sm.memory[ShardMetrics::kMaster].Set(static_cast<double>(b.master));
+  sm.memory[ShardMetrics::kOptimizerState].Set(static_cast<double>(b.m + b.v + b.scales));
+  sm.memory[ShardMetrics::kServing].Set(static_cast<double>(b.serving));
   sm.memory[ShardMetrics::kNvme].Set(0);
-  storage_moments = (needs_m ? 1 : 0) + (needs_v ? 1 : 0);
+  const uint64_t kinds[] = {b.master, b.m, b.v, b.serving, b.grad, b.scales};
+  for (size_t k = 0; k < sm.state_bytes.size(); ++k) {
+    sm.state_bytes[k].Set(static_cast<double>(kinds[k]));
+  }
   last_spec = {};          // a new state
   UpdateStorageMetrics();  // with a memory budget: the store's RAM and spill figures instead
 }
@@ -596,10 +609,11 @@ void ShardServer::Impl::UpdateStorageMetrics() {
   const ShardStorageStats now = state->storage_stats();
   if (!now.spilled) return;
   const ChunkStoreStats& st = now.store;
-  // RAM: resident records split master : moments by array count; the pipeline buffers are
-  // counted with the optimizer state. NVMe: the spill file's bytes.
-  const double master =
-      static_cast<double>(st.state_ram_bytes) / static_cast<double>(1 + storage_moments);
+  // RAM: resident records split master : moments (and their scales) as their bytes are; the
+  // pipeline buffers are counted with the optimizer state. NVMe: the spill file's bytes.
+  const ShardStateBytes& b = state_bytes;
+  const double master = static_cast<double>(st.state_ram_bytes) * static_cast<double>(b.master) /
+                        static_cast<double>(b.master + b.m + b.v + b.scales);
   sm.memory[ShardMetrics::kMaster].Set(master);
   sm.memory[ShardMetrics::kOptimizerState].Set(
       static_cast<double>(st.state_ram_bytes) - master +

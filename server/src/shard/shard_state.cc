@@ -118,6 +118,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       }
     }
     so.moments = kinds.moments();
+    so.state_dtype = kinds.state_dtype();
     so.serving_words = kinds.serving_words();
     std::vector<uint64_t> elems;
     for (const Chunk& c : s->chunks_) {
@@ -649,7 +650,8 @@ uint32_t ShardState::GradientCrc() const {
 // mu_ (a speculative publish swaps a chunk's buffers under it); chunks_ is fixed at Create.
 uint32_t ShardState::StateCrc() const {
   uint32_t crc = 0;
-  std::vector<float> master, m, v;
+  std::vector<float> master;
+  std::vector<std::byte> m, v;
   for (const auto& c : chunks_) {
     if (store_) {
       // A failed read is counted and logged; the CRC then covers zeros (it cannot match).
@@ -657,8 +659,8 @@ uint32_t ShardState::StateCrc() const {
         ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
       }
       crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(master)));
-      crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
-      crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
+      crc = Crc32cExtend(crc, m);
+      crc = Crc32cExtend(crc, v);
     } else {
       MutexLock lock(&mu_);
       crc = c.state.Crc(crc);
@@ -687,11 +689,12 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
   if (store_) {
-    std::vector<float> master, m, v;
+    std::vector<float> master;
+    std::vector<std::byte> m, v;
     ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
     uint32_t crc = Crc32c(master.data(), master.size() * sizeof(float));
-    crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(m)));
-    crc = Crc32cExtend(crc, std::as_bytes(std::span<const float>(v)));
+    crc = Crc32cExtend(crc, m);
+    crc = Crc32cExtend(crc, v);
     if (ServingSpilled(*c)) {
       std::vector<uint16_t> serving;
       ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
@@ -708,7 +711,8 @@ Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
   if (store_) {
-    std::vector<float> master, m, v;
+    std::vector<float> master;
+    std::vector<std::byte> m, v;
     ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
     return master;
   }

@@ -32,13 +32,12 @@ Status ShardState::VisitChunkState(const ChunkVisitor& fn) const {
     pass.write_state = false;
     return CountIo(
         store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
-          return fn(chunks_[i].id, version, s.state.master, Fp32Moment(s.state.m),
-                    Fp32Moment(s.state.v));
+          return fn(chunks_[i].id, version, s.state.master, s.state.m, s.state.v);
         }));
   }
   for (const Chunk& c : chunks_) {
     const ConstChunkState st = c.state.spans();
-    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, Fp32Moment(st.m), Fp32Moment(st.v)));
+    ZPS_RETURN_IF_ERROR(fn(c.id, version, st.master, st.m, st.v));
   }
   return Status::Ok();
 }
@@ -100,15 +99,12 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
           const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
           if (version < 0) {
             std::fill(s.state.master.begin(), s.state.master.end(), 0.0f);
-            std::fill(s.state.m.begin(), s.state.m.end(), std::byte{0});
+            std::fill(s.state.m.begin(), s.state.m.end(), std::byte{0});  // zero moments
             std::fill(s.state.v.begin(), s.state.v.end(), std::byte{0});
             std::fill(serving.begin(), serving.end(), uint16_t{0});
             return Status::Ok();
           }
-          if (Status st = load(c.id, s.state.master, Fp32Moment(s.state.m), Fp32Moment(s.state.v));
-              !st.ok()) {
-            return st;
-          }
+          if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
           ToServing(s.state.master, serving);
           return Status::Ok();
         }));
@@ -127,7 +123,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       continue;
     }
     const ChunkState st = c.state.spans();
-    ZPS_RETURN_IF_ERROR(load(c.id, st.master, Fp32Moment(st.m), Fp32Moment(st.v)));
+    ZPS_RETURN_IF_ERROR(load(c.id, st.master, st.m, st.v));
     ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
@@ -150,20 +146,22 @@ Status ShardState::CountIo(Status s) const {
 }
 
 Status ShardState::StoreInitChunk(Chunk& c) {
-  const std::vector<float> zeros(c.size, 0.0f);
-  const std::span<const float> z(zeros);
-  return CountIo(store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.slots.initial_values(),
-                                    kinds_->has(StateKind::kM) ? z : std::span<const float>(),
-                                    kinds_->has(StateKind::kV) ? z : std::span<const float>()));
+  // Zeroed bytes are zero moments in every state dtype.
+  const std::vector<std::byte> m(kinds_->bytes(StateKind::kM, c.size), std::byte{0});
+  const std::vector<std::byte> v(kinds_->bytes(StateKind::kV, c.size), std::byte{0});
+  return CountIo(
+      store_->WriteChunk(static_cast<uint32_t>(IndexOf(c)), c.slots.initial_values(), m, v));
 }
 
-Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
-                                  std::vector<float>& v) const {
+Status ShardState::StoreChunkCopy(const Chunk& c, std::vector<float>& master,
+                                  std::vector<std::byte>& m, std::vector<std::byte>& v) const {
   master.assign(c.size, 0.0f);
-  m.assign(kinds_->has(StateKind::kM) ? c.size : 0, 0.0f);
-  v.assign(kinds_->has(StateKind::kV) ? c.size : 0, 0.0f);
+  m.assign(kinds_->bytes(StateKind::kM, c.size), std::byte{0});
+  v.assign(kinds_->bytes(StateKind::kV, c.size), std::byte{0});
   return CountIo(store_->ReadChunk(static_cast<uint32_t>(IndexOf(c)), master, m, v));
 }
+
+StateDType ShardState::state_dtype() const { return kinds_->state_dtype(); }
 
 ShardStorageStats ShardState::storage_stats() const {
   ShardStorageStats out;
@@ -174,6 +172,23 @@ ShardStorageStats ShardState::storage_stats() const {
   out.serving_staging_bytes = serving_->staging_bytes();
   out.spilled_fetches = serving_->fetches();
   out.spilled_fetch_reads = serving_->reads();
+  return out;
+}
+
+ShardStateBytes ShardState::state_bytes() const {
+  ShardStateBytes out;
+  const uint64_t banks = serving_bank_bytes_ > 0 ? 2 : 1;
+  MutexLock lock(&mu_);  // the slots' buffers (their sizes never change)
+  for (const Chunk& c : chunks_) {
+    out.master += kinds_->bytes(StateKind::kMaster, c.size);
+    const uint64_t m_scales = kinds_->scale_bytes(StateKind::kM, c.size);
+    const uint64_t v_scales = kinds_->scale_bytes(StateKind::kV, c.size);
+    out.m += kinds_->bytes(StateKind::kM, c.size) - m_scales;
+    out.v += kinds_->bytes(StateKind::kV, c.size) - v_scales;
+    out.scales += m_scales + v_scales;
+    out.serving += banks * kinds_->bytes(StateKind::kServing, c.size);
+    out.grad += c.slots.bytes();
+  }
   return out;
 }
 

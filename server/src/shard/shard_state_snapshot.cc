@@ -20,13 +20,14 @@ struct ShardState::Snapshot::Entry {
 
 void ShardState::ReserveSnapshotBuffers() {
   if (store_) return;
-  std::vector<size_t> sizes;
+  std::vector<size_t> masters, moments;
   for (const Chunk& c : chunks_) {
-    c.state.ForEach([&](StateKind, const AlignedBuffer<float>& b) {
-      if (b.size() > 0) sizes.push_back(b.size());
-    });
+    masters.push_back(c.state.master.size());
+    for (const auto* b : {&c.state.m, &c.state.v}) {
+      if (b->size() > 0) moments.push_back(b->size());
+    }
   }
-  buffers_->Reserve(std::move(sizes), "shard " + std::to_string(ordinal_));
+  buffers_->Reserve(std::move(masters), std::move(moments), "shard " + std::to_string(ordinal_));
 }
 
 Result<std::shared_ptr<ShardState::Snapshot>> ShardState::BeginSnapshot() {
@@ -121,7 +122,7 @@ Status ShardState::Snapshot::Visit(const ChunkVisitor& fn) {
     }
     // Read without mu_: a kCopied or kTaken entry is not touched by Preserve or Adopt any more.
     const ConstChunkState st = std::as_const(e->state).spans();
-    Status s = fn(state_->chunks_[i].id, version_, st.master, Fp32Moment(st.m), Fp32Moment(st.v));
+    Status s = fn(state_->chunks_[i].id, version_, st.master, st.m, st.v);
     {  // written: the buffers serve the next snapshot or out-of-place update
       MutexLock lock(&mu_);
       state_->buffers_->Give(std::move(e->state));

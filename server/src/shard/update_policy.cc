@@ -44,20 +44,23 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
   const GradView grad = c.slots.Reduced();
   const auto* grad_bytes = static_cast<const std::byte*>(grad.data);
   const size_t grad_size = DTypeSize(grad.dtype);
-  const StateDType sd = opt->state_dtype();
+  const StateDType sd = kinds_->state_dtype();
+  // A run of packed moments: runs start at parameter pieces, at multiples of align_elems, which
+  // ValidateShardJob keeps a multiple of the int8 block (MomentRange in optimizer.h).
+  auto moments = [&](auto packed, const Chunk::Run& r) {
+    return packed.empty() ? packed : MomentRange(sd, packed, r.begin, r.end - r.begin);
+  };
   for (const Chunk::Run& r : c.runs) {
     if (r.frozen) {
       // Never updated. Out of place, its state is carried over to the buffers that replace the
       // live ones (a spare, or fresh ones beside a snapshot), which hold older bytes or none.
       if (source != nullptr) {
-        if (!st.master.empty()) {
-          std::copy(source->master.begin() + r.begin, source->master.begin() + r.end,
-                    st.master.begin() + r.begin);
-        }
+        std::copy(source->master.begin() + r.begin, source->master.begin() + r.end,
+                  st.master.begin() + r.begin);
         auto keep = [&](std::span<const std::byte> from, std::span<std::byte> to) {
           if (to.empty()) return;
-          const auto part = MomentRange(sd, from, r.begin, r.end - r.begin);
-          std::copy(part.begin(), part.end(), to.begin() + MomentOffset(sd, r.begin));
+          const std::span<const std::byte> f = moments(from, r);
+          std::copy(f.begin(), f.end(), moments(to, r).begin());
         };
         keep(source->m, st.m);
         keep(source->v, st.v);
@@ -72,6 +75,8 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     up.out_dtype = job_.serving_dtype;
     up.lr = schedule_.LrFor(applied, g.lr);
     up.weight_decay = g.weight_decay;
+    // bf16 state's stochastic rounding draws from the element's index in the whole model.
+    up.first_index = uint64_t{c.id} * layout_.options().chunk_elems + r.begin;
     if (!serving.empty()) {
       if (job_.serving_dtype == DType::kF32) {
         up.out32 = {reinterpret_cast<float*>(serving.data()) + r.begin, n};
@@ -79,13 +84,10 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
         up.out16 = serving.subspan(r.begin, n);
       }
     }
-    up.first_index = uint64_t{c.id} * layout_.options().chunk_elems + r.begin;
-    auto sub = [&](auto a) { return a.empty() ? a : a.subspan(r.begin, n); };
-    ChunkState part{sub(st.master), MomentRange(sd, st.m, r.begin, n),
-                    MomentRange(sd, st.v, r.begin, n)};
+    ChunkState part{st.master.subspan(r.begin, n), moments(st.m, r), moments(st.v, r)};
     if (source != nullptr) {
-      up.source = ConstChunkState{sub(source->master), MomentRange(sd, source->m, r.begin, n),
-                                  MomentRange(sd, source->v, r.begin, n)};
+      up.source = ConstChunkState{source->master.subspan(r.begin, n), moments(source->m, r),
+                                  moments(source->v, r)};
     }
     ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
@@ -348,8 +350,8 @@ Status ShardState::SpeculativeUpdate::Speculate(const Chunk& c, Spare& sp,
   ChunkState st = sp.state.prefix(n);
   if (s.store_) {  // read into the spare, updated there in place
     const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
-    ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->ReadChunk(
-        static_cast<uint32_t>(s.IndexOf(c)), st.master, Fp32Moment(st.m), Fp32Moment(st.v))));
+    ZPS_RETURN_IF_ERROR(
+        s.CountIo(s.store_->ReadChunk(static_cast<uint32_t>(s.IndexOf(c)), st.master, st.m, st.v)));
     return s.UpdateChunk(c, st, serving, order, nullptr, optimizer_.get());
   }
   // Out of place from the live state, which nothing writes meanwhile: only ApplyCommit and
@@ -450,9 +452,7 @@ Status ShardState::SpeculativeUpdate::PublishSpare(Chunk& c, Spare& sp) {
   const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
   const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(s.IndexOf(c));
-  ZPS_RETURN_IF_ERROR(
-      s.CountIo(s.store_->WriteChunk(idx, st.master, Fp32Moment(std::span<const std::byte>(st.m)),
-                                     Fp32Moment(std::span<const std::byte>(st.v)))));
+  ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->WriteChunk(idx, st.master, st.m, st.v)));
   if (s.ServingSpilled(c)) return s.CountIo(s.store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();

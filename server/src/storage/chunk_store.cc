@@ -85,8 +85,10 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
       return InvalidArgument("chunk store: chunk " + std::to_string(c) + " has a bad size " +
                              std::to_string(k.elems));
     }
-    k.array_stride = AlignUp(k.elems * sizeof(float));
-    k.state_bytes = (1 + o.moments) * k.array_stride;
+    k.moment_bytes = MomentBytes(o.state_dtype, k.elems);
+    k.m_off = AlignUp(k.elems * sizeof(float));
+    k.moment_stride = AlignUp(k.moment_bytes);
+    k.state_bytes = k.m_off + o.moments * k.moment_stride;
     k.serving_bytes = o.serving_records ? AlignUp(k.elems * o.serving_words * sizeof(uint16_t)) : 0;
     total_state += k.state_bytes;
     total_serving += k.serving_bytes;
@@ -382,11 +384,9 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
     std::byte* state = k.state_resident ? state_ram_->buffer(0) + k.state_off : slot->state;
     const size_t n = k.elems;
     if (k.state_resident || pass.read_state || pass.write_state) {
-      auto* f = reinterpret_cast<float*>(state);
-      const size_t stride = k.array_stride / sizeof(float);
-      spans.state.master = {f, n};
-      if (moments >= 1) spans.state.m = std::as_writable_bytes(std::span<float>(f + stride, n));
-      if (moments >= 2) spans.state.v = std::as_writable_bytes(std::span<float>(f + 2 * stride, n));
+      spans.state.master = {reinterpret_cast<float*>(state), n};
+      if (moments >= 1) spans.state.m = {state + k.m_off, k.moment_bytes};
+      if (moments >= 2) spans.state.v = {state + k.m_off + k.moment_stride, k.moment_bytes};
     }
     if (pass.serving) {
       std::byte* sv = k.serving_resident ? serving_ram_base_ + k.serving_off : slot->serving;
@@ -472,14 +472,14 @@ Status ChunkStore::Transfer(IoRequest::Op op, const SpillFile& file, uint64_t of
   return err;
 }
 
-Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<float> m,
-                             std::span<float> v) {
+Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<std::byte> m,
+                             std::span<std::byte> v) {
   MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
   const uint32_t mo = options_.moments;
-  if (master.size() != k.elems || m.size() != (mo >= 1 ? k.elems : 0) ||
-      v.size() != (mo >= 2 ? k.elems : 0)) {
+  if (master.size() != k.elems || m.size() != (mo >= 1 ? k.moment_bytes : 0) ||
+      v.size() != (mo >= 2 ? k.moment_bytes : 0)) {
     return InvalidArgument("chunk store: ReadChunk lengths do not match chunk " +
                            std::to_string(c));
   }
@@ -493,32 +493,28 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<floa
                                  "read of chunk " + std::to_string(c) + " state", false));
     src = state_bufs_->buffer(0);
   }
-  const auto* f = reinterpret_cast<const float*>(src);
-  const size_t stride = k.array_stride / sizeof(float);
-  std::memcpy(master.data(), f, master.size_bytes());
-  if (!m.empty()) std::memcpy(m.data(), f + stride, m.size_bytes());
-  if (!v.empty()) std::memcpy(v.data(), f + 2 * stride, v.size_bytes());
+  std::memcpy(master.data(), src, master.size_bytes());
+  if (!m.empty()) std::memcpy(m.data(), src + k.m_off, m.size());
+  if (!v.empty()) std::memcpy(v.data(), src + k.m_off + k.moment_stride, v.size());
   return Status::Ok();
 }
 
-Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master, std::span<const float> m,
-                              std::span<const float> v) {
+Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master,
+                              std::span<const std::byte> m, std::span<const std::byte> v) {
   MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];
   const uint32_t mo = options_.moments;
-  if (master.size() != k.elems || m.size() != (mo >= 1 ? k.elems : 0) ||
-      v.size() != (mo >= 2 ? k.elems : 0)) {
+  if (master.size() != k.elems || m.size() != (mo >= 1 ? k.moment_bytes : 0) ||
+      v.size() != (mo >= 2 ? k.moment_bytes : 0)) {
     return InvalidArgument("chunk store: WriteChunk lengths do not match chunk " +
                            std::to_string(c));
   }
   std::byte* dst = k.state_resident ? state_ram_->buffer(0) + k.state_off : state_bufs_->buffer(0);
   if (!k.state_resident) std::memset(dst, 0, k.state_bytes);  // deterministic padding
-  auto* f = reinterpret_cast<float*>(dst);
-  const size_t stride = k.array_stride / sizeof(float);
-  std::memcpy(f, master.data(), master.size_bytes());
-  if (!m.empty()) std::memcpy(f + stride, m.data(), m.size_bytes());
-  if (!v.empty()) std::memcpy(f + 2 * stride, v.data(), v.size_bytes());
+  std::memcpy(dst, master.data(), master.size_bytes());
+  if (!m.empty()) std::memcpy(dst + k.m_off, m.data(), m.size());
+  if (!v.empty()) std::memcpy(dst + k.m_off + k.moment_stride, v.data(), v.size());
   if (k.state_resident) return Status::Ok();
   Status st = Transfer(IoRequest::Op::kWrite, *state_file_, k.state_off, dst, k.state_bytes,
                        "write of chunk " + std::to_string(c) + " state", false);

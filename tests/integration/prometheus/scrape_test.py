@@ -375,6 +375,10 @@ scrape_configs:
         'sum(zps_request_duration_seconds_count{job="zps-server", op="fetch"})': lambda v: v > 0,
         'sum(zps_request_duration_seconds_count{job="zps-server", op="control"})': lambda v: v > 0,
         'sum(zps_memory_bytes{job="zps-server", tier="master"})': lambda v: v > 0,
+        # State bytes per element held (fp32 Adam moments, bf16 serving copies): 14.
+        'sum(zps_shard_state_bytes{job="zps-server", kind=~"master|m|v|scales|serving"}) / '
+        '(sum(zps_shard_state_bytes{job="zps-server", kind="master"}) / 4)': lambda v: v == 14,
+        'min(zps_shard_state_bytes{job="zps-server", kind="grad"})': lambda v: v > 0,
         'count(zps_ucx_transport_info{job="zps-server"} == 1)': lambda v: v >= 1,
         'sum(zps_protocol_errors_total{job="zps-server"})': lambda v: v == 0,
         # Spill and checkpoints, per shard (min over the shards).

@@ -185,10 +185,12 @@ TEST_F(CheckpointStoreTest, WriterRules) {
   ASSERT_THAT(w, IsOk());
   EXPECT_EQ(store_->BeginCheckpoint(2).status().code(), Code::kFailedPrecondition);
   auto d = MakeChunk(layout_, 0, 1);
-  EXPECT_EQ((*w)->AddChunk(5, 0, {d.master, d.m, d.v}).code(), Code::kOutOfRange);
-  EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, {}}).code(), Code::kInvalidArgument);
-  ASSERT_THAT((*w)->AddChunk(0, 0, {d.master, d.m, d.v}), IsOk());
-  EXPECT_EQ((*w)->AddChunk(0, 0, {d.master, d.m, d.v}).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*w)->AddChunk(5, 0, d.tensors()).code(), Code::kOutOfRange);
+  ChunkTensors no_v = d.tensors();
+  no_v.v = {};
+  EXPECT_EQ((*w)->AddChunk(0, 0, no_v).code(), Code::kInvalidArgument);
+  ASSERT_THAT((*w)->AddChunk(0, 0, d.tensors()), IsOk());
+  EXPECT_EQ((*w)->AddChunk(0, 0, d.tensors()).code(), Code::kInvalidArgument);
   EXPECT_EQ((*w)->Commit().code(), Code::kFailedPrecondition);  // chunk 1 missing
   w->reset();                                                   // aborts
   EXPECT_TRUE(store_->ListCheckpoints(false)->empty());
@@ -333,7 +335,7 @@ TEST_F(CheckpointStoreTest, CorruptValueIsDataLossAndFallsBack) {
   FlipByte(dir_.sub("db"), DataKey(2, 1, /*v=*/2, 0), 100);
   store_ = OpenStore(dir_.sub("db"), SmallOptions());
   std::vector<float> v(layout_.chunk_size(1));
-  Status s = store_->LoadChunk(2, 1, {{}, {}, v});
+  Status s = store_->LoadChunk(2, 1, {{}, {}, std::as_writable_bytes(std::span(v))});
   EXPECT_EQ(s.code(), Code::kDataLoss) << s.ToString();
   EXPECT_NE(s.message().find("chunk 1 v slice 0"), std::string::npos) << s.message();
   // The other tensors of the chunk are intact.
@@ -441,7 +443,7 @@ class FaultTest : public ::testing::Test {
     fault = true;
     for (uint32_t c : layout_.ChunksOfShard(0)) {
       auto d = MakeChunk(layout_, c, 2);
-      ZPS_RETURN_IF_ERROR(w->AddChunk(c, 3, {d.master, d.m, d.v}));
+      ZPS_RETURN_IF_ERROR(w->AddChunk(c, 3, d.tensors()));
     }
     return w->Commit();
   }

@@ -47,8 +47,15 @@ inline float Value(uint64_t i, int k, int64_t step) {
          static_cast<float>(step) * 0.25f;
 }
 
+/// A chunk's tensors with fp32 moments (m and v packed as fp32 are their floats' bytes).
 struct ChunkData {
   std::vector<float> master, m, v;
+  ChunkTensors tensors() const {
+    return {master, std::as_bytes(std::span(m)), std::as_bytes(std::span(v))};
+  }
+  ChunkTensorsOut out() {
+    return {master, std::as_writable_bytes(std::span(m)), std::as_writable_bytes(std::span(v))};
+  }
 };
 
 inline ChunkData MakeChunk(const Layout& l, uint32_t chunk, int64_t step) {
@@ -69,7 +76,7 @@ inline Status WriteCheckpoint(CheckpointStore& store, const Layout& l, uint32_t 
   ZPS_ASSIGN_OR_RETURN(auto w, store.BeginCheckpoint(step));
   for (uint32_t c : l.ChunksOfShard(shard)) {
     auto d = MakeChunk(l, c, step);
-    ZPS_RETURN_IF_ERROR(w->AddChunk(c, step + 1, {d.master, d.m, d.v}));
+    ZPS_RETURN_IF_ERROR(w->AddChunk(c, step + 1, d.tensors()));
   }
   std::string state = "state@" + std::to_string(step);
   ZPS_RETURN_IF_ERROR(w->SetState(std::as_bytes(std::span(state.data(), state.size()))));
@@ -85,7 +92,7 @@ inline void ExpectCheckpoint(const CheckpointStore& store, const Layout& l, uint
     auto want = MakeChunk(l, c, step);
     ChunkData got{std::vector<float>(want.master.size()), std::vector<float>(want.m.size()),
                   std::vector<float>(want.v.size())};
-    Status s = (*r)->ReadChunk(c, {got.master, got.m, got.v});
+    Status s = (*r)->ReadChunk(c, got.out());
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_EQ(got.master, want.master) << "chunk " << c;
     ASSERT_EQ(got.m, want.m);

@@ -90,6 +90,9 @@ void Train(ChunkStore& store, const Optimizer& opt, std::span<const uint32_t> id
   }
 }
 
+// fp32 moments (the store's default state dtype) as the packed bytes the store takes.
+std::span<std::byte> B(std::vector<float>& v) { return std::as_writable_bytes(std::span(v)); }
+
 struct Snapshot {
   std::vector<float> master, m, v;
   std::vector<uint16_t> serving;
@@ -99,7 +102,7 @@ Snapshot Read(ChunkStore& store, uint32_t c) {
   Snapshot s;
   const size_t n = store.chunk_elems(c);
   s.master.resize(n), s.m.resize(n), s.v.resize(n), s.serving.resize(n);
-  EXPECT_THAT(store.ReadChunk(c, s.master, s.m, s.v), IsOk());
+  EXPECT_THAT(store.ReadChunk(c, s.master, B(s.m), B(s.v)), IsOk());
   EXPECT_THAT(store.ReadServing(c, s.serving), IsOk());
   return s;
 }
@@ -233,7 +236,7 @@ TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {
   ASSERT_FALSE(store.state_resident(c));
   std::vector<float> a(kChunks[c]), b(kChunks[c]), d(kChunks[c]);
   for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f * i, b[i] = -2.0f * i, d[i] = 0.5f * i;
-  ASSERT_THAT(store.WriteChunk(c, a, b, d), IsOk());
+  ASSERT_THAT(store.WriteChunk(c, a, B(b), B(d)), IsOk());
   std::vector<uint16_t> sv(kChunks[c], 0x3f80);
   ASSERT_THAT(store.WriteServing(c, sv), IsOk());
   Snapshot got = Read(store, c);
@@ -241,7 +244,7 @@ TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {
   EXPECT_EQ(got.m, b);
   EXPECT_EQ(got.v, d);
   EXPECT_EQ(got.serving, sv);
-  EXPECT_EQ(store.ReadChunk(c, a, b, {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(store.ReadChunk(c, a, B(b), {}).code(), Code::kInvalidArgument);
   EXPECT_EQ(store.ReadServing(99, sv).code(), Code::kInvalidArgument);
   const uint32_t rep[] = {1, 2, 1};
   bool called = false;
@@ -333,11 +336,11 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
     ASSERT_LT(visited.size(), ids.size());
     const uint32_t failed = ids[visited.size()];
     std::vector<float> m(kChunks[failed]), mm(kChunks[failed]), v(kChunks[failed]);
-    ASSERT_THAT(store.ReadChunk(failed, m, mm, v), IsOk());
+    ASSERT_THAT(store.ReadChunk(failed, m, B(mm), B(v)), IsOk());
     for (float x : m) ASSERT_EQ(x, 0.0f);
     for (uint32_t c : visited) {  // visited chunks were written back: master == 1
       std::vector<float> a(kChunks[c]), b(kChunks[c]), d(kChunks[c]);
-      ASSERT_THAT(store.ReadChunk(c, a, b, d), IsOk());
+      ASSERT_THAT(store.ReadChunk(c, a, B(b), B(d)), IsOk());
       for (float x : a) ASSERT_EQ(x, 1.0f);
     }
   } else {
@@ -346,7 +349,7 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
     int lost = -1;
     for (uint32_t c : ids) {
       std::vector<float> a(kChunks[c]), b(kChunks[c]), d(kChunks[c]);
-      Status r = store.ReadChunk(c, a, b, d);
+      Status r = store.ReadChunk(c, a, B(b), B(d));
       if (!r.ok()) {
         EXPECT_EQ(r.code(), Code::kDataLoss) << r.ToString();
         EXPECT_EQ(lost, -1);
@@ -359,9 +362,9 @@ TEST_P(ChunkStoreFaultTest, ErrorIsClearAndNothingIsSilentlyWrong) {
                   .code(),
               Code::kDataLoss);
     std::vector<float> a(kChunks[lost], 3.0f), b(kChunks[lost]), d(kChunks[lost]);
-    ASSERT_THAT(store.WriteChunk(lost, a, b, d), IsOk());
+    ASSERT_THAT(store.WriteChunk(lost, a, B(b), B(d)), IsOk());
     std::vector<float> a2(kChunks[lost]);
-    ASSERT_THAT(store.ReadChunk(lost, a2, b, d), IsOk());
+    ASSERT_THAT(store.ReadChunk(lost, a2, B(b), B(d)), IsOk());
     EXPECT_EQ(a2, a);
   }
 }
@@ -388,10 +391,10 @@ TEST(ChunkStore, FnErrorStopsThePass) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
   EXPECT_EQ(calls, 3);
   std::vector<float> a(kChunks[3]), b(kChunks[3]), d(kChunks[3]);
-  ASSERT_THAT((*s)->ReadChunk(3, a, b, d), IsOk());
+  ASSERT_THAT((*s)->ReadChunk(3, a, B(b), B(d)), IsOk());
   for (float x : a) ASSERT_EQ(x, 0.0f);
   std::vector<float> a1(kChunks[1]), b1(kChunks[1]), d1(kChunks[1]);
-  ASSERT_THAT((*s)->ReadChunk(1, a1, b1, d1), IsOk());
+  ASSERT_THAT((*s)->ReadChunk(1, a1, B(b1), B(d1)), IsOk());
   for (float x : a1) ASSERT_EQ(x, 5.0f);
 }
 

@@ -36,22 +36,24 @@ TEST(BufferPoolTest, TakeLikeShapesAsTheLiveState) {
   OptimizerConfig sgd;
   sgd.kind = OptimizerKind::kSgd;
   sgd.momentum = 0.9f;
+  sgd.state_dtype = StateDType::kInt8;
   auto live = ChunkBuffers::Allocate(ChunkLayout::For(sgd, DType::kBF16), 8);
   ASSERT_THAT(live.status(), IsOk());
   BufferPool pool;
   auto fresh = pool.TakeLike(*live);
   ASSERT_THAT(fresh.status(), IsOk());
   EXPECT_EQ(fresh->master.size(), 8u);
-  EXPECT_EQ(fresh->m.size(), 8u);
+  EXPECT_EQ(fresh->m.size(), MomentBytes(StateDType::kInt8, 8));  // packed
   EXPECT_EQ(fresh->v.size(), 0u);
+  EXPECT_EQ(fresh->dtype, StateDType::kInt8);
   pool.Give(std::move(*fresh));
   EXPECT_EQ(pool.pooled(), 2u);  // master and m; no v
 }
 
 TEST(BufferPoolTest, ReserveFillsThePoolInTheBackground) {
   BufferPool pool;
-  pool.Reserve({16, 16, 32}, "test");
-  pool.Reserve({64}, "test");  // only the first call does anything
+  pool.Reserve({16, 32}, {66}, "test");  // two masters, one packed moment
+  pool.Reserve({64}, {}, "test");        // only the first call does anything
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (pool.pooled() < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -60,12 +62,15 @@ TEST(BufferPoolTest, ReserveFillsThePoolInTheBackground) {
   auto b = pool.Take(32);
   ASSERT_THAT(b.status(), IsOk());
   EXPECT_EQ(pool.pooled(), 2u);
+  auto m = pool.TakeBytes(66);
+  ASSERT_THAT(m.status(), IsOk());
+  EXPECT_EQ(pool.pooled(), 1u);
 }
 
 TEST(BufferPoolTest, DestroyedWhileReserving) {
   // The destructor stops the reserving thread between buffers and joins it.
   BufferPool pool;
-  pool.Reserve(std::vector<size_t>(1000, 1 << 16), "test");
+  pool.Reserve(std::vector<size_t>(1000, 1 << 16), {}, "test");
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST(ChunkBuffersTest, AllocatesTheKindsTheLayoutKeeps) {
   auto b = ChunkBuffers::Allocate(sgd, 7);
   ASSERT_THAT(b.status(), IsOk());
   EXPECT_EQ(b->master.size(), 7u);
-  EXPECT_EQ(b->m.size(), 7u);
+  EXPECT_EQ(b->m.size(), 7u * 4);  // fp32 moments, packed as their bytes
   EXPECT_EQ(b->v.size(), 0u);
   EXPECT_EQ(b->bytes(), 2 * 7 * sizeof(float));
   for (float x : b->master.span()) EXPECT_EQ(x, 0.0f);
@@ -80,12 +80,12 @@ TEST(ChunkBuffersTest, CrcCopyZeroPrefixSwap) {
   ASSERT_THAT(a.status(), IsOk());
   ASSERT_THAT(b.status(), IsOk());
   std::iota(a->master.span().begin(), a->master.span().end(), 1.0f);
-  std::iota(a->m.span().begin(), a->m.span().end(), 10.0f);
-  std::iota(a->v.span().begin(), a->v.span().end(), 20.0f);
+  std::iota(Fp32Moment(a->m.span()).begin(), Fp32Moment(a->m.span()).end(), 10.0f);
+  std::iota(Fp32Moment(a->v.span()).begin(), Fp32Moment(a->v.span()).end(), 20.0f);
   // master, m, v in that order, as the shard's CRCs have always listed them.
   uint32_t want = Crc32c(std::as_bytes(a->master.span()));
-  want = Crc32cExtend(want, std::as_bytes(a->m.span()));
-  want = Crc32cExtend(want, std::as_bytes(a->v.span()));
+  want = Crc32cExtend(want, a->m.span());
+  want = Crc32cExtend(want, a->v.span());
   EXPECT_EQ(a->Crc(0), want);
 
   b->CopyFrom(*a);
@@ -100,7 +100,34 @@ TEST(ChunkBuffersTest, CrcCopyZeroPrefixSwap) {
   a->swap(*b);
   EXPECT_EQ(b->master.data(), a_master);
   EXPECT_EQ(b->Crc(0), want);
-  EXPECT_EQ(&a->of(StateKind::kV), &a->v);
+  EXPECT_EQ(a->bytes_of(StateKind::kV).data(), a->v.data());
+}
+
+TEST(ChunkLayoutTest, CompactMomentsArePackedWithTheirScalesApart) {
+  OptimizerConfig o = Opt(OptimizerKind::kAdamW);
+  for (StateDType d : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    o.state_dtype = d;
+    const ChunkLayout l = ChunkLayout::For(o, DType::kBF16);
+    const uint64_t n = 1000;  // int8: a last partial block
+    EXPECT_EQ(l.state_dtype(), d);
+    EXPECT_EQ(l.bytes(StateKind::kMaster, n), n * 4);
+    EXPECT_EQ(l.bytes(StateKind::kM, n), MomentBytes(d, n));
+    EXPECT_EQ(l.bytes(StateKind::kV, n), MomentBytes(d, n));
+    const uint64_t code = d == StateDType::kF32 ? 4 : (d == StateDType::kBF16 ? 2 : 1);
+    EXPECT_EQ(l.info(StateKind::kM).element_bytes, code);
+    EXPECT_EQ(l.scale_bytes(StateKind::kM, n), MomentBytes(d, n) - n * code);
+    EXPECT_EQ(l.scale_bytes(StateKind::kV, n) > 0, d == StateDType::kInt8);
+    EXPECT_EQ(l.spare_set_bytes(n),
+              AlignUp(n * 4) + 2 * AlignUp(MomentBytes(d, n)) + AlignUp(n * 2));
+    auto b = ChunkBuffers::Allocate(l, n);
+    ASSERT_THAT(b.status(), IsOk());
+    EXPECT_EQ(b->dtype, d);
+    EXPECT_EQ(b->m.size(), MomentBytes(d, n));
+    EXPECT_EQ(b->bytes(), n * 4 + 2 * MomentBytes(d, n));
+    const ChunkState p = b->prefix(640);  // a multiple of the int8 block
+    EXPECT_EQ(p.master.size(), 640u);
+    EXPECT_EQ(p.m.size(), MomentBytes(d, 640));
+  }
 }
 
 }  // namespace

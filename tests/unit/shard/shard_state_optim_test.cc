@@ -121,16 +121,17 @@ TEST(ShardStateFp32Serving, ServesTheMasterBitsAfterInitUpdateAndRestore) {
   EXPECT_EQ(0, std::memcmp(got.data(), master1->data(), got.size()));
   // A restore recomputes the copy from the loaded master.
   const auto loaded = Values(kN, 9, 2.0f);
-  ASSERT_TRUE((*s)->ResetTo(
-                      5,
-                      [&](uint32_t, std::span<float> ms, std::span<float> m, std::span<float> v) {
-                        std::copy(loaded.begin(), loaded.end(), ms.begin());
-                        std::fill(m.begin(), m.end(), 0.0f);
-                        std::fill(v.begin(), v.end(), 0.0f);
-                        return Status::Ok();
-                      },
-                      Unavailable("test"))
-                  .ok());
+  ASSERT_TRUE(
+      (*s)->ResetTo(
+              5,
+              [&](uint32_t, std::span<float> ms, std::span<std::byte> m, std::span<std::byte> v) {
+                std::copy(loaded.begin(), loaded.end(), ms.begin());
+                std::fill(m.begin(), m.end(), std::byte{0});
+                std::fill(v.begin(), v.end(), std::byte{0});
+                return Status::Ok();
+              },
+              Unavailable("test"))
+          .ok());
   got = FetchBytes(**s, 0, 0, kN, 5);
   EXPECT_EQ(0, std::memcmp(got.data(), loaded.data(), got.size()));
 }

@@ -122,9 +122,22 @@ CommitOrder Assumed(int64_t step, int64_t applied) {
   return {step, false, StepCommit::UnclippedScale(1.0, kDivisor), applied + 1};
 }
 
-TEST(ShardStateSpeculate, EveryOutcomeEqualsSync) {
+// Every test runs in each state dtype: the moments packed as fp32, bf16 or int8 (runs of
+// parameter groups and frozen parameters start at multiples of the int8 block).
+class ShardStateDTypeTest : public ::testing::TestWithParam<StateDType> {
+ protected:
+  OptimizerConfig Opt() const {
+    OptimizerConfig o;
+    o.state_dtype = GetParam();
+    return o;
+  }
+};
+using ShardStateSpeculate = ShardStateDTypeTest;
+using ShardStateSnapshot = ShardStateDTypeTest;
+
+TEST_P(ShardStateSpeculate, EveryOutcomeEqualsSync) {
   const Layout layout = SmallLayout();
-  OptimizerConfig opt;  // AdamW, bias correction: the optimizer step counter matters
+  OptimizerConfig opt = Opt();  // AdamW, bias correction: the optimizer step counter matters
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
   ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
@@ -156,9 +169,9 @@ TEST(ShardStateSpeculate, EveryOutcomeEqualsSync) {
 
 // With an optimizer pool of several threads the speculation runs on a pool of its own as wide:
 // still the bits of a sync shard without any pool (the work split does not depend on threads).
-TEST(ShardStateSpeculate, SpeculationOnAPoolEqualsSync) {
+TEST_P(ShardStateSpeculate, SpeculationOnAPoolEqualsSync) {
   const Layout layout = SmallLayout();
-  OptimizerConfig opt;
+  OptimizerConfig opt = Opt();
   auto pool = ThreadPool::Create({.name = "test-opt", .threads = 3});
   ASSERT_THAT(pool, IsOk());
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
@@ -185,9 +198,9 @@ TEST(ShardStateSpeculate, SpeculationOnAPoolEqualsSync) {
 // step (held there by the test hook): ReduceStep takes its report without waiting for the
 // update, the commit's pass over the other chunks runs beside it (RAM state), and the chunk is
 // handled last. Every outcome still equals sync, step by step.
-TEST(ShardStateSpeculate, CommitBesideASpeculationInProgressEqualsSync) {
+TEST_P(ShardStateSpeculate, CommitBesideASpeculationInProgressEqualsSync) {
   const Layout layout = SmallLayout();
-  OptimizerConfig opt;
+  OptimizerConfig opt = Opt();
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
   ASSERT_TRUE(sync.ok() && spec.ok()) << spec.status().ToString();
@@ -231,9 +244,9 @@ TEST(ShardStateSpeculate, CommitBesideASpeculationInProgressEqualsSync) {
 // The redo of a clipped step must start from the pre-update master, m and v: a redo that read
 // the speculated (already updated) state would apply the step twice, which this catches by
 // comparing with a sync state that applied it once.
-TEST(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
+TEST_P(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
   const Layout layout = SmallLayout();
-  OptimizerConfig opt;
+  OptimizerConfig opt = Opt();
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), opt, nullptr);
   ASSERT_THAT(sync, IsOk());
@@ -260,11 +273,10 @@ TEST(ShardStateSpeculate, RedoStartsFromThePreUpdateState) {
 }
 
 // Not armed for the step (or no spare): the chunks are updated at the commit, as in sync mode.
-TEST(ShardStateSpeculate, UnarmedStepsAreUpdatedAtTheCommit) {
+TEST_P(ShardStateSpeculate, UnarmedStepsAreUpdatedAtTheCommit) {
   const Layout layout = SmallLayout();
-  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), OptimizerConfig{}, nullptr);
-  auto spec =
-      ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), OptimizerConfig{}, nullptr);
+  auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), Opt(), nullptr);
+  auto spec = ShardState::Create(layout, 0, Job(UpdateMode::kSpeculative), Opt(), nullptr);
   ASSERT_THAT(sync, IsOk());
   ASSERT_THAT(spec, IsOk());
   PushAll(layout, {sync->get(), spec->get()}, kInitStep, 5);
@@ -277,9 +289,9 @@ TEST(ShardStateSpeculate, UnarmedStepsAreUpdatedAtTheCommit) {
 
 // With a memory budget the spares are taken out of it (a quarter): here room for one set, so
 // one chunk a step is speculated and the others fall back to the commit; still the same bits.
-TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
+TEST_P(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
   const Layout layout = SmallLayout();
-  OptimizerConfig opt;
+  OptimizerConfig opt = Opt();
   auto sync = ShardState::Create(layout, 0, Job(UpdateMode::kSync), opt, nullptr);
   ASSERT_THAT(sync, IsOk());
   ChunkStoreOptions so;
@@ -318,13 +330,13 @@ TEST(ShardStateSpeculate, SparesCountAgainstTheMemoryBudget) {
 // modes: a step before the visit hands every chunk's pre-update state to the snapshot
 // (copy-on-write, out of place); a step during the visit finds every chunk copied by the visit
 // already and updates in place.
-TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
+TEST_P(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
   const Layout layout = SmallLayout();
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
     for (const bool step_before_visit : {true, false}) {
       SCOPED_TRACE(std::string(mode == UpdateMode::kSync ? "sync" : "speculative") +
                    (step_before_visit ? ", a step before the visit" : ", a step during it"));
-      auto s = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+      auto s = ShardState::Create(layout, 0, Job(mode), Opt(), nullptr);
       ASSERT_THAT(s, IsOk());
       PushAll(layout, {s->get()}, kInitStep, 9);
       (*s)->ArmSpeculation(Assumed(0, 0));
@@ -341,14 +353,15 @@ TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
       };
       if (step_before_visit) step();
       size_t visited = 0;
-      Status v = (*snap)->Visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
-                                    std::span<const float>, std::span<const float>) -> Status {
-        EXPECT_EQ(version, 1);
-        EXPECT_TRUE(std::equal(master.begin(), master.end(), at1[visited].begin()))
-            << "chunk " << chunk;
-        if (visited++ == 0 && !step_before_visit) step();
-        return Status::Ok();
-      });
+      Status v =
+          (*snap)->Visit([&](uint32_t chunk, int64_t version, std::span<const float> master,
+                             std::span<const std::byte>, std::span<const std::byte>) -> Status {
+            EXPECT_EQ(version, 1);
+            EXPECT_TRUE(std::equal(master.begin(), master.end(), at1[visited].begin()))
+                << "chunk " << chunk;
+            if (visited++ == 0 && !step_before_visit) step();
+            return Status::Ok();
+          });
       ASSERT_THAT(v, IsOk());
       EXPECT_EQ(visited, at1.size());
       EXPECT_EQ((*snap)->copied_on_write(), step_before_visit ? at1.size() : 0u);
@@ -361,11 +374,11 @@ TEST(ShardStateSnapshot, KeepsItsVersionWhileLaterStepsRun) {
 
 // A step after the visit copied a chunk updates it in place: the same bits as a shard that
 // never checkpointed.
-TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
+TEST_P(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
   const Layout layout = SmallLayout();
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
-    auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-    auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    auto plain = ShardState::Create(layout, 0, Job(mode), Opt(), nullptr);
+    auto ckpt = ShardState::Create(layout, 0, Job(mode), Opt(), nullptr);
     ASSERT_THAT(plain, IsOk());
     ASSERT_THAT(ckpt, IsOk());
     auto step = [&](ShardState& st, int64_t k) {
@@ -381,14 +394,15 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
     auto snap = (*ckpt)->BeginSnapshot();
     ASSERT_THAT(snap, IsOk());
     size_t n = 0;
-    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
-                                  std::span<const float>) -> Status {
-      if (n++ == 0) {  // steps 2 and 3 run while the "write" goes on
-        step(**ckpt, 2);
-        step(**ckpt, 3);
-      }
-      return Status::Ok();
-    });
+    Status v =
+        (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const std::byte>,
+                           std::span<const std::byte>) -> Status {
+          if (n++ == 0) {  // steps 2 and 3 run while the "write" goes on
+            step(**ckpt, 2);
+            step(**ckpt, 3);
+          }
+          return Status::Ok();
+        });
     ASSERT_THAT(v, IsOk());
     EXPECT_EQ((*snap)->copied_on_write(), 0u);
     step(**plain, 2);
@@ -403,12 +417,12 @@ TEST(ShardStateSnapshot, StepsBesideTheWriteEndBitIdenticalToNoCheckpoint) {
 // is speculated before the commit, so the publish gives the live buffers to the snapshot and the
 // spare's become live; the next step speculates into a spare allocated again (it wrote through
 // a null pointer while a moved-from AlignedBuffer kept its size).
-TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
+TEST_P(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
   const Layout layout = SmallLayout();
   for (UpdateMode mode : {UpdateMode::kSync, UpdateMode::kSpeculative}) {
     SCOPED_TRACE(mode == UpdateMode::kSync ? "sync" : "speculative");
-    auto plain = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
-    auto ckpt = ShardState::Create(layout, 0, Job(mode), OptimizerConfig{}, nullptr);
+    auto plain = ShardState::Create(layout, 0, Job(mode), Opt(), nullptr);
+    auto ckpt = ShardState::Create(layout, 0, Job(mode), Opt(), nullptr);
     ASSERT_THAT(plain, IsOk());
     ASSERT_THAT(ckpt, IsOk());
     const uint32_t n = static_cast<uint32_t>((*ckpt)->chunk_ids().size());
@@ -429,8 +443,9 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
       step(**plain, k);
       ExpectSame(**plain, **ckpt, k);
     }
-    Status v = (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const float>,
-                                  std::span<const float>) -> Status { return Status::Ok(); });
+    Status v =
+        (*snap)->Visit([&](uint32_t, int64_t, std::span<const float>, std::span<const std::byte>,
+                           std::span<const std::byte>) -> Status { return Status::Ok(); });
     ASSERT_THAT(v, IsOk());
     EXPECT_EQ((*snap)->copied_on_write(), (*ckpt)->chunk_ids().size());
     snap->reset();
@@ -439,6 +454,16 @@ TEST(ShardStateSnapshot, StepsBeforeTheVisitEndBitIdenticalToNoCheckpoint) {
     ExpectSame(**plain, **ckpt, 4);
   }
 }
+
+std::string DTypeName(const ::testing::TestParamInfo<StateDType>& p) {
+  return std::string(StateDTypeName(p.param));
+}
+INSTANTIATE_TEST_SUITE_P(StateDType, ShardStateSpeculate,
+                         ::testing::Values(StateDType::kF32, StateDType::kBF16, StateDType::kInt8),
+                         DTypeName);
+INSTANTIATE_TEST_SUITE_P(StateDType, ShardStateSnapshot,
+                         ::testing::Values(StateDType::kF32, StateDType::kBF16, StateDType::kInt8),
+                         DTypeName);
 
 }  // namespace
 }  // namespace zps::server

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "zps/server/nvme.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
 
@@ -110,19 +111,27 @@ void ExpectSame(const ShardState& a, const ShardState& b) {
   EXPECT_EQ(a.StateCrc(), b.StateCrc());
 }
 
-TEST(ShardStateSpill, StepsMatchRamBitForBit) {
+// In each state dtype (the moments packed as fp32, bf16 or int8).
+class ShardStateSpillDType : public ::testing::TestWithParam<StateDType> {};
+
+TEST_P(ShardStateSpillDType, StepsMatchRamBitForBit) {
   const Layout layout = BigLayout();
+  const bool fp32 = GetParam() == StateDType::kF32;
   for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
     OptimizerConfig opt;
     opt.kind = kind;
+    opt.state_dtype = GetParam();
     opt.momentum = kind == OptimizerKind::kSgd ? 0.9f : 0.0f;
     Pair p = MakePair(layout, opt);
     ASSERT_TRUE(p.ram && p.spill);
     const ShardStorageStats st0 = p.spill->storage_stats();
     ASSERT_TRUE(st0.spilled);
     EXPECT_EQ(st0.store.chunks, 14u);
-    // Adam: one 48 KiB record resident; SGD with momentum: 32 KiB records, four resident.
-    EXPECT_EQ(st0.store.state_resident, kind == OptimizerKind::kSgd ? 4u : 1u);
+    // fp32 Adam: one 48 KiB record resident; SGD with momentum: 32 KiB records, four resident.
+    if (fp32) {
+      EXPECT_EQ(st0.store.state_resident, kind == OptimizerKind::kSgd ? 4u : 1u);
+    }
+    EXPECT_LT(st0.store.state_resident, 14u);
     EXPECT_FALSE(p.ram->storage_stats().spilled);
 
     PushAll(layout, *p.ram, *p.spill, kInitStep, 1);
@@ -156,9 +165,11 @@ TEST(ShardStateSpill, StepsMatchRamBitForBit) {
   }
 }
 
-TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
+TEST_P(ShardStateSpillDType, CheckpointVisitAndRestoreGoThroughTheStore) {
   const Layout layout = BigLayout();
-  Pair p = MakePair(layout, OptimizerConfig{});
+  OptimizerConfig opt;
+  opt.state_dtype = GetParam();
+  Pair p = MakePair(layout, opt);
   ASSERT_TRUE(p.ram && p.spill);
   PushAll(layout, *p.ram, *p.spill, kInitStep, 7);
   for (int64_t step = 0; step < 2; ++step) {
@@ -168,12 +179,13 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
   }
   // "Checkpoint" both: the visits must see the same tensors.
   struct Saved {
-    std::vector<float> master, m, v;
+    std::vector<float> master;
+    std::vector<std::byte> m, v;
   };
   std::map<uint32_t, Saved> from_ram, from_spill;
   auto saver = [](std::map<uint32_t, Saved>& out) {
     return [&out](uint32_t c, int64_t version, std::span<const float> master,
-                  std::span<const float> m, std::span<const float> v) -> Status {
+                  std::span<const std::byte> m, std::span<const std::byte> v) -> Status {
       EXPECT_EQ(version, 2);
       out[c] = {{master.begin(), master.end()}, {m.begin(), m.end()}, {v.begin(), v.end()}};
       return Status::Ok();
@@ -192,8 +204,8 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
   ASSERT_THAT(p.spill->ResetTo(-1, {}, Unavailable("test")), IsOk());
   EXPECT_EQ(p.spill->version(), -1);
   EXPECT_NE(p.spill->StateCrc(), crc);
-  auto load = [&](uint32_t c, std::span<float> master, std::span<float> m,
-                  std::span<float> v) -> Status {
+  auto load = [&](uint32_t c, std::span<float> master, std::span<std::byte> m,
+                  std::span<std::byte> v) -> Status {
     const Saved& s = from_spill.at(c);
     std::memcpy(master.data(), s.master.data(), master.size_bytes());
     std::memcpy(m.data(), s.m.data(), m.size_bytes());
@@ -211,6 +223,42 @@ TEST(ShardStateSpill, CheckpointVisitAndRestoreGoThroughTheStore) {
 }
 
 // ---- serving copies spilled too (--serving-budget) ---------------------------------------------
+
+// Compact moments shrink the state records, so the same budget keeps more chunks in RAM and the
+// spill file holds fewer bytes (each moment starts at a 4 KiB boundary of its record).
+TEST(ShardStateSpill, CompactStateShrinksTheSpilledBytes) {
+  const Layout layout = BigLayout();
+  uint64_t fp32_bytes = 0;
+  for (StateDType d : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    OptimizerConfig opt;
+    opt.state_dtype = d;
+    Pair p = MakePair(layout, opt);
+    ASSERT_TRUE(p.spill);
+    const ChunkStoreStats st = p.spill->storage_stats().store;
+    uint64_t records = 0, elems = 0, moments = 0;
+    for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+      const uint64_t n = layout.chunk_size(c);
+      records += AlignUp(n * 4) + 2 * AlignUp(MomentBytes(d, n));
+      moments += 2 * MomentBytes(d, n);
+      elems += n;
+    }
+    EXPECT_EQ(st.state_ram_bytes + st.state_file_bytes, records) << StateDTypeName(d);
+    if (d == StateDType::kF32) {
+      fp32_bytes = records;
+    } else {
+      EXPECT_LT(records, fp32_bytes) << StateDTypeName(d);
+    }
+    const ShardStateBytes b = p.spill->state_bytes();
+    EXPECT_EQ(b.master, elems * 4);
+    EXPECT_EQ(b.m + b.v + b.scales, moments);
+    EXPECT_EQ(b.m, elems * (d == StateDType::kF32 ? 4 : (d == StateDType::kBF16 ? 2 : 1)));
+    EXPECT_EQ(b.serving, elems * 2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(StateDType, ShardStateSpillDType,
+                         ::testing::Values(StateDType::kF32, StateDType::kBF16, StateDType::kInt8),
+                         [](const auto& p) { return std::string(StateDTypeName(p.param)); });
 
 // 14 serving records of 8 KiB: the serving budget holds the 4 fetch staging buffers, the spill
 // pipeline's 5 buffers and 2 resident copies; the other 12 live in the serving spill file.
@@ -490,13 +538,14 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
     Step(*spill, step, false);
   }
   struct Saved {
-    std::vector<float> master, m, v;
+    std::vector<float> master;
+    std::vector<std::byte> m, v;
   };
   std::map<uint32_t, Saved> saved;
   ASSERT_TRUE(
       spill
           ->VisitChunkState([&](uint32_t c, int64_t, std::span<const float> master,
-                                std::span<const float> m, std::span<const float> v) {
+                                std::span<const std::byte> m, std::span<const std::byte> v) {
             saved[c] = {{master.begin(), master.end()}, {m.begin(), m.end()}, {v.begin(), v.end()}};
             return Status::Ok();
           })
@@ -508,8 +557,8 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
   ASSERT_TRUE(parked.Wait());
   EXPECT_EQ(parked.status.code(), Code::kUnavailable);
   EXPECT_NE(spill->StateCrc(), (*ram)->StateCrc());
-  auto load = [&](uint32_t c, std::span<float> master, std::span<float> m,
-                  std::span<float> v) -> Status {
+  auto load = [&](uint32_t c, std::span<float> master, std::span<std::byte> m,
+                  std::span<std::byte> v) -> Status {
     const Saved& s = saved.at(c);
     std::memcpy(master.data(), s.master.data(), master.size_bytes());
     std::memcpy(m.data(), s.m.data(), m.size_bytes());

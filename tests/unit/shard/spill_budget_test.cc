@@ -25,9 +25,9 @@ std::string SpillDir() {
 
 // 2 shards of 8 chunks of at most 1024 elements each (the last one shorter), so that a budget of
 // the pipeline's 5 buffers spills.
-JobSpec TwoShardJob(OptimizerKind kind, float momentum) {
+JobSpec TwoShardJob(OptimizerKind kind, float momentum, uint64_t chunk_elems = 1024) {
   auto l = Layout::Build({{"a", {5000}}, {"b", {3, 1000}}, {"c", {7777}}, {"d", {100}}},
-                         {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
+                         {.chunk_elems = chunk_elems, .align_elems = 64, .num_shards = 2});
   EXPECT_THAT(l, IsOk());
   JobSpec job{*l, {}, {}, {}};
   job.shard = {ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
@@ -79,6 +79,26 @@ TEST(SpillBudget, LaunchersAndShardsAgreeOnTheLimitAndTheAdvice) {
     EXPECT_THAT(CheckJobMemoryBudget(job, pipeline), IsOk());
     EXPECT_THAT(ShardSays(job, 0, pipeline), IsOk());
     EXPECT_THAT(ShardSays(job, 1, pipeline), IsOk());
+  }
+}
+
+// Compact moments shrink the state record; the launcher sizes it as the shard's store does.
+TEST(SpillBudget, LaunchersAndShardsAgreeForEveryStateDType) {
+  for (StateDType dtype : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    SCOPED_TRACE(StateDTypeName(dtype));
+    JobSpec job = TwoShardJob(OptimizerKind::kAdamW, 0.0f, 8192);
+    job.optimizer.state_dtype = dtype;
+    // 8192 elements: the fp32 master (32 KiB), then m and v, each on a 4 KiB boundary.
+    const uint64_t moment = dtype == StateDType::kF32    ? 32768
+                            : dtype == StateDType::kBF16 ? 16384
+                                                         : 12288;  // 128 blocks of 66 bytes
+    const uint64_t record = 32768 + 2 * moment;
+    EXPECT_EQ(StateRecordBytes(job.optimizer, 8192), record);
+    const uint64_t pipeline = (kSpillReadAhead + 1 + kSpillWriteBehind) * record;
+    ASSERT_THAT(CheckJobMemoryBudget(job, pipeline - 1), StatusIs(Code::kResourceExhausted));
+    ASSERT_THAT(ShardSays(job, 0, pipeline - 1), StatusIs(Code::kResourceExhausted));
+    EXPECT_THAT(CheckJobMemoryBudget(job, pipeline), IsOk());
+    EXPECT_THAT(ShardSays(job, 0, pipeline), IsOk());
   }
 }
 

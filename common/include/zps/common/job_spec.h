@@ -73,6 +73,11 @@ enum class StateDType : uint8_t { ZPS_STATE_DTYPE_VALUES(ZPS_ENUMERATOR) };
 /// Elements per int8 quantization block (zps/server/optimizer.h has the packed format). A job
 /// with int8 state needs the layout's align_elems to be a multiple of it (ValidateShardJob).
 inline constexpr uint32_t kInt8StateBlockElems = 64;
+/// Bytes of one packed moment (m or v) of n elements stored as `dtype`: fp32 4n, bf16 2n, int8
+/// ceil(n / kInt8StateBlockElems) blocks of that many one-byte codes and a bf16 scale each. The
+/// one size rule the kernels, the shard's buffers, the spill store, checkpoints and the launcher's
+/// budget check (zps/common/spill_budget.h) all follow.
+uint64_t MomentBytes(StateDType dtype, uint64_t n);
 
 /// The name of a value ("unknown" for a value outside the enum).
 std::string_view ReductionModeName(ReductionMode m);
@@ -299,6 +304,7 @@ using zps::JobSpec;
 using zps::LrScheduleConfig;
 using zps::LrScheduleKind;
 using zps::LrScheduleKindName;
+using zps::MomentBytes;
 using zps::OptimizerConfig;
 using zps::OptimizerKind;
 using zps::OptimizerKindName;

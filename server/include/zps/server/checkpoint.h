@@ -7,7 +7,12 @@
 //   intent    "p<step>"                         written (synced) by BeginCheckpoint
 //   data      "d<step><chunk><kind><slice>"     master / m / v in slices of ≤ slice_bytes, and
 //                                               an opaque state blob (optimizer, loss scaler)
-//   manifest  "m<step>"                         the commit record: chunk ids, versions, sizes
+//   manifest  "m<step>"                         the commit record: chunk ids, versions, sizes,
+//                                               and the state dtype m and v are packed in
+// m and v are stored as the shard keeps them, packed in the job's state dtype
+// (zps/server/optimizer.h, MomentBytes): an fp32 checkpoint stores 4 bytes per element each, an
+// int8 one about 1. The manifest records the dtype; a reader hands back the packed bytes, and
+// the shard refuses to restore a checkpoint of another dtype (ShardCheckpoints::Restore).
 // Every value carries a CRC32C over its key and payload, checked on every read (DataLoss).
 // Large values go to integrated BlobDB blob files.
 //
@@ -22,6 +27,7 @@
 //   ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(dir, {}));
 //   ZPS_ASSIGN_OR_RETURN(auto info, store->LatestComplete(/*verify=*/true));  // falls back
 //   ZPS_ASSIGN_OR_RETURN(auto reader, store->OpenCheckpoint(info.step));
+//   // m and v: MomentBytes(reader->info().state_dtype, elems) bytes each
 //   for (uint32_t c : reader->chunks()) reader->ReadChunk(c, {master, m, v});
 // Rolling back to an older step S (the coordinator's choice): DropCheckpointsAfter(S) first, so
 // the steps after S can be checkpointed again.
@@ -39,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zps/common/job_spec.h"
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
@@ -89,13 +96,16 @@ struct CheckpointOptions {
   Status Validate() const;
 };
 
-/// The tensors of one chunk, as fp32 arrays of the chunk's size. An empty span is skipped (read
-/// only the master for export).
+/// The tensors of one chunk: the fp32 master (the chunk's size), and m and v packed in the
+/// checkpoint's state dtype (MomentBytes(state_dtype, chunk size) bytes each). An empty span is
+/// skipped on reading (read only the master for export).
 struct ChunkTensors {
-  std::span<const float> master, m, v;
+  std::span<const float> master;
+  std::span<const std::byte> m, v;
 };
 struct ChunkTensorsOut {
-  std::span<float> master, m, v;
+  std::span<float> master;
+  std::span<std::byte> m, v;
 };
 
 enum class Verification : uint8_t {
@@ -118,6 +128,9 @@ struct CheckpointInfo {
   uint32_t shard = 0;
   uint64_t bytes = 0;  // payload bytes: tensors and state
   std::vector<ChunkEntry> chunks;
+  /// How m and v are packed (MomentBytes). Checkpoints written before state dtypes existed (and
+  /// every fp32 one, whose manifest is unchanged) read as fp32.
+  StateDType state_dtype = StateDType::kF32;
   Verification verification = Verification::kManifestOk;
   std::string problem;  // why kCorrupt
 };
@@ -136,11 +149,11 @@ class CheckpointWriter {
 
   int64_t step() const { return step_; }
 
-  /// Adds one local chunk. Every non-empty span must have the chunk's size (from the layout);
-  /// master, m and v are all required. Errors: OutOfRange (not a chunk of this shard),
-  /// InvalidArgument (sizes, chunk added twice), FailedPrecondition (committed/aborted/failed
-  /// writer), ResourceExhausted (disk full), IoError. After an error the writer is failed:
-  /// only destruction (abort) remains.
+  /// Adds one local chunk. master must have the chunk's size (from the layout), m and v
+  /// MomentBytes(state dtype, chunk size) bytes; all three are required. Errors: OutOfRange (not a
+  /// chunk of this shard), InvalidArgument (sizes, chunk added twice), FailedPrecondition
+  /// (committed/aborted/failed writer), ResourceExhausted (disk full), IoError. After an error the
+  /// writer is failed: only destruction (abort) remains.
   Status AddChunk(uint32_t chunk, int64_t version, const ChunkTensors& tensors);
   /// Stores an opaque state blob (optimizer step, loss scaler, ...), at most slice_bytes.
   /// Errors: as AddChunk; InvalidArgument when too large or set twice.
@@ -170,7 +183,8 @@ class CheckpointWriter {
 
  private:
   friend class CheckpointStore;
-  CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout, uint32_t shard);
+  CheckpointWriter(CheckpointStore* store, int64_t step, Layout layout, uint32_t shard,
+                   StateDType state_dtype);
   struct Slice {
     uint32_t chunk;
     uint8_t kind;
@@ -188,6 +202,7 @@ class CheckpointWriter {
 
   CheckpointStore* store_;
   int64_t step_;
+  StateDType state_dtype_;
   Layout layout_;
   uint32_t shard_ = 0;
   std::vector<uint32_t> local_;  // the shard's chunks, ascending
@@ -216,7 +231,8 @@ class CheckpointReader {
   const CheckpointInfo& info() const { return info_; }
   /// Chunk ids in the checkpoint, ascending.
   std::vector<uint32_t> chunks() const;
-  /// Reads a chunk's tensors into `out` (empty spans skipped; others must have the chunk's size).
+  /// Reads a chunk's tensors into `out` (empty spans skipped; master must have the chunk's size,
+  /// m and v MomentBytes(info().state_dtype, size) bytes).
   /// The output is unspecified on error. Errors: NotFound (chunk not in the checkpoint),
   /// InvalidArgument (sizes), DataLoss (CRC mismatch or missing value), IoError.
   Status ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) const;
@@ -282,10 +298,11 @@ class CheckpointStore {
   Status DeleteCatalog(std::span<const std::string> names);
 
   // ---- checkpoints ----
-  /// Starts checkpoint `step` (≥ 0). Errors: FailedPrecondition (no identity, read-only, another
-  /// writer open), AlreadyExists (a committed checkpoint of this step: DropCheckpointsAfter
-  /// first), ResourceExhausted, IoError.
-  Result<std::unique_ptr<CheckpointWriter>> BeginCheckpoint(int64_t step);
+  /// Starts checkpoint `step` (≥ 0), whose m and v are packed in `state_dtype`. Errors:
+  /// FailedPrecondition (no identity, read-only, another writer open), AlreadyExists (a committed
+  /// checkpoint of this step: DropCheckpointsAfter first), ResourceExhausted, IoError.
+  Result<std::unique_ptr<CheckpointWriter>> BeginCheckpoint(
+      int64_t step, StateDType state_dtype = StateDType::kF32);
   /// Committed checkpoints, oldest first. With `verify`, every value is read and checked (slow:
   /// reads the whole checkpoint); otherwise only the manifests. A corrupt one is listed with
   /// kCorrupt, not an error. Errors: IoError (a read failed for a reason other than corruption).

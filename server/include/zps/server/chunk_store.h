@@ -2,8 +2,10 @@
 // to NVMe (O_DIRECT files, io_uring), with a pipelined pass for the optimizer.
 //
 // Per chunk c of n elements the store keeps:
-//   - the state record: fp32 master, then `moments` fp32 arrays (m, then v), each starting at a
-//     4 KiB boundary of the record. Budget: `memory_budget`.
+//   - the state record: fp32 master, then `moments` packed moments (m, then v) of
+//     MomentBytes(state_dtype, n) bytes each (4n for fp32, about n for int8: compact state
+//     spills, and is read and written back, in proportion), each starting at a 4 KiB boundary
+//     of the record. Budget: `memory_budget`.
 //   - the serving record: the 16-bit serving copy (fp16/bf16 bits). Budget:
 //   `serving_memory_budget`.
 // Placement is fixed at Create(): the pipeline's buffers are taken from each budget first, then
@@ -66,11 +68,12 @@ struct ChunkStoreOptions {
   uint64_t serving_memory_budget = 512ull << 20;  // Default: 512 MiB (serving copies + buffers).
   std::string spill_dir = "/var/lib/zps/spill";   // Default: /var/lib/zps/spill. Must exist.
   std::string file_prefix = "zps-spill";          // Default: "zps-spill".
-  uint32_t moments = 2;                  // Default: 2 (Adam m, v). 1 = SGD momentum, 0 = plain SGD.
-  bool direct_io = true;                 // Default: true (O_DIRECT).
-  bool allow_buffered_fallback = false;  // Default: false. See SpillFileOptions.
-  uint32_t queue_depth = 16;             // Default: 16 requests in flight.
-  uint32_t io_bytes = 1u << 20;          // Default: 1 MiB per request; a multiple of 4096.
+  uint32_t moments = 2;  // Default: 2 (Adam m, v). 1 = SGD momentum, 0 = plain SGD.
+  StateDType state_dtype = StateDType::kF32;  // Default: fp32. How m and v are packed.
+  bool direct_io = true;                      // Default: true (O_DIRECT).
+  bool allow_buffered_fallback = false;       // Default: false. See SpillFileOptions.
+  uint32_t queue_depth = 16;                  // Default: 16 requests in flight.
+  uint32_t io_bytes = 1u << 20;               // Default: 1 MiB per request; a multiple of 4096.
   uint32_t read_ahead = kSpillReadAhead;      // Default: 2 chunks read ahead of the current; >= 1.
   uint32_t write_behind = kSpillWriteBehind;  // Default: 2 chunks written behind at most; >= 1.
   bool register_buffers = false;  // Default: false. Register the pipeline buffers with io_uring.
@@ -149,14 +152,15 @@ class ChunkStore {
   /// of the pass was lost by an earlier failed write (the pass stops before it).
   Status ForEachChunk(std::span<const uint32_t> chunks, const PassOptions& pass, const ChunkFn& fn);
 
-  /// Copies chunk c's state out / in. Spans must have chunk_elems(c) elements (m, v: or be empty
-  /// when `moments` < 1 / < 2). WriteChunk rewrites the whole record and clears a lost mark.
-  /// Errors: InvalidArgument (bad id or lengths), DataLoss (lost record), IoError,
-  /// ResourceExhausted. On error the outputs / the stored record are unspecified only for
-  /// WriteChunk, which then marks the record lost.
-  Status ReadChunk(uint32_t c, std::span<float> master, std::span<float> m, std::span<float> v);
-  Status WriteChunk(uint32_t c, std::span<const float> master, std::span<const float> m,
-                    std::span<const float> v);
+  /// Copies chunk c's state out / in. master must have chunk_elems(c) elements, m and v
+  /// MomentBytes(state_dtype, chunk_elems(c)) bytes (or be empty when `moments` < 1 / < 2).
+  /// WriteChunk rewrites the whole record and clears a lost mark. Errors: InvalidArgument (bad id
+  /// or lengths), DataLoss (lost record), IoError, ResourceExhausted. On error the outputs / the
+  /// stored record are unspecified only for WriteChunk, which then marks the record lost.
+  Status ReadChunk(uint32_t c, std::span<float> master, std::span<std::byte> m,
+                   std::span<std::byte> v);
+  Status WriteChunk(uint32_t c, std::span<const float> master, std::span<const std::byte> m,
+                    std::span<const std::byte> v);
   /// As above for the serving copy (the fetch path for spilled serving copies).
   Status ReadServing(uint32_t c, std::span<uint16_t> out);
   Status WriteServing(uint32_t c, std::span<const uint16_t> in);
@@ -179,7 +183,9 @@ class ChunkStore {
     uint64_t elems = 0;
     uint64_t state_bytes = 0;  // record size (4 KiB multiple)
     uint64_t serving_bytes = 0;
-    uint64_t array_stride = 0;  // bytes from master to m, m to v
+    uint64_t moment_bytes = 0;   // one packed moment (MomentBytes)
+    uint64_t m_off = 0;          // bytes from the record's start to m (v: m_off + moment_stride)
+    uint64_t moment_stride = 0;  // bytes from m to v
     bool state_resident = false;
     bool serving_resident = false;
     uint64_t state_off = 0;    // in state_ram_ or state_file_

@@ -63,7 +63,6 @@ inline constexpr uint64_t kInt8BlockElems = kInt8StateBlockElems;
 inline constexpr uint64_t kInt8BlockBytes = kInt8BlockElems + 2;
 
 /// Bytes of one packed moment of `n` elements in `dtype`.
-uint64_t MomentBytes(StateDType dtype, uint64_t n);
 /// The byte offset of element `begin` in a packed moment (for int8, `begin` must be a multiple of
 /// kInt8BlockElems: the offset of its block).
 uint64_t MomentOffset(StateDType dtype, uint64_t begin);

@@ -212,6 +212,21 @@ struct SpeculationStats {
   uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
 };
 
+/// Bytes of each kind of state a shard keeps, wherever it lives (RAM or the spill files): what
+/// the state costs per parameter, not where it is (ShardStorageStats and zps_memory_bytes say
+/// that). The zps_shard_state_bytes{kind} gauge and zps-train's "state bytes per parameter" line
+/// come from here (docs/state-bytes.md).
+struct ShardStateBytes {
+  uint64_t master = 0;   // fp32 masters
+  uint64_t m = 0;        // first moments (SGD: the momentum buffer), without their scales
+  uint64_t v = 0;        // second moments, without their scales
+  uint64_t scales = 0;   // the per-block scales of compact (int8) moments
+  uint64_t serving = 0;  // serving copies (both banks with speculation and RAM state)
+  uint64_t grad = 0;     // gradient slots of the step in progress
+  /// What a parameter costs between steps: master, moments, scales and serving copies.
+  uint64_t state() const { return master + m + v + scales + serving; }
+};
+
 /// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
 inline constexpr uint32_t kServingStagingBuffers = 4;
 
@@ -351,22 +366,26 @@ class ShardState {
   /// Copies the fp32 master of a local chunk (tests, checkpoints). Errors: OutOfRange; from the
   /// store.
   Result<std::vector<float>> MasterOf(uint32_t chunk) const EXCLUDES(mu_);
+  /// The state dtype m and v are packed in (the job's optimizer.state_dtype). Thread-safe.
+  StateDType state_dtype() const;
   /// The spill tier's figures. Waits for a store pass in progress: call it from the driver
   /// thread between steps (as the shard's metrics do).
   ShardStorageStats storage_stats() const;
+  /// Bytes of each kind of state (ShardStateBytes). Fixed at Create; thread-safe.
+  ShardStateBytes state_bytes() const;
 
   // ---- durability (shard_state_restore.cc) ----
   // Called by the one thread that also calls ReduceStep/ApplyCommit (the step driver), between
   // steps: the update is the only writer of master, m and v once they are initialised.
   using ChunkVisitor =
       std::function<Status(uint32_t chunk, int64_t version, std::span<const float> master,
-                           std::span<const float> m, std::span<const float> v)>;
-  /// Visits every local chunk's master, m and v (an empty span for a state the optimizer does
-  /// not keep), ascending. Errors: FailedPrecondition (chunks at different versions, or
-  /// uninitialised), whatever `fn` returns (the visit stops).
+                           std::span<const std::byte> m, std::span<const std::byte> v)>;
+  /// Visits every local chunk's master, and m and v packed in the state dtype (an empty span for
+  /// a state the optimizer does not keep), ascending. Errors: FailedPrecondition (chunks at
+  /// different versions, or uninitialised), whatever `fn` returns (the visit stops).
   Status VisitChunkState(const ChunkVisitor& fn) const;
   using ChunkLoader = std::function<Status(uint32_t chunk, std::span<float> master,
-                                           std::span<float> m, std::span<float> v)>;
+                                           std::span<std::byte> m, std::span<std::byte> v)>;
   /// Rolls every local chunk back to `version`: fails waiting fetches with `reason`, forgets the
   /// gradients of the step in progress (zeroed slots; a push begun before writes into a buffer
   /// of its own and is refused by FinishPush: see "Rollback fence" above), then
@@ -439,8 +458,8 @@ class ShardState {
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
-  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<float>& m,
-                        std::vector<float>& v) const;
+  Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<std::byte>& m,
+                        std::vector<std::byte>& v) const;
   // The serving copy (serving_words_ words an element) of `master` (serving_tier.cc).
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   // What every update policy runs on a chunk (update_policy.cc).

@@ -1,9 +1,10 @@
 // zps/train/reference.h — the in-process reference trainer: the whole zps step, with no server.
 //
-// It holds every parameter's fp32 master, Adam m and v, and the 16-bit serving copy in the flat
-// chunked space of zps/common/layout.h, and runs a synchronous step for a world of W ranks with
-// the very same model code and optimizer kernels as the distributed path. The distributed run
-// (W workers, S shards, server-sum) must end bit-identical to it.
+// It holds every parameter's fp32 master, Adam m and v (packed in the optimizer's state dtype,
+// MomentBytes over the flat space: chunk c's are MomentRange(begin_c, n_c)), and the 16-bit
+// serving copy in the flat chunked space of zps/common/layout.h, and runs a synchronous step for a
+// world of W ranks with the very same model code and optimizer kernels as the distributed path. The
+// distributed run (W workers, S shards, server-sum) must end bit-identical to it.
 //
 // One Step(), in this exact order (what the workers, shards and coordinator must mirror):
 //   1. loss_scale = (float) commit.loss_scale()  (1 unless dynamic loss scaling).
@@ -23,7 +24,7 @@
 //      Optimizer::Update({master_c, m_c, v_c}, {acc_c, fp32},
 //                        {optimizer_step, decision.grad_scale, serving_dtype, serving_c,
 //                         lr = LrSchedule(lr_schedule).LrFor(optimizer_step - 1, optimizer.lr),
-//                         first_index = c x chunk_elems}).
+//                         first_index = begin_c}).
 //   7. step += 1 (the version the next fetches ask for).
 // Initial state: master = InitParam(decl, model seed) at each parameter's offset, padding 0;
 // m = v = 0; serving = ConvertF32ToBF16 (or ToF16, or a copy for fp32) of the whole master.
@@ -97,8 +98,9 @@ class ReferenceTrainer {
 
   /// Whole flat-space state (total_elems long), for comparisons with shards.
   std::span<const float> master() const { return master_; }
-  std::span<const float> m() const { return m_; }
-  std::span<const float> v() const { return v_; }
+  /// m and v packed in the optimizer's state dtype (MomentBytes(state_dtype, total_elems)).
+  std::span<const std::byte> m() const { return m_; }
+  std::span<const std::byte> v() const { return v_; }
   /// The serving copy: ServingWords() 16-bit words per element (2 for fp32, little-endian).
   std::span<const uint16_t> serving() const { return serving_; }
   /// The fp32 master of one parameter. Errors: OutOfRange for a bad id.
@@ -115,7 +117,8 @@ class ReferenceTrainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<server::Optimizer> optimizer_;
   server::StepCommit commit_;
-  std::vector<float> master_, m_, v_, acc_, widened_;
+  std::vector<float> master_, acc_, widened_;
+  std::vector<std::byte> m_, v_;   // packed (MomentBytes over the flat space)
   std::vector<uint16_t> serving_;  // ServingWords() 16-bit words per element
   size_t ServingWords() const { return DTypeSize(options_.serving_dtype) / 2; }
   std::vector<std::byte> rank_grad_;  // one rank's pushes, in grad_dtype, total_elems long
