@@ -79,7 +79,9 @@ Status WriteInputs(const Layout& layout, const std::vector<std::string>& dirs) {
       const uint64_t n = layout.chunk_size(c);
       master[0] = static_cast<float>(c);
       ZPS_RETURN_IF_ERROR(w->AddChunk(
-          c, 1, {std::span(master.data(), n), std::span(m.data(), n), std::span(v.data(), n)}));
+          c, 1,
+          {std::span<const float>(master.data(), n), std::as_bytes(std::span(m.data(), n)),
+           std::as_bytes(std::span(v.data(), n))}));
     }
     const char state[] = "bench state";
     ZPS_RETURN_IF_ERROR(w->SetState(std::as_bytes(std::span(state))));
