@@ -126,7 +126,7 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
         scenario_fail "$name" "no shard dropped the pushes of step $at"; dump "$dir"; return
       fi
       if [[ $name == pre-backward || $name == pre-bucket ]] &&
-         ! grep -q "UNAVAILABLE: step 12: gloo reduce-scatter" "$dir/worker0.err"; then
+         ! grep -Eq "UNAVAILABLE: step 12: collective #[0-9]+ \(reduce-scatter of gradient bucket" "$dir/worker0.err"; then
         scenario_fail "$name" "rank 0's reduce-scatter did not fail (it should, at once, when rank 1 dies)"; dump "$dir"; return
       fi
       if [[ $name == pre-push* ]] &&

@@ -25,9 +25,9 @@ std::string SpillDir() {
 
 // 2 shards of 8 chunks of at most 1024 elements each (the last one shorter), so that a budget of
 // the pipeline's 5 buffers spills.
-JobSpec TwoShardJob(OptimizerKind kind, float momentum, uint64_t chunk_elems = 1024) {
+JobSpec TwoShardJob(OptimizerKind kind, float momentum) {
   auto l = Layout::Build({{"a", {5000}}, {"b", {3, 1000}}, {"c", {7777}}, {"d", {100}}},
-                         {.chunk_elems = chunk_elems, .align_elems = 64, .num_shards = 2});
+                         {.chunk_elems = 1024, .align_elems = 64, .num_shards = 2});
   EXPECT_THAT(l, IsOk());
   JobSpec job{*l, {}, {}, {}};
   job.shard = {ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
@@ -86,7 +86,12 @@ TEST(SpillBudget, LaunchersAndShardsAgreeOnTheLimitAndTheAdvice) {
 TEST(SpillBudget, LaunchersAndShardsAgreeForEveryStateDType) {
   for (StateDType dtype : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
     SCOPED_TRACE(StateDTypeName(dtype));
-    JobSpec job = TwoShardJob(OptimizerKind::kAdamW, 0.0f, 8192);
+    // 16 chunks of 8192 elements, 8 a shard: more than the pipeline's 5 buffers, so it spills.
+    auto l = Layout::Build({{"w", {16 * 8192}}},
+                           {.chunk_elems = 8192, .align_elems = 64, .num_shards = 2});
+    ASSERT_THAT(l, IsOk());
+    JobSpec job{*l, {}, {}, {}};
+    job.shard = {ReductionMode::kServerSum, 1, DType::kF32, DType::kBF16};
     job.optimizer.state_dtype = dtype;
     // 8192 elements: the fp32 master (32 KiB), then m and v, each on a 4 KiB boundary.
     const uint64_t moment = dtype == StateDType::kF32    ? 32768
