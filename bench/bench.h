@@ -55,6 +55,12 @@ inline std::vector<std::string> SplitList(const std::string& s) {
   return out;
 }
 
+/// CPU seconds of the whole process so far (every thread; user + system).
+double CpuSeconds();
+/// Syncs every regular file under `dir` and drops it from the page cache, so that the next read
+/// comes from the disk. Files that cannot be opened are skipped.
+void DropCache(const std::string& dir);
+
 }  // namespace zps::bench
 
 #define ZPS_BENCH_CONCAT_INNER_(a, b) a##b
