@@ -114,12 +114,14 @@ Result<JobSpec> BuildJob(nlohmann::json j, const ModelConfig& model, int64_t ste
     }
   }
   nlohmann::json& ls = shard["lr_schedule"];
-  if (ls.is_null() || Value(ls, "type", "none") == "none") {
-    shard.erase("lr_schedule");  // every schedule field at its default: job spec version 1
-  } else if (ls.is_object()) {
+  if (ls.is_object() && Value(ls, "type", "none") != "none") {
     ls["warmup_min_lr"] = 0.0;
     ls["warmup_max_lr"] = Value(Value(j, "optimizer", nullptr), "lr", nullptr);
     if (Value(ls, "total_num_steps", 0) == 0) ls["total_num_steps"] = steps;
+  } else {
+    // No schedule: its other flags are unused, but a wrong value among them is still an error.
+    if (!ls.is_null()) ZPS_RETURN_IF_ERROR(JobSpecFromJson(j.dump()).status());
+    shard.erase("lr_schedule");  // every schedule field at its default: job spec version 1
   }
   return JobSpecFromJson(j.dump());
 }

@@ -231,6 +231,10 @@ TEST(JobFlagsTest, BadValuesAreRefusedNamingTheirKeyOrFlag) {
   EXPECT_THAT(BuildFrom({"--optimizer=lion"}).job.status(), StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(BuildFrom({"--lr-schedule=Cyclic"}).job.status(), StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(BuildFrom({"--beta1=1.5"}).job.status(), StatusIs(Code::kInvalidArgument));
+  // Unused without a schedule, but still checked (as zps-train always did).
+  Built unused = BuildFrom({"--lr-schedule=none", "--warmup-type=sideways"});
+  EXPECT_THAT(unused.job.status(), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(unused.oracle.status(), StatusIs(Code::kInvalidArgument));
   // JSON has no NaN: it would read back as the default.
   Built nan = BuildFrom({"--lr=nan"});
   EXPECT_THAT(nan.job.status(), StatusIs(Code::kInvalidArgument));

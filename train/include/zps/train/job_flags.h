@@ -58,8 +58,9 @@ class JobFlags {
 ///   - commit.grad_divisor: shard.world_size (gradients are averaged over the ranks);
 ///   - with commit.dynamic_loss_scale, shard.grad_dtype and shard.serving_dtype are fp16 unless
 ///     given;
-///   - shard.lr_schedule: left out when its type is none (or absent); otherwise warmup_max_lr is
-///     optimizer.lr (warmup_min_lr 0), and a total_num_steps of 0 (or absent) is `steps`.
+///   - shard.lr_schedule: left out when its type is none (or absent), once its values are
+///     checked; otherwise warmup_max_lr is optimizer.lr (warmup_min_lr 0), and a total_num_steps
+///     of 0 (or absent) is `steps`.
 /// Errors: InvalidArgument (JobSpecFromJson's: a bad value, named by its key; Validate's).
 Result<JobSpec> BuildJob(nlohmann::json flags, const ModelConfig& model, int64_t steps);
 
