@@ -10,7 +10,7 @@
 // the store or the step protocol: the shard checks those before Open (ShardState::BeginSnapshot)
 // and calls the write hooks below before it changes a chunk.
 //
-// Lock order (none is held while a lock before it is taken):
+// Lock order (a lock may be taken while holding the one before it, never the reverse):
 //   ShardState::mu_ -> SnapshotManager::mu_          (Open and Current, from under the shard's)
 //   ShardSnapshot::mu_ -> BufferPool's mutex          (a copy takes buffers from the pool)
 // SnapshotManager::mu_ and the pool's are leaves. A ShardSnapshot's mu_ is never taken under
@@ -22,7 +22,8 @@
 // Replace, PreserveAll) change the live state they are given: the caller is its only writer (the
 // shard's step driver). A snapshot's reader reads the live state without any lock of the shard,
 // which is safe because every write of a chunk is preceded by a write hook, and a hook waits for
-// the reader's copy of that chunk (the snapshot's mu_) and then leaves the copied buffers alone.
+// the reader's copy of that chunk (the snapshot's mu_): while the snapshot still needs the live
+// buffers the hook does not write them (it updates out of place, or the snapshot takes them).
 #pragma once
 
 #include <cstddef>
