@@ -173,6 +173,63 @@ def test_a_plain_model_file_with_a_buffer_and_fp16_values(tmp_path):
         assert torch.equal(model.scale, torch.full((16,), 0.5))
 
 
+class MetaReady(nn.Module):
+    """Modules built with a device argument: on the meta device, with no value anywhere (torch
+    1.13 has no `with torch.device("meta")`)."""
+
+    def __init__(self, device=None):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16, device=device)
+        self.body = nn.Linear(16, 16, device=device)
+        self.head = nn.Linear(16, 50, bias=False, device=device)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(16, device=device))
+
+    def forward(self, ids):
+        return self.head(self.body(self.embed(ids)) * self.scale)
+
+
+def test_a_model_on_the_meta_device(tmp_path):
+    torch.manual_seed(5)
+    source = MetaReady()
+    tensors = {k: v for k, v in source.state_dict().items() if k != "head.weight"}
+    tensors["scale"] = torch.full((16,), 2.0)
+    write_safetensors(tmp_path / "m.safetensors", tensors)
+    model = MetaReady(device="meta")
+    with zt.initialize(model, base_config(serving_dtype="fp32"),
+                       init_from=tmp_path / "m.safetensors") as engine:
+        # New CPU Parameters, the tie kept; the meta buffer took the file's value.
+        assert model.head.weight is model.embed.weight
+        assert all(p.device.type == "cpu" for p in model.parameters())
+        assert model.scale.device.type == "cpu" and torch.equal(model.scale, tensors["scale"])
+        got = engine.state_dict()
+        for k in ("embed.weight", "body.weight", "body.bias"):
+            assert torch.equal(got[k], tensors[k]), k
+        plain = MetaReady()
+        plain.load_state_dict(got)
+        x, y = _batches(1)[0]
+        with torch.no_grad():
+            assert torch.equal(engine(x), plain(x))
+        engine.backward(_loss(engine(x), y))
+        assert engine.step()["step"] == 0
+        assert not torch.equal(engine.state_dict()["body.weight"], tensors["body.weight"])
+
+
+def test_a_meta_model_needs_every_value(tmp_path, nothing_starts):
+    # Without init_from there is nothing to upload.
+    with pytest.raises(zt.ZpsError, match="INVALID_ARGUMENT.*meta.*needs init_from"):
+        zt.initialize(MetaReady(device="meta"), base_config())
+    # A meta buffer the file does not hold has no value at all.
+    tensors = {k: v for k, v in MetaReady().state_dict().items()
+               if k not in ("head.weight", "scale")}
+    write_safetensors(tmp_path / "no-buffer.safetensors", tensors)
+    model = MetaReady(device="meta")
+    with pytest.raises(zt.WeightsMismatch) as e:
+        zt.initialize(model, base_config(), init_from=tmp_path / "no-buffer.safetensors")
+    assert e.value.missing == ["scale (a buffer on the meta device)"]
+    assert model.embed.weight.is_meta  # untouched
+
+
 def _valid_tensors():
     torch.manual_seed(3)
     return {k: v for k, v in Net().state_dict().items() if k not in ("head.weight", "scale")}

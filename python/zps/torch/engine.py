@@ -115,10 +115,17 @@ class Engine:
         if not named:
             raise ZpsError("INVALID_ARGUMENT", "the module has no parameters")
         group_of, groups = _groups_of(named, param_groups, cfg)
+        # Checked on every rank, before any server is started or contacted: a file that does not
+        # fit the model fails the same way everywhere, with nothing uploaded.
+        initial = weights.open_initial_weights(init_from, named, module)
+        if initial is not None:
+            named = weights.materialize_meta(module, named)
         for names, p in named:
             if p.device.type not in ("cpu", "cuda"):
+                hint = " (a model built on the meta device needs init_from)" \
+                    if p.device.type == "meta" else ""
                 raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is on {p.device}; zps "
-                               "serves cpu and cuda parameters")
+                               f"serves cpu and cuda parameters{hint}")
         cuda_device = self._cuda_device(cfg, named)
         # AccumulateGrad nodes must be made while the parameters have their full shape.
         zparams = []
@@ -133,9 +140,6 @@ class Engine:
                     resize_storage(p.data, 0)
             zparams.append(zp)
         self.zparams = zparams
-        # Checked on every rank, before any server is started or contacted: a file that does not
-        # fit the model fails the same way everywhere, with nothing uploaded.
-        initial = weights.open_initial_weights(init_from, zparams, module)
         endpoint, token = self._endpoint(cfg, lambda: self._job(cfg, zparams, group_of, groups))
         try:
             if cfg.endpoint_given and not cfg.shards_given:  # the servers know their count
@@ -281,7 +285,7 @@ class Engine:
         in_flight = 0
         for zp in zparams:
             if initial is not None:
-                values = initial.param_f32(zp)
+                values = initial.param_f32(zp.id)
             elif staging is not None and staging.is_staged(zp.param):
                 values = torch.empty(zp.shape, dtype=torch.float32)
                 staging.read_f32(zp.param, values)

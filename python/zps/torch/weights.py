@@ -15,6 +15,11 @@ names (named_parameters), where a tied parameter may appear under any one of its
 tensor that names one of the model's buffers is copied into that buffer on every rank (the
 servers hold parameters only); buffers the files do not name keep their values.
 
+A model built on the meta device (`torch.device("meta")`, or `device="meta"` per module) holds no
+values at all: with init_from its meta parameters become CPU parameters with released storage
+(shape, dtype, requires_grad and ties kept, under every name; the Parameter objects are new),
+and its meta buffers take the files' values, so every meta buffer must be in the files.
+
 dtypes: a parameter's tensor may be F32, BF16 or F16, whatever the parameter's own dtype: the
 servers' fp32 masters take the file's values exactly (BF16 and F16 widen to fp32 without loss).
 Anything else (F64, integers, F8) is a dtype mismatch, since it would round. A buffer takes the
@@ -35,6 +40,7 @@ from typing import Optional
 import torch
 
 from zps._errors import ZpsError
+from zps.torch.params import resize_storage
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -60,7 +66,8 @@ class WeightsMismatch(ZpsError, ValueError):
     """init_from's tensors do not match the model (code INVALID_ARGUMENT). The message lists every
     offending name; so do the attributes:
 
-    missing: model parameters no file names (a tied one by its first name);
+    missing: model parameters no file names (a tied one by its first name), and meta buffers
+        (which have no value of their own);
     extra: file tensors that are neither a parameter nor a buffer of the model;
     shape: (name, file shape, model shape);
     dtype: (name, file dtype, what it may be);
@@ -201,30 +208,30 @@ def read_set(path) -> dict[str, Tensor]:
 class InitialWeights:
     """The checked plan of an init_from: which file tensor each parameter and buffer takes."""
 
-    def __init__(self, path, zparams, module):
+    def __init__(self, path, named, module):
+        """named: the module's unique parameters, [(names, Parameter)] (a tied one once with all
+        its names); a parameter's position in it is its id."""
         self.path = str(path)
         tensors = read_set(path)
-        by_name = {}                       # every name of every parameter -> its ZParam
-        for zp in zparams:
-            for n in zp.names:
-                by_name[n] = zp
+        by_name = {n for names, _ in named for n in names}
         buffers = dict(module.named_buffers())
         missing, shape, dtype, duplicate = [], [], [], []
-        self.param_tensor = {}             # ZParam.id -> Tensor
-        for zp in zparams:
-            named = [n for n in zp.names if n in tensors]
-            if not named:
-                missing.append(zp.names[0])
+        self.param_tensor = []             # parameter id -> Tensor
+        for names, p in named:
+            found = [n for n in names if n in tensors]
+            if not found:
+                missing.append(names[0])
                 continue
-            if len(named) > 1:
-                duplicate.append(named)
-            t = tensors[named[0]]
+            if len(found) > 1:
+                duplicate.append(found)
+            t = tensors[found[0]]
+            want = tuple(p.shape)
             # A scalar parameter is [1] in zps's layout, and so in its exports.
-            if t.shape != zp.shape and not (zp.shape == () and t.shape == (1,)):
-                shape.append((t.name, t.shape, zp.shape))
+            if t.shape != want and not (want == () and t.shape == (1,)):
+                shape.append((t.name, t.shape, want))
             if t.dtype not in _PARAM_DTYPES:
                 dtype.append((t.name, t.dtype, "/".join(_PARAM_DTYPES)))
-            self.param_tensor[zp.id] = t
+            self.param_tensor.append(t)
         self.buffer_tensor = []            # (module, buffer name, Tensor)
         extra = []
         for name, t in tensors.items():
@@ -240,6 +247,8 @@ class InitialWeights:
                 dtype.append((name, t.dtype, str(buf.dtype).replace("torch.", "")))
             owner, _, leaf = name.rpartition(".")
             self.buffer_tensor.append((module.get_submodule(owner) if owner else module, leaf, t))
+        missing += [f"{n} (a buffer on the meta device)" for n, b in buffers.items()
+                    if b.device.type == "meta" and n not in tensors]
         if missing or extra or shape or dtype or duplicate:
             raise WeightsMismatch(self.path, missing, sorted(extra), shape, dtype, duplicate)
         self._files = {}
@@ -261,16 +270,21 @@ class InitialWeights:
             return torch.empty(t.shape, dtype=_TORCH[t.dtype])
         return torch.frombuffer(buf, dtype=_TORCH[t.dtype]).reshape(t.shape)
 
-    def param_f32(self, zp) -> torch.Tensor:
-        """Parameter zp's initial values as a contiguous fp32 CPU tensor."""
-        return self.read(self.param_tensor[zp.id]).to(torch.float32).contiguous()
+    def param_f32(self, pid) -> torch.Tensor:
+        """Parameter `pid`'s initial values as a contiguous fp32 CPU tensor."""
+        return self.read(self.param_tensor[pid]).to(torch.float32).contiguous()
 
     def load_buffers(self):
-        """Copies the files' buffer values into the module's buffers (every rank)."""
+        """Copies the files' buffer values into the module's buffers (every rank); a meta buffer
+        is replaced by a CPU tensor."""
         with torch.no_grad():
             for owner, leaf, t in self.buffer_tensor:
                 buf = owner._buffers[leaf]
-                buf.copy_(self.read(t).to(buf.dtype))
+                value = self.read(t).to(buf.dtype)
+                if buf.device.type == "meta":
+                    owner._buffers[leaf] = value
+                else:
+                    buf.copy_(value)
 
     def close(self):
         for f in self._files.values():
@@ -278,8 +292,26 @@ class InitialWeights:
         self._files = {}
 
 
-def open_initial_weights(path, zparams, module) -> Optional[InitialWeights]:
+def open_initial_weights(path, named, module) -> Optional[InitialWeights]:
     """The checked plan for `path`, or None without one. Raises as InitialWeights does."""
     if path is None:
         return None
-    return InitialWeights(os.fspath(path), zparams, module)
+    return InitialWeights(os.fspath(path), named, module)
+
+
+def materialize_meta(module, named):
+    """`named` with each meta Parameter replaced, in the module under all of its names, by a CPU
+    Parameter of the same shape, dtype and requires_grad whose storage is released (the module
+    doc). Only where init_from gives every value."""
+    out = []
+    for names, p in named:
+        if p.device.type == "meta":
+            q = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                   requires_grad=p.requires_grad)
+            resize_storage(q.data, 0)  # never touched: no page of it was resident
+            for n in names:
+                owner, _, leaf = n.rpartition(".")
+                (module.get_submodule(owner) if owner else module)._parameters[leaf] = q
+            p = q
+        out.append((names, p))
+    return out
