@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import zps._native
 import zps.torch as zt
 import zps.torch.engine as engine_mod
-from zps.cluster import server_binary
+from zps.cluster import LocalCluster, server_binary
 from zps.torch.export import read_safetensors
 from conftest import base_config
 
@@ -141,6 +141,29 @@ def test_sharded_export_round_trip(exports):
             x, y = _batches(1)[0]
             engine.backward(_loss(engine(x), y))
             assert engine.step()["step"] == 0
+
+
+def test_a_resumed_job_takes_the_servers_values_not_the_file(tmp_path, exports):
+    """init_from is a new job's start: a job that the servers already hold (a torchrun restart)
+    keeps its trained values."""
+    with LocalCluster(shards=1) as cluster:
+        token = tmp_path / "token"
+        token.write_text(cluster.token)
+        cfg = {"zps": {"endpoint": cluster.endpoint, "token_file": str(token),
+                       "serving_dtype": "fp32"}}
+        start = read_safetensors(exports["file"])
+        with zt.initialize(_fresh_model(), cfg, init_from=exports["file"]) as engine:
+            _check_weights(engine, engine.module, start)
+            for x, y in _batches(2):
+                engine.backward(_loss(engine(x), y))
+                engine.step()
+            trained = engine.state_dict()
+        with zt.initialize(_fresh_model(), cfg, init_from=exports["file"]) as engine:
+            assert engine.global_step == 2
+            resumed = engine.state_dict()
+            assert not torch.equal(resumed["embed.weight"], start["embed.weight"])
+            for k in trained:
+                assert torch.equal(trained[k], resumed[k]), k
 
 
 def test_single_file_and_bf16_file(exports):
