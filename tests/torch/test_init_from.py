@@ -185,6 +185,30 @@ def test_single_file_and_bf16_file(exports):
         _check_weights(engine, model, bf16)
 
 
+def test_rank_0_holds_one_tensor_at_a_time(exports, monkeypatch):
+    """Streaming: when a tensor is read, no tensor read before it is still held (bounded memory
+    whatever the model size)."""
+    import weakref
+    from zps.torch import weights
+    alive, reads = [], []
+    original = weights.InitialWeights.read
+
+    def read(self, t):
+        held = [r for r in alive if r() is not None]
+        reads.append((t.name, len(held)))
+        out = original(self, t)
+        alive.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(weights.InitialWeights, "read", read)
+    model = _fresh_model()
+    with zt.initialize(model, base_config(serving_dtype="fp32"), init_from=exports["file"]):
+        pass
+    assert [name for name, _ in reads] == list(read_safetensors(exports["file"]))
+    # The upload loop keeps the previous parameter's values until the next is read.
+    assert max(held for _, held in reads) <= 1, reads
+
+
 def test_a_plain_model_file_with_a_buffer_and_fp16_values(tmp_path):
     """A file written from a plain model (not by zps): F16 values, and a buffer, which every
     rank copies into the module."""

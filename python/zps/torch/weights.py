@@ -213,11 +213,11 @@ class InitialWeights:
         its names); a parameter's position in it is its id."""
         self.path = str(path)
         tensors = read_set(path)
-        by_name = {n for names, _ in named for n in names}
+        param_names = {n for names, _ in named for n in names}
         buffers = dict(module.named_buffers())
         missing, shape, dtype, duplicate = [], [], [], []
-        self.param_tensor = []             # parameter id -> Tensor
-        for names, p in named:
+        self.param_tensor = {}             # parameter id -> Tensor
+        for pid, (names, p) in enumerate(named):
             found = [n for n in names if n in tensors]
             if not found:
                 missing.append(names[0])
@@ -231,11 +231,11 @@ class InitialWeights:
                 shape.append((t.name, t.shape, want))
             if t.dtype not in _PARAM_DTYPES:
                 dtype.append((t.name, t.dtype, "/".join(_PARAM_DTYPES)))
-            self.param_tensor.append(t)
+            self.param_tensor[pid] = t
         self.buffer_tensor = []            # (module, buffer name, Tensor)
         extra = []
         for name, t in tensors.items():
-            if name in by_name:
+            if name in param_names:
                 continue
             if name not in buffers:
                 extra.append(name)
