@@ -176,6 +176,8 @@ int main(int argc, char** argv) {
       "[--dtype fp32|bf16]\n"
       "      (Hugging Face's sharded form: DIR/model-00001-of-0000N.safetensors ... and "
       "DIR/model.safetensors.index.json)\n"
+      "      A new job starts from either form with zt.initialize(model, config, "
+      "init_from=path) (zps.torch).\n"
       "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR] "
       "[--world-size W --accumulation-steps K]\n"
       "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
