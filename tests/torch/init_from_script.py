@@ -1,9 +1,10 @@
 """One rank of a zps.torch job under torchrun, for test_init_from.py (not a test itself).
 
-Builds a small model with a buffer, each rank from its own seed, and starts a new job (an
-embedded cluster: rank 0 starts it) with init_from=--init-from. Every rank prints one JSON line
-{"result": {...}}: its rank, its buffer after initialize, the servers' weights after one step,
-or the error initialize raised (then it exits with status 3).
+Builds a small model with a buffer, each rank from its own seed, and first tries
+init_from=--bad, a file that does not fit: every rank must get the error by itself, with nothing
+started. Then it starts a new job (an embedded cluster: rank 0 starts it) with
+init_from=--good. Every rank prints one JSON line {"result": {...}}: its rank, the error of the
+first attempt, its buffer after initialize, the servers' weights before its one step.
 """
 
 import argparse
@@ -29,7 +30,8 @@ class Small(torch.nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--init-from", required=True)
+    ap.add_argument("--bad", required=True)
+    ap.add_argument("--good", required=True)
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     torch.manual_seed(100 + rank)  # values the files must replace, different on each rank
@@ -38,18 +40,17 @@ def main():
               "zps": {"shards": 1, "serving_dtype": "fp32", "ucx_tls": "tcp",
                       "op_timeout_s": 60, "connect_timeout_s": 30}}
     try:
-        engine = zt.initialize(model, config, init_from=args.init_from)
-    except zt.ZpsError as e:
-        print(json.dumps({"result": {"rank": rank, "error": str(e),
-                                     "mismatch": isinstance(e, zt.WeightsMismatch)}}), flush=True)
-        raise SystemExit(3)
-    with engine:
+        zt.initialize(model, config, init_from=args.bad)
+        error = None
+    except zt.WeightsMismatch as e:
+        error = str(e)
+    with zt.initialize(model, config, init_from=args.good) as engine:
         start = {k: v.flatten().tolist() for k, v in engine.state_dict().items()}
         x = torch.ones(2, 8) * (rank + 1)
         engine.backward(engine(x).square().sum())
         info = engine.step()
-        print(json.dumps({"result": {"rank": rank, "scale": model.scale.tolist(), "start": start,
-                                     "step": info["step"]}}), flush=True)
+        print(json.dumps({"result": {"rank": rank, "error": error, "scale": model.scale.tolist(),
+                                     "start": start, "step": info["step"]}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -370,36 +370,29 @@ def test_bad_files_are_refused_before_anything_starts(tmp_path, nothing_starts):
         zt.initialize(Net(), base_config(), init_from=sharded)
 
 
-def _torchrun(init_from):
-    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1] / "python"))
-    for k in ("ZPS_ENDPOINT", "ZPS_TOKEN", "ZPS_TOKEN_FILE"):
-        env.pop(k, None)
-    cmd = [*torchrun_command(2, "--max_restarts=0"), str(HERE / "init_from_script.py"),
-           "--init-from", str(init_from)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    results = [json.loads(l[l.index("{"):])["result"] for l in p.stdout.splitlines()
-               if '{"result"' in l]
-    return p.returncode, sorted(results, key=lambda r: r["rank"]), p.stdout + p.stderr
-
-
 def test_every_rank_checks_and_takes_the_buffers_under_torchrun(tmp_path):
-    """Two ranks: the servers take the file's values (rank 0 uploads), every rank's buffer takes
-    the file's; a file that does not fit fails on both ranks at once (neither waits for the
-    other)."""
+    """Two ranks: a file that does not fit fails on each rank by itself (neither waits for the
+    other); then the servers take the good file's values (rank 0 uploads) and every rank's
+    buffer takes the file's."""
     values = {"lin.weight": torch.arange(32, dtype=torch.float32).reshape(4, 8) / 7,
               "lin.bias": torch.tensor([0.5, -1.0, 2.0, 0.25]),
               "scale": torch.tensor([2.0, 3.0, 4.0, 5.0])}
     write_safetensors(tmp_path / "good.safetensors", values)
-    rc, results, out = _torchrun(tmp_path / "good.safetensors")
-    assert rc == 0 and len(results) == 2, out[-4000:]
+    write_safetensors(tmp_path / "bad.safetensors",
+                      {k: v for k, v in values.items() if k != "lin.bias"})
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1] / "python"))
+    for k in ("ZPS_ENDPOINT", "ZPS_TOKEN", "ZPS_TOKEN_FILE"):
+        env.pop(k, None)
+    cmd = [*torchrun_command(2, "--max_restarts=0"), str(HERE / "init_from_script.py"),
+           "--bad", str(tmp_path / "bad.safetensors"), "--good", str(tmp_path / "good.safetensors")]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    results = sorted((json.loads(l[l.index("{"):])["result"] for l in p.stdout.splitlines()
+                      if '{"result"' in l), key=lambda r: r["rank"])
+    assert p.returncode == 0 and [r["rank"] for r in results] == [0, 1], out[-4000:]
     for r in results:
+        assert r["error"] and "missing 1: lin.bias" in r["error"], r
         assert r["scale"] == values["scale"].tolist(), r
         assert r["start"]["lin.weight"] == values["lin.weight"].flatten().tolist(), r
         assert r["start"]["lin.bias"] == values["lin.bias"].tolist(), r
         assert r["step"] == 0
-    del values["lin.bias"]
-    write_safetensors(tmp_path / "bad.safetensors", values)
-    rc, results, out = _torchrun(tmp_path / "bad.safetensors")
-    assert rc != 0 and len(results) == 2, out[-4000:]
-    for r in results:
-        assert r["mismatch"] and "missing 1: lin.bias" in r["error"], r
