@@ -343,6 +343,26 @@ def test_a_file_that_does_not_fit_is_refused_before_anything_starts(tmp_path, ca
         assert torch.equal(v, before[k]), k
 
 
+def test_a_tied_parameter_under_any_one_of_its_names(tmp_path):
+    """Hugging Face's files keep a tied weight under one name, not always the module's first;
+    under two names it is refused (the values could differ)."""
+    from zps.torch import weights
+    model = Net()
+    named = engine_mod._unique_params(model)
+    t = _valid_tensors()
+    t["head.weight"] = t.pop("embed.weight")
+    t["scale"] = torch.ones(16)
+    write_safetensors(tmp_path / "second.safetensors", t)
+    plan = weights.InitialWeights(tmp_path / "second.safetensors", named, model)
+    tied = next(i for i, (names, _) in enumerate(named) if "embed.weight" in names)
+    assert plan.param_tensor[tied].name == "head.weight"
+    assert torch.equal(plan.param_f32(tied), t["head.weight"])
+    t["embed.weight"] = t["head.weight"]
+    write_safetensors(tmp_path / "both.safetensors", t)
+    with pytest.raises(zt.WeightsMismatch, match="named twice 1: embed.weight and head.weight"):
+        weights.InitialWeights(tmp_path / "both.safetensors", named, model)
+
+
 def test_bad_files_are_refused_before_anything_starts(tmp_path, nothing_starts):
     write_safetensors(tmp_path / "good.safetensors", _valid_tensors())
     raw = (tmp_path / "good.safetensors").read_bytes()
