@@ -22,8 +22,9 @@ and its meta buffers take the files' values, so every meta buffer must be in the
 
 dtypes: a parameter's tensor may be F32, BF16 or F16, whatever the parameter's own dtype: the
 servers' fp32 masters take the file's values exactly (BF16 and F16 widen to fp32 without loss).
-Anything else (F64, integers, F8) is a dtype mismatch, since it would round. A buffer takes the
-file's dtype when it is its own or a lossless widening (e.g. BF16 into float32).
+Anything else is a dtype mismatch: F64 would round, and integer and F8 tensors are not weights
+this reader converts. A buffer takes the file's dtype when it is its own or a lossless widening
+(e.g. BF16 into float32).
 
 Thread-safety: none; used by the thread that calls initialize.
 """
