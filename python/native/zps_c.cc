@@ -256,10 +256,14 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
         go.prefix = prefix;
         ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
         zps::worker::BucketReducerOptions ro;
-        // Test hooks (tests/torch/test_divergent.py): small buckets, and a rank that skips one
-        // bucket's collective.
+        // Test hooks (tests/torch/test_divergent.py, test_torchrun_restart.py): small buckets,
+        // and a rank that skips one bucket's collective: ZPS_TEST_SKIP_BUCKET=<bucket> in every
+        // step, <bucket>@<step> in that step only.
         if (const char* skip = std::getenv("ZPS_TEST_SKIP_BUCKET"); skip != nullptr) {
           ro.skip_bucket = std::atoll(skip);
+          if (const char* at = std::strchr(skip, '@'); at != nullptr) {
+            ro.skip_step = std::atoll(at + 1);
+          }
         }
         if (const char* bytes = std::getenv("ZPS_TEST_BUCKET_BYTES"); bytes != nullptr) {
           ro.bucket_bytes = std::strtoull(bytes, nullptr, 10);
