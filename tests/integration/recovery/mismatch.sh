@@ -12,6 +12,11 @@
 #   always   rank 1 skips bucket 1 of every step (the ranks diverge in the program itself):
 #            both ranks mismatch at step 0, re-join once, mismatch again in the redone step and
 #            exit with FAILED_PRECONDITION ("not retried"); no abort, no hang, one re-join each.
+#   fewer    rank 1 skips the step's last bucket (28 of 29 in this model) in step 8, once: it
+#            issues fewer collectives, which is no mismatch but a wait; rank 0's exchange times
+#            out (DEADLINE_EXCEEDED, --op-timeout 5 here; or fails UNAVAILABLE when rank 1's
+#            wait for the decision timed out first and it re-joined), both ranks re-join, redo
+#            step 8 and end bit-identical.
 # Usage: mismatch.sh BIN_DIR [scenario...]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib.sh
@@ -27,8 +32,8 @@ reference_crcs "${model[@]}"
 
 dump() { dump_logs 12 "$1"/worker0.err "$1"/worker1.err "$1"/shard0.log "$1"/shard1.log; }
 
-scenario() {  # name skip-spec
-  local name=$1 skip=$2
+scenario() {  # name skip-spec op-timeout-s
+  local name=$1 skip=$2 op_timeout=$3
   local dir=$work/$name
   mkdir -p "$dir"
   local port0 port1
@@ -46,8 +51,8 @@ scenario() {  # name skip-spec
   # --op-timeout 30: a mismatch is found at once by the descriptor exchange; waiting this long
   # anywhere would be a hang, and the 60 s below would catch it.
   local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
-               "${model[@]}" --bucket-bytes 0 --ucx-tls tcp --op-timeout 30 --log-every 1
-               --print-crcs)
+               "${model[@]}" --bucket-bytes 0 --ucx-tls tcp --op-timeout "$op_timeout"
+               --log-every 1 --print-crcs)
   "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
   local w0=$!; pids+=($w0)
   ZPS_TEST_SKIP_BUCKET=$skip "$bin/zps-train" "${wargs[@]}" --rank 1 \
@@ -63,18 +68,27 @@ scenario() {  # name skip-spec
     rc+=("$r")
   done
   kill -TERM "${sp[@]}" 2>/dev/null || true
-  if ! grep -q "ZPS_TEST_SKIP_BUCKET: skipping the reduce-scatter of bucket 1" "$dir/worker1.err"; then
-    scenario_fail "$name" "rank 1 did not skip bucket 1"; dump "$dir"; return
+  local bucket=${skip%@*}
+  if ! grep -q "ZPS_TEST_SKIP_BUCKET: skipping the reduce-scatter of bucket $bucket" "$dir/worker1.err"; then
+    scenario_fail "$name" "rank 1 did not skip bucket $bucket"; dump "$dir"; return
   fi
   if grep -qE "terminate called|Aborted|SIGABRT" "$dir"/worker*.err; then
     scenario_fail "$name" "a worker aborted"; dump "$dir"; return
   fi
   local at=0
-  [[ $name == once ]] && at=8
+  [[ $name != always ]] && at=8
   for i in 0 1; do
-    # Each rank names its own collective and the other rank's, from the same exchange.
-    if ! grep -Eq "rank $i\): FAILED_PRECONDITION: step $at: collective #[0-9]+ \(reduce-scatter of gradient bucket [12] of step $at, [0-9]+ elements\) on rank $i of 2: rank $((1 - i)) issued collective .* the ranks issued different collectives; re-joining the job" "$dir/worker$i.err"; then
-      scenario_fail "$name" "rank $i did not re-join on the mismatch at step $at"; dump "$dir"; return
+    # Each rank names its own collective and the other rank's, from the same exchange; with
+    # fewer collectives, rank 0 names the one it waited in.
+    local want="rank $i\): FAILED_PRECONDITION: step $at: collective #[0-9]+ \(reduce-scatter of gradient bucket [12] of step $at, [0-9]+ elements\) on rank $i of 2: rank $((1 - i)) issued collective .* the ranks issued different collectives; re-joining the job"
+    if [[ $name == fewer ]]; then
+      want="rank $i\): [A-Z_]+: step $at: .*; re-joining the job"
+      # DEADLINE_EXCEEDED, or UNAVAILABLE where rank 1's wait for the decision timed out first
+      # and its re-join closed the communicator.
+      [[ $i -eq 0 ]] && want="rank 0\): (DEADLINE_EXCEEDED|UNAVAILABLE): step $at: collective #[0-9]+ \(reduce-scatter of gradient bucket $bucket of step $at, [0-9]+ elements\) on rank 0 of 2: .*; re-joining the job"
+    fi
+    if ! grep -Eq "$want" "$dir/worker$i.err"; then
+      scenario_fail "$name" "rank $i did not re-join on the failed collective at step $at"; dump "$dir"; return
     fi
     if ! grep -q "rank $i): re-joined; resuming at step $at" "$dir/worker$i.err"; then
       scenario_fail "$name" "rank $i did not resume at step $at"; dump "$dir"; return
@@ -86,7 +100,7 @@ scenario() {  # name skip-spec
   if ! grep -Eq "re-joined the job at step $at: worker generation" "$dir/shard0.log"; then
     scenario_fail "$name" "the coordinator did not start a new worker generation"; dump "$dir"; return
   fi
-  if [[ $name == once ]]; then
+  if [[ $name != always ]]; then
     if [[ ${rc[0]} -ne 0 || ${rc[1]} -ne 0 ]]; then
       scenario_fail "$name" "a worker failed (exit ${rc[*]})"; dump "$dir"; return
     fi
@@ -95,7 +109,7 @@ scenario() {  # name skip-spec
       scenario_fail "$name" "not bit-identical to the reference"
       diff "$work/ref.crc" "$dir/dist.crc" | head -5; dump "$dir"; return
     fi
-    echo "PASS $name: both ranks re-joined at step $at on the mismatch, redid it, and the job ended with $(wc -l < "$dir/dist.crc") chunks bit-identical"
+    echo "PASS $name: both ranks re-joined at step $at, redid it, and the job ended with $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
     for i in 0 1; do
       if [[ ${rc[$i]} -ne 1 ]]; then
@@ -109,13 +123,14 @@ scenario() {  # name skip-spec
   fi
 }
 
-all=(once always)
+all=(once always fewer)
 sel=("$@")
 [[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
 for s in "${sel[@]}"; do
   case $s in
-    once) scenario once 1@8 ;;
-    always) scenario always 1 ;;
+    once) scenario once 1@8 30 ;;
+    always) scenario always 1 30 ;;
+    fewer) scenario fewer 28@8 5 ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
