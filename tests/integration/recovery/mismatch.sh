@@ -45,8 +45,8 @@ scenario() {  # name skip-spec op-timeout-s
     local args=(--ordinal "$i" --shards 2 --port "$p" --bind 127.0.0.1 --token-file "$work/token"
                 --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
     [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:$port0")
-    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
-    sp+=($!); pids+=($!)
+    start_server "$dir/shard$i.log" "" "${args[@]}"
+    sp+=("$server_pid")
   done
   # --op-timeout 30: a mismatch is found at once by the descriptor exchange; waiting this long
   # anywhere would be a hang, and the 60 s below would catch it.
