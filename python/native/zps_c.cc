@@ -255,24 +255,6 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
       if (c->pre_reduced) {
         go.prefix = prefix;
         ZPS_ASSIGN_OR_RETURN(c->collectives, zps::worker::GlooCollectives::Create(go));
-        zps::worker::BucketReducerOptions ro;
-        // Test hooks (tests/torch/test_divergent.py): small buckets, and a rank that skips one
-        // bucket's collective.
-        if (const char* skip = std::getenv("ZPS_TEST_SKIP_BUCKET"); skip != nullptr) {
-          ro.skip_bucket = std::atoll(skip);
-        }
-        if (const char* bytes = std::getenv("ZPS_TEST_BUCKET_BYTES"); bytes != nullptr) {
-          ro.bucket_bytes = std::strtoull(bytes, nullptr, 10);
-        }
-        zps::worker::Client* client = c->client.get();
-        ZPS_ASSIGN_OR_RETURN(c->reducer,
-                             zps::worker::BucketReducer::Create(
-                                 client->layout(), job.shard.frozen, c->collectives.get(),
-                                 [client](uint32_t param, int64_t step, uint64_t begin,
-                                          std::span<const float> g, uint32_t micro) {
-                                   return client->PushGradRange(param, step, begin, g, micro);
-                                 },
-                                 ro));
       }
       if (opts.fetch_strategy == "bandwidth-centric") {
         go.prefix = prefix + "/gather";
@@ -283,6 +265,8 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
 #if ZPS_C_WITH_CUDA
     // Device gradients in pre-reduced mode: NCCL, one communicator per job generation (the
     // prefix names the resume step, as Gloo's; a rollback or re-join makes a new zps_client).
+    // It reduces the buckets of the BucketReducer (host buffers, staged through device scratch)
+    // in the buckets' order, so that ranks that differ reduce the same buckets, as with Gloo.
     if (world > 1 && c->pre_reduced && c->cuda && opts.collectives != "gloo") {
       zps::Status avail = zps::worker::NcclAvailable();
       if (avail.ok() || opts.collectives == "nccl") {
@@ -295,6 +279,7 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
         no.prefix = "zps.torch/nccl/resume" + std::to_string(c->client->resume_step());
         no.device = opts.cuda_device;
         no.timeout = opts.worker.op_timeout;
+        no.host_buffers = true;
         ZPS_ASSIGN_OR_RETURN(c->nccl, zps::worker::NcclCollectives::Create(no));
       } else {
         ZPS_LOG(WARNING) << "zps.torch: " << avail.ToString()
@@ -302,6 +287,36 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
       }
     }
 #endif
+    // pre-reduced: every gradient goes into its bucket, reduce-scattered in the buckets' order
+    // (with NCCL where device gradients use it, else Gloo).
+    if (world > 1 && c->pre_reduced) {
+      zps::worker::Collectives* reduce_comm = c->collectives.get();
+#if ZPS_C_WITH_CUDA
+      if (c->nccl) reduce_comm = c->nccl.get();
+#endif
+      zps::worker::BucketReducerOptions ro;
+      // Test hooks (tests/torch/test_divergent.py, test_torchrun_restart.py): small buckets,
+      // and a rank that skips one bucket's collective: ZPS_TEST_SKIP_BUCKET=<bucket> in every
+      // step, <bucket>@<step> in that step only.
+      if (const char* skip = std::getenv("ZPS_TEST_SKIP_BUCKET"); skip != nullptr) {
+        ro.skip_bucket = std::atoll(skip);
+        if (const char* at = std::strchr(skip, '@'); at != nullptr) {
+          ro.skip_step = std::atoll(at + 1);
+        }
+      }
+      if (const char* bytes = std::getenv("ZPS_TEST_BUCKET_BYTES"); bytes != nullptr) {
+        ro.bucket_bytes = std::strtoull(bytes, nullptr, 10);
+      }
+      zps::worker::Client* client = c->client.get();
+      ZPS_ASSIGN_OR_RETURN(c->reducer, zps::worker::BucketReducer::Create(
+                                           client->layout(), job.shard.frozen, reduce_comm,
+                                           [client](uint32_t param, int64_t step, uint64_t begin,
+                                                    std::span<const float> g, uint32_t micro) {
+                                             return client->PushGradRange(param, step, begin, g,
+                                                                          micro);
+                                           },
+                                           ro));
+    }
     c->prefetcher = std::make_unique<zps::worker::Prefetcher>(c->client.get(), opts.prefetch);
     *out = c.release();
     return zps::Status::Ok();
@@ -635,21 +650,9 @@ int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad
     if (from != zps::DType::kF32) {
       return zps::InvalidArgument("pre-reduced device gradients must be fp32");
     }
-    const uint32_t world = c->collectives->world_size();
-    const auto slice = zps::worker::RankSlice(numel, world, c->collectives->rank());
-    auto* g = static_cast<float*>(grad);
-    if (c->nccl) {
-      // Reduce-scatter on the device (in place), then only this rank's slice to the host.
-      c->nccl->set_stream(st);
-      ZPS_RETURN_IF_ERROR(c->nccl->ReduceScatter({g, numel}));
-      if (slice.length == 0) return zps::Status::Ok();
-      ZPS_ASSIGN_OR_RETURN(auto host,
-                           c->cuda->CopyToHost(g + slice.begin, slice.length * sizeof(float), st));
-      return c->client->PushGradRange(param, step, slice.begin,
-                                      {reinterpret_cast<const float*>(host.data()), slice.length},
-                                      micro);
-    }
-    // No NCCL: the whole gradient to a pinned slot, then into its bucket (Gloo, bucket order).
+    // The whole gradient to a pinned slot, then into its bucket (copied there): the buckets are
+    // reduce-scattered in their order by the reducer's thread, with NCCL (through device
+    // scratch) or Gloo.
     ZPS_ASSIGN_OR_RETURN(auto host, c->cuda->CopyToHost(grad, numel * sizeof(float), st));
     return c->reducer->Add(param, step, micro,
                            {reinterpret_cast<const float*>(host.data()), numel});

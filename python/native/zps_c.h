@@ -186,9 +186,9 @@ ZPS_C_EXPORT int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t 
 /* As zps_push_grad, from DEVICE memory: numel elements of grad_dtype (ZPS_DTYPE_*) read after
  * the work queued on `stream`, copied into a pinned slot on the copy stream, then pushed.
  * Returns once `grad` has been read. With options.reduction "pre-reduced" (more than one rank)
- * `grad` must be fp32 and is overwritten: it is reduce-scattered on the device with NCCL
- * (options.collectives), or, without NCCL, on the host with Gloo; only this rank's slice is
- * pushed. */
+ * `grad` must be fp32; it goes into its bucket as zps_push_grad's do, and the buckets are
+ * reduce-scattered in their order with NCCL (options.collectives; through device scratch) or,
+ * without NCCL, with Gloo on the host; only this rank's slice is pushed. */
 ZPS_C_EXPORT int zps_push_grad_device(zps_client* c, uint32_t param, int64_t step, void* grad,
                                       int32_t grad_dtype, uint64_t numel, uint32_t micro,
                                       uint64_t stream);

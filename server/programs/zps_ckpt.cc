@@ -2,6 +2,8 @@
 //
 //   zps-ckpt inspect --data-dir D[,D2...] [--verify]
 //   zps-ckpt export  --data-dir D0,D1,... --out model.safetensors [--step S] [--dtype fp32|bf16]
+//                    [--max-shard-size 5GB]  (then --out is a directory: Hugging Face's sharded
+//                    model-0000i-of-0000N.safetensors and model.safetensors.index.json)
 //   zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]
 //                    [--world-size W --accumulation-steps K]
 //                    (the job's stores for another shard count: --out names shard 0's store
@@ -37,6 +39,7 @@ struct Options {
   int64_t world_size = 0;       // Default: 0 — reshard: keep the job's
   int64_t accumulation = 0;     // Default: 0 — reshard: keep the job's
   std::string dtype = "fp32";   // Default: fp32
+  uint64_t max_shard_size = 0;  // Default: 0 — export: one file; else the sharded set's limit
   std::string endpoint;         // Default: none — save: the coordinator's control endpoint
   std::string token_file;       // Default: none — save: the shared auth secret's file
   int64_t timeout_s = 600;      // Default: 600 s — save: longest wait for the checkpoint
@@ -108,12 +111,15 @@ zps::Status Export(const Options& o) {
   if (o.out.empty()) return zps::InvalidArgument("export needs --out");
   e.step = o.step;
   e.out = o.out;
+  e.max_shard_bytes = o.max_shard_size;
   ZPS_ASSIGN_OR_RETURN(e.dtype, zps::ParseDType(o.dtype));
   ZPS_ASSIGN_OR_RETURN(auto stats, zps::server::ExportSafetensors(e));
   std::printf(
-      "exported step %lld: %llu parameters, %llu bytes (%s) to %s; peak buffer %llu bytes\n",
+      "exported step %lld: %llu parameters, %llu bytes (%s) in %u file%s to %s; peak buffer %llu "
+      "bytes\n",
       static_cast<long long>(stats.step), static_cast<unsigned long long>(stats.params),
-      static_cast<unsigned long long>(stats.file_bytes), o.dtype.c_str(), o.out.c_str(),
+      static_cast<unsigned long long>(stats.file_bytes), o.dtype.c_str(), stats.files,
+      stats.files == 1 ? "" : "s", o.out.c_str(),
       static_cast<unsigned long long>(stats.peak_buffer_bytes));
   return zps::Status::Ok();
 }
@@ -166,6 +172,12 @@ int main(int argc, char** argv) {
       "  zps-ckpt inspect --data-dir D[,D2...] [--verify]\n"
       "  zps-ckpt export --data-dir D0,D1,... --out F.safetensors [--step S] "
       "[--dtype fp32|bf16]\n"
+      "  zps-ckpt export --data-dir D0,D1,... --out DIR --max-shard-size 5GB [--step S] "
+      "[--dtype fp32|bf16]\n"
+      "      (Hugging Face's sharded form: DIR/model-00001-of-0000N.safetensors ... and "
+      "DIR/model.safetensors.index.json)\n"
+      "      A new job starts from either form with zt.initialize(model, config, "
+      "init_from=path) (zps.torch).\n"
       "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR] "
       "[--world-size W --accumulation-steps K]\n"
       "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
@@ -178,8 +190,8 @@ int main(int argc, char** argv) {
             "store's newest, which must agree)",
             &o.step, -1, INT64_MAX);
   flags.Add("out",
-            "export: the output .safetensors file; reshard: the new stores, comma-separated, "
-            "shard 0's first",
+            "export: the output .safetensors file (with --max-shard-size, the directory of the "
+            "set); reshard: the new stores, comma-separated, shard 0's first",
             &o.out);
   flags.Add("coordinator-out",
             "reshard: where the new coordinator catalog goes (default: coordinator/ beside the "
@@ -192,6 +204,11 @@ int main(int argc, char** argv) {
   flags.Add("accumulation-steps", "reshard: micro-batches per rank and step from this step on",
             &o.accumulation, 0, 1024);
   flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
+  flags.AddBytes("max-shard-size",
+                 "export: write the sharded set, each file's tensor data at most this size "
+                 "(5GB = 5e9 bytes, 4GiB = 2^32; a larger tensor gets a file of its own); 0 = "
+                 "one file",
+                 &o.max_shard_size);
   flags.Add("endpoint", "save: the coordinator's control endpoint host:port", &o.endpoint);
   flags.Add("token-file", "save: file holding the shared auth secret", &o.token_file);
   flags.Add("timeout", "save: seconds to wait for the checkpoint", &o.timeout_s, 1, 86400);

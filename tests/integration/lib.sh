@@ -97,6 +97,21 @@ free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
 
 now_ms() { date +%s%3N; }
 
+# Starts zps-server in the background with its output appended to LOG and, where CRASH is not
+# empty, a named kill point (ZPS_TEST_CRASH_AT=CRASH). Its pid goes to $server_pid and to the
+# processes cleanup kills.
+start_server() {  # log crash-spec server-args...
+  local log=$1 crash=$2
+  shift 2
+  if [[ -n $crash ]]; then
+    ZPS_TEST_CRASH_AT=$crash "$bin/zps-server" "$@" >> "$log" 2>&1 &
+  else
+    "$bin/zps-server" "$@" >> "$log" 2>&1 &
+  fi
+  server_pid=$!
+  pids+=("$server_pid")
+}
+
 wait_exit() {  # pid timeout_s
   local end=$(( $(date +%s) + $2 ))
   while kill -0 "$1" 2>/dev/null; do

@@ -11,6 +11,13 @@ are spelled with underscores, which torch 1.13 needs and 2.x accepts).
   naming the rank; the servers keep the job at the step that did not commit, and a new torchrun
   resumes it there, bit-identical.
 
+- Ranks that issue different collectives (pre-reduced; rank 1 skips one bucket's reduce-scatter
+  through a test hook) take the same path: every rank fails the step with FAILED_PRECONDITION
+  naming the collective, the process exits with it, and the restarted group re-joins and redoes
+  the step. Once (the first attempt only), the job ends bit-identical to the uninterrupted run;
+  in every attempt, each attempt ends that way on every rank until --max_restarts is spent, and
+  torchrun stops the job, with no abort and no hang.
+
 Each torchrun run trains 16 steps of a small MLP on 2 shards (tests/torch/torchrun_restart_script.py).
 """
 
@@ -116,3 +123,60 @@ def test_rank_that_never_comes_back_stops_the_job_naming_it():
         assert len(joined) == 2 and min(joined) == KILL_STEP, out2[-4000:]
         assert max(joined) in (KILL_STEP, KILL_STEP + 1), joined
         assert again["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"
+
+
+MISMATCH_STEP = 5
+
+
+def errors_of(out):
+    """{(attempt, rank): error} from the script's error lines."""
+    errors = {}
+    for line in out.splitlines():
+        if line.startswith("{") and '"error"' in line:
+            e = json.loads(line)
+            errors[(e["attempt"], e["rank"])] = e["error"]
+    return errors
+
+
+def assert_mismatch(error, rank):
+    assert error.startswith("FAILED_PRECONDITION: "), error
+    assert f"on rank {rank} of 2: rank {1 - rank} issued collective" in error, error
+    assert "the ranks issued different collectives" in error, error
+
+
+def test_ranks_that_issue_different_collectives_once_restart_and_end_bit_identical():
+    ref = reference("pre-reduced")
+    with LocalCluster(shards=2, ucx_tls="tcp") as cluster:
+        p, _ = torchrun(cluster, 1, "--reduction", "pre-reduced",
+                        "--mismatch", f"1@{MISMATCH_STEP}")
+        got, out = result_of(p)
+        logs = [cluster.log_tail(i, 200) for i in range(2)]
+    assert "terminate called" not in out and "SIGABRT" not in out, out[-4000:]
+    errors = errors_of(p.stdout)
+    assert sorted(errors) == [(0, 0), (0, 1)], out[-4000:]
+    for (_, rank), error in errors.items():
+        assert_mismatch(error, rank)
+    # The new group re-joined at the step that failed, in a new worker generation (a new
+    # communicator), redid it, and ended with the uninterrupted run's bits.
+    joined = {int(r): int(s) for r, s in
+              re.findall(r"zps\.torch rank (\d): joined the job at step (\d+) \(attempt 1\)", out)}
+    assert joined == {0: MISMATCH_STEP, 1: MISMATCH_STEP}, out[-4000:]
+    assert re.search(rf"re-joined the job at step {MISMATCH_STEP}: worker generation", logs[0]), logs
+    assert got["result"]["attempt"] == 1 and got["result"]["steps"] == STEPS, got
+    assert got["crcs"] == ref["crcs"], "not bit-identical to the uninterrupted run"
+
+
+def test_ranks_that_issue_different_collectives_every_time_end_the_job_with_the_error():
+    with LocalCluster(shards=2, ucx_tls="tcp") as cluster:
+        p, _ = torchrun(cluster, 1, "--reduction", "pre-reduced",
+                        "--mismatch", f"1@{MISMATCH_STEP}", "--mismatch-every-attempt")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-4000:]
+    assert "terminate called" not in out and "SIGABRT" not in out, out[-4000:]
+    # Both attempts (--max_restarts 1) failed the same step on both ranks with the mismatch,
+    # and torchrun gave up.
+    errors = errors_of(p.stdout)
+    assert sorted(errors) == [(0, 0), (0, 1), (1, 0), (1, 1)], out[-4000:]
+    for (_, rank), error in errors.items():
+        assert_mismatch(error, rank)
+    assert not re.search(r'"result"', p.stdout), out[-4000:]

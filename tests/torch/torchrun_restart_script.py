@@ -5,11 +5,16 @@ whose batches depend only on (step, rank), so a worker group that torchrun resta
 the servers' step (zt.initialize takes the servers' step and values) and ends with the same bits
 as an uninterrupted run. With --kill-step, rank --kill-rank SIGKILLs itself in the middle of the
 backward pass of that step (after the gradients of the later layers were pushed and landed),
-in the first attempt only (TORCHELASTIC_RESTART_COUNT 0). At the end rank 0 prints one JSON
-line: {"result": ..., "crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard.
+in the first attempt only (TORCHELASTIC_RESTART_COUNT 0). With --mismatch BUCKET@STEP (pre-reduced)
+rank --kill-rank instead skips its reduce-scatter of that bucket in that step (the test hook
+ZPS_TEST_SKIP_BUCKET), in the first attempt only, or in every attempt with
+--mismatch-every-attempt; a rank whose step fails prints {"rank", "attempt", "error"} and exits
+with the error once every rank has. At the end rank 0 prints one JSON line: {"result": ...,
+"crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard.
 """
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -17,6 +22,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 torch.set_num_threads(1)
 
@@ -32,9 +38,18 @@ def main():
     ap.add_argument("--late-rank0", type=float, default=0.0,
                     help="after a restart, rank 0 joins this many seconds late (the other rank "
                          "may then finish the step in progress with rank 0's earlier pushes)")
+    ap.add_argument("--mismatch", default="", help="BUCKET@STEP: rank --kill-rank skips that "
+                    "bucket's reduce-scatter in that step")
+    ap.add_argument("--mismatch-every-attempt", action="store_true")
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if args.mismatch:
+        # Every rank reports its error before any exits (the agent stops the group at the first
+        # exit): a process group of the script's own for that one barrier.
+        dist.init_process_group("gloo")
+        if rank == args.kill_rank and (attempt == 0 or args.mismatch_every_attempt):
+            os.environ["ZPS_TEST_SKIP_BUCKET"] = args.mismatch
 
     torch.manual_seed(0)  # the initial values (uploaded by rank 0 of a new job only)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
@@ -51,12 +66,28 @@ def main():
     start = engine.global_step
     print(f"zps.torch rank {rank}: joined the job at step {start} (attempt {attempt})",
           file=sys.stderr, flush=True)
+    try:
+        train(engine, model, args, rank, attempt, start)
+    except zt.ZpsError as e:
+        if not args.mismatch:
+            raise
+        print(json.dumps({"rank": rank, "attempt": attempt, "error": str(e)}), flush=True)
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        engine.close()
+        sys.exit(3)
+    if rank == 0:
+        report(engine, args, start, attempt)
+    engine.close()
+
+
+def train(engine, model, args, rank, attempt, start):
     for step in range(start, args.steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(8, 16, generator=g)
         y = torch.randn(8, 4, generator=g)
         hidden = model[1](model[0](x))
-        if rank == args.kill_rank and step == args.kill_step and attempt == 0:
+        if (rank == args.kill_rank and step == args.kill_step and attempt == 0
+                and not args.mismatch):
             def die(grad):
                 engine.client.flush()  # the later layers' gradients have landed on the shards
                 print(f"zps.torch rank {rank}: killing this process in the backward pass of "
@@ -68,24 +99,25 @@ def main():
         loss = torch.nn.functional.mse_loss(out, y)
         engine.backward(loss)
         engine.step()
-    if rank == 0:
-        crcs = []
-        for s in range(2):
-            # A shard publishes the last step's update just after the decision that step()
-            # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    crcs += engine.client.chunk_crcs(s, args.steps)
-                    break
-                except zt.ZpsError as e:
-                    if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-        print(json.dumps({"result": {"start": start, "attempt": attempt,
-                                     "steps": engine.global_step},
-                          "crcs": sorted(crcs)}), flush=True)
-    engine.close()
+
+
+def report(engine, args, start, attempt):
+    crcs = []
+    for s in range(2):
+        # A shard publishes the last step's update just after the decision that step()
+        # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                crcs += engine.client.chunk_crcs(s, args.steps)
+                break
+            except zt.ZpsError as e:
+                if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+    print(json.dumps({"result": {"start": start, "attempt": attempt,
+                                 "steps": engine.global_step},
+                      "crcs": sorted(crcs)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -38,6 +41,7 @@
 #include "zps/train/options.h"
 #include "zps/train/reference.h"
 #include "zps/train/worker_access.h"
+#include "zps/worker/checked_collectives.h"
 #include "zps/worker/client.h"
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
@@ -355,6 +359,27 @@ void MaybeCrashAt(std::string_view point, int64_t step) {
   ::raise(SIGKILL);
 }
 
+// Test hook (tests/integration/recovery/mismatch.sh): ZPS_TEST_SKIP_BUCKET=<bucket> makes this
+// rank skip that gradient bucket's reduce-scatter in every step; <bucket>@<step> in the first
+// attempt of that step only (a redone step, after the re-join, is left alone). The ranks then
+// issue different collectives.
+std::function<bool(int64_t, uint32_t)> SkipBucketHook() {
+  const char* e = std::getenv("ZPS_TEST_SKIP_BUCKET");
+  if (e == nullptr) return nullptr;
+  const int64_t bucket = std::atoll(e);
+  const char* at = std::strchr(e, '@');
+  const int64_t at_step = at == nullptr ? -1 : std::atoll(at + 1);
+  auto fired = std::make_shared<bool>(false);
+  return [bucket, at_step, fired](int64_t step, uint32_t b) {
+    if (b != bucket || (at_step >= 0 && (step != at_step || *fired))) return false;
+    *fired = true;
+    std::fprintf(stderr,
+                 "ZPS_TEST_SKIP_BUCKET: skipping the reduce-scatter of bucket %u of step %lld\n", b,
+                 static_cast<long long>(step));
+    return true;
+  };
+}
+
 int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -416,6 +441,7 @@ Status RunWorker(const TrainOptions& o) {
   // `in_collectives`: the failure came from building the communicator (the job itself was
   // joined), which join_retrying tries again.
   bool in_collectives = false;
+  const auto skip_bucket = SkipBucketHook();  // outlives each join's WorkerAccess
   auto join = [&]() -> Status {
     in_collectives = false;
     eval_ptr.reset();
@@ -469,6 +495,7 @@ Status RunWorker(const TrainOptions& o) {
         MaybeCrashAt("worker-slice", step);
       });
     }
+    if (skip_bucket) access_ptr->set_skip_bucket(skip_bucket);
     eval_ptr = std::make_unique<WorkerAccess>(
         client.get(), worker::PrefetchOptions{o.prefetch_bytes, o.max_live_bytes});
     return Status::Ok();
@@ -509,6 +536,7 @@ Status RunWorker(const TrainOptions& o) {
   uint64_t fetched0 = client->fetched_bytes(), pushed0 = client->pushed_bytes();
   double step_time_sum = 0;
   bool recovering = false;
+  int64_t mismatch_step = -1;  // the step of the last collective mismatch
   auto failure_seen = Clock::now();
   for (int64_t step = start; step < o.steps; ++step) {
     auto ts = Clock::now();
@@ -532,6 +560,18 @@ Status RunWorker(const TrainOptions& o) {
     }()
                              .WithContext("step " + std::to_string(step));
     if (!st.ok()) {
+      // Ranks that issued different collectives recover as from a dead rank: every rank sees the
+      // mismatch in the same descriptor exchange, re-joins, and redoes the step from the
+      // servers' state. A mismatch again in the redone step is in the program itself (ranks
+      // that diverge deterministically): every rank ends the job with it instead of looping.
+      if (worker::IsCollectiveMismatch(st)) {
+        if (mismatch_step == step) {
+          return Status(st.code(), st.message() +
+                                       " (again in the step redone after re-joining: the ranks "
+                                       "diverge deterministically; not retried)");
+        }
+        mismatch_step = step;
+      }
       if (!Recoverable(st) || recoveries >= o.max_recoveries) return st;
       ++recoveries;
       if (!recovering) failure_seen = Clock::now();

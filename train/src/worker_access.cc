@@ -21,6 +21,12 @@ WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions
 
 Status WorkerAccess::FlushGradients() {
   if (reduce_ == nullptr || entries_.empty()) return Status::Ok();
+  if (skip_bucket_ && skip_bucket_(step_, buckets_)) {
+    ++buckets_;
+    bucket_.clear();
+    entries_.clear();
+    return Status::Ok();
+  }
   ZPS_RETURN_IF_ERROR(checked_->ReduceScatter(buckets_++, bucket_));
   const worker::SliceRange mine =
       worker::RankSlice(bucket_.size(), reduce_->world_size(), reduce_->rank());

@@ -127,7 +127,8 @@ struct BucketReducer::Impl {
 
   Status Reduce(Item& it) {
     const Bucket& b = buckets[it.order];
-    if (static_cast<int64_t>(it.order) == opts.skip_bucket) {
+    if (static_cast<int64_t>(it.order) == opts.skip_bucket &&
+        (opts.skip_step < 0 || (it.step == opts.skip_step && it.micro == 0))) {
       ZPS_LOG(WARNING) << "test hook: skipping the reduce-scatter of " << Describe(it.order);
       return Status::Ok();
     }

@@ -1,6 +1,7 @@
 #include "zps/worker/checked_collectives.h"
 
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "zps/common/logging.h"
@@ -20,6 +21,8 @@ struct Wire {
 };
 static_assert(sizeof(Wire) == 32);
 constexpr uint64_t kMagic = 0x7a70732d636f6c6cull;  // "zps-coll"
+// Ends every mismatch's message; IsCollectiveMismatch looks for it.
+constexpr std::string_view kMismatch = "the ranks issued different collectives";
 
 const char* KindName(CollectiveOp::Kind k) {
   return k == CollectiveOp::Kind::kReduceScatter ? "reduce-scatter" : "all-gather";
@@ -30,6 +33,10 @@ const char* Unit(CollectiveOp::Kind k) {
 }
 
 }  // namespace
+
+bool IsCollectiveMismatch(const Status& s) {
+  return s.code() == Code::kFailedPrecondition && s.message().find(kMismatch) != std::string::npos;
+}
 
 CheckedCollectives::CheckedCollectives(Collectives* inner, Namer namer)
     : inner_(inner), namer_(std::move(namer)) {}
@@ -67,7 +74,7 @@ Status CheckedCollectives::Agree(const CollectiveOp& op) {
       theirs = "collective #" + std::to_string(w.seq) + " (" + Name(other) + ")";
     }
     return Describe(op, FailedPrecondition("rank " + std::to_string(q) + " issued " + theirs +
-                                           " instead: the ranks issued different collectives"));
+                                           " instead: " + std::string(kMismatch)));
   }
   return Status::Ok();
 }

@@ -13,5 +13,7 @@ import torch  # noqa: F401  (first: see above)
 from zps._errors import ShardStopped, ZpsError
 from zps.torch.construct import init
 from zps.torch.engine import Engine, initialize
+from zps.torch.weights import WeightsMismatch
 
-__all__: list[str] = ["Engine", "ShardStopped", "ZpsError", "init", "initialize"]
+__all__: list[str] = ["Engine", "ShardStopped", "WeightsMismatch", "ZpsError", "init",
+                      "initialize"]

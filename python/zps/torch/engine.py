@@ -26,7 +26,7 @@ from zps import _native
 from zps._errors import ZpsError, stale_step
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
-from zps.torch import construct
+from zps.torch import construct, weights
 from zps.torch.hooks import GradientPusher, HookSet, Residency
 from zps.torch.params import ZParam, resize_storage, storage_bytes
 
@@ -97,7 +97,8 @@ class Engine:
     closed: bool
 
     def __init__(self, module: torch.nn.Module, config: config_mod.ConfigSource,
-                 param_groups: ParamGroups = None) -> None:
+                 param_groups: ParamGroups = None,
+                 init_from: str | os.PathLike[str] | None = None) -> None:
         if getattr(module, "_zps_engine", None) is not None:
             raise ZpsError("FAILED_PRECONDITION", "this module is already initialized with "
                            "zps.torch; call initialize once per module")
@@ -114,10 +115,17 @@ class Engine:
         if not named:
             raise ZpsError("INVALID_ARGUMENT", "the module has no parameters")
         group_of, groups = _groups_of(named, param_groups, cfg)
+        # Checked on every rank, before any server is started or contacted: a file that does not
+        # fit the model fails the same way everywhere, with nothing uploaded.
+        initial = weights.open_initial_weights(init_from, named, module)
+        if initial is not None:
+            named = weights.materialize_meta(module, named)
         for names, p in named:
             if p.device.type not in ("cpu", "cuda"):
+                hint = " (a model built on the meta device needs init_from)" \
+                    if p.device.type == "meta" else ""
                 raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is on {p.device}; zps "
-                               "serves cpu and cuda parameters")
+                               f"serves cpu and cuda parameters{hint}")
         cuda_device = self._cuda_device(cfg, named)
         # AccumulateGrad nodes must be made while the parameters have their full shape.
         zparams = []
@@ -158,7 +166,10 @@ class Engine:
         self.serving_code = info.serving_dtype
         staging = construct.staging_of(module)
         if info.resume_step == 0 and self.rank == 0:
-            self._upload(zparams, staging)
+            self._upload(zparams, staging, initial)
+        if initial is not None:
+            initial.load_buffers()
+            initial.close()
         for zp in zparams:
             zp.free()
         if staging is not None:
@@ -267,12 +278,15 @@ class Engine:
             dist.broadcast_object_list(shared, src=0)
         return shared[0], shared[1]
 
-    def _upload(self, zparams, staging):
-        """Rank 0 of a new job: the module's initial values (from the zt.init staging file for
-        parameters built inside zt.init), at most about 256 MiB in flight."""
+    def _upload(self, zparams, staging, initial):
+        """Rank 0 of a new job: the initial values (from init_from's files when given, else the
+        module's, from the zt.init staging file for parameters built inside zt.init), at most
+        about 256 MiB in flight."""
         in_flight = 0
         for zp in zparams:
-            if staging is not None and staging.is_staged(zp.param):
+            if initial is not None:
+                values = initial.param_f32(zp.id)
+            elif staging is not None and staging.is_staged(zp.param):
                 values = torch.empty(zp.shape, dtype=torch.float32)
                 staging.read_f32(zp.param, values)
             else:
@@ -454,16 +468,24 @@ class Engine:
 
 
 def initialize(model: torch.nn.Module, config: config_mod.ConfigSource = None,
-               param_groups: ParamGroups = None, model_parameters: ParamGroups = None) -> Engine:
+               param_groups: ParamGroups = None, model_parameters: ParamGroups = None,
+               init_from: str | os.PathLike[str] | None = None) -> Engine:
     """Puts `model`'s parameters on zps and returns the Engine that trains it.
 
     config: a dict or the path of a JSON file, in DeepSpeed's key names (docs/pytorch.md).
     param_groups / model_parameters: torch.optim-style groups ([{"params", "lr",
     "weight_decay"}]) for per-group lr and weight decay.
+    init_from: a new job's initial weights from safetensors instead of the module's values: a
+    .safetensors file (`zps-ckpt export`), or a Hugging Face-style sharded set (its directory or
+    its model.safetensors.index.json); zps.torch.weights has the rules. Every rank checks it
+    (so it must be readable on every rank); a job that resumes from the servers' state ignores
+    its values.
     Raises ZpsError: INVALID_ARGUMENT (config, dtypes), UNAVAILABLE (servers unreachable),
-    UNAUTHENTICATED (token), FAILED_PRECONDITION (initialized twice, another job's spec).
+    UNAUTHENTICATED (token), FAILED_PRECONDITION (initialized twice, another job's spec);
+    WeightsMismatch (init_from does not fit the model), NOT_FOUND and DATA_LOSS (its files).
     """
-    return Engine(model, config, param_groups if param_groups is not None else model_parameters)
+    return Engine(model, config, param_groups if param_groups is not None else model_parameters,
+                  init_from=init_from)
 
 
 def _show_progress() -> None:

@@ -209,8 +209,8 @@ class GradientPusher:
 
     def _push_device(self, zp, g):
         """Through the CUDA backend: read on the copy stream into a pinned slot after the current
-        stream's work, then pushed (pre-reduced: reduce-scattered on the device first, which
-        needs a writable fp32 copy)."""
+        stream's work, then pushed (pre-reduced: as fp32, into its bucket, which the buckets'
+        reduce-scatter in their order, with NCCL or Gloo, then pushes)."""
         stream = torch.cuda.current_stream(g.device)
         if self.client_pre_reduced or g.dtype not in TORCH_TO_ZPS:
             g = g.float()

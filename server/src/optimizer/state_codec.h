@@ -5,6 +5,7 @@
 // ISA packs every element to the same bits. Tests check the kernels against this file.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -135,6 +136,94 @@ inline uint16_t Int8ScaleUp(uint32_t absmax_bits) {
 inline float Int8Inverse(uint16_t scale) {
   const float s = Bf16Value(scale);
   return s == 0.0f ? 0.0f : 1.0f / s;
+}
+
+/// A block's scale as the kernels measure it: its absmax (as bits), the bf16 scale, 1 / scale.
+struct Int8Scale {
+  uint32_t absmax = 0;
+  uint16_t scale = 0;
+  float inv = 0.0f;
+};
+
+// ---- int8: the same codes by binade (the AVX-512 quantiser) -------------------------------------
+//
+// Int8Quantize's decade, with its zero rule folded in, is D = the number of thresholds
+// {zero_below, 1e-6, 1e-5, ..., 0.1} that a reaches (D = 0: code 0; else d = D - 1). a's binade
+// [2^e, 2^(e+1)) holds at most one threshold (static_assert below), so D = dlo[e] + (a >= bound[e])
+// from two 32-entry tables indexed by a's exponent field, clamped below at 96 (every a < 2^-30
+// shares entry 0, which holds the unsigned map's zero_below). With the per-D constants the cell
+// arithmetic is Int8Quantize's, operation for operation; the clamp below 0 is not needed, because
+// for finite a a cell's t is above -1 (a * scale - 0.1 >= -0.1 and cells <= 2.3 in decade 0; just
+// below 0 from rounding at a decade's bound otherwise), and D = 0 has every constant 0. This holds
+// for a finite a in [0, 2) (a block whose scale is finite, with a finite 1 / scale: see
+// Int8BinadeApplies); tests compare it with Int8Quantize.
+
+/// The binade tables and the per-D constants of one map (arrays padded to 16 lanes).
+struct BinadeConsts {
+  int32_t dlo[32];     // D at the binade's lowest a
+  uint32_t bound[32];  // the bits of the threshold inside the binade, 0x7fffffff if none
+  float scale[16];     // 10^(6-d); 0 for D = 0
+  float cells[16];     // N_d / 0.9; 0 for D = 0
+  int32_t base[16];    // magnitude index of decade d's first cell; 0 for D = 0
+  int32_t kmax[16];    // base + the largest cell; 0 for D = 0
+};
+
+inline constexpr uint32_t kBinadeFloor = 96;  // exponent fields at or below share entry 0
+
+constexpr BinadeConsts MakeBinadeConsts(bool is_signed) {
+  const MapConsts& m = is_signed ? kSignedMap : kUnsignedMap;
+  uint32_t thresholds[kDecades] = {std::bit_cast<uint32_t>(m.zero_below)};
+  for (int j = 0; j < kDecades - 1; ++j)
+    thresholds[j + 1] = std::bit_cast<uint32_t>(kDecadeBound[j]);
+  BinadeConsts c{};
+  for (uint32_t i = 0; i < 32; ++i) {
+    const uint32_t lo = i == 0 ? 0 : (kBinadeFloor + i) << 23;
+    const uint32_t hi = (kBinadeFloor + i + 1) << 23;
+    int below = 0, inside = 0;
+    c.bound[i] = 0x7fffffffu;
+    for (uint32_t t : thresholds) {
+      if (t <= lo) ++below;
+      if (t > lo && t < hi) {
+        ++inside;
+        c.bound[i] = t;
+      }
+    }
+    if (inside > 1) throw "two int8 thresholds in one binade";  // not a constant expression
+    c.dlo[i] = below;
+  }
+  for (int d = 0; d < kDecades; ++d) {
+    c.scale[d + 1] = m.scale[d];
+    c.cells[d + 1] = m.cells[d];
+    c.base[d + 1] = m.base[d];
+    c.kmax[d + 1] = m.base[d] + m.limit[d];
+  }
+  return c;
+}
+
+inline constexpr BinadeConsts kSignedBinades = MakeBinadeConsts(true);
+inline constexpr BinadeConsts kUnsignedBinades = MakeBinadeConsts(false);
+
+/// Whether a block may take the binade form: its absmax (as bits) is finite and its 1 / scale is
+/// finite, so every a = |x| / scale is finite and below 2. Otherwise (inf or NaN in the block, a
+/// scale so small that 1 / scale overflows) the kernels call Int8Quantize.
+inline bool Int8BinadeApplies(uint32_t absmax_bits, float inv) {
+  return absmax_bits < 0x7f800000u && (std::bit_cast<uint32_t>(inv) & 0x7fffffffu) < 0x7f800000u;
+}
+
+/// Int8Quantize in the binade form, one element: the model the AVX-512 lanes follow.
+template <bool SIGNED>
+inline uint8_t Int8QuantizeBinade(float x, float inv) {
+  const BinadeConsts& c = SIGNED ? kSignedBinades : kUnsignedBinades;
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const float a = std::bit_cast<float>(bits & 0x7fffffffu) * inv;
+  const uint32_t ab = std::bit_cast<uint32_t>(a);
+  const uint32_t e = std::max(ab >> 23, kBinadeFloor) & 31u;
+  const int32_t d = c.dlo[e] + (ab >= c.bound[e] ? 1 : 0);
+  const float t = (a * c.scale[d] - 0.1f) * c.cells[d];
+  const int32_t k = std::min(c.base[d] + static_cast<int32_t>(t), c.kmax[d]);
+  uint32_t code = static_cast<uint32_t>(k);
+  if constexpr (SIGNED) code |= (bits >> 24) & 0x80u;
+  return static_cast<uint8_t>(code);
 }
 
 }  // namespace zps::server::internal

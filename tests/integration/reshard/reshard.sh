@@ -48,13 +48,8 @@ start_shard() {  # dir ordinal shards [crash-spec]
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
   # shellcheck disable=SC2206  # word splitting of the extra flags is intended
   [[ -n ${RESHARD_SHARD_ARGS:-} ]] && args+=(${RESHARD_SHARD_ARGS})
-  if [[ -n $crash ]]; then
-    ZPS_TEST_CRASH_AT=$crash "$bin/zps-server" "${args[@]}" >> "$dir/shard$i.log" 2>&1 &
-  else
-    "$bin/zps-server" "${args[@]}" >> "$dir/shard$i.log" 2>&1 &
-  fi
-  shard_pid[$i]=$!
-  pids+=($!)
+  start_server "$dir/shard$i.log" "$crash" "${args[@]}"
+  shard_pid[$i]=$server_pid
 }
 
 # One phase of the job: N shards on DIR/s0..s<N-1>, 2 workers up to STEPS, then the shards

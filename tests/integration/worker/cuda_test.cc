@@ -14,9 +14,11 @@
 //   - NcclCollectives at world sizes 2 to min(devices, 4) (one rank per device, as threads),
 //     rendezvous through a real zps-server's kv: reduce-scatter with a size not divisible by
 //     the world size (integer-valued inputs, exact sums), all-gather and all-reduce. Skipped
-//     with fewer than two devices.
+//     with fewer than two devices. The same on host buffers (NcclOptions::host_buffers: what
+//     zps.torch's BucketReducer drives), at world size 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -263,6 +265,60 @@ TEST(NcclGpuTest, CollectivesAcrossDevices) {
     for (uint32_t r = 0; r < world; ++r)
       EXPECT_EQ(errors[r], "") << "world " << world << " rank " << r;
   }
+  (void)std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(NcclGpuTest, HostBuffersAreStagedThroughTheDevice) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "NCCL needs one device per rank";
+  if (!NcclAvailable().ok()) GTEST_SKIP() << NcclAvailable().ToString();
+  const uint16_t port = FreePort();
+  const std::string dir = "/tmp/zps-nccl-host-test-" + std::to_string(::getpid());
+  (void)std::system(("mkdir -p " + dir + " && printf nccl-token > " + dir + "/token").c_str());
+  ShardProcess shard({ZPS_SERVER_BIN, "--ordinal=0", "--shards=1", "--port=" + std::to_string(port),
+                      "--bind=127.0.0.1", "--token-file=" + dir + "/token", "--metrics-port=0",
+                      "--threads=1", "--log-level=warning", "--ucx-tls=tcp"});
+  ASSERT_TRUE(shard.started());
+  constexpr uint32_t world = 2;
+  const uint64_t n = 4099;
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto fail = [&](const std::string& m) { errors[r] = m; };
+      auto c = NcclCollectives::Create({.endpoint = "127.0.0.1:" + std::to_string(port),
+                                        .token = "nccl-token",
+                                        .rank = r,
+                                        .world_size = world,
+                                        .prefix = "nccl-host-test",
+                                        .device = static_cast<int>(r),
+                                        .timeout = 60s,
+                                        .host_buffers = true});
+      if (!c.ok()) return fail(c.status().ToString());
+      std::vector<float> v(n);
+      for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 13) + r);
+      if (auto s = (*c)->ReduceScatter(v); !s.ok()) return fail(s.ToString());
+      const SliceRange mine = RankSlice(n, world, r);
+      for (uint64_t i = mine.begin; i < mine.begin + mine.length; ++i) {
+        if (v[i] != static_cast<float>(2 * (i % 13) + 1)) {
+          return fail("reduce-scatter element " + std::to_string(i));
+        }
+      }
+      std::vector<float> all(n, static_cast<float>(r + 1));
+      if (auto s = (*c)->AllReduce(all); !s.ok()) return fail(s.ToString());
+      if (all[0] != 3.0f || all[n - 1] != 3.0f) return fail("all-reduce");
+      const size_t block = 32;  // a CheckedCollectives descriptor
+      std::vector<std::byte> g(block * world);
+      std::fill_n(g.begin() + r * block, block, static_cast<std::byte>(r + 1));
+      if (auto s = (*c)->AllGather(g, block); !s.ok()) return fail(s.ToString());
+      for (uint32_t q = 0; q < world; ++q) {
+        if (g[q * block] != static_cast<std::byte>(q + 1)) {
+          return fail("all-gather block " + std::to_string(q));
+        }
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   (void)std::system(("rm -rf " + dir).c_str());
 }
 

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "ckpt_test_util.h"
@@ -67,14 +69,23 @@ class ExportTest : public ::testing::Test {
       ASSERT_THAT(WriteCheckpoint(**store, layout_, s, 7), IsOk());
     }
   }
-  // Reads `file` with the independent reader and compares it with the known parameters.
-  void Check(const std::string& file, DType dtype, int64_t step) {
-    const std::string dump = dir_.sub("dump" + std::to_string(++dumps_));
-    auto [rc, out] = RunCommand(Python() + " " ZPS_SOURCE_DIR "/tools/safetensors_read.py " + file +
-                                " --dump " + dump);
-    ASSERT_EQ(rc, 0) << out;
-    EXPECT_NE(out.find("\"zps_step\": \"" + std::to_string(step) + "\""), std::string::npos) << out;
-    auto got = ReadDump(dump);
+  // Reads `files` (one export, in order) with the independent reader and compares them with
+  // the known parameters: together they hold each parameter once, in layout order.
+  void Check(const std::vector<std::string>& files, DType dtype, int64_t step) {
+    std::map<std::string, std::vector<float>> got;
+    std::string out;
+    for (const auto& file : files) {
+      const std::string dump = dir_.sub("dump" + std::to_string(++dumps_));
+      auto [rc, text] = RunCommand(Python() + " " ZPS_SOURCE_DIR "/tools/safetensors_read.py " +
+                                   file + " --dump " + dump);
+      ASSERT_EQ(rc, 0) << text;
+      EXPECT_NE(text.find("\"zps_step\": \"" + std::to_string(step) + "\""), std::string::npos)
+          << text;
+      for (auto& [name, v] : ReadDump(dump)) {
+        EXPECT_TRUE(got.emplace(name, std::move(v)).second) << name << " in two files";
+      }
+      out += text;
+    }
     ASSERT_EQ(got.size(), layout_.num_params());
     for (uint32_t p = 0; p < layout_.num_params(); ++p) {
       const auto& spec = layout_.spec(p);
@@ -88,6 +99,9 @@ class ExportTest : public ::testing::Test {
         ASSERT_EQ(v[j], want) << spec.name << "[" << j << "]";
       }
     }
+  }
+  void Check(const std::string& file, DType dtype, int64_t step) {
+    Check(std::vector<std::string>{file}, dtype, step);
   }
   TempDir dir_;
   Layout layout_ = SmallLayout(2, 1024);  // 3 chunks: 0 and 2 on shard 0, 1 on shard 1
@@ -136,6 +150,85 @@ TEST_F(ExportTest, BadInputsAreClearErrors) {
   EXPECT_FALSE(std::filesystem::exists(o.out + ".tmp"));
 }
 
+TEST(SplitIntoFiles, FillsFilesInOrderAndGivesALargeTensorItsOwn) {
+  using V = std::vector<size_t>;
+  EXPECT_EQ(SplitIntoFiles(std::vector<uint64_t>{}, 20), V{});
+  EXPECT_EQ(SplitIntoFiles(std::vector<uint64_t>{10, 10, 10}, 20), (V{0, 2}));  // 20 fits
+  EXPECT_EQ(SplitIntoFiles(std::vector<uint64_t>{30, 5}, 20), (V{0, 1}));
+  EXPECT_EQ(SplitIntoFiles(std::vector<uint64_t>{5, 30, 5, 5}, 20), (V{0, 1, 2}));
+  EXPECT_EQ(SplitIntoFiles(std::vector<uint64_t>{0, 0, 7}, 1), (V{0, 2}));
+  EXPECT_EQ(ShardFileName(0, 1), "model-00001-of-00001.safetensors");
+  EXPECT_EQ(ShardFileName(1, 12), "model-00002-of-00012.safetensors");
+}
+
+// The sharded set: embed.weight (7400 bytes of fp32) alone, blk.0.bias (280) alone, head (420)
+// alone with a 300-byte limit; the index names each tensor's file and the data's total size.
+TEST_F(ExportTest, ShardedSetWithIndex) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    ExportOptions o;
+    o.data_dirs = dirs_;
+    o.out = dir_.sub(std::string("sharded-") + std::string(DTypeName(dtype)));
+    o.dtype = dtype;
+    o.write_buffer_bytes = 4096;
+    o.max_shard_bytes = dtype == DType::kF32 ? 300 : 150;
+    auto stats = ExportSafetensors(o);
+    ASSERT_THAT(stats, IsOk());
+    EXPECT_EQ(stats->files, 3u);
+    EXPECT_LE(stats->peak_buffer_bytes, layout_.options().chunk_elems * 4 + 4096);
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(o.out)) {
+      names.push_back(e.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    ASSERT_EQ(names, (std::vector<std::string>{
+                         "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                         "model-00003-of-00003.safetensors", kShardIndexName}));
+    std::vector<std::string> files;
+    for (size_t i = 0; i < 3; ++i) files.push_back(o.out + "/" + names[i]);
+    Check(files, dtype, 7);
+
+    std::ifstream f(o.out + "/" + kShardIndexName);
+    auto index = nlohmann::json::parse(f);
+    const uint64_t esize = DTypeSize(dtype);
+    uint64_t total = 0;
+    for (uint32_t p = 0; p < layout_.num_params(); ++p) total += layout_.param_numel(p) * esize;
+    EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
+    EXPECT_EQ(stats->file_bytes, total + stats->header_bytes + 3 * 8);
+    EXPECT_EQ(index["weight_map"],
+              (nlohmann::json{{"embed.weight", "model-00001-of-00003.safetensors"},
+                              {"blk.0.bias", "model-00002-of-00003.safetensors"},
+                              {"head", "model-00003-of-00003.safetensors"}}));
+  }
+  // A limit above the model: one file, still with its index.
+  ExportOptions one;
+  one.data_dirs = dirs_;
+  one.out = dir_.sub("sharded-one");
+  one.max_shard_bytes = 1ull << 30;
+  auto stats = ExportSafetensors(one);
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->files, 1u);
+  Check(one.out + "/" + ShardFileName(0, 1), DType::kF32, 7);
+  EXPECT_TRUE(std::filesystem::exists(one.out + "/" + kShardIndexName));
+}
+
+TEST_F(ExportTest, AFailedShardedExportLeavesNoFileUnderItsName) {
+  ExportOptions o;
+  o.data_dirs = dirs_;
+  o.step = 99;  // not on the shards
+  o.out = dir_.sub("sharded-failed");
+  o.max_shard_bytes = 300;
+  EXPECT_THAT(ExportSafetensors(o), StatusIs(Code::kNotFound));
+  EXPECT_FALSE(std::filesystem::exists(o.out + "/" + kShardIndexName));
+  // The second file cannot be created (a directory holds its temporary name): the first,
+  // complete by then, must not carry its name either, and there is no index.
+  o.step = 7;
+  std::filesystem::create_directories(o.out + "/" + ShardFileName(1, 3) + ".tmp");
+  EXPECT_THAT(ExportSafetensors(o), StatusIs(Code::kIoError));
+  EXPECT_FALSE(std::filesystem::exists(o.out + "/" + ShardFileName(0, 3)));
+  EXPECT_FALSE(std::filesystem::exists(o.out + "/" + ShardFileName(0, 3) + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(o.out + "/" + kShardIndexName));
+}
+
 TEST_F(ExportTest, CommandLine) {
   const std::string bin = ZPS_CKPT_BIN;
   auto [rc, out] = RunCommand(bin + " --help");
@@ -150,6 +243,17 @@ TEST_F(ExportTest, CommandLine) {
                                  " --step 6 --dtype bf16 --out " + file);
   ASSERT_EQ(rc, 0) << out;
   Check(file, DType::kBF16, 6);
+  const std::string set = dir_.sub("cli-sharded");
+  std::tie(rc, out) = RunCommand(bin + " export --data-dir " + dirs_[0] + "," + dirs_[1] +
+                                 " --max-shard-size 0.3KB --out " + set);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("in 3 files"), std::string::npos) << out;
+  Check({set + "/" + ShardFileName(0, 3), set + "/" + ShardFileName(1, 3),
+         set + "/" + ShardFileName(2, 3)},
+        DType::kF32, 7);
+  std::tie(rc, out) = RunCommand(bin + " export --data-dir " + dirs_[0] + "," + dirs_[1] +
+                                 " --max-shard-size 5XB --out " + set);
+  EXPECT_EQ(rc, 2) << out;
   std::tie(rc, out) = RunCommand(bin + " export --data-dir " + dirs_[0] + " --out " + file);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("INVALID_ARGUMENT"), std::string::npos) << out;

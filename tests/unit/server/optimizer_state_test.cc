@@ -144,6 +144,40 @@ TEST(OptimizerState, Int8MapRoundTripsEveryCode) {
   EXPECT_EQ(internal::Int8Table(false)[255], 1.0f);
 }
 
+// The binade form that the AVX-512 kernel computes (state_codec.h) gives Int8Quantize's codes:
+// near every threshold it folds in (the zero rule, the decade bounds, 1.0), on a stride through
+// [0, 2), and at inputs where a fused a * scale - 0.1 would round differently (found by an
+// exhaustive search of [0, 2); that search found no difference between the two forms).
+TEST(OptimizerState, Int8BinadeFormGivesInt8QuantizeCodes) {
+  std::vector<uint32_t> bits = {0x3f800000u, 0x3f800001u, 0x3f800002u, 0x3fffffffu};
+  for (float t : {2.75e-7f, 1e-38f, 1e-6f, 1e-5f, 1e-4f, 1e-3f, 1e-2f, 1e-1f, 1.0f}) {
+    const uint32_t b = std::bit_cast<uint32_t>(t);
+    for (uint32_t d = 0; d < 64; ++d) bits.insert(bits.end(), {b + d, b - d});
+  }
+  for (uint32_t b = 0; b < 0x40000000u; b += 4093) bits.push_back(b);
+  for (float x :
+       {0x1.27476cp-21f, 0x1.b43524p-19f, 0x1.450efcp-14f, 0x1.5b573ep-11f, 0x1.d14e3ap-11f}) {
+    bits.push_back(std::bit_cast<uint32_t>(x));
+  }
+  for (uint32_t b : bits) {
+    for (float x : {std::bit_cast<float>(b), -std::bit_cast<float>(b)}) {
+      ASSERT_EQ(internal::Int8QuantizeBinade<true>(x, 1.0f), internal::Int8Quantize<true>(x, 1.0f))
+          << std::hexfloat << x;
+    }
+    const float x = std::bit_cast<float>(b);
+    ASSERT_EQ(internal::Int8QuantizeBinade<false>(x, 1.0f), internal::Int8Quantize<false>(x, 1.0f))
+        << std::hexfloat << x;
+  }
+  // Other scales reach the same a through the same product.
+  for (float inv : {3.0f, 1e-3f, 7.5e4f}) {
+    for (uint32_t b = 0x30000000u; b < 0x3f900000u; b += 65537) {
+      const float x = std::bit_cast<float>(b) / inv;
+      ASSERT_EQ(internal::Int8QuantizeBinade<false>(x, inv), internal::Int8Quantize<false>(x, inv));
+      ASSERT_EQ(internal::Int8QuantizeBinade<true>(-x, inv), internal::Int8Quantize<true>(-x, inv));
+    }
+  }
+}
+
 // Quantization error: relative to each value, bounded by the map's cell (decade 6: 0.9/64
 // signed, 0.9/128 unsigned, relative to 0.1 at worst), and a positive v never becomes 0.
 TEST(OptimizerState, Int8ErrorIsWithinTheMap) {

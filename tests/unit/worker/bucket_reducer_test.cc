@@ -140,6 +140,12 @@ TEST_F(BucketReducerTest, MismatchedBucketsFailNamingTheBucketTheRanksAndTheSize
                                      "(params 1-2: b c), 8 elements)"));
   EXPECT_TRUE(comm_.reduced.empty());  // the data never went to the transport
   EXPECT_TRUE(pushed_.empty());
+  // What a training program re-joins on: a mismatch, with or without context; other errors
+  // of the exchange are not one.
+  EXPECT_TRUE(IsCollectiveMismatch(s));
+  EXPECT_TRUE(IsCollectiveMismatch(s.WithContext("step 12")));
+  EXPECT_FALSE(IsCollectiveMismatch(Status(Code::kDeadlineExceeded, s.message())));
+  EXPECT_FALSE(IsCollectiveMismatch(FailedPrecondition("stale step 3 (chunk at version 4)")));
   // Sticky: the communicator is unusable.
   EXPECT_THAT(reducer_->Add(0, 0, 0, Grad(0, 1.0f)), StatusIs(Code::kFailedPrecondition));
 }
@@ -163,6 +169,25 @@ TEST(BucketReducer, SkipHookLeavesTheBucketOut) {
   ASSERT_THAT((*r)->Drain(), IsOk());
   EXPECT_THAT(comm.reduced, ElementsAre(4u));  // bucket 1 ({a}) only
   EXPECT_EQ(pushes, 1);
+}
+
+TEST(BucketReducer, SkipHookInOneStepLeavesTheOtherStepsAlone) {
+  Layout layout = *Layout::Build({{"a", {4}}, {"b", {4}}}, {});
+  TwinCollectives comm;
+  auto push = [](uint32_t, int64_t, uint64_t, std::span<const float>, uint32_t) {
+    return Status::Ok();
+  };
+  auto r = BucketReducer::Create(layout, {}, &comm, push,
+                                 {.bucket_bytes = 16, .skip_bucket = 0, .skip_step = 1});
+  ASSERT_THAT(r, IsOk());
+  std::vector<float> g(4, 1.0f);
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_THAT((*r)->Add(0, step, 0, g), IsOk());
+    ASSERT_THAT((*r)->Add(1, step, 0, g), IsOk());
+    ASSERT_THAT((*r)->Drain(), IsOk());
+  }
+  // Both buckets in steps 0 and 2, bucket 1 ({a}) alone in step 1.
+  EXPECT_EQ(comm.reduced.size(), 5u);
 }
 
 TEST(BucketReducer, FrozenParametersAreInNoBucket) {

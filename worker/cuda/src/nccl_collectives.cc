@@ -55,14 +55,35 @@ struct NcclCollectives::Impl {
     return s;
   }
 
-  // Before an op: the op's stream waits for what the caller queued so far.
+  // Before an op: the op's stream waits for what the caller queued so far (host buffers: the
+  // host already holds the input; nothing on a device stream to wait for).
   Status Begin() {
     if (!broken.ok()) return broken;
     ZPS_CUDA_RETURN_IF_ERROR(*cu, cu->SetDevice(opts.device), "cudaSetDevice");
+    if (opts.host_buffers) return Status::Ok();
     ZPS_CUDA_RETURN_IF_ERROR(*cu, cu->EventRecord(event, reinterpret_cast<cudaStream_t>(caller)),
                              "cudaEventRecord");
     ZPS_CUDA_RETURN_IF_ERROR(*cu, cu->StreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent");
     return Status::Ok();
+  }
+
+  // The device scratch, at least `bytes` long.
+  Status Scratch(size_t bytes) {
+    if (scratch_bytes >= bytes) return Status::Ok();
+    if (scratch != nullptr) (void)cu->Free(scratch);
+    scratch = nullptr;
+    scratch_bytes = 0;
+    ZPS_CUDA_RETURN_IF_ERROR(*cu, cu->Malloc(&scratch, bytes), "cudaMalloc of the nccl scratch");
+    scratch_bytes = bytes;
+    return Status::Ok();
+  }
+
+  // The copy kinds between the caller's spans and the scratch.
+  cudaMemcpyKind In() const {
+    return opts.host_buffers ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  }
+  cudaMemcpyKind Out() const {
+    return opts.host_buffers ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
   }
 
   // After an op was enqueued (`r` its result): waits for it, bounded, watching the
@@ -88,6 +109,7 @@ struct NcclCollectives::Impl {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    if (opts.host_buffers) return Status::Ok();  // the results are on the host already
     e = cu->StreamWaitEvent(reinterpret_cast<cudaStream_t>(caller), event, 0);
     if (e != cudaSuccess) return Fail(CudaStatus(*cu, e, "cudaStreamWaitEvent"));
     return Status::Ok();
@@ -165,18 +187,10 @@ Status NcclCollectives::ReduceScatter(std::span<float> inout) {
   const uint64_t s = SliceElems(n, world);
   const size_t padded_bytes = PaddedCount(n, world) * sizeof(float);
   ZPS_RETURN_IF_ERROR(d.Begin());
-  if (d.scratch_bytes < padded_bytes) {
-    if (d.scratch != nullptr) (void)d.cu->Free(d.scratch);
-    d.scratch = nullptr;
-    d.scratch_bytes = 0;
-    ZPS_CUDA_RETURN_IF_ERROR(*d.cu, d.cu->Malloc(&d.scratch, padded_bytes),
-                             "cudaMalloc of the reduce-scatter scratch");
-    d.scratch_bytes = padded_bytes;
-  }
+  ZPS_RETURN_IF_ERROR(d.Scratch(padded_bytes));
   auto* buf = static_cast<float*>(d.scratch);
   ZPS_CUDA_RETURN_IF_ERROR(
-      *d.cu,
-      d.cu->MemcpyAsync(buf, inout.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, d.stream),
+      *d.cu, d.cu->MemcpyAsync(buf, inout.data(), n * sizeof(float), d.In(), d.stream),
       "cudaMemcpyAsync");
   if (padded_bytes > n * sizeof(float)) {
     ZPS_CUDA_RETURN_IF_ERROR(
@@ -189,9 +203,8 @@ Status NcclCollectives::ReduceScatter(std::span<float> inout) {
   if (r == ncclSuccess || r == ncclInProgress) {
     const SliceRange slice = RankSlice(n, world, d.opts.rank);
     if (slice.length > 0) {
-      const cudaError_t e =
-          d.cu->MemcpyAsync(inout.data() + slice.begin, mine, slice.length * sizeof(float),
-                            cudaMemcpyDeviceToDevice, d.stream);
+      const cudaError_t e = d.cu->MemcpyAsync(inout.data() + slice.begin, mine,
+                                              slice.length * sizeof(float), d.Out(), d.stream);
       if (e != cudaSuccess) return d.Fail(CudaStatus(*d.cu, e, "cudaMemcpyAsync"));
     }
   }
@@ -207,18 +220,50 @@ Status NcclCollectives::AllGather(std::span<std::byte> inout, size_t block_bytes
   }
   if (world == 1 || block_bytes == 0) return Status::Ok();
   ZPS_RETURN_IF_ERROR(d.Begin());
-  std::byte* mine = inout.data() + static_cast<size_t>(d.opts.rank) * block_bytes;
-  return d.Finish(d.nc->AllGather(mine, inout.data(), block_bytes, ncclUint8, d.comm, d.stream),
-                  "all-gather");
+  const size_t offset = static_cast<size_t>(d.opts.rank) * block_bytes;
+  if (!d.opts.host_buffers) {
+    std::byte* mine = inout.data() + offset;
+    return d.Finish(d.nc->AllGather(mine, inout.data(), block_bytes, ncclUint8, d.comm, d.stream),
+                    "all-gather");
+  }
+  // Host buffers: this rank's block to the scratch, gathered there, and all of it back.
+  ZPS_RETURN_IF_ERROR(d.Scratch(inout.size()));
+  auto* buf = static_cast<std::byte*>(d.scratch);
+  ZPS_CUDA_RETURN_IF_ERROR(*d.cu,
+                           d.cu->MemcpyAsync(buf + offset, inout.data() + offset, block_bytes,
+                                             cudaMemcpyHostToDevice, d.stream),
+                           "cudaMemcpyAsync");
+  ncclResult_t r = d.nc->AllGather(buf + offset, buf, block_bytes, ncclUint8, d.comm, d.stream);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    const cudaError_t e =
+        d.cu->MemcpyAsync(inout.data(), buf, inout.size(), cudaMemcpyDeviceToHost, d.stream);
+    if (e != cudaSuccess) return d.Fail(CudaStatus(*d.cu, e, "cudaMemcpyAsync"));
+  }
+  return d.Finish(r, "all-gather");
 }
 
 Status NcclCollectives::AllReduce(std::span<float> inout) {
   Impl& d = *impl_;
   if (d.opts.world_size == 1 || inout.empty()) return Status::Ok();
   ZPS_RETURN_IF_ERROR(d.Begin());
-  return d.Finish(d.nc->AllReduce(inout.data(), inout.data(), inout.size(), ncclFloat32, ncclSum,
-                                  d.comm, d.stream),
-                  "all-reduce");
+  if (!d.opts.host_buffers) {
+    return d.Finish(d.nc->AllReduce(inout.data(), inout.data(), inout.size(), ncclFloat32, ncclSum,
+                                    d.comm, d.stream),
+                    "all-reduce");
+  }
+  ZPS_RETURN_IF_ERROR(d.Scratch(inout.size_bytes()));
+  auto* buf = static_cast<float*>(d.scratch);
+  ZPS_CUDA_RETURN_IF_ERROR(
+      *d.cu,
+      d.cu->MemcpyAsync(buf, inout.data(), inout.size_bytes(), cudaMemcpyHostToDevice, d.stream),
+      "cudaMemcpyAsync");
+  ncclResult_t r = d.nc->AllReduce(buf, buf, inout.size(), ncclFloat32, ncclSum, d.comm, d.stream);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    const cudaError_t e =
+        d.cu->MemcpyAsync(inout.data(), buf, inout.size_bytes(), cudaMemcpyDeviceToHost, d.stream);
+    if (e != cudaSuccess) return d.Fail(CudaStatus(*d.cu, e, "cudaMemcpyAsync"));
+  }
+  return d.Finish(r, "all-reduce");
 }
 
 }  // namespace zps::worker

@@ -57,6 +57,12 @@ class WorkerAccess final : public ParamAccess {
   void set_after_slice(std::function<void(int64_t step, int slices)> hook) {
     after_slice_ = std::move(hook);
   }
+  /// Test hook, pre-reduced: asked before each bucket's reduce-scatter with the step and the
+  /// bucket's index in it; true = this rank skips that collective (and its slice pushes), to
+  /// feed the ranks mismatched collectives (ZPS_TEST_SKIP_BUCKET).
+  void set_skip_bucket(std::function<bool(int64_t step, uint32_t bucket)> hook) {
+    skip_bucket_ = std::move(hook);
+  }
 
  private:
   Status PushGradNow(uint32_t param_id, std::span<const float> grad);
@@ -68,6 +74,7 @@ class WorkerAccess final : public ParamAccess {
   std::function<void(int64_t, int)> after_push_;
   int slices_ = 0;  // slice pushes in this step (pre-reduced)
   std::function<void(int64_t, int)> after_slice_;
+  std::function<bool(int64_t, uint32_t)> skip_bucket_;
   bool inject_ = false;
   std::unordered_map<uint32_t, std::vector<float>> views_;
   worker::Collectives* reduce_ = nullptr;

@@ -47,6 +47,9 @@ struct BucketReducerOptions {
   /// Test hook: this rank skips the reduce-scatter of bucket `skip_bucket` (its position in the
   /// reduce order), to feed the ranks mismatched collectives. Default: -1 = none.
   int64_t skip_bucket = -1;
+  /// Test hook: skip_bucket only in this step (the first micro-batch of it). Default: -1 = in
+  /// every step.
+  int64_t skip_step = -1;
 };
 
 struct BucketReducerStats {

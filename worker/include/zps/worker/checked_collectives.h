@@ -14,6 +14,11 @@
 // (DeadlineExceeded). After any error the object is broken: every later call returns the same
 // error at once (the communicator is unusable; build a new one).
 //
+// A mismatch (IsCollectiveMismatch) is what a training program recovers from as from a dead
+// rank: every rank re-joins the job, builds a new communicator and redoes the step from the
+// state the servers rolled back to; a mismatch that comes back in the redone step is in the
+// program itself (ranks that diverge deterministically) and ends the job with the error.
+//
 // Thread-safety: as Collectives: one thread at a time.
 #pragma once
 
@@ -34,6 +39,10 @@ struct CollectiveOp {
   uint32_t id = 0;     // the caller's name for it: a bucket index, a plan position
   uint64_t count = 0;  // elements (reduce-scatter) or block bytes (all-gather)
 };
+
+/// Whether `s` (with any context added) is a mismatch the descriptor exchange found: the ranks
+/// issued different collectives (FailedPrecondition). A timeout or a lost peer is not one.
+bool IsCollectiveMismatch(const Status& s);
 
 class CheckedCollectives {
  public:

@@ -9,7 +9,11 @@
 //   ZPS_RETURN_IF_ERROR((*c)->ReduceScatter({grad_dev, numel}));   // DEVICE memory
 //
 // The spans of every operation are DEVICE memory on `device` (pointers into it; the span
-// itself is never read on the host). Counts must be equal on every rank: reduce-scatter copies
+// itself is never read on the host), or, with `host_buffers`, host memory: each operation then
+// copies its input into device scratch, runs there, and copies the result back (reduce-scatter:
+// this rank's slice only), on the communicator's stream alone (set_stream does not apply), so
+// that a host-side reducer (BucketReducer) can drive NCCL as it drives Gloo. Counts must be
+// equal on every rank: reduce-scatter copies
 // the input into a scratch buffer padded to a multiple of the world size (zero tail) and runs
 // ncclReduceScatter in place; all-gather and all-reduce run in place. Operations run on the
 // communicator's own stream, ordered after the work queued on the caller's stream (an event)
@@ -48,6 +52,8 @@ struct NcclOptions {
   std::string prefix = "nccl";
   int device = 0;  // Default: 0. The CUDA device this rank's buffers live on.
   std::chrono::milliseconds timeout{300000};  // Default: 5 min for the rendezvous and each op.
+  /// The operations' spans are host memory, staged through device scratch. Default: false.
+  bool host_buffers = false;
 };
 
 /// Whether NCCL can be loaded here: Ok or FailedPrecondition naming why not.
