@@ -36,6 +36,7 @@
 #include "zps/common/spill_budget.h"
 #include "zps/server/job.h"
 #include "zps/train/data.h"
+#include "zps/train/job_flags.h"
 #include "zps/train/model.h"
 #include "zps/train/options.h"
 #include "zps/train/reference.h"
@@ -106,48 +107,56 @@ struct TrainOptions {
   ModelConfig model;
   DataOptions data;
   std::string corpus;
+  nlohmann::json job;  // the job-spec flags' JSON job description (JobFlags::Json)
 };
 
-void Register(Flags& f, TrainOptions& o) {
+// The job-spec flags go through `j`: each names its key in the JSON job description (BuildJob).
+void Register(Flags& f, JobFlags& j, TrainOptions& o) {
   f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)",
         &o.mode);
   f.Add("endpoint", "coordinator host:port (worker mode)", &o.endpoint);
   f.Add("token", "shared auth secret (prefer token-file)", &o.token);
   f.Add("token-file", "file holding the shared auth secret", &o.token_file);
   f.Add("rank", "this worker's rank", &o.rank, 0, 65535);
-  f.Add("world-size", "number of worker ranks", &o.world_size, 1, 65536);
-  f.Add("shards", "number of shards in the job", &o.shards, 1, 4096);
+  j.Add("world-size", "number of worker ranks", "shard.world_size", &o.world_size, 1, 65536);
+  j.Add("shards", "number of shards in the job", "num_shards", &o.shards, 1, 4096);
   f.Add("steps", "training steps", &o.steps, 1, INT64_MAX / 2);
-  f.Add("optimizer", "adam, adamw or sgd", &o.optimizer);
-  f.Add("lr", "learning rate", &o.lr);
-  f.Add("weight-decay", "weight decay", &o.weight_decay);
-  f.Add("beta1", "Adam beta1", &o.beta1);
-  f.Add("beta2", "Adam beta2", &o.beta2);
-  f.Add("eps", "Adam epsilon", &o.eps);
-  f.Add("max-grad-norm", "global gradient-norm clip (0 = off)", &o.max_grad_norm);
-  f.Add("lr-schedule", "servers' lr schedule: none, WarmupLR, WarmupDecayLR or WarmupCosineLR",
-        &o.lr_schedule);
-  f.Add("warmup-num-steps", "lr schedule warmup updates", &o.warmup_num_steps, 1, INT64_MAX / 2);
-  f.Add("total-num-steps", "lr schedule total updates (0 = --steps)", &o.total_num_steps, 0,
-        INT64_MAX / 2);
-  f.Add("warmup-type", "lr schedule warmup: log or linear", &o.warmup_type);
-  f.Add("loss-scaling", "fp16 dynamic loss scaling (pushes fp16 gradients)", &o.loss_scaling);
-  f.Add("initial-loss-scale", "first loss scale with --loss-scaling", &o.initial_loss_scale);
-  f.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
-        &o.grad_dtype);
-  f.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", &o.serving_dtype);
-  f.Add("state-dtype",
+  j.Add("optimizer", "adam, adamw or sgd", "optimizer.type", &o.optimizer);
+  j.Add("lr", "learning rate", "optimizer.lr", &o.lr);
+  j.Add("weight-decay", "weight decay", "optimizer.weight_decay", &o.weight_decay);
+  j.Add("beta1", "Adam beta1", "optimizer.beta1", &o.beta1);
+  j.Add("beta2", "Adam beta2", "optimizer.beta2", &o.beta2);
+  j.Add("eps", "Adam epsilon", "optimizer.eps", &o.eps);
+  j.Add("max-grad-norm", "global gradient-norm clip (0 = off)", "commit.max_grad_norm",
+        &o.max_grad_norm);
+  j.Add("lr-schedule", "servers' lr schedule: none, WarmupLR, WarmupDecayLR or WarmupCosineLR",
+        "shard.lr_schedule.type", &o.lr_schedule);
+  j.Add("warmup-num-steps", "lr schedule warmup updates", "shard.lr_schedule.warmup_num_steps",
+        &o.warmup_num_steps, 1, INT64_MAX / 2);
+  j.Add("total-num-steps", "lr schedule total updates (0 = --steps)",
+        "shard.lr_schedule.total_num_steps", &o.total_num_steps, 0, INT64_MAX / 2);
+  j.Add("warmup-type", "lr schedule warmup: log or linear", "shard.lr_schedule.warmup_type",
+        &o.warmup_type);
+  j.Add("loss-scaling", "fp16 dynamic loss scaling (pushes fp16 gradients)",
+        "commit.dynamic_loss_scale", &o.loss_scaling);
+  j.Add("initial-loss-scale", "first loss scale with --loss-scaling", "commit.initial_loss_scale",
+        &o.initial_loss_scale);
+  j.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
+        "shard.grad_dtype", &o.grad_dtype);
+  j.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", "shard.serving_dtype",
+        &o.serving_dtype);
+  j.Add("state-dtype",
         "how the shards store the optimizer's moments beside the fp32 master: fp32, bf16 "
         "(stochastic rounding) or int8 (blockwise, dynamic map)",
-        &o.state_dtype);
-  f.Add("reduction",
+        "optimizer.state_dtype", &o.state_dtype);
+  j.Add("reduction",
         "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
         "reduce-scatter each gradient with Gloo; each pushes its slice)",
-        &o.reduction);
-  f.Add("update",
+        "shard.reduction", &o.reduction);
+  j.Add("update",
         "the shards' update mode: sync (optimizer after the commit) or speculative (each chunk "
         "as soon as its gradient is complete; bit-identical)",
-        &o.update);
+        "shard.update", &o.update);
   f.Add("fetch-strategy",
         "direct (every rank fetches whole parameters) or bandwidth-centric (each rank fetches its "
         "slice, the ranks all-gather with Gloo)",
@@ -160,7 +169,8 @@ void Register(Flags& f, TrainOptions& o) {
         "address this rank's Gloo tcp device binds and advertises (default: 127.0.0.1 when the "
         "endpoint is on loopback, else the host name)",
         &o.gloo_hostname);
-  f.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", &o.chunk_elems);
+  j.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", "chunk_elems",
+             &o.chunk_elems);
   f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step",
         &o.inject_overflow_step, -1, INT64_MAX);
   f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)",
@@ -196,43 +206,6 @@ void Register(Flags& f, TrainOptions& o) {
         &o.work_dir);
   AddModelFlags(f, &o.model);
   AddDataFlags(f, &o.data, &o.corpus);
-}
-
-Result<server::JobSpec> BuildJob(const TrainOptions& o) {
-  ZPS_ASSIGN_OR_RETURN(
-      Layout layout,
-      Layout::Build(LayoutSpecs(Specs(o.model)), {.chunk_elems = o.chunk_elems,
-                                                  .align_elems = 64,
-                                                  .num_shards = static_cast<uint32_t>(o.shards)}));
-  server::JobSpec job{std::move(layout), {}, {}, {}};
-  ZPS_ASSIGN_OR_RETURN(job.shard.mode, server::ParseReductionMode(o.reduction));
-  job.shard.world_size = static_cast<uint32_t>(o.world_size);
-  ZPS_ASSIGN_OR_RETURN(job.shard.update_mode, server::ParseUpdateMode(o.update));
-  std::string gd = o.grad_dtype.empty() ? (o.loss_scaling ? "fp16" : "fp32") : o.grad_dtype;
-  std::string sd = o.serving_dtype.empty() ? (o.loss_scaling ? "fp16" : "bf16") : o.serving_dtype;
-  ZPS_ASSIGN_OR_RETURN(job.shard.grad_dtype, ParseDType(gd));
-  ZPS_ASSIGN_OR_RETURN(job.shard.serving_dtype, ParseDType(sd));
-  ZPS_ASSIGN_OR_RETURN(job.optimizer.kind, server::ParseOptimizerKind(o.optimizer));
-  ZPS_ASSIGN_OR_RETURN(job.optimizer.state_dtype, ParseStateDType(o.state_dtype));
-  job.optimizer.lr = static_cast<float>(o.lr);
-  job.optimizer.beta1 = static_cast<float>(o.beta1);
-  job.optimizer.beta2 = static_cast<float>(o.beta2);
-  job.optimizer.eps = static_cast<float>(o.eps);
-  job.optimizer.weight_decay = static_cast<float>(o.weight_decay);
-  server::LrScheduleConfig& ls = job.shard.lr_schedule;
-  ZPS_ASSIGN_OR_RETURN(ls.kind, server::ParseLrScheduleKind(o.lr_schedule));
-  ZPS_ASSIGN_OR_RETURN(ls.warmup_type, server::ParseWarmupType(o.warmup_type));
-  ls.warmup_num_steps = o.warmup_num_steps;
-  ls.total_num_steps = o.total_num_steps > 0 ? o.total_num_steps : o.steps;
-  ls.warmup_min_lr = 0.0;
-  ls.warmup_max_lr = o.lr;
-  if (ls.kind == server::LrScheduleKind::kNone) ls = {};  // the job spec stays version 1
-  job.commit.max_grad_norm = o.max_grad_norm;
-  job.commit.grad_divisor = o.world_size;
-  job.commit.dynamic_loss_scale = o.loss_scaling;
-  job.commit.initial_loss_scale = o.initial_loss_scale;
-  ZPS_RETURN_IF_ERROR(job.Validate());
-  return job;
 }
 
 void PrintCrcs(const std::vector<std::pair<uint32_t, uint32_t>>& crcs) {
@@ -292,7 +265,7 @@ void PrintHistogram(int rank, const char* what, const metrics::Histogram& h,
 // ---- reference mode: the whole job in this process ------------------------------------------
 
 Status RunReference(const TrainOptions& o) {
-  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o.job, o.model, o.steps));
   ReferenceOptions ro;
   ro.layout = job.layout.options();
   ro.optimizer = job.optimizer;
@@ -414,7 +387,7 @@ int64_t UnixMillis() {
 }
 
 Status RunWorker(const TrainOptions& o) {
-  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o.job, o.model, o.steps));
   const auto spec = job.Serialize();
   // Metrics first, so /healthz answers while the worker joins; /readyz once it has joined.
   metrics::Registry registry;
@@ -712,7 +685,7 @@ Status RunWorker(const TrainOptions& o) {
 
 Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   // A budget no shard could start with is refused before any starts, with the shards' advice.
-  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o));
+  ZPS_ASSIGN_OR_RETURN(server::JobSpec job, BuildJob(o.job, o.model, o.steps));
   ZPS_RETURN_IF_ERROR(
       CheckJobMemoryBudget(job, o.shard_memory_budget).WithContext("--shard-memory-budget"));
   LocalCluster cluster;
@@ -738,13 +711,20 @@ int main(int argc, char** argv) {
               "Trains a byte-level decoder-only transformer through zps. With no endpoint it "
               "starts a local cluster (--shards zps-server processes and --world-size workers on "
               "loopback) and trains on the Debian license texts.");
-  Register(flags, o);
+  JobFlags job_flags(&flags);
+  Register(flags, job_flags, o);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", parsed.status().ToString().c_str());
     return 2;
   }
   if (*parsed == ParseOutcome::kHelpShown) return 0;
+  auto job = job_flags.Json();
+  if (!job.ok()) {
+    std::fprintf(stderr, "zps-train: %s\n", job.status().ToString().c_str());
+    return 2;
+  }
+  o.job = std::move(*job);
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", level.status().ToString().c_str());

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "shard/snapshot_manager.h"
 #include "zps/common/bytes.h"
 #include "zps/common/config.h"
 #include "zps/common/logging.h"

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "shard/buffer_pool.h"
 #include "shard/chunk_layout.h"
 #include "shard/serving_tier.h"
 #include "shard/shard_chunk.h"
+#include "shard/snapshot_manager.h"
 #include "shard/update_policy.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/logging.h"
@@ -24,7 +24,6 @@ ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& j
       schedule_(job.lr_schedule),
       serving_words_(kinds_->serving_words()),
       accum_(job.accumulation_steps),
-      buffers_(std::make_unique<BufferPool>()),
       policy_(UpdatePolicy::Sync(this)),
       serving_(std::make_unique<ServingTier>(this)) {}
 
@@ -52,7 +51,10 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   const uint32_t slots =
       (job.mode == ReductionMode::kServerSum ? job.world_size : 1) * job.accumulation_steps;
   const ChunkLayout& kinds = *s->kinds_;
-  s->chunks_.resize(s->chunk_ids_.size());
+  s->chunks_.resize(s->chunk_ids_.size());  // never resized again: the manager reads it
+  s->snapshots_ = std::make_unique<SnapshotManager>(
+      s->chunk_ids_,
+      [raw = s.get()](size_t i) -> const ChunkBuffers& { return raw->chunks_[i].state; });
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
   s->serving_in_store_ = spilling && spill->serving_records;
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
@@ -463,7 +465,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
                                   " before ReduceStep");
       }
     }
-    snap = snapshot_.lock();
+    snap = snapshots_->Current();
   }
   const bool rewrite_serving = !order.skip && serving_in_store_;
   if (rewrite_serving) serving_->BeginRewrite();

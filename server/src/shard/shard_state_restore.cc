@@ -1,11 +1,13 @@
-// ShardState's durability operations: visiting the state for a checkpoint, and rolling back to
-// a restored one. See shard_state.h.
+// ShardState's durability operations: visiting the state for a checkpoint, opening a snapshot of
+// it for one written in the background (snapshot_manager.h), and rolling back to a restored one.
+// See shard_state.h.
 #include <algorithm>
 #include <cstring>
 
 #include "shard/chunk_layout.h"
 #include "shard/serving_tier.h"
 #include "shard/shard_chunk.h"
+#include "shard/snapshot_manager.h"
 #include "shard/update_policy.h"
 #include "zps/common/logging.h"
 #include "zps/server/shard_state.h"
@@ -55,6 +57,30 @@ void ShardState::FailWaiters(const Status& reason) {
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
 }
 
+void ShardState::ReserveSnapshotBuffers() {
+  if (store_) return;
+  snapshots_->Reserve("shard " + std::to_string(ordinal_));
+}
+
+Result<std::shared_ptr<ShardSnapshot>> ShardState::BeginSnapshot() {
+  MutexLock lock(&mu_);
+  if (store_) {
+    return FailedPrecondition(
+        "a shard with a memory budget (state in the spill store) writes "
+        "its checkpoints synchronously");
+  }
+  if (chunks_.empty()) return FailedPrecondition("the shard holds no chunks");
+  const int64_t version = chunks_.front().version;
+  for (const Chunk& c : chunks_) {
+    if (c.version != version) {
+      return FailedPrecondition("chunks are at different versions (" + std::to_string(version) +
+                                " and " + std::to_string(c.version) + ")");
+    }
+  }
+  if (version < 0) return FailedPrecondition("the shard's chunks are not initialised yet");
+  return snapshots_->Open(version);
+}
+
 Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Status& reason) {
   if (version == 0 || version < -1) {
     return InvalidArgument("a shard rolls back to version -1 or >= 1, not " +
@@ -69,7 +95,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     // The chunk being speculated reads the live state and the gradient slots: let it finish.
     cv_.Wait(lock, [&]() REQUIRES(mu_) { return shutdown_ || policy_->Idle(); });
     policy_->Reset();
-    snap = snapshot_.lock();
+    snap = snapshots_->Current();
     sealed_step_ = INT64_MIN;
     for (Chunk& c : chunks_) {
       c.spec = SpecPhase::kIdle;
@@ -84,7 +110,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   }
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
   ZPS_RETURN_IF_ERROR(slots);
-  for (size_t i = 0; snap && i < chunks_.size(); ++i) snap->Preserve(i);
+  if (snap) snapshots_->PreserveAll(*snap);
   if (serving_in_store_) serving_->BeginRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by

@@ -17,6 +17,7 @@
 #include "shard/buffer_pool.h"
 #include "shard/chunk_layout.h"
 #include "shard/shard_chunk.h"
+#include "shard/snapshot_manager.h"
 #include "zps/common/logging.h"
 
 namespace zps::server {
@@ -97,21 +98,10 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
 Status ShardState::UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
                                      std::span<uint16_t> serving) {
   Chunk& c = chunks_[i];
-  if (!snap.Live(i)) {  // the snapshot has its own copy: the live state is ours again
-    return UpdateChunk(c, c.state.spans(), serving, order);
-  }
-  ZPS_ASSIGN_OR_RETURN(ChunkBuffers fresh, buffers_->TakeLike(c.state));
-  // The live state is not written (the reader may copy it meanwhile); the new state goes to the
-  // fresh buffers, which then replace it.
-  const ConstChunkState live = std::as_const(c.state).spans();
-  Status s = UpdateChunk(c, fresh.spans(), serving, order, &live);
-  if (!s.ok()) {
-    buffers_->Give(std::move(fresh));
-    return s;
-  }
-  if (!snap.Adopt(i, c.state)) buffers_->Give(std::move(c.state));  // the reader took it already
-  c.state = std::move(fresh);
-  return Status::Ok();
+  return snapshots_->UpdateOutOfPlace(snap, i, c.state,
+                                      [&](const ChunkState& out, const ConstChunkState* source) {
+                                        return UpdateChunk(c, out, serving, order, source);
+                                      });
 }
 
 // ---- sync: every chunk at the commit
@@ -345,7 +335,7 @@ Status ShardState::SpeculativeUpdate::Speculate(const Chunk& c, Spare& sp,
   ShardState& s = *s_;
   const uint64_t n = c.size;
   if (!s.store_ && sp.state.master.size() != n) {  // given to a checkpoint's snapshot
-    ZPS_ASSIGN_OR_RETURN(sp.state, s.buffers_->TakeLike(c.state));
+    ZPS_ASSIGN_OR_RETURN(sp.state, s.snapshots_->buffers().TakeLike(c.state));
   }
   ChunkState st = sp.state.prefix(n);
   if (s.store_) {  // read into the spare, updated there in place
@@ -498,7 +488,7 @@ Status ShardState::SpeculativeUpdate::ApplyTo(const std::vector<size_t>& chunks,
   std::shared_ptr<Snapshot> snap;  // read again: a checkpoint may have begun beside `now`
   {
     MutexLock lock(&s_->mu_);
-    snap = s_->snapshot_.lock();
+    snap = s_->snapshots_->Current();
     Counts here;
     for (size_t i : chunks) {
       const Chunk& c = s.chunks_[i];
@@ -535,15 +525,11 @@ Status ShardState::SpeculativeUpdate::ApplyTo(const std::vector<size_t>& chunks,
     for (size_t i : chunks) {
       Chunk& c = s.chunks_[i];
       const std::span<uint16_t> next = ServingFor(c, order.step + 1);
-      if (use[i] && snap && snap->Adopt(i, c.state)) {
-        // A checkpoint still needs the pre-update state: it took the live buffers themselves;
-        // the spare's become the live ones, and the spare is allocated again by the next
-        // speculation of the chunk (off the critical path).
-        c.state = std::move(spares_[i].state);
-        continue;
-      }
       if (use[i]) {
-        c.state.swap(spares_[i].state);
+        // When a checkpoint still needs the pre-update state it takes the live buffers
+        // themselves, and the spare is allocated again by the next speculation of the chunk (off
+        // the critical path); otherwise the old state becomes the spare.
+        s.snapshots_->Replace(snap.get(), i, c.state, spares_[i].state);
       } else if (snap) {
         ZPS_RETURN_IF_ERROR(s.UpdateForSnapshot(i, *snap, order, next));
       } else {

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "shard/snapshot_manager.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
 #include "zps/testing/status_matchers.h"

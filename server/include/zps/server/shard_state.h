@@ -231,9 +231,10 @@ struct ShardStateBytes {
 inline constexpr uint32_t kServingStagingBuffers = 4;
 
 // ShardState's parts (server/src/shard/).
-class BufferPool;
 class ChunkLayout;
 struct ChunkBuffers;
+class ShardSnapshot;  // a background checkpoint's snapshot (snapshot_manager.h)
+class SnapshotManager;
 
 class ShardState {
  public:
@@ -323,8 +324,8 @@ class ShardState {
     test_hook_ = std::move(hook);
   }
 
-  // ---- snapshots for checkpoints written in the background (shard_state_snapshot.cc) ----
-  class Snapshot;
+  // ---- snapshots for checkpoints written in the background (snapshot_manager.h) ----
+  using Snapshot = ShardSnapshot;
   /// Takes a consistent snapshot of every chunk's master, m and v at the current version,
   /// copy-on-write per chunk: nothing is copied now; the first later change of a chunk (an
   /// update, a publish, a rollback) first hands that chunk's state to the snapshot, unless the
@@ -404,12 +405,15 @@ class ShardState {
   //   shard_chunk.h      the chunk table's entry (Chunk): versions, waiters, phase (mu_)
   //   gradient_slots.h   a chunk's gradient slots and coverage (mu_)
   //   update_policy.h    when the optimizer runs: sync or speculative (mu_)
-  //   buffer_pool.h      the snapshot buffers (a leaf lock)
+  //   snapshot_manager.h background checkpoints' copy-on-write snapshots (its own lock, a
+  //                      leaf; each snapshot's lock is never taken under mu_)
+  //   buffer_pool.h      the snapshots' buffers, shared with out-of-place updates (a leaf lock)
   //   serving_tier.h     spilled serving copies and their reader (mu_)
   //   serving_staging.h  its staging buffers and read cache (a leaf lock)
-  // Lock order: mu_, then the store's internal mutex (no store callback takes mu_) or a leaf; a
-  // Snapshot's mu_ is never taken under mu_ (shard_state_snapshot.cc). Callbacks run after mu_
-  // is released.
+  // Lock order: mu_, then the store's internal mutex (no store callback takes mu_) or a leaf
+  // (the snapshot manager's); a snapshot's mu_ is never taken under mu_: the open snapshot is
+  // read under mu_, the snapshot manager's write hooks are called after it is released.
+  // Callbacks run after mu_ is released.
   struct Waiter {
     FetchRequest req;
     FetchCallback cb;
@@ -472,8 +476,8 @@ class ShardState {
   Status UpdateChunk(const Chunk& c, const ChunkState& st, std::span<uint16_t> serving,
                      const CommitOrder& order, const ConstChunkState* source = nullptr,
                      const Optimizer* opt = nullptr) const;
-  // The sync update of chunk i while `snap` may still need its state: out of place into fresh
-  // buffers, then the old ones go to the snapshot (or back to the pool).
+  // The sync update of chunk i while `snap` may still need its state
+  // (SnapshotManager::UpdateOutOfPlace).
   Status UpdateForSnapshot(size_t i, Snapshot& snap, const CommitOrder& order,
                            std::span<uint16_t> serving);
   // Where version `version` of c's serving copy is written and served from: its bank (version
@@ -517,60 +521,16 @@ class ShardState {
   Status shutdown_reason_ GUARDED_BY(mu_);
 
   std::function<void(std::string_view, int64_t)> test_hook_;  // SetTestHook
-  // The open snapshot of a background checkpoint (shard_state_snapshot.cc), and the buffers it
-  // hands back for the next out-of-place update (buffer_pool.h).
-  std::weak_ptr<Snapshot> snapshot_ GUARDED_BY(mu_);
-  const std::unique_ptr<BufferPool> buffers_;
+  // Background checkpoints' snapshots and the buffer pool they share with out-of-place updates
+  // and spares (snapshot_manager.h; its lock comes after mu_). Set at Create, once the chunk
+  // table is.
+  std::unique_ptr<SnapshotManager> snapshots_;
   // When the optimizer runs: sync, or speculative with its thread and spares (update_policy.h);
   // its fields are mu_'s. Declared after mu_ (destroyed first); the destructor stops it.
   std::unique_ptr<UpdatePolicy> policy_;
   // Spilled serving copies: the fetch queue and generation (mu_'s) and the "zps-serving-rd"
   // reader (serving_tier.h). After mu_; the destructor stops it.
   const std::unique_ptr<ServingTier> serving_;
-};
-
-/// A consistent copy-on-write snapshot of a shard's master, m and v at one version
-/// (ShardState::BeginSnapshot), for a checkpoint written while later steps run. Chunks not yet
-/// changed since the snapshot are read from the live state; a step that changes one first
-/// gives its pre-update buffers here (the update runs out of place; a rollback copies), so its
-/// memory cost is at most one copy of the state, only for chunks that change before the
-/// reader gets to them; written buffers go back to the ShardState's pool.
-/// Thread-safety: Visit on one thread at a time; Preserve (ShardState) from any. The
-/// ShardState must outlive the snapshot's Visit.
-class ShardState::Snapshot {
- public:
-  int64_t version() const { return version_; }
-  /// Visits every chunk ascending, as ShardState::VisitChunkState, with the state as of the
-  /// snapshot; `fn` runs on the calling thread without ShardState's lock, spans valid during
-  /// the call. It first copies every chunk not yet changed into buffers of its own (a step
-  /// then updates that chunk in place), then calls `fn` for each. Call once. Errors:
-  /// ResourceExhausted (a copy could not allocate), whatever `fn` returns (the visit stops).
-  Status Visit(const ChunkVisitor& fn);
-  /// Chunks changed before the reader took them (kept for it: the copy-on-write count).
-  uint64_t copied_on_write() const;
-
-  Snapshot(ShardState* state, int64_t version);  // use ShardState::BeginSnapshot
-  ~Snapshot();
-
- private:
-  friend class ShardState;
-  enum class Phase : uint8_t { kLive, kCopied, kTaken };
-  struct Entry;                 // per chunk: its phase and, once copied, its state
-  void Preserve(size_t index);  // before chunk `index` changes
-  // Before chunk `index`'s buffers are replaced (a speculative publish): when the snapshot still
-  // needs the live state, takes the buffers themselves (no copy) and returns true.
-  bool Adopt(size_t index, ChunkBuffers& live);
-  // Whether the snapshot still needs chunk `index`'s live state (no copy of its own yet).
-  bool Live(size_t index) const;
-  // Copies chunk `index`'s live state into `to` (sized here, from the pool).
-  Status CopyLive(size_t index, ChunkBuffers& to) const;
-
-  ShardState* state_;
-  const int64_t version_;
-  mutable Mutex mu_;
-  std::vector<Entry> entries_ GUARDED_BY(mu_);  // per chunk (chunks_ order)
-  Status error_ GUARDED_BY(mu_);                // a copy-on-write that failed
-  uint64_t cow_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zps::server
