@@ -321,6 +321,8 @@ Status RunReference(const TrainOptions& o) {
     return trainer->Evaluate(eval_tokens, eval_rows);
   };
   ZPS_ASSIGN_OR_RETURN(const double eval_start, eval());
+  std::printf("reference: %llu parameters; held-out loss at start %.4f\n",
+              static_cast<unsigned long long>(CountParams(o.model)), eval_start);
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     auto ts = Clock::now();
