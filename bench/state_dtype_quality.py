@@ -233,23 +233,34 @@ def finals(per):
     return step, {dt: dict(d["held"])[step] for dt, d in per.items()}
 
 
+def train_tail(d, step):
+    """Mean train loss over the last 10% of the steps up to `step`: a second, less noisy view
+    than one held-out evaluation."""
+    tail = [v for s, v in d["train"] if 0.9 * step < s <= step]
+    return sum(tail) / len(tail) if tail else math.nan
+
+
 def cmd_plot(args):
     data = load(args.csv)
     models = [m for m in args.order.split(",") if m in data] + sorted(
         m for m in data if m not in args.order.split(","))
-    print("| model | steps | state dtype | held-out loss | vs fp32 state | band |")
-    print("|---|---|---|---|---|---|")
+    print("| model | steps | state dtype | held-out loss | vs fp32 state | band | "
+          "train loss, last 10% of steps | vs fp32 state |")
+    print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in models:
         step, fin = finals(data[m])
         summary[m] = (step, fin)
+        tails = {dt: train_tail(data[m][dt], step) for dt in fin}
         for dt in [d for d in DTYPES if d in fin]:
             rel = (fin[dt] - fin["fp32"]) / fin["fp32"] if "fp32" in fin else math.nan
+            trel = (tails[dt] - tails["fp32"]) / tails["fp32"] if "fp32" in fin else math.nan
             band = BANDS.get(dt)
             verdict = "" if band is None else (
-                f"within {band:.1%}" if abs(rel) <= band else f"OUTSIDE {band:.1%}")
+                f"within {band:.1%}" if abs(rel) <= band else f"**outside {band:.1%}**")
             print(f"| {m} | {step} | {dt} | {fin[dt]:.4f} | "
-                  f"{'' if dt == 'fp32' else f'{rel:+.2%}'} | {verdict} |")
+                  f"{'' if dt == 'fp32' else f'{rel:+.2%}'} | {verdict} | {tails[dt]:.4f} | "
+                  f"{'' if dt == 'fp32' else f'{trel:+.2%}'} |")
     if not args.png:
         return 0
     import matplotlib
