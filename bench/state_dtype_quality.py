@@ -21,7 +21,7 @@ field not measured at that step is empty.
           prints a Markdown table of the final held-out losses against fp32 state with the
           bands (int8 within 1%, bf16 within 0.5%).
 
-    /usr/bin/python3 bench/state_dtype_quality.py torch --models lm,resnet18 --steps 300 \\
+    /usr/bin/python3 bench/state_dtype_quality.py torch --models lm,mobilenet_v3_small --steps 200 \\
         --csv /tmp/q.csv
     build/bin/zps-train --state-dtype int8 --steps 2000 --log-every 1 --eval-every 100 > int8.log
     /usr/bin/python3 bench/state_dtype_quality.py parse --model zps-train-lm --dtype int8 \\
@@ -314,7 +314,7 @@ def main():
     t = sub.add_parser("torch", help="train through zps.torch in each state dtype")
     t.add_argument("--models", default="lm,mobilenet_v3_small", help="lm and/or a torchvision model name")
     t.add_argument("--state-dtypes", default="fp32,bf16,int8")
-    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--steps", type=int, default=200)
     t.add_argument("--eval-every", type=int, default=25)
     t.add_argument("--batch", type=int, default=16)
     t.add_argument("--seq-len", type=int, default=64)

@@ -6,12 +6,13 @@
 #      is bit-identical to the distributed run's (tests/integration/train/bit_identity.sh, for
 #      every state dtype) at a third of its processes;
 #   2. through zps.torch (embedded cluster, zps.state_dtype in the config), the TransformerEncoder
-#      LM of examples/train_lm.py and torchvision's resnet18, TORCH_STEPS updates per dtype.
+#      LM of examples/train_lm.py and torchvision's mobilenet_v3_small, TORCH_STEPS updates per
+#      dtype.
 # Writes the CSV (model, dtype, step, train loss, held-out loss), the PNG, and prints the table
 # of final held-out losses against fp32 state (bands: int8 1%, bf16 0.5%).
 #
-#   scripts/bench-quality.sh   # env: STEPS (2000), EVAL_EVERY (100), TORCH_STEPS (300),
-#                              #      TORCH_EVAL_EVERY (25), TORCH_MODELS (lm,resnet18),
+#   scripts/bench-quality.sh   # env: STEPS (2000), EVAL_EVERY (100), TORCH_STEPS (200),
+#                              #      TORCH_EVAL_EVERY (25), TORCH_MODELS (lm,mobilenet_v3_small),
 #                              #      DTYPES (fp32,bf16,int8), CSV (<work>/quality.csv),
 #                              #      PNG (docs/img/state-dtype-quality.png), BUILD_DIR (build)
 # STEPS=0 or TORCH_STEPS=0 skips that part; WORK (default: a new temp dir) keeps the logs.
@@ -21,9 +22,9 @@ cd "$root"
 BUILD_DIR=${BUILD_DIR:-build}
 STEPS=${STEPS:-2000}
 EVAL_EVERY=${EVAL_EVERY:-100}
-TORCH_STEPS=${TORCH_STEPS:-300}
+TORCH_STEPS=${TORCH_STEPS:-200}
 TORCH_EVAL_EVERY=${TORCH_EVAL_EVERY:-25}
-TORCH_MODELS=${TORCH_MODELS:-lm,resnet18}
+TORCH_MODELS=${TORCH_MODELS:-lm,mobilenet_v3_small}
 DTYPES=${DTYPES:-fp32,bf16,int8}
 WORK=${WORK:-$(mktemp -d /tmp/zps-quality.XXXXXX)}
 CSV=${CSV:-$WORK/quality.csv}
