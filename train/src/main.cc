@@ -84,9 +84,9 @@ struct TrainOptions {
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB.
   std::string ucx_tls;                     // Default: "" (UCX_TLS or UCX's choice).
   int log_every = 10;                      // Default: every 10 steps.
-  int64_t eval_every = 0;  // Default: 0 = the held-out loss at the start and the end only.
-  bool print_crcs = false;                 // Default: false. Print per-chunk state CRCs at the end.
-  bool print_latency = false;         // Default: false. Worker: print its histograms at the end.
+  int64_t eval_every = 0;      // Default: 0 = the held-out loss at the start and the end only.
+  bool print_crcs = false;     // Default: false. Print per-chunk state CRCs at the end.
+  bool print_latency = false;  // Default: false. Worker: print its histograms at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;         // Default: 300 s for any single wait.
   int max_recoveries = 20;            // Default: 20. Rejoins after a lost shard/coordinator.
