@@ -190,8 +190,10 @@ def cmd_parse(args):
         held[last] = held.pop("end")
     steps = sorted(set(train) | {k for k in held if isinstance(k, int)})
     rows = [(args.model, args.dtype, s, train.get(s), held.get(s)) for s in steps]
-    write_rows(args.csv, rows) if args.csv != "-" else csv.writer(sys.stdout).writerows(
-        [[r[0], r[1], r[2], fmt(r[3]), fmt(r[4])] for r in rows])
+    if args.csv == "-":
+        csv.writer(sys.stdout).writerows([[r[0], r[1], r[2], fmt(r[3]), fmt(r[4])] for r in rows])
+    else:
+        write_rows(args.csv, rows)
     return 0
 
 
