@@ -89,8 +89,9 @@ struct TrainOptions {
   uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB.
   std::string ucx_tls;                     // Default: "" (UCX_TLS or UCX's choice).
   int log_every = 10;                      // Default: every 10 steps.
-  bool print_crcs = false;                 // Default: false. Print per-chunk state CRCs at the end.
-  bool print_latency = false;         // Default: false. Worker: print its histograms at the end.
+  int64_t eval_every = 0;      // Default: 0 = the held-out loss at the start and the end only.
+  bool print_crcs = false;     // Default: false. Print per-chunk state CRCs at the end.
+  bool print_latency = false;  // Default: false. Worker: print its histograms at the end.
   std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
   int64_t op_timeout_s = 300;         // Default: 300 s for any single wait.
   int max_recoveries = 20;            // Default: 20. Rejoins after a lost shard/coordinator.
@@ -178,6 +179,10 @@ void Register(Flags& f, JobFlags& j, TrainOptions& o) {
   f.AddBytes("max-live-bytes", "fetched parameter bytes held at most", &o.max_live_bytes);
   f.Add("ucx-tls", "UCX transports (e.g. tcp, posix,cma,self)", &o.ucx_tls);
   f.Add("log-every", "print progress every N steps", &o.log_every, 1, 1000000);
+  f.Add("eval-every",
+        "rank 0 (and reference mode): also print the held-out loss after every N steps "
+        "(0 = at the start and the end only)",
+        &o.eval_every, 0, INT64_MAX / 2);
   f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
   f.Add("print-latency",
         "worker: print this rank's fetch/push request and step duration histograms at the end "
@@ -283,6 +288,18 @@ Status RunReference(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
   std::vector<std::vector<uint8_t>> batches(o.world_size,
                                             std::vector<uint8_t>(loader->batch_bytes()));
+  // The held-out loss on the windows rank 0 evaluates in worker mode, so the two modes print
+  // comparable curves.
+  const int eval_rows = std::min(loader->eval_windows(), 8);
+  std::vector<uint8_t> eval_tokens(static_cast<size_t>(eval_rows) * (d.seq_len + 1));
+  if (eval_rows > 0) ZPS_RETURN_IF_ERROR(loader->EvalBatch(0, eval_rows, eval_tokens));
+  auto eval = [&]() -> Result<double> {
+    if (eval_rows == 0) return std::nan("");
+    return trainer->Evaluate(eval_tokens, eval_rows);
+  };
+  ZPS_ASSIGN_OR_RETURN(const double eval_start, eval());
+  std::printf("reference: %llu parameters; held-out loss at start %.4f\n",
+              static_cast<unsigned long long>(CountParams(o.model)), eval_start);
   auto t0 = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     auto ts = Clock::now();
@@ -299,10 +316,18 @@ Status RunReference(const TrainOptions& o) {
                   res.decision.skip ? "(skipped)" : "");
       std::fflush(stdout);
     }
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps) {
+      ZPS_ASSIGN_OR_RETURN(const double e, eval());
+      std::printf("held-out loss at step %lld: %.4f\n", static_cast<long long>(step + 1), e);
+      std::fflush(stdout);
+    }
   }
   double total = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("reference: %lld steps in %.1fs (%.3fs/step)\n", static_cast<long long>(o.steps),
               total, total / o.steps);
+  ZPS_ASSIGN_OR_RETURN(const double eval_end, eval());
+  std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
+              100.0 * (eval_start - eval_end) / eval_start);
   if (o.print_crcs) {
     std::vector<std::pair<uint32_t, uint32_t>> crcs;
     for (uint32_t c = 0; c < trainer->layout().num_chunks(); ++c) {
@@ -619,6 +644,13 @@ Status RunWorker(const TrainOptions& o) {
       t_window = now;
       fetched0 = client->fetched_bytes();
       pushed0 = client->pushed_bytes();
+    }
+    // After the step's commit the shards serve version step + 1, and they cannot move past it
+    // until this rank pushes the next step, so the evaluation sees exactly that version.
+    if (lead && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps) {
+      ZPS_ASSIGN_OR_RETURN(const double e, EvalLoss(*model, *eval_ptr, *loader, step + 1));
+      std::printf("held-out loss at step %lld: %.4f\n", static_cast<long long>(step + 1), e);
+      std::fflush(stdout);
     }
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();

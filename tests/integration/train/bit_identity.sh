@@ -2,7 +2,9 @@
 # Bit-identity: a distributed run (2 zps-server shards + 2 zps-train workers, server-sum, real
 # processes on loopback) must end with exactly the same state as the in-process reference run of
 # the same model, data and optimizer. Compares the CRC32C of every chunk's master, m, v and
-# serving copy. Usage: bit_identity.sh BIN_DIR [extra zps-train flags...]
+# serving copy, and the held-out losses printed along the way (--eval-every: in the distributed
+# run rank 0 evaluates the version the shards serve right after each commit, which must be the
+# reference's state at that step). Usage: bit_identity.sh BIN_DIR [extra zps-train flags...]
 # The distributed run uses UCX over tcp, or BIT_IDENTITY_TLS (e.g. shm: posix,cma,self, which
 # fetches by RMA get from the shards' serving regions).
 # With --update speculative the reference is the synchronous computation, so a pass means the
@@ -16,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 common=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
-        --chunk-elems 8192 --world-size 2 --shards 2 --print-crcs --log-every 4 "$@")
+        --chunk-elems 8192 --world-size 2 --shards 2 --print-crcs --log-every 4 --eval-every 8 "$@")
 work_init
 
 echo "== reference: ${common[*]}"
@@ -36,6 +38,10 @@ grep '^chunk_crc' "$work/dist.out" > "$work/dist.crc"
 n=$(wc -l < "$work/ref.crc")
 if [[ "$n" -lt 4 ]]; then fail "expected CRCs of at least 4 chunks, got $n"; fi
 if ! diff "$work/ref.crc" "$work/dist.crc"; then fail "distributed state differs from the reference"; fi
+grep '^held-out loss' "$work/ref.out" > "$work/ref.eval"
+grep '^held-out loss' "$work/dist.out" > "$work/dist.eval"
+[[ $(wc -l < "$work/ref.eval") -eq 3 ]] || fail "expected 3 held-out lines (steps 8 and 16, the end)"
+if ! diff "$work/ref.eval" "$work/dist.eval"; then fail "held-out losses differ from the reference"; fi
 if [[ " $* " == *" --inject-overflow-step "* ]]; then
   for f in ref dist; do
     grep -q 'skipped' "$work/$f.out" || fail "the forced overflow did not skip a step ($f)"
