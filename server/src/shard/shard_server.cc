@@ -713,6 +713,9 @@ void ShardServer::Impl::AdmitWorker(const rpc::Peer& peer, std::span<const std::
   // they retry until it has, so no data-plane message ever meets a shard without a job.
   ShardState* st = state_ptr.load();
   if (st == nullptr) return done(Unavailable("this shard has not loaded the job yet"));
+  // A shard in its clean stop (writing its shutdown checkpoint) refuses with Unavailable, which
+  // a worker retries: it comes back on the same port, and the worker's re-join must outlast it.
+  if (Stopping()) return done(Unavailable("this shard is stopping"));
   // The generation is read before the admission check: the driver fences (FenceAll) before it
   // rolls back, so a session admitted across a rollback carries the old one and is refused.
   const uint64_t epoch = st->epoch();
@@ -736,6 +739,10 @@ void ShardServer::Impl::AdmitWorker(const rpc::Peer& peer, std::span<const std::
     Result<uint64_t> dropped = st->ForgetRank(peer.rank);
     if (!dropped.ok()) {
       ucx->Close(*ep);
+      // Cancelled: the state shut down since the check above (the shard is stopping).
+      if (dropped.status().code() == Code::kCancelled) {
+        return done(Unavailable("this shard is stopping"));
+      }
       return done(dropped.status().WithContext("forgetting rank " + std::to_string(peer.rank) +
                                                "'s old session"));
     }
