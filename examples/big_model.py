@@ -105,7 +105,10 @@ def main():
                    "memory_budget": args.memory_budget, "serving_budget": args.serving_budget,
                    "max_live_bytes": args.max_live_bytes,
                    "prefetch_bytes": args.prefetch_bytes, "data_dir": args.data_dir,
-                   "state_dtype": args.state_dtype, "op_timeout_s": 1800}}
+                   "state_dtype": args.state_dtype, "op_timeout_s": 1800,
+                   # A shard loads the job (zeroed gradient slots, preallocated spill files)
+                   # before it answers; for a few GB on a busy machine that can take minutes.
+                   "connect_timeout_s": 900}}
     t0 = time.monotonic()
     torch.manual_seed(0)
     with zt.init(cfg):
