@@ -2,7 +2,9 @@
 """A model larger than the worker may hold: built inside zt.init (no parameter values in memory),
 trained for a few steps through zps, with the worker's resident parameter bytes and peak RSS
 printed at each step. The default is 64 residual blocks x + tanh(Linear(4096, 4096)(x)): 1.07 G
-parameters, 4.0 GiB of fp32 weights. The embedded shards spill their state beyond --memory-budget to disk.
+parameters, 4.0 GiB of fp32 weights. The embedded shards spill their state beyond --memory-budget
+(and their serving copies beyond --serving-budget) to disk; each step also prints the bytes they
+read and wrote on it, and the end the state bytes per parameter from their gauges.
 
     PYTHONPATH=python /usr/bin/python3 examples/big_model.py            # scripts/bench-memory.sh
 """
@@ -157,8 +159,9 @@ def main():
               f"{row['param_peak_live_bytes'] / 2**20:.0f} MiB, cap max_live_bytes "
               f"{args.max_live_bytes / 2**20:.0f} + largest module {largest / 2**20:.0f} MiB), "
               f"RSS {row['rss_bytes'] / 2**20:.0f} MiB, peak RSS "
-              f"{row['peak_rss_bytes'] / 2**20:.0f} MiB; shards read {row['shard_read_bytes'] / 1e9:.2f} "
-              f"GB, wrote {row['shard_write_bytes'] / 1e9:.2f} GB", flush=True)
+              f"{row['peak_rss_bytes'] / 2**20:.0f} MiB; shards read "
+              f"{row['shard_read_bytes'] / 1e9:.2f} GB, wrote "
+              f"{row['shard_write_bytes'] / 1e9:.2f} GB", flush=True)
     # The shards' zps_shard_state_bytes gauges, from their status documents, summed as
     # zps-train's last line sums them (docs/state-bytes.md).
     kinds = ("master", "m", "v", "scales", "serving", "grad")
