@@ -84,17 +84,18 @@ print(f"worker peak RSS {peak:.2f} GiB (target < 2: {'MET' if peak < 2 else 'MIS
       f"peak RSS {r['shard_peak_rss_bytes'] / 2**30:.2f} GiB (gradient slots "
       f"{st['grad'] / 2**30:.2f} GiB of it); the run's peak PSS, sampled every 2 s, "
       f"{max(s[1] for s in samples) / 2**30:.2f} GiB")
-# The staging file is gone once initialize has uploaded it; the spill files stay to the end.
-spill = samples[-1][0]
-print(f"disk used: peak {max(s[0] for s in samples) / 1e9:.1f} GB (the zt.init staging file and "
-      f"the spill files), {spill / 1e9:.1f} GB while training (the spill files)")
+# The spill files are preallocated when the shards load the job, before initialize uploads (and
+# then deletes) the staging file: the peak is the two together.
+spill = max(s[0] for s in samples) - r["fp32_bytes"]
+print(f"disk used: peak {max(s[0] for s in samples) / 1e9:.1f} GB (the zt.init staging file, "
+      f"{r['fp32_bytes'] / 1e9:.1f} GB, and the spill files, {spill / 1e9:.1f} GB), "
+      f"{samples[-1][0] / 1e9:.1f} GB at the last sample")
 print(f"state bytes per parameter {per:.2f}: {per * p / 1e9:.1f} GB (master "
       f"{st['master'] / p:.2f}, moments {(st['m'] + st['v']) / p:.2f}, scales {st['scales'] / p:.2f}, "
       f"serving {st['serving'] / p:.2f}); gradient slots {st['grad'] / p:.2f}")
-# fp32 state, docs/state-bytes.md: master 4 + m 4 + v 4 + serving 2; the spilled part is the
-# state records (12 bytes per parameter) and serving copies beyond the same budgets.
-# The state records grow from (master + m + v + scales) to 12 bytes per parameter, all of it
-# spilled where the budgets are as small as here.
+# fp32 state, docs/state-bytes.md: master 4 + m 4 + v 4 + serving 2. The state records grow from
+# (master + m + v + scales) to 12 bytes per parameter, all of it spilled where the budgets are as
+# small as here.
 fp32 = 14 * p
 more = (12 - (st["master"] + st["m"] + st["v"] + st["scales"]) / p) * p
 print(f"the same model with fp32 state: 14.00 bytes per parameter = {fp32 / 1e9:.1f} GB "
