@@ -2,7 +2,9 @@
 """A model larger than the worker may hold: built inside zt.init (no parameter values in memory),
 trained for a few steps through zps, with the worker's resident parameter bytes and peak RSS
 printed at each step. The default is 64 residual blocks x + tanh(Linear(4096, 4096)(x)): 1.07 G
-parameters, 4.0 GiB of fp32 weights. The embedded shards spill their state beyond --memory-budget to disk.
+parameters, 4.0 GiB of fp32 weights. The embedded shards spill their state beyond --memory-budget
+(and their serving copies beyond --serving-budget) to disk; each step also prints the bytes they
+read and wrote on it, and the end the state bytes per parameter from their gauges.
 
     PYTHONPATH=python /usr/bin/python3 examples/big_model.py            # scripts/bench-memory.sh
 """
@@ -45,6 +47,42 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def proc_io(pid="self"):
+    """(read_bytes, write_bytes) that process `pid` made the block device do so far. The spill
+    files are O_DIRECT, so for a shard this is its spill traffic itself, with no page cache in
+    between (plus a few log lines)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            kv = dict(line.split(": ") for line in f.read().splitlines())
+        return int(kv["read_bytes"]), int(kv["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
+def shard_pids(engine):
+    """The embedded shards' process ids (none when the cluster is an external one)."""
+    return [p.pid for p in engine.cluster.procs] if engine.cluster is not None else []
+
+
+def shard_peak_rss_bytes(pids):
+    """The shards' peak RSS (VmHWM), summed."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        except OSError:
+            pass
+    return total
+
+
+def io_now(pids):
+    """Bytes read and written so far by the shards together, and by this process."""
+    shards = [proc_io(p) for p in pids]
+    return {"shard_read": sum(r for r, _ in shards), "shard_write": sum(w for _, w in shards),
+            "worker_read": proc_io()[0], "worker_write": proc_io()[1]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", type=int, default=64)
@@ -53,6 +91,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--memory-budget", type=int, default=3 << 30, help="per shard, bytes")
+    ap.add_argument("--serving-budget", type=int, default=0,
+                    help="per shard, bytes of serving copies in RAM (0: all in RAM)")
     ap.add_argument("--max-live-bytes", type=int, default=256 << 20)
     ap.add_argument("--prefetch-bytes", type=int, default=128 << 20)
     ap.add_argument("--data-dir", default="", help="shards' data dir (default: a temp dir)")
@@ -64,9 +104,13 @@ def main():
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
            "gradient_clipping": 1.0,
            "zps": {"shards": args.shards, "serving_dtype": "bf16",
-                   "memory_budget": args.memory_budget, "max_live_bytes": args.max_live_bytes,
+                   "memory_budget": args.memory_budget, "serving_budget": args.serving_budget,
+                   "max_live_bytes": args.max_live_bytes,
                    "prefetch_bytes": args.prefetch_bytes, "data_dir": args.data_dir,
-                   "state_dtype": args.state_dtype, "op_timeout_s": 1800}}
+                   "state_dtype": args.state_dtype, "op_timeout_s": 1800,
+                   # A shard loads the job (zeroed gradient slots, preallocated spill files)
+                   # before it answers; for a few GB on a busy machine that can take minutes.
+                   "connect_timeout_s": 900}}
     t0 = time.monotonic()
     torch.manual_seed(0)
     with zt.init(cfg):
@@ -90,8 +134,10 @@ def main():
     for m in model:
         m.register_forward_hook(sample)
     rows = []
+    pids = shard_pids(engine)
     for step in range(args.steps):
         ts = time.monotonic()
+        io0 = io_now(pids)
         peak[0] = 0
         loss = F.mse_loss(engine(x), y)
         engine.backward(loss)
@@ -103,16 +149,40 @@ def main():
                "resident_param_bytes": peak[0],
                "param_peak_live_bytes": st["param_peak_live_bytes"],
                "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes()}
+        # The disk traffic from this step's start to its commit: the fetches of its parameters
+        # and, before them, the shards' optimizer pass of the previous step (step 0 has none).
+        io1 = io_now(pids)
+        row.update({k + "_bytes": io1[k] - io0[k] for k in io1})
         rows.append(row)
         print(f"step {step}: loss {row['loss']:.5f}, {row['seconds']:.1f} s, resident parameter "
               f"bytes {row['resident_param_bytes'] / 2**20:.0f} MiB (peak live "
               f"{row['param_peak_live_bytes'] / 2**20:.0f} MiB, cap max_live_bytes "
               f"{args.max_live_bytes / 2**20:.0f} + largest module {largest / 2**20:.0f} MiB), "
               f"RSS {row['rss_bytes'] / 2**20:.0f} MiB, peak RSS "
-              f"{row['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+              f"{row['peak_rss_bytes'] / 2**20:.0f} MiB; shards read "
+              f"{row['shard_read_bytes'] / 1e9:.2f} GB, wrote "
+              f"{row['shard_write_bytes'] / 1e9:.2f} GB", flush=True)
+    # The shards' zps_shard_state_bytes gauges, from their status documents, summed as
+    # zps-train's last line sums them (docs/state-bytes.md).
+    kinds = ("master", "m", "v", "scales", "serving", "grad")
+    state = dict.fromkeys(kinds, 0)
+    for i in range(args.shards):
+        b = engine.client.shard_status(i).get("state_bytes", {})
+        for k in kinds:
+            state[k] += int(b.get(k, 0))
+    per = {k: v / params for k, v in state.items()}
+    print(f"state bytes per parameter: "
+          f"{per['master'] + per['m'] + per['v'] + per['scales'] + per['serving']:.2f} "
+          f"(master {per['master']:.2f}, moments {per['m'] + per['v']:.2f}, scales "
+          f"{per['scales']:.2f}, serving {per['serving']:.2f}); gradient slots {per['grad']:.2f}",
+          flush=True)
+    shard_peak = shard_peak_rss_bytes(pids)
     engine.close()
     print(json.dumps({"result": "big_model", "params": params, "fp32_bytes": params * 4,
-                      "peak_rss_bytes": peak_rss_bytes(), "max_live_bytes": args.max_live_bytes,
+                      "state_dtype": args.state_dtype, "memory_budget": args.memory_budget,
+                      "serving_budget": args.serving_budget, "shards": args.shards,
+                      "peak_rss_bytes": peak_rss_bytes(), "shard_peak_rss_bytes": shard_peak,
+                      "max_live_bytes": args.max_live_bytes, "state_bytes": state,
                       "largest_module_bytes": largest, "steps": rows}), flush=True)
 
 
