@@ -53,10 +53,27 @@ def torchrun(cluster, max_restarts, *args, timeout=300):
     return p, time.monotonic() - t0
 
 
+def json_objects(out):
+    """Every JSON object in the ranks' shared stdout, in order. Each rank writes its lines in one
+    write, but a line can still follow other output (torch's or a library's) on the same line."""
+    decoder = json.JSONDecoder()
+    for line in out.splitlines():
+        pos = line.find("{")
+        while pos >= 0:
+            try:
+                obj, end = decoder.raw_decode(line, pos)
+            except json.JSONDecodeError:
+                pos = line.find("{", pos + 1)
+                continue
+            if isinstance(obj, dict):
+                yield obj
+            pos = line.find("{", end)
+
+
 def result_of(p):
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
-    results = [json.loads(l[l.index("{"):]) for l in p.stdout.splitlines() if '{"result"' in l]
+    results = [o for o in json_objects(p.stdout) if "result" in o]
     assert len(results) == 1, out[-4000:]
     return results[0], out
 
@@ -130,12 +147,8 @@ MISMATCH_STEP = 5
 
 def errors_of(out):
     """{(attempt, rank): error} from the script's error lines."""
-    errors = {}
-    for line in out.splitlines():
-        if line.startswith("{") and '"error"' in line:
-            e = json.loads(line)
-            errors[(e["attempt"], e["rank"])] = e["error"]
-    return errors
+    return {(e["attempt"], e["rank"]): e["error"] for e in json_objects(out)
+            if "error" in e and "attempt" in e}
 
 
 def assert_mismatch(error, rank):

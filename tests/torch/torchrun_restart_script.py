@@ -29,6 +29,13 @@ torch.set_num_threads(1)
 import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
 
 
+
+def emit(obj):
+    """One JSON line in one write: the ranks share torchrun's stdout, and a line written in two
+    parts (text, then newline) can have another rank's line land between them."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=16)
@@ -71,7 +78,7 @@ def main():
     except zt.ZpsError as e:
         if not args.mismatch:
             raise
-        print(json.dumps({"rank": rank, "attempt": attempt, "error": str(e)}), flush=True)
+        emit({"rank": rank, "attempt": attempt, "error": str(e)})
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         engine.close()
         sys.exit(3)
@@ -115,9 +122,8 @@ def report(engine, args, start, attempt):
                 if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
-    print(json.dumps({"result": {"start": start, "attempt": attempt,
-                                 "steps": engine.global_step},
-                      "crcs": sorted(crcs)}), flush=True)
+    emit({"result": {"start": start, "attempt": attempt, "steps": engine.global_step},
+          "crcs": sorted(crcs)})
 
 
 if __name__ == "__main__":
