@@ -56,7 +56,11 @@ def test_budget_too_small_for_the_pipeline_is_refused_before_any_shard_starts(tm
 
 
 def test_a_shard_killed_mid_step_is_named_with_its_signal(tmpdir_env):
-    cfg = base_config(shards=2, op_timeout_s=120)
+    # Chunks of 64 elements spread the model over both shards, so the step's own pushes and
+    # reports need shard 1. With the default 4 Mi-element chunk the whole model is one chunk on
+    # shard 0: the steps then go on until the coordinator sees shard 1's control connection
+    # close, which can take longer than the calls below.
+    cfg = base_config(shards=2, op_timeout_s=120, chunk_elems=64)
     cfg["zero_optimization"] = {"stage3_param_persistence_threshold": 0}
     engine = zt.initialize(_small_model(), cfg)
     x = torch.randn(2, 16)
