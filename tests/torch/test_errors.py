@@ -126,8 +126,9 @@ def test_a_shard_lost_mid_training_is_an_error_not_a_hang(tmp_path):
         token = tmp_path / "token"
         token.write_text(cluster.token)
         model = _model()
+        # 64-element chunks put part of the model on shard 1, so the steps need it.
         cfg = {"zps": {"endpoint": cluster.endpoint, "token_file": str(token),
-                       "op_timeout_s": 20},
+                       "op_timeout_s": 20, "chunk_elems": 64},
                "zero_optimization": {"stage3_param_persistence_threshold": 0}}
         with zt.initialize(model, cfg) as engine:
             x = torch.randn(2, 4)
