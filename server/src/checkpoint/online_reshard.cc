@@ -355,7 +355,7 @@ class PeerCalls {
       return InvalidArgument("--reshard-peers names " + std::to_string(peers_.size()) +
                              " endpoints, ordinal " + std::to_string(ordinal) + " has none");
     }
-    auto next_log = Clock::now() + kLogEvery;
+    auto next_log = Clock::now();  // the first failed attempt says what it waits for
     Status last = Status::Ok();
     while (true) {
       auto& client = clients_[ordinal];
