@@ -13,7 +13,9 @@
 # Usage: scale.sh BIN_DIR [scenario...]
 #   4to8to2     the sequence above
 #   bad-input   a donor that never comes (the new shards time out, their old stores unchanged
-#               and the side stores removed), a store of another job among the volumes
+#               and the side stores removed), a store of another job among the volumes, and a
+#               full disk under the side store (a 128 KiB tmpfs in a private mount namespace;
+#               skipped where it cannot be mounted)
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -236,13 +238,48 @@ bad_input() {
   fi
 }
 
+# A full disk while shard 0 writes its new store: its side store (<data-dir>/checkpoints.reshard)
+# is a 128 KiB tmpfs, mounted in a private mount namespace that only this zps-server sees.
+disk_full() {  # dir (a job of 2 shards, stopped)
+  local d=$1 rc=0 before after
+  local ns=(unshare -m)
+  if ! "${ns[@]}" true 2>/dev/null; then ns=(unshare -rm); fi
+  mkdir -p "$d/s0/checkpoints.reshard"
+  if ! "${ns[@]}" sh -c "mount -t tmpfs -o size=128k tmpfs '$d/s0/checkpoints.reshard'" 2>/dev/null; then
+    rmdir "$d/s0/checkpoints.reshard"
+    echo "SKIP bad-input/disk-full: cannot mount a tmpfs in a private mount namespace here"
+    return
+  fi
+  before=$(volumes_sum "$d" 2)
+  ports 2
+  start_donors "$d" 1 2 1 --reshard-timeout 10
+  "${ns[@]}" sh -c "mount -t tmpfs -o size=128k tmpfs '$d/s0/checkpoints.reshard' && exec '$bin/zps-server' \
+      --ordinal 0 --shards 1 --port ${port[0]} --bind 127.0.0.1 --token-file '$work/token' \
+      --data-dir '$d/s0' --metrics-port 0 --ucx-tls tcp --threads 1 --reshard-peers '$peers' \
+      --reshard-port ${rport[0]} --reshard-timeout 10" >> "$d/shard0.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  wait_exit "$pid" 60 || { scenario_fail disk-full "shard 0 did not give up"; return; }
+  wait "$pid" || rc=$?
+  after=$(volumes_sum "$d" 2)
+  local msg
+  msg=$(grep -m1 "^zps-server: RESOURCE_EXHAUSTED" "$d/shard0.log" || true)
+  if [[ $rc -eq 1 && -n $msg && $msg == *"old store is unchanged"* && $before == "$after" ]]; then
+    echo "PASS bad-input/disk-full: $msg"
+  else
+    scenario_fail disk-full "expected RESOURCE_EXHAUSTED, the old stores unchanged (exit $rc): $(tail -n 3 "$d/shard0.log")"
+  fi
+  rmdir "$d/s0/checkpoints.reshard" 2>/dev/null || true
+  wait_exit "${donor_pid[1]}" 30 || true
+}
+
 all=(4to8to2 bad-input)
 sel=("$@")
 [[ ${#sel[@]} -eq 0 ]] && sel=("${all[@]}")
 for s in "${sel[@]}"; do
   case $s in
     4to8to2) scale_4to8to2 ;;
-    bad-input) bad_input ;;
+    bad-input) bad_input; disk_full "$work/bad/a" ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
 done
