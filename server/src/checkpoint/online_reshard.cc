@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "checkpoint_codec.h"
+#include "shard/shard_driver.h"  // MaybeCrashAt
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
@@ -614,7 +615,9 @@ Status BuildAndSwitch(const ReshardSelf& self, const Plan& plan, OldStore* mine,
     endpoint->CommitSelf();
     s = endpoint->AwaitCommits(deadline);
     if (s.ok()) s = SwitchCatalog(self.data_dir, plan);
+    if (s.ok()) MaybeCrashAt("reshard-switched", plan.step);
   } else if (s.ok()) {
+    MaybeCrashAt("reshard-committed", plan.step);
     s = AwaitSwitch(peers, self, plan, true, deadline);
   }
   if (s.ok()) return s;

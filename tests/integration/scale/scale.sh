@@ -12,6 +12,9 @@
 # scaling with a skipped step, clipping.
 # Usage: scale.sh BIN_DIR [scenario...]
 #   4to8to2     the sequence above
+#   crash       2 -> 3 with shard 1 killed after committing its new store (before its report)
+#               and shard 0 killed right after the commit point; both restarted, the job still
+#               resumes on 3 shards at step 20 and ends bit-identical at 40
 #   bad-input   a donor that never comes (the new shards time out, their old stores unchanged
 #               and the side stores removed), a store of another job among the volumes, and a
 #               full disk under the side store (a 128 KiB tmpfs in a private mount namespace;
@@ -45,7 +48,7 @@ ports() {  # count
   done
 }
 
-start_shard() {  # dir ordinal shards [extra flags...]
+start_shard() {  # dir ordinal shards [extra flags...]; CRASH=point:step kills it there
   local dir=$1 i=$2 n=$3
   shift 3
   local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
@@ -53,7 +56,7 @@ start_shard() {  # dir ordinal shards [extra flags...]
               --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1
               --reshard-peers "$peers" --reshard-port "${rport[$i]}" "$@")
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
-  start_server "$dir/shard$i.log" "" "${args[@]}"
+  start_server "$dir/shard$i.log" "${CRASH:-}" "${args[@]}"
   shard_pid[$i]=$server_pid
 }
 
@@ -175,6 +178,35 @@ scale_4to8to2() {
   echo "PASS $name: 20 steps on 4 shards, 10 on 8, 10 on 2 (resharded by the shards, donors for 2-7): export and $(wc -l < "$d/final.crc") chunk CRCs equal 40 steps on 2"
 }
 
+scale_crash() {
+  local name=crash d=$work/crash i
+  baseline
+  mkdir -p "$d"
+  ports 2
+  for i in 0 1; do start_shard "$d" "$i" 2; done
+  run_job "$d" 2 20 || { scenario_fail "$name" "the first 20 steps on 2 shards"; return; }
+  ports 3
+  CRASH=reshard-switched:20 start_shard "$d" 0 3
+  CRASH=reshard-committed:20 start_shard "$d" 1 3
+  start_shard "$d" 2 3
+  for i in 1 0; do
+    wait_exit "${shard_pid[$i]}" 60 && grep -q "ZPS_TEST_CRASH_AT=.*: killing this process" "$d/shard$i.log" ||
+      { scenario_fail "$name" "shard $i did not die at its crash point"; dump_logs 8 "$d"/shard*.log; return; }
+    wait "${shard_pid[$i]}" 2>/dev/null || true
+    start_shard "$d" "$i" 3
+  done
+  run_job "$d" 3 40 || { scenario_fail "$name" "steps 20-40 on 3 shards after the crashes"; return; }
+  grep -q "joined the job at step 20" "$d/worker0.40.err" ||
+    { scenario_fail "$name" "the workers did not resume at step 20 on 3 shards"; return; }
+  export_model "$d" 3 "$work/$name.safetensors"
+  if ! cmp -s "$work/base.safetensors" "$work/$name.safetensors" ||
+     ! diff -q "$work/base/final.crc" "$d/final.crc" > /dev/null; then
+    scenario_fail "$name" "the job killed during its reshard differs from 40 steps on 2"
+    return
+  fi
+  echo "PASS $name: 2 -> 3 with shard 1 killed after its commit and shard 0 after the switch: export and $(wc -l < "$d/final.crc") chunk CRCs equal 40 steps on 2"
+}
+
 # A reshard that must fail: every shard exits 1 with MESSAGE in its log, the old stores are
 # unchanged and no side store is left.
 expect_failed_reshard() {  # name dir shards message-ere log
@@ -279,6 +311,7 @@ sel=("$@")
 for s in "${sel[@]}"; do
   case $s in
     4to8to2) scale_4to8to2 ;;
+    crash) scale_crash ;;
     bad-input) bad_input; disk_full "$work/bad/a" ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac

@@ -17,6 +17,10 @@
 // Bad input leaves every old store as it was: the old stores are opened read-only, and any error
 // before the commit point removes the side store. Errors are returned to main(), which exits.
 //
+// Test hooks (MaybeCrashAt, ZPS_TEST_CRASH_AT=<point>:<step>): `reshard-committed` (a shard
+// other than 0, its side store committed, before its report) and `reshard-switched` (shard 0,
+// right after the commit point).
+//
 // Thread-safety: ReshardAtStart and ServeAsDonor run on the caller's thread (the endpoint answers
 // on its own io threads); the returned ReshardEndpoint is thread-safe.
 #pragma once
