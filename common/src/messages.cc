@@ -29,6 +29,11 @@ ZPS_WIRE_DEFINE_CODEC(CheckpointDone)
 ZPS_WIRE_DEFINE_CODEC(KvSet)
 ZPS_WIRE_DEFINE_CODEC(KvGet)
 ZPS_WIRE_DEFINE_CODEC(KvReply)
+ZPS_WIRE_DEFINE_CODEC(ReshardInfo)
+ZPS_WIRE_DEFINE_CODEC(ReshardFetch)
+ZPS_WIRE_DEFINE_CODEC(ReshardValues)
+ZPS_WIRE_DEFINE_CODEC(ReshardReport)
+ZPS_WIRE_DEFINE_CODEC(ReshardStatus)
 
 Status StatusFromWire(uint32_t code, std::string message) {
   return StatusFromCode(code, std::move(message), "peer reply");

@@ -7,6 +7,7 @@
 
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
+#include "zps/server/online_reshard.h"
 #include "zps/server/shard_server.h"
 
 namespace {
@@ -18,18 +19,36 @@ zps::Status Run(int argc, char** argv) {
                    "16-bit fetches and takes gradient pushes. Shard 0 is also the coordinator, "
                    "the one endpoint workers are pointed at.");
   opts.Register(flags);
+  zps::server::OnlineReshardOptions reshard;
+  reshard.Register(flags);
   ZPS_ASSIGN_OR_RETURN(auto outcome, flags.Parse(argc, argv));
   if (outcome == zps::ParseOutcome::kHelpShown) return zps::Status::Ok();
   ZPS_ASSIGN_OR_RETURN(auto level, zps::log::ParseLevel(opts.log_level));
   zps::log::SetLevel(level);
+  // A donor's ordinal is of the old job, at or beyond --shards; its other options are checked as
+  // shard 0's would be.
+  const int ordinal = opts.ordinal;
+  if (reshard.donor) opts.ordinal = 0;
   ZPS_RETURN_IF_ERROR(opts.Finalize());
+  opts.ordinal = ordinal;
 
-  // Signals are taken by a dedicated thread, so shutdown runs as ordinary code.
+  // Signals are taken by a dedicated thread, so shutdown runs as ordinary code. Blocked
+  // before any thread starts (the reshard endpoint's too: threads inherit the mask); a signal
+  // during a reshard waits until it is done.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  // A store of another shard count than --shards is moved to the new layout with the peers
+  // before the shard serves (docs/checkpoints.md, "Online"); a donor only serves its store to
+  // them. Both run before the shard binds its own ports.
+  const zps::server::ReshardSelf self{opts.data_dir, static_cast<uint32_t>(opts.ordinal),
+                                      static_cast<uint32_t>(opts.shards), opts.bind_address,
+                                      opts.token};
+  if (reshard.donor) return zps::server::ServeAsDonor(reshard, self);
+  ZPS_ASSIGN_OR_RETURN(auto reshard_endpoint, zps::server::ReshardAtStart(reshard, self));
 
   ZPS_ASSIGN_OR_RETURN(auto server, zps::server::ShardServer::Create(opts));
   ZPS_RETURN_IF_ERROR(server->Start());

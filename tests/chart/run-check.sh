@@ -73,6 +73,9 @@ case "$check" in
       "server.logLevel=verbose|logLevel"
       "server.logLevel=trace|logLevel"
       "shards=0|shards"
+      "reshard.enable=true|additional properties 'enable'"
+      "reshard.port=70000|port"
+      "reshard.previousShards=-1|previousShards"
     )
     for c in "${cases[@]}"; do
       set_arg=${c%%|*} want=${c#*|}

@@ -117,6 +117,51 @@ const dashboards = one("ConfigMap", "zps-dashboards");
 const secret = one("Secret");
 const tokenKey = tokenEnv?.value?.split("/").pop();
 
+// Changing the shard count (reshard-hooks.yaml): the peers in config.json, and the hook Jobs,
+// present only when the count changes.
+const jobs = all("Job");
+const hookOf = (j) => j.metadata.annotations?.["helm.sh/hook"];
+const saveJob = jobs.find((j) => j.metadata.name === "zps-reshard-save");
+const donorJobs = jobs.filter((j) => j.metadata.name.startsWith("zps-reshard-donor-"));
+function expectPeers(n) {
+  const peers = (cfg["reshard-peers"] ?? "").split(",");
+  const want = [...Array(n).keys()].map((i) => `zps-${i}.zps-headless.training.svc:7072`);
+  check(isDeepStrictEqual(peers, want), `reshard-peers is '${cfg["reshard-peers"]}', expected ordinals 0..${n - 1}`);
+  check(cfg["reshard-port"] === 7072 && c.ports.some((p) => p.name === "reshard" && p.containerPort === 7072), "no reshard port 7072 in config and container");
+}
+function expectNoReshardHooks() {
+  check(jobs.length === 0, `hook Jobs rendered although the shard count does not change: ${jobs.map(describe)}`);
+}
+function expectSaveHook() {
+  if (!check(saveJob, "no pre-upgrade checkpoint Job zps-reshard-save")) return;
+  check(hookOf(saveJob) === "pre-upgrade", "zps-reshard-save is not a pre-upgrade hook");
+  const sc = saveJob.spec.template.spec.containers[0];
+  check(sc.command.join(" ") === "/usr/local/bin/zps-ckpt save --endpoint zps-coordinator.training.svc:7070", `zps-reshard-save runs '${sc.command.join(" ")}'`);
+  check(sc.env.some((e) => e.name === "ZPS_TOKEN_FILE"), "zps-reshard-save has no ZPS_TOKEN_FILE");
+  const labels = saveJob.spec.template.metadata.labels;
+  check(!subset(headless.spec.selector, labels), "the headless Service selects the checkpoint Job's pod");
+  const np = one("NetworkPolicy");
+  check(!np || subset(np.spec.ingress[0].from[1].podSelector.matchLabels, labels), "the NetworkPolicy does not admit the checkpoint Job");
+}
+function expectDonors(from, to) {
+  const want = [...Array(to - from).keys()].map((i) => from + i);
+  const got = donorJobs.map((j) => Number(j.metadata.name.split("-").pop())).sort((a, b) => a - b);
+  check(isDeepStrictEqual(got, want), `donor Jobs for ordinals ${got}, expected ${want}`);
+  for (const j of donorJobs) {
+    const k = j.metadata.name.split("-").pop();
+    const ps = j.spec.template.spec;
+    const dc = ps.containers[0];
+    check(hookOf(j) === "post-upgrade", `${describe(j)}: not a post-upgrade hook`);
+    const claimName = ps.volumes.find((v) => v.name === "data")?.persistentVolumeClaim?.claimName;
+    check(claimName === `data-zps-${k}`, `${describe(j)}: mounts PVC ${claimName}, expected data-zps-${k}`);
+    check(dc.volumeMounts.some((m) => m.name === "data" && m.mountPath === "/var/lib/zps"), `${describe(j)}: volume not at the data dir`);
+    check(ps.hostname === `zps-${k}` && ps.subdomain === "zps-headless", `${describe(j)}: does not take the DNS name zps-${k}.zps-headless`);
+    check(subset(headless.spec.selector, j.spec.template.metadata.labels), `${describe(j)}: the headless Service does not select it`);
+    check(dc.command.join(" ") === `/usr/local/bin/zps-server --config /etc/zps/config/config.json --ordinal ${k} --reshard-donor`, `${describe(j)}: runs '${dc.command.join(" ")}'`);
+    check(ps.restartPolicy === "Never", `${describe(j)}: restartPolicy is not Never`);
+  }
+}
+
 // Defaults every scenario but monitoring-off keeps.
 function expectDefaultsOn() {
   check(claim, "no volumeClaimTemplate 'data'");
@@ -160,6 +205,9 @@ const scenarios = {
     expectNoRdma();
     expectNoOperatorObjects();
     check(sts.spec.replicas === 2, "default shards is not 2");
+    expectPeers(2);
+    expectNoReshardHooks();
+    check(c.startupProbe.failureThreshold === 60, "default: startupProbe failureThreshold is not 60");
     check(claim && !claim.spec.storageClassName, "default PVC should use the cluster's default StorageClass");
   },
   nvme() {
@@ -211,6 +259,23 @@ const scenarios = {
         check(alerts.includes(a), `PrometheusRule lacks alert ${a}`);
       }
     }
+  },
+  "reshard-up"() {
+    expectDefaultsOn();
+    check(sts.spec.replicas === 8 && cfg.shards === 8, "reshard-up: shards not 8");
+    expectPeers(8);
+    expectSaveHook();
+    expectDonors(8, 8);
+  },
+  "reshard-down"() {
+    expectDefaultsOn();
+    check(sts.spec.replicas === 2 && cfg.shards === 2, "reshard-down: shards not 2");
+    check(cfg["reshard-timeout"] === 1200, "reshard-down: reshard.timeoutSeconds not applied");
+    // /healthz comes up after the move: the startup probe waits twice the reshard timeout more.
+    check(c.startupProbe.failureThreshold === 60 + (2 * 1200) / 5, `reshard-down: startupProbe failureThreshold is ${c.startupProbe.failureThreshold}`);
+    expectPeers(8);
+    expectSaveHook();
+    expectDonors(2, 8);
   },
   "monitoring-off"() {
     expectNoOperatorObjects();

@@ -91,6 +91,36 @@ The server config file (--config /etc/zps/config/config.json): flat JSON whose k
 here (it comes from the pod name), nor --token-file (ZPS_TOKEN_FILE in the environment, which
 zps-ckpt in the preStop hook reads too).
 */}}
+{{- /*
+The shard count before this upgrade: reshard.previousShards, else the release's StatefulSet's
+replicas (lookup), else (a new release, or no cluster to look at) the count being installed.
+*/ -}}
+{{- define "zps.previousShards" -}}
+{{- if .Values.reshard.previousShards -}}
+{{- int .Values.reshard.previousShards -}}
+{{- else -}}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "zps.fullname" .) -}}
+{{- if and $sts $sts.spec $sts.spec.replicas -}}
+{{- int $sts.spec.replicas -}}
+{{- else -}}
+{{- int .Values.shards -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- /*
+--reshard-peers: the reshard endpoint of every ordinal of the old and the new count, by the
+shards' stable DNS names (a donor Job's pod takes the leaving shard's name: hostname/subdomain).
+*/ -}}
+{{- define "zps.reshardPeers" -}}
+{{- $n := max (int (include "zps.previousShards" .)) (int .Values.shards) -}}
+{{- $peers := list -}}
+{{- range $i := until (int $n) -}}
+{{- $peers = append $peers (printf "%s-%d.%s.%s.svc:%d" (include "zps.fullname" $) $i (include "zps.headlessServiceName" $) $.Release.Namespace (int $.Values.reshard.port)) -}}
+{{- end -}}
+{{- join "," $peers -}}
+{{- end }}
+
 {{- define "zps.serverConfig" -}}
 {{- $cfg := dict
       "shards" (int .Values.shards)
@@ -101,6 +131,11 @@ zps-ckpt in the preStop hook reads too).
       "memory-budget" .Values.server.memoryBudget
       "checkpoint-every" (int .Values.server.checkpointEvery)
       "log-level" .Values.server.logLevel -}}
+{{- if .Values.reshard.enabled }}
+{{- $_ := set $cfg "reshard-peers" (include "zps.reshardPeers" .) }}
+{{- $_ := set $cfg "reshard-port" (int .Values.reshard.port) }}
+{{- $_ := set $cfg "reshard-timeout" (int .Values.reshard.timeoutSeconds) }}
+{{- end }}
 {{- range $k, $v := .Values.server.extraConfig }}
 {{- if or (hasKey $cfg $k) (has $k (list "ordinal" "token-file" "config")) }}
 {{- fail (printf "server.extraConfig.%s is set by the chart; use the matching value instead" $k) }}

@@ -638,9 +638,8 @@ Status CheckpointWriter::SetState(std::span<const std::byte> state) {
   return Status::Ok();
 }
 
-Status CheckpointWriter::AdoptFormat(const CheckpointReader& from) {
+Status CheckpointWriter::AdoptFormat(const Manifest& src, const std::string& where) {
   if (state_ != State::kOpen) return FailedPrecondition("checkpoint writer is not open");
-  const Manifest& src = *from.manifest_;
   if (src.info.step != step_) {
     return InvalidArgument("checkpoint " + std::to_string(step_) + ": cannot copy from step " +
                            std::to_string(src.info.step));
@@ -654,7 +653,7 @@ Status CheckpointWriter::AdoptFormat(const CheckpointReader& from) {
     return Status::Ok();
   }
   if (src.slice_bytes != like_->slice_bytes) {
-    return InvalidArgument("checkpoint " + std::to_string(step_) + ": " + from.store_->dir() +
+    return InvalidArgument("checkpoint " + std::to_string(step_) + ": " + where +
                            " was written with " + std::to_string(src.slice_bytes) +
                            "-byte slices, earlier copies with " +
                            std::to_string(like_->slice_bytes));
@@ -662,8 +661,9 @@ Status CheckpointWriter::AdoptFormat(const CheckpointReader& from) {
   return Status::Ok();
 }
 
-Status CheckpointWriter::CopyChunk(const CheckpointReader& from, uint32_t chunk) {
-  ZPS_RETURN_IF_ERROR(AdoptFormat(from));
+Result<ChunkEntry> CheckpointWriter::CheckCopy(const Manifest& src, uint32_t chunk,
+                                               const std::string& where) {
+  ZPS_RETURN_IF_ERROR(AdoptFormat(src, where));
   auto it = std::lower_bound(local_.begin(), local_.end(), chunk);
   if (it == local_.end() || *it != chunk) {
     return OutOfRange("chunk " + std::to_string(chunk) + " is not on shard " +
@@ -671,30 +671,36 @@ Status CheckpointWriter::CopyChunk(const CheckpointReader& from, uint32_t chunk)
   }
   const size_t idx = static_cast<size_t>(it - local_.begin());
   if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
-  const auto& src = from.info().chunks;
+  const auto& list = src.info.chunks;
   auto e =
-      std::find_if(src.begin(), src.end(), [&](const ChunkEntry& c) { return c.chunk == chunk; });
-  if (e == src.end()) {
+      std::find_if(list.begin(), list.end(), [&](const ChunkEntry& c) { return c.chunk == chunk; });
+  if (e == list.end()) {
     return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
-                    std::to_string(step_) + " of " + from.store_->dir());
+                    std::to_string(step_) + " of " + where);
   }
   if (e->elems != layout_.chunk_size(chunk)) {
     return InvalidArgument("chunk " + std::to_string(chunk) + " has " + std::to_string(e->elems) +
-                           " elements in " + from.store_->dir() + ", " +
+                           " elements in " + where + ", " +
                            std::to_string(layout_.chunk_size(chunk)) + " in this layout");
   }
+  return *e;
+}
+
+Status CheckpointWriter::CopyChunk(const CheckpointReader& from, uint32_t chunk) {
+  ZPS_ASSIGN_OR_RETURN(ChunkEntry entry, CheckCopy(*from.manifest_, chunk, from.store_->dir()));
   Status s = CopyValues(from, chunk);
   if (!s.ok()) {
     state_ = State::kFailed;
     return s;
   }
-  added_[idx] = true;
-  chunks_.push_back(*e);
+  added_[static_cast<size_t>(std::lower_bound(local_.begin(), local_.end(), chunk) -
+                             local_.begin())] = true;
+  chunks_.push_back(entry);
   return Status::Ok();
 }
 
 Status CheckpointWriter::CopyState(const CheckpointReader& from) {
-  ZPS_RETURN_IF_ERROR(AdoptFormat(from));
+  ZPS_RETURN_IF_ERROR(AdoptFormat(*from.manifest_, from.store_->dir()));
   if (has_state_) return InvalidArgument("checkpoint state set twice");
   const Manifest& src = *from.manifest_;
   if (src.has_state) {
@@ -710,18 +716,43 @@ Status CheckpointWriter::CopyState(const CheckpointReader& from) {
   return Status::Ok();
 }
 
-Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk) {
-  // The key holds the step, chunk, kind and slice, none of them the shard: a value is stored
-  // under the same key in the new store, and its framed bytes (CRC included) stay valid.
-  std::string begin = StepKey('d', step_), end = begin;
+namespace {
+// The keys of `chunk`'s values in checkpoint `step`: [begin, end).
+std::pair<std::string, std::string> ChunkKeyRange(int64_t step, uint32_t chunk) {
+  std::string begin = StepKey('d', step), end = begin;
   PutBe32(begin, chunk);
   if (chunk == kStateChunk) {
-    end = StepKey('d', step_ + 1);
+    end = StepKey('d', step + 1);
   } else {
     PutBe32(end, chunk + 1);
   }
+  return {std::move(begin), std::move(end)};
+}
+}  // namespace
+
+Status CheckpointWriter::PutFramed(std::string_view key, std::string_view value) {
   rocksdb::WriteBatch& batch = *batches_[0];
+  ZPS_RETURN_IF_ERROR(FromRocks(
+      batch.Put(rocksdb::Slice(key.data(), key.size()), rocksdb::Slice(value.data(), value.size())),
+      "batch put"));
+  if (batch.GetDataSize() < store_->options_.slice_bytes) return Status::Ok();
+  return FlushFramed();
+}
+
+Status CheckpointWriter::FlushFramed() {
+  rocksdb::WriteBatch& batch = *batches_[0];
+  Status s = Status::Ok();
+  // No WAL: Commit() flushes before the manifest makes anything visible.
+  if (batch.Count() > 0) s = store_->db_->Write(batch, false, true, "checkpoint data");
   batch.Clear();
+  return s;
+}
+
+Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk) {
+  // The key holds the step, chunk, kind and slice, none of them the shard: a value is stored
+  // under the same key in the new store, and its framed bytes (CRC included) stay valid.
+  auto [begin, end] = ChunkKeyRange(step_, chunk);
+  batches_[0]->Clear();
   uint64_t payload = 0;
   Status s = from.store_->db_->ForEach(
       begin, end, from.snapshot_->get(),
@@ -732,23 +763,67 @@ Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk
                                         from.store_->dir() + ", chunk " + std::to_string(chunk));
         }
         payload += p->size();
-        ZPS_RETURN_IF_ERROR(FromRocks(batch.Put(rocksdb::Slice(key.data(), key.size()),
-                                                rocksdb::Slice(value.data(), value.size())),
-                                      "batch put"));
-        if (batch.GetDataSize() < store_->options_.slice_bytes) return Status::Ok();
-        // No WAL: Commit() flushes before the manifest makes anything visible.
-        Status w = store_->db_->Write(batch, false, true, "checkpoint data");
-        batch.Clear();
-        return w;
+        return PutFramed(key, value);
       });
-  if (s.ok() && batch.Count() > 0) s = store_->db_->Write(batch, false, true, "checkpoint data");
-  batch.Clear();
+  if (s.ok()) s = FlushFramed();
+  batches_[0]->Clear();
   ZPS_RETURN_IF_ERROR(s);
   if (payload == 0) {
     return DataLoss("checkpoint " + std::to_string(step_) + " in " + from.store_->dir() +
                     ": no value stored for chunk " + std::to_string(chunk));
   }
   bytes_ += payload;
+  return Status::Ok();
+}
+
+Status CheckpointWriter::PutStored(std::span<const std::byte> manifest, uint32_t chunk,
+                                   std::span<const StoredValue> values) {
+  const std::string where = "a peer's checkpoint " + std::to_string(step_);
+  auto src = DecodeManifest(step_, manifest);
+  if (!src.ok()) return src.status().WithContext(where);
+  ChunkEntry entry;
+  if (chunk == kStateChunk) {
+    ZPS_RETURN_IF_ERROR(AdoptFormat(*src, where));
+    if (has_state_) return InvalidArgument("checkpoint state set twice");
+  } else {
+    ZPS_ASSIGN_OR_RETURN(entry, CheckCopy(*src, chunk, where));
+  }
+  auto [begin, end] = ChunkKeyRange(step_, chunk);
+  uint64_t payload = 0;
+  auto put = [&]() -> Status {
+    batches_[0]->Clear();
+    for (const auto& v : values) {
+      if (v.key < begin || v.key >= end) {
+        return DataLoss(where + ": a value for chunk " + std::to_string(chunk) +
+                        " has a key of another step or chunk");
+      }
+      auto p = detail::Unframe(v.key, v.value);
+      if (!p.ok()) return p.status().WithContext(where + ", chunk " + std::to_string(chunk));
+      payload += p->size();
+      ZPS_RETURN_IF_ERROR(PutFramed(v.key, v.value));
+    }
+    ZPS_RETURN_IF_ERROR(FlushFramed());
+    if (payload == 0) {
+      return DataLoss(where + ": no value stored for chunk " + std::to_string(chunk));
+    }
+    return Status::Ok();
+  };
+  Status s = put();
+  batches_[0]->Clear();
+  if (!s.ok()) {
+    state_ = State::kFailed;
+    return s;
+  }
+  bytes_ += payload;
+  if (chunk == kStateChunk) {
+    has_state_ = src->has_state;
+    state_len_ = src->state_len;
+    state_crc_ = src->state_crc;
+  } else {
+    added_[static_cast<size_t>(std::lower_bound(local_.begin(), local_.end(), chunk) -
+                               local_.begin())] = true;
+    chunks_.push_back(entry);
+  }
   return Status::Ok();
 }
 
@@ -847,6 +922,52 @@ Status CheckpointReader::ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) c
     ZPS_RETURN_IF_ERROR(ReadSlices(chunk, k, parts[k]));
   }
   return Status::Ok();
+}
+
+std::vector<std::byte> CheckpointReader::EncodedManifest() const {
+  return internal::EncodeManifest(*manifest_);
+}
+
+Result<std::vector<StoredValue>> CheckpointReader::ReadStored(uint32_t chunk,
+                                                              std::string_view after,
+                                                              size_t max_bytes, bool* more) const {
+  if (chunk != kStateChunk) {
+    const auto& list = info_.chunks;
+    if (std::none_of(list.begin(), list.end(),
+                     [&](const ChunkEntry& c) { return c.chunk == chunk; })) {
+      return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
+                      std::to_string(info_.step) + " of " + store_->dir());
+    }
+  }
+  auto [begin, end] = ChunkKeyRange(info_.step, chunk);
+  if (!after.empty()) {
+    if (after < begin || after >= end) {
+      return InvalidArgument("key to resume after is not one of chunk " + std::to_string(chunk));
+    }
+    begin = std::string(after);
+    begin.push_back('\0');  // the next key after `after`
+  }
+  std::vector<StoredValue> out;
+  size_t bytes = 0;
+  bool full = false;
+  Status s = store_->db_->ForEach(
+      begin, end, snapshot_->get(), [&](std::string_view key, std::string_view value) -> Status {
+        if (full) {
+          return Cancelled("page full");  // one value beyond the page: more follow
+        }
+        auto p = detail::Unframe(key, value);
+        if (!p.ok()) {
+          return p.status().WithContext("checkpoint " + std::to_string(info_.step) + " in " +
+                                        store_->dir() + ", chunk " + std::to_string(chunk));
+        }
+        out.push_back({std::string(key), std::string(value)});
+        bytes += key.size() + value.size();
+        full = bytes >= max_bytes;
+        return Status::Ok();
+      });
+  if (!s.ok() && !(full && s.code() == Code::kCancelled)) return s;
+  *more = !s.ok();
+  return out;
 }
 
 Result<std::vector<std::byte>> CheckpointReader::ReadState() const {

@@ -205,30 +205,6 @@ bool SamePath(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec1) == fs::weakly_canonical(b, ec2);
 }
 
-// The coordinator catalog of the job on M shards, beside the new shard 0's store.
-Status WriteCoordinatorCatalog(const std::string& dir, const JobSpec& job, int64_t step,
-                               uint32_t shards, const std::string& old_dir) {
-  ZPS_ASSIGN_OR_RETURN(auto catalog, CoordinatorCatalog::Open(dir, {}));
-  ZPS_RETURN_IF_ERROR(catalog->PutJobSpec(job));
-  // The recovery epoch goes on from the old coordinator's (a new one never reuses an epoch).
-  CheckpointOptions ro;
-  ro.read_only = true;
-  ro.create_if_missing = false;
-  std::error_code ec;
-  if (fs::exists(old_dir, ec)) {
-    auto old = CoordinatorCatalog::Open(old_dir, ro);
-    if (old.ok()) {
-      auto epoch = (*old)->GetEpoch();
-      if (epoch.ok()) ZPS_RETURN_IF_ERROR(catalog->PutEpoch(*epoch));
-    }
-  }
-  ZPS_RETURN_IF_ERROR(catalog->PutStep(step));
-  for (uint32_t s = 0; s < shards; ++s) {
-    ZPS_RETURN_IF_ERROR(catalog->RecordShardCheckpoint(step, s, shards).status());
-  }
-  return Status::Ok();
-}
-
 struct Output {
   std::unique_ptr<CheckpointStore> store;
   std::unique_ptr<CheckpointWriter> writer;
@@ -260,10 +236,7 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
   const auto m = static_cast<uint32_t>(o.outputs.size());
   const auto n = static_cast<uint32_t>(inputs.size());
   const Layout& old_layout = inputs[0].layout;
-  LayoutOptions lo = old_layout.options();
-  lo.num_shards = m;
-  JobSpec job = inputs[0].job;
-  ZPS_ASSIGN_OR_RETURN(job.layout, Layout::Build(old_layout.specs(), lo));
+  ZPS_ASSIGN_OR_RETURN(JobSpec job, JobOnShards(inputs[0].job, m));
   if ((o.world_size == 0) != (o.accumulation_steps == 0)) {
     return InvalidArgument("reshard: give the world size and the accumulation steps together");
   }
@@ -355,7 +328,7 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
     }
     for (auto& out : outs) ZPS_RETURN_IF_ERROR(out.writer->Commit());
     ZPS_RETURN_IF_ERROR(coordinator_claim.Create());
-    return WriteCoordinatorCatalog(coordinator_dir, job, step, m, old_coordinator);
+    return WriteResumeCatalog(coordinator_dir, job, step, m, old_coordinator);
   };
   Status s = write();
   ReshardStats stats;
@@ -375,6 +348,38 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
   stats.chunks = job.layout.num_chunks();
   stats.coordinator_dir = coordinator_dir;
   return stats;
+}
+
+Result<JobSpec> JobOnShards(const JobSpec& old, uint32_t shards) {
+  if (shards == 0) return InvalidArgument("a job of 0 shards");
+  JobSpec job = old;
+  LayoutOptions lo = old.layout.options();
+  lo.num_shards = shards;
+  ZPS_ASSIGN_OR_RETURN(job.layout, Layout::Build(old.layout.specs(), lo));
+  return job;
+}
+
+Status WriteResumeCatalog(const std::string& dir, const JobSpec& job, int64_t step, uint32_t shards,
+                          const std::string& old_dir) {
+  ZPS_ASSIGN_OR_RETURN(auto catalog, CoordinatorCatalog::Open(dir, {}));
+  ZPS_RETURN_IF_ERROR(catalog->PutJobSpec(job));
+  // The recovery epoch goes on from the old coordinator's (a new one never reuses an epoch).
+  CheckpointOptions ro;
+  ro.read_only = true;
+  ro.create_if_missing = false;
+  std::error_code ec;
+  if (fs::exists(old_dir, ec)) {
+    auto old = CoordinatorCatalog::Open(old_dir, ro);
+    if (old.ok()) {
+      auto epoch = (*old)->GetEpoch();
+      if (epoch.ok()) ZPS_RETURN_IF_ERROR(catalog->PutEpoch(*epoch));
+    }
+  }
+  ZPS_RETURN_IF_ERROR(catalog->PutStep(step));
+  for (uint32_t s = 0; s < shards; ++s) {
+    ZPS_RETURN_IF_ERROR(catalog->RecordShardCheckpoint(step, s, shards).status());
+  }
+  return Status::Ok();
 }
 
 void KeepFreedMemory() {

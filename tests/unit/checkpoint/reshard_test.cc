@@ -268,5 +268,95 @@ TEST(CheckpointStoreReadOnly, ReadsValuesAfterACompaction) {
   ExpectCheckpoint(**store, l, 0, 3);
 }
 
+// The online path's copy (online_reshard.h): values read page by page with ReadStored and
+// written with PutStored, as a shard does with a peer's chunks, give the store CopyChunk gives.
+std::vector<StoredValue> ReadAll(const CheckpointReader& r, uint32_t chunk, size_t page) {
+  std::vector<StoredValue> all;
+  std::string after;
+  bool more = true;
+  while (more) {
+    auto values = r.ReadStored(chunk, after, page, &more);
+    EXPECT_THAT(values, IsOk());
+    if (!values.ok() || values->empty()) break;
+    after = values->back().key;
+    all.insert(all.end(), values->begin(), values->end());
+  }
+  return all;
+}
+
+TEST(ReshardOnline, PutStoredWritesWhatCopyChunkWould) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 2, {20});
+  std::vector<std::unique_ptr<CheckpointStore>> stores;
+  std::vector<std::unique_ptr<CheckpointReader>> readers;
+  for (const auto& d : in) {
+    auto s = CheckpointStore::Open(d, ReadOnly());
+    ASSERT_THAT(s, IsOk());
+    auto r = (*s)->OpenCheckpoint(20);
+    ASSERT_THAT(r, IsOk());
+    stores.push_back(std::move(*s));
+    readers.push_back(std::move(*r));
+  }
+  const JobSpec three = SmallJob(3);
+  for (uint32_t j = 0; j < 3; ++j) {
+    const std::string out = dir.sub("b") + "/s" + std::to_string(j);
+    fs::create_directories(dir.sub("b"));
+    auto store = CheckpointStore::Open(out, Small());
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->SetIdentity(three.layout, j), IsOk());
+    auto w = (*store)->BeginCheckpoint(20);
+    ASSERT_THAT(w, IsOk());
+    for (uint32_t c : three.layout.ChunksOfShard(j)) {
+      const CheckpointReader& from = *readers[c % 2];
+      // 1000-byte pages: every slice of a chunk comes in a page of its own.
+      ASSERT_THAT((*w)->PutStored(from.EncodedManifest(), c, ReadAll(from, c, 1000)), IsOk());
+    }
+    ASSERT_THAT((*w)->PutStored(readers[0]->EncodedManifest(), kStoredStateChunk,
+                                ReadAll(*readers[0], kStoredStateChunk, 1000)),
+                IsOk());
+    ASSERT_THAT((*w)->Commit(), IsOk());
+    ExpectCheckpoint(**store, three.layout, j, 20);
+  }
+}
+
+TEST(ReshardOnline, PutStoredRefusesACorruptValueAndAnotherChunksKey) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 2, {20});
+  auto src = CheckpointStore::Open(in[0], ReadOnly());
+  ASSERT_THAT(src, IsOk());
+  auto reader = (*src)->OpenCheckpoint(20);
+  ASSERT_THAT(reader, IsOk());
+  const JobSpec three = SmallJob(3);
+  const uint32_t chunk = 0;  // on shard 0 of 2 and of 3
+  auto values = ReadAll(**reader, chunk, 1 << 20);
+  ASSERT_FALSE(values.empty());
+  auto attempt = [&](std::vector<StoredValue> v) {
+    fs::create_directories(dir.sub("b"));
+    auto store = CheckpointStore::Open(dir.sub("b") + "/x", Small());
+    EXPECT_THAT(store, IsOk());
+    EXPECT_THAT((*store)->SetIdentity(three.layout, 0), IsOk());
+    auto w = (*store)->BeginCheckpoint(20);
+    EXPECT_THAT(w, IsOk());
+    Status s = (*w)->PutStored((*reader)->EncodedManifest(), chunk, v);
+    w->reset();
+    store->reset();
+    fs::remove_all(dir.sub("b") + "/x");
+    return s;
+  };
+  auto corrupt = values;
+  corrupt.back().value[corrupt.back().value.size() / 2] ^= 0x01;
+  EXPECT_THAT(attempt(corrupt), StatusIs(Code::kDataLoss));
+  // Chunk 1's values (from shard 1 of 2) offered as chunk 0's.
+  auto src1 = CheckpointStore::Open(in[1], ReadOnly());
+  ASSERT_THAT(src1, IsOk());
+  auto reader1 = (*src1)->OpenCheckpoint(20);
+  ASSERT_THAT(reader1, IsOk());
+  auto other = ReadAll(**reader1, 1, 1 << 20);
+  ASSERT_FALSE(other.empty());
+  EXPECT_THAT(attempt(other), StatusIs(Code::kDataLoss));
+  EXPECT_THAT(attempt({}), StatusIs(Code::kDataLoss));
+  EXPECT_THAT(attempt(values), IsOk());
+}
+
 }  // namespace
 }  // namespace zps::server::testing

@@ -36,7 +36,8 @@ std::map<std::string, std::string> Tables() {
                 JoinReply, ChunkStat, Report, CommitInfo, AwaitCommit, FetchHeader,
                 FetchReplyHeader, FetchRmaReplyHeader, PushHeader, PushRmaHeader,
                 ServingNoticeHeader, PushReplyHeader, CheckpointReport, ResumeState, ShardSync,
-                ShardSyncReply, CheckpointDone, KvSet, KvGet, KvReply>();
+                ShardSyncReply, CheckpointDone, KvSet, KvGet, KvReply, ReshardInfo, ReshardFetch,
+                ReshardValues, ReshardReport, ReshardStatus>();
 }
 
 std::string DocPath() { return std::string(ZPS_SOURCE_DIR) + "/docs/protocol.md"; }

@@ -39,6 +39,10 @@ enum RpcType : uint16_t {
   // Rendezvous for the workers' collectives (docs/protocol.md, "Key-value rendezvous").
   kKvSet = 30,  ///< worker/tool -> coordinator: KvSet; reply KvReply (empty value)
   kKvGet = 31,  ///< worker/tool -> coordinator: KvGet; reply KvReply (long-poll until set)
+  // Online resharding, on a shard's reshard endpoint (docs/protocol.md, "Online resharding").
+  kReshardInfo = 40,    ///< shard -> reshard peer: empty; reply ReshardInfo
+  kReshardFetch = 41,   ///< shard -> reshard peer: ReshardFetch; reply ReshardValues
+  kReshardReport = 42,  ///< shard/donor -> new shard 0: ReshardReport; reply ReshardStatus
 };
 
 // Bounds the decoders check (beside the ones next to their messages below).
@@ -379,6 +383,69 @@ struct KvReply {
   X(generation, 0, "the generation that served it", wire::U64) \
   X(value, {}, "the value; empty for KvSet", wire::Bytes<kMaxKvValueBytes>)
   ZPS_WIRE_MESSAGE(KvReply, ZPS_MSG_KV_REPLY)
+};
+
+// ---- online resharding (control plane, the reshard endpoint) ----
+
+/// Bounds of the online reshard messages.
+inline constexpr size_t kMaxStoredKey = 256;         ///< a checkpoint value's key
+inline constexpr size_t kMaxStoredPage = 12u << 20;  ///< values in one ReshardValues
+inline constexpr uint32_t kMaxStoredValuesPerPage = 1u << 16;
+
+/// What a shard's old store holds: its identity, and the checkpoint the reshard moves.
+struct ReshardInfo {
+#define ZPS_MSG_RESHARD_INFO(X)                                                                \
+  X(shard, 0, "the store's shard ordinal in the old job", wire::U32)                           \
+  X(shards, 0, "the old job's shard count", wire::Int<uint32_t, 1, kMaxShards>)                \
+  X(layout_hash, 0, "the old job's layout hash", wire::U64)                                    \
+  X(job_hash, 0, "the old job's spec hash", wire::U64)                                         \
+  X(step, 0, "the checkpoint the reshard moves (shard 0: the newest complete on every shard)", \
+    wire::Int<int64_t, 0>)                                                                     \
+  X(job, {}, "the old job spec (JobSpec::Serialize)", wire::Bytes<kMaxSpec, 1>)                \
+  X(manifest, {}, "the checkpoint's manifest as stored", wire::Bytes<kMaxSpec, 1>)
+  ZPS_WIRE_MESSAGE(ReshardInfo, ZPS_MSG_RESHARD_INFO)
+};
+
+/// Asks for the stored values of `chunk` (0xffffffff: the state blob) of checkpoint `step`, in
+/// key order after key `after` (empty: from the first).
+struct ReshardFetch {
+#define ZPS_MSG_RESHARD_FETCH(X)                                  \
+  X(step, 0, "the checkpoint", wire::Int<int64_t, 0>)             \
+  X(chunk, 0, "the chunk; 0xffffffff: the state blob", wire::U32) \
+  X(after, {}, "the last key already received; empty: from the first", wire::Bytes<kMaxStoredKey>)
+  ZPS_WIRE_MESSAGE(ReshardFetch, ZPS_MSG_RESHARD_FETCH)
+};
+
+/// One page of a chunk's stored values: keys[i] holds values[i], framed as stored (CRC
+/// included; the receiver checks it).
+struct ReshardValues {
+#define ZPS_MSG_RESHARD_VALUES(X)                                       \
+  X(keys, {}, "the values' keys, ascending",                            \
+    wire::List<wire::Bytes<kMaxStoredKey, 1>, kMaxStoredValuesPerPage>) \
+  X(values, {}, "the framed values",                                    \
+    wire::List<wire::Bytes<kMaxStoredPage>, kMaxStoredValuesPerPage>)   \
+  X(more, false, "values of the chunk follow the last one", wire::Bool)
+  ZPS_WIRE_MESSAGE(ReshardValues, ZPS_MSG_RESHARD_VALUES)
+};
+
+/// A shard of the new job (`committed`: its new store of `step` is committed) or a donor
+/// (`committed` false) asks the new shard 0 whether the job switched to `shards` shards.
+struct ReshardReport {
+#define ZPS_MSG_RESHARD_REPORT(X)                                                    \
+  X(ordinal, 0, "the reporting shard's ordinal", wire::U32)                          \
+  X(shards, 0, "the shard count it reshards to", wire::Int<uint32_t, 1, kMaxShards>) \
+  X(step, 0, "the checkpoint it resharded", wire::Int<int64_t, 0>)                   \
+  X(committed, false, "its new store is committed", wire::Bool)
+  ZPS_WIRE_MESSAGE(ReshardReport, ZPS_MSG_RESHARD_REPORT)
+};
+
+struct ReshardStatus {
+#define ZPS_MSG_RESHARD_STATUS(X)                                                         \
+  X(shards, 0, "the shard count the job reshards to", wire::Int<uint32_t, 1, kMaxShards>) \
+  X(step, 0, "the checkpoint it reshards", wire::I64)                                     \
+  X(committed, 0, "shards whose new store is committed", wire::U32)                       \
+  X(switched, false, "the coordinator's catalog holds the new job: swap the stores", wire::Bool)
+  ZPS_WIRE_MESSAGE(ReshardStatus, ZPS_MSG_RESHARD_STATUS)
 };
 
 }  // namespace zps::msg

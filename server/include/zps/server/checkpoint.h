@@ -138,6 +138,16 @@ struct CheckpointInfo {
 class CheckpointStore;
 class CheckpointReader;
 
+/// One value of a committed checkpoint as it is stored: its key (which names the step, chunk,
+/// kind and slice, never the shard) and its framed bytes, CRC included. What CopyChunk copies,
+/// carried between processes when shards reshard online (online_reshard.h).
+struct StoredValue {
+  std::string key;
+  std::string value;
+};
+/// The chunk id under which a checkpoint's state blob is stored (ReadStored, PutStored).
+inline constexpr uint32_t kStoredStateChunk = 0xffffffffu;
+
 /// An open, uncommitted checkpoint. Destroying it without Commit() aborts it (its data is
 /// deleted). Not thread-safe: one thread drives it (AddChunk spreads a chunk's slices over the
 /// store's `write_threads` internally).
@@ -180,6 +190,14 @@ class CheckpointWriter {
   /// Copies `from`'s state blob byte for byte (as SetState would have stored it). Errors: as
   /// CopyChunk; InvalidArgument when set twice.
   Status CopyState(const CheckpointReader& from);
+  /// CopyChunk (CopyState for chunk kStoredStateChunk) from values read elsewhere: `manifest`
+  /// is the source checkpoint's (CheckpointReader::EncodedManifest) and `values` are every
+  /// value of the chunk (CheckpointReader::ReadStored). Each value's CRC is checked and its key
+  /// must name this writer's step and `chunk`. Errors: as CopyChunk, and DataLoss for a value
+  /// that fails its CRC, a key of another step or chunk, a manifest that does not decode, or no
+  /// values at all.
+  Status PutStored(std::span<const std::byte> manifest, uint32_t chunk,
+                   std::span<const StoredValue> values);
 
  private:
   friend class CheckpointStore;
@@ -194,8 +212,15 @@ class CheckpointWriter {
   std::vector<Slice> CutSlices(uint32_t chunk, uint8_t kind, std::span<const std::byte> data) const;
   // Frames and writes `slices` (without WAL), striped over the store's write threads.
   Status PutSlices(const std::vector<Slice>& slices);
-  // Adopts `from`'s manifest format for CopyChunk/CopyState (the first call) or checks it.
-  Status AdoptFormat(const CheckpointReader& from);
+  // Adopts the source manifest's format for CopyChunk/CopyState/PutStored (the first call) or
+  // checks it; `where` names the source in errors.
+  Status AdoptFormat(const internal::Manifest& src, const std::string& where);
+  // Checks that `chunk` of the source manifest may be copied here and returns its entry.
+  Result<ChunkEntry> CheckCopy(const internal::Manifest& src, uint32_t chunk,
+                               const std::string& where);
+  // Writes one framed value verbatim (batched; `flush` writes what is batched).
+  Status PutFramed(std::string_view key, std::string_view value);
+  Status FlushFramed();
   // Copies the framed values of `chunk` (every kind and slice) verbatim, checking each CRC.
   Status CopyValues(const CheckpointReader& from, uint32_t chunk);
   void Abort();
@@ -240,6 +265,14 @@ class CheckpointReader {
   Result<std::vector<std::byte>> ReadState() const;
   /// Reads every value and checks its CRC. Errors: DataLoss naming the first bad value, IoError.
   Status Verify() const;
+  /// The checkpoint's manifest as stored (its format fields and chunk list), for PutStored.
+  std::vector<std::byte> EncodedManifest() const;
+  /// The values of `chunk` (kStoredStateChunk: the state blob) as stored, in key order, starting
+  /// after key `after` ("" = from the first), up to about `max_bytes` (at least one value);
+  /// `*more` says whether values follow. Each value's CRC is checked. Errors: NotFound (a chunk
+  /// not in the checkpoint), DataLoss (a corrupt value), IoError.
+  Result<std::vector<StoredValue>> ReadStored(uint32_t chunk, std::string_view after,
+                                              size_t max_bytes, bool* more) const;
 
  private:
   friend class CheckpointStore;

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "zps/common/job_spec.h"
 #include "zps/common/status.h"
 
 namespace zps::server {
@@ -75,6 +76,17 @@ struct ReshardStats {
 ///   ResourceExhausted a full disk while writing (the outputs are removed again);
 ///   IoError, Unavailable (an input is open writable elsewhere: stop its shard first).
 Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& options);
+
+/// The job `job` on `shards` shards: its layout rebuilt with num_shards = `shards` (and so a new
+/// layout hash); nothing else changes. Errors: InvalidArgument (shards 0, or Validate's).
+Result<JobSpec> JobOnShards(const JobSpec& job, uint32_t shards);
+
+/// Writes the coordinator catalog of `job` (on `shards` shards) resumed at checkpoint `step` in
+/// `dir` (which must not hold one): the job spec, the step, the checkpoint recorded complete on
+/// every shard, and the recovery epoch of the catalog in `old_dir` (if any; a new coordinator
+/// never reuses an epoch). Each write is synced. Errors: as CoordinatorCatalog's.
+Status WriteResumeCatalog(const std::string& dir, const JobSpec& job, int64_t step, uint32_t shards,
+                          const std::string& old_dir);
 
 /// For a process that reshards (zps-ckpt, zps-bench): glibc keeps freed memory of up to 64 MiB a
 /// block in the heap instead of unmapping it, so that each new memtable reuses the pages of the
