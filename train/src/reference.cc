@@ -81,6 +81,9 @@ class ReferenceTrainer::Access : public ParamAccess {
       case DType::kBF16:
         ConvertF32ToBF16(grad, {reinterpret_cast<uint16_t*>(base) + off, n});
         break;
+      case DType::kI8Block:  // rejected by the job's validation
+      case DType::kI4Block:
+        return InvalidArgument("the reference trainer pushes fp32, fp16 or bf16 gradients");
     }
     return Status::Ok();
   }
