@@ -96,6 +96,9 @@ void DequantizeOne(const BlockQuantKernels& k, QuantFormat f, const std::byte* r
       case DequantOp::kAdd:
         static_cast<float*>(out)[j] += v;
         break;
+      case DequantOp::kSub:
+        static_cast<float*>(out)[j] -= v;
+        break;
       case DequantOp::kBF16:
         static_cast<uint16_t*>(out)[j] = FloatToBf16(v);
         break;
@@ -105,7 +108,7 @@ void DequantizeOne(const BlockQuantKernels& k, QuantFormat f, const std::byte* r
     }
   };
   if (i == 1) put(0, value(from));
-  const size_t elem_size = (op == DequantOp::kStore || op == DequantOp::kAdd) ? 4 : 2;
+  const size_t elem_size = (op == DequantOp::kBF16 || op == DequantOp::kF16) ? 2 : 4;
   i += k.dequant(f.bits, codes, from + i, n - i, scale, op,
                  static_cast<std::byte*>(out) + i * elem_size);
   for (; i < n; ++i) put(i, value(from + i));
@@ -115,7 +118,7 @@ void DequantizeOne(const BlockQuantKernels& k, QuantFormat f, const std::byte* r
 void DequantizeStream(QuantFormat f, const std::byte* blocks, size_t skip, size_t n, DequantOp op,
                       void* out) {
   const auto& k = Kernels();
-  const size_t elem_size = (op == DequantOp::kStore || op == DequantOp::kAdd) ? 4 : 2;
+  const size_t elem_size = (op == DequantOp::kBF16 || op == DequantOp::kF16) ? 2 : 4;
   const size_t stride = QuantizedBlockStride(f);
   size_t b = skip / f.block, from = skip % f.block, done = 0;
   while (done < n) {
@@ -190,12 +193,7 @@ void QuantizeWithResidual(QuantFormat f, std::span<const float> g, std::span<flo
       continue;
     }
     // r = t - deq(q): one multiply and one subtraction per element, as every ISA rounds them.
-    const auto* codes = reinterpret_cast<const uint8_t*>(rec + 4);
-    for (size_t i = 0; i < len; ++i) {
-      const int c =
-          f.bits == 8 ? static_cast<int8_t>(codes[i]) : internal::DecodeInt4(codes[i / 2], i);
-      r[i] = r[i] - static_cast<float>(c) * scale;
-    }
+    DequantizeOne(k, f, rec, 0, len, DequantOp::kSub, r);
   }
 }
 

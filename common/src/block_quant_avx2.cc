@@ -93,6 +93,11 @@ void Put(DequantOp op, void* out, size_t j, __m256 v) {
       _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), v));
       break;
     }
+    case DequantOp::kSub: {
+      float* p = static_cast<float*>(out) + j;
+      _mm256_storeu_ps(p, _mm256_sub_ps(_mm256_loadu_ps(p), v));
+      break;
+    }
     case DequantOp::kBF16:
       _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + j),
                        simd::F32ToBF16x8(v));

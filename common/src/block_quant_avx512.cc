@@ -80,6 +80,11 @@ void Put(DequantOp op, void* out, size_t j, __m512 v) {
       _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), v));
       break;
     }
+    case DequantOp::kSub: {
+      float* p = static_cast<float*>(out) + j;
+      _mm512_storeu_ps(p, _mm512_sub_ps(_mm512_loadu_ps(p), v));
+      break;
+    }
     case DequantOp::kBF16:
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + j),
                           simd::F32ToBF16x16(v));

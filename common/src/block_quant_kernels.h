@@ -13,8 +13,9 @@
 
 namespace zps::internal {
 
-/// What a dequantizing kernel writes: fp32, fp32 accumulated (acc += value), bf16 or fp16.
-enum class DequantOp : uint8_t { kStore = 0, kAdd = 1, kBF16 = 2, kF16 = 3 };
+/// What a dequantizing kernel writes: fp32, fp32 accumulated (acc += value), bf16, fp16, or
+/// fp32 reduced (r -= value: the error-feedback residual).
+enum class DequantOp : uint8_t { kStore = 0, kAdd = 1, kBF16 = 2, kF16 = 3, kSub = 4 };
 
 struct BlockQuantKernels {
   /// absmax of |x[0..n)| over a prefix; sets *nonfinite when a NaN or Inf is seen. Returns the
