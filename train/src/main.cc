@@ -65,6 +65,10 @@ struct TrainOptions {
   double weight_decay = 0.0;        // Default: 0.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
   double max_grad_norm = 1.0;                     // Default: 1.0 (0 = no clipping).
+  // Default: "" = off. int8: the serving copy is int8 blocks (issue 27, item 1); reference mode
+  // only so far (the shards do not serve one yet).
+  std::string quantized_weights;
+
   // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
   // warmup_max_lr = --lr), WarmupDecayLR (the same, then linear decay to 0 at total-num-steps)
   // or WarmupCosineLR (ratio of --lr; DeepSpeed's default ratios).
@@ -115,6 +119,10 @@ struct TrainOptions {
 void Register(Flags& f, JobFlags& j, TrainOptions& o) {
   f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)",
         &o.mode);
+  f.Add("quantized-weights",
+        "int8: workers read an int8 block-quantized copy of the weights (one fp32 scale per "
+        "256 elements); --mode reference only so far",
+        &o.quantized_weights);
   f.Add("endpoint", "coordinator host:port (worker mode)", &o.endpoint);
   f.Add("token", "shared auth secret (prefer token-file)", &o.token);
   f.Add("token-file", "file holding the shared auth secret", &o.token_file);
@@ -280,6 +288,7 @@ Status RunReference(const TrainOptions& o) {
   ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
   ro.inject_overflow_step = o.inject_overflow_step;
+  if (!o.quantized_weights.empty()) ro.quantized_weights_block = kWeightQuantBlock;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -773,6 +782,14 @@ int main(int argc, char** argv) {
   }
   std::string mode = o.mode;
   if (mode == "auto") mode = o.endpoint.empty() ? "local" : "worker";
+  if (s.ok() && !o.quantized_weights.empty() && o.quantized_weights != "int8") {
+    s = InvalidArgument("--quantized-weights must be int8; got '" + o.quantized_weights + "'");
+  }
+  if (s.ok() && !o.quantized_weights.empty() && mode != "reference") {
+    s = Unimplemented(
+        "--quantized-weights: the shards do not serve a quantized copy yet; only --mode "
+        "reference runs it");
+  }
   if (s.ok()) {
     if (mode == "reference")
       s = RunReference(o);

@@ -50,6 +50,11 @@ struct QuantFormat {
   uint32_t block = 2048;  ///< Elements per block, a positive multiple of 64. Default: 2048.
 };
 
+/// Elements per block of the int8 serving copy (quantized weights): the smallest block whose
+/// bytes stay well under the 0.52x-of-bf16 egress target, with the least error (chosen by
+/// `zps-bench quant`, docs/benchmarks.md "Block-quantized serving copy: the block size").
+inline constexpr uint32_t kWeightQuantBlock = 256;
+
 /// OK when f is a format this file implements. Errors: InvalidArgument naming the bad field.
 Status ValidateQuantFormat(QuantFormat f);
 
