@@ -51,176 +51,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct TrainOptions {
-  std::string mode = "auto";        // Default: auto = worker when an endpoint is set, else local.
-  std::string endpoint;             // Default: "". Coordinator host:port (ZPS_ENDPOINT).
-  std::string token;                // Default: "".
-  std::string token_file;           // Default: "".
-  int rank = 0;                     // Default: 0.
-  int world_size = 2;               // Default: 2 ranks.
-  int shards = 2;                   // Default: 2 shards.
-  int64_t steps = 400;              // Default: 400 steps (about two minutes on 2 idle cores).
-  std::string optimizer = "adamw";  // Default: adamw.
-  double lr = 3e-3;                 // Default: 3e-3.
-  double weight_decay = 0.0;        // Default: 0.
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
-  double max_grad_norm = 1.0;                     // Default: 1.0 (0 = no clipping).
-  // Default: "" = off. int8: the serving copy is int8 blocks (issue 27, item 1); reference mode
-  // only so far (the shards do not serve one yet).
-  std::string quantized_weights;
-
-  // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
-  // warmup_max_lr = --lr), WarmupDecayLR (the same, then linear decay to 0 at total-num-steps)
-  // or WarmupCosineLR (ratio of --lr; DeepSpeed's default ratios).
-  std::string lr_schedule = "none";      // Default: none (constant --lr).
-  int64_t warmup_num_steps = 1000;       // Default: 1000 (DeepSpeed's).
-  int64_t total_num_steps = 0;           // Default: 0 = --steps.
-  std::string warmup_type = "log";       // Default: log (DeepSpeed's).
-  bool loss_scaling = false;             // Default: false. fp16 dynamic loss scaling (fp16 grads).
-  double initial_loss_scale = 65536.0;   // Default: 2^16.
-  std::string grad_dtype = "";           // Default: fp32, or fp16 with loss scaling.
-  std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
-  std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
-  std::string reduction = "server-sum";  // Default: server-sum.
-  std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
-  std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
-  uint64_t bucket_bytes = 16ull << 20;    // Default: 16 MiB of fp32 gradient per reduce-scatter.
-  std::string
-      gloo_hostname;  // Default: "" = 127.0.0.1 for a loopback endpoint, else the host name.
-  uint64_t chunk_elems = 256u << 10;       // Default: 256 Ki elements (1 MiB of fp32) per chunk.
-  int64_t inject_overflow_step = -1;       // Default: never.
-  uint64_t prefetch_bytes = 256ull << 20;  // Default: 256 MiB.
-  uint64_t max_live_bytes = 1ull << 30;    // Default: 1 GiB.
-  std::string ucx_tls;                     // Default: "" (UCX_TLS or UCX's choice).
-  int log_every = 10;                      // Default: every 10 steps.
-  int64_t eval_every = 0;      // Default: 0 = the held-out loss at the start and the end only.
-  bool print_crcs = false;     // Default: false. Print per-chunk state CRCs at the end.
-  bool print_latency = false;  // Default: false. Worker: print its histograms at the end.
-  std::string log_level = "warning";  // Default: warning (progress lines are printed anyway).
-  int64_t op_timeout_s = 300;         // Default: 300 s for any single wait.
-  int max_recoveries = 20;            // Default: 20. Rejoins after a lost shard/coordinator.
-  int metrics_port = 0;  // Default: 0 = off. Worker: its /metrics port. Local: the base
-                         // port (shard i: base+i, worker r: base+shards+r).
-  std::string metrics_bind = "0.0.0.0";  // Default: all interfaces. Where /metrics listens.
-  uint64_t shard_memory_budget = 0;      // Default: 0 = all in RAM. Local mode: each shard's
-                                         // --memory-budget (spill under the cluster's temp dir).
-                                         // Other modes ignore it.
-  uint64_t shard_serving_budget = 0;     // Default: 0 = all in RAM. Local mode: each shard's
-                                         // --serving-budget. Other modes ignore it.
-  std::string work_dir;  // Default: "" = $TMPDIR, else /tmp. Local mode: where the cluster
-                         // directory (logs, spill files) is made. Other modes ignore it.
-  ModelConfig model;
-  DataOptions data;
-  std::string corpus;
-  nlohmann::json job;  // the job-spec flags' JSON job description (JobFlags::Json)
-};
-
-// The job-spec flags go through `j`: each names its key in the JSON job description (BuildJob).
-void Register(Flags& f, JobFlags& j, TrainOptions& o) {
-  f.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)",
-        &o.mode);
-  f.Add("quantized-weights",
-        "int8: workers read an int8 block-quantized copy of the weights (one fp32 scale per "
-        "256 elements); --mode reference only so far",
-        &o.quantized_weights);
-  f.Add("endpoint", "coordinator host:port (worker mode)", &o.endpoint);
-  f.Add("token", "shared auth secret (prefer token-file)", &o.token);
-  f.Add("token-file", "file holding the shared auth secret", &o.token_file);
-  f.Add("rank", "this worker's rank", &o.rank, 0, 65535);
-  j.Add("world-size", "number of worker ranks", "shard.world_size", &o.world_size, 1, 65536);
-  j.Add("shards", "number of shards in the job", "num_shards", &o.shards, 1, 4096);
-  f.Add("steps", "training steps", &o.steps, 1, INT64_MAX / 2);
-  j.Add("optimizer", "adam, adamw or sgd", "optimizer.type", &o.optimizer);
-  j.Add("lr", "learning rate", "optimizer.lr", &o.lr);
-  j.Add("weight-decay", "weight decay", "optimizer.weight_decay", &o.weight_decay);
-  j.Add("beta1", "Adam beta1", "optimizer.beta1", &o.beta1);
-  j.Add("beta2", "Adam beta2", "optimizer.beta2", &o.beta2);
-  j.Add("eps", "Adam epsilon", "optimizer.eps", &o.eps);
-  j.Add("max-grad-norm", "global gradient-norm clip (0 = off)", "commit.max_grad_norm",
-        &o.max_grad_norm);
-  j.Add("lr-schedule", "servers' lr schedule: none, WarmupLR, WarmupDecayLR or WarmupCosineLR",
-        "shard.lr_schedule.type", &o.lr_schedule);
-  j.Add("warmup-num-steps", "lr schedule warmup updates", "shard.lr_schedule.warmup_num_steps",
-        &o.warmup_num_steps, 1, INT64_MAX / 2);
-  j.Add("total-num-steps", "lr schedule total updates (0 = --steps)",
-        "shard.lr_schedule.total_num_steps", &o.total_num_steps, 0, INT64_MAX / 2);
-  j.Add("warmup-type", "lr schedule warmup: log or linear", "shard.lr_schedule.warmup_type",
-        &o.warmup_type);
-  j.Add("loss-scaling", "fp16 dynamic loss scaling (pushes fp16 gradients)",
-        "commit.dynamic_loss_scale", &o.loss_scaling);
-  j.Add("initial-loss-scale", "first loss scale with --loss-scaling", "commit.initial_loss_scale",
-        &o.initial_loss_scale);
-  j.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
-        "shard.grad_dtype", &o.grad_dtype);
-  j.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", "shard.serving_dtype",
-        &o.serving_dtype);
-  j.Add("state-dtype",
-        "how the shards store the optimizer's moments beside the fp32 master: fp32, bf16 "
-        "(stochastic rounding) or int8 (blockwise, dynamic map)",
-        "optimizer.state_dtype", &o.state_dtype);
-  j.Add("reduction",
-        "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "
-        "reduce-scatter each gradient with Gloo; each pushes its slice)",
-        "shard.reduction", &o.reduction);
-  j.Add("update",
-        "the shards' update mode: sync (optimizer after the commit) or speculative (each chunk "
-        "as soon as its gradient is complete; bit-identical)",
-        "shard.update", &o.update);
-  f.Add("fetch-strategy",
-        "direct (every rank fetches whole parameters) or bandwidth-centric (each rank fetches its "
-        "slice, the ranks all-gather with Gloo)",
-        &o.fetch_strategy);
-  f.AddBytes("bucket-bytes",
-             "pre-reduced: fp32 gradient bytes gathered (in push order) into one reduce-scatter; "
-             "0 = one per parameter; the same on every rank",
-             &o.bucket_bytes);
-  f.Add("gloo-hostname",
-        "address this rank's Gloo tcp device binds and advertises (default: 127.0.0.1 when the "
-        "endpoint is on loopback, else the host name)",
-        &o.gloo_hostname);
-  j.AddBytes("chunk-elems", "elements per chunk of the flat parameter space", "chunk_elems",
-             &o.chunk_elems);
-  f.Add("inject-overflow-step", "test hook: an Inf gradient on rank 0 at this step",
-        &o.inject_overflow_step, -1, INT64_MAX);
-  f.AddBytes("prefetch-bytes", "bytes fetched ahead along the access trace (0 = off)",
-             &o.prefetch_bytes);
-  f.AddBytes("max-live-bytes", "fetched parameter bytes held at most", &o.max_live_bytes);
-  f.Add("ucx-tls", "UCX transports (e.g. tcp, posix,cma,self)", &o.ucx_tls);
-  f.Add("log-every", "print progress every N steps", &o.log_every, 1, 1000000);
-  f.Add("eval-every",
-        "rank 0 (and reference mode): also print the held-out loss after every N steps "
-        "(0 = at the start and the end only)",
-        &o.eval_every, 0, INT64_MAX / 2);
-  f.Add("print-crcs", "print per-chunk CRC32C of the final state", &o.print_crcs);
-  f.Add("print-latency",
-        "worker: print this rank's fetch/push request and step duration histograms at the end "
-        "(the buckets of its zps_request_duration_seconds and zps_step_duration_seconds)",
-        &o.print_latency);
-  f.Add("log-level", "debug, info, warning or error", &o.log_level);
-  f.Add("op-timeout", "seconds any single wait may take", &o.op_timeout_s, 1, 86400);
-  f.Add("max-recoveries", "times a worker re-joins after losing a shard or the coordinator",
-        &o.max_recoveries, 0, 1000000);
-  f.Add("metrics-port",
-        "HTTP port for /metrics, /healthz, /readyz (0 = off); in local mode the first of "
-        "shards+world-size consecutive ports (shards first, then workers)",
-        &o.metrics_port, 0, 65535);
-  f.Add("metrics-bind", "address the metrics endpoint listens on (worker mode)", &o.metrics_bind);
-  f.AddBytes("shard-memory-budget",
-             "local mode: each shard's --memory-budget (master + optimizer state in RAM; the rest "
-             "spills to <work-dir>/zps-local-XXXXXX/shard-N-data/spill); 0 = all in RAM",
-             &o.shard_memory_budget);
-  f.AddBytes("shard-serving-budget",
-             "local mode: each shard's --serving-budget (16-bit serving copies in RAM; the rest "
-             "spills to <work-dir>/zps-local-XXXXXX/shard-N-data/spill); 0 = all in RAM",
-             &o.shard_serving_budget);
-  f.Add("work-dir",
-        "local mode: where the cluster directory zps-local-XXXXXX is made (logs, token, the "
-        "shards' spill files); default $TMPDIR, else /tmp",
-        &o.work_dir);
-  AddModelFlags(f, &o.model);
-  AddDataFlags(f, &o.data, &o.corpus);
-}
-
 void PrintCrcs(const std::vector<std::pair<uint32_t, uint32_t>>& crcs) {
   for (const auto& [c, crc] : crcs) std::printf("chunk_crc %u %08x\n", c, crc);
 }
@@ -747,13 +577,12 @@ int main(int argc, char** argv) {
   using namespace zps;
   using namespace zps::train;
   TrainOptions o;
-  o.data.batch = 8;
   Flags flags("zps-train",
               "Trains a byte-level decoder-only transformer through zps. With no endpoint it "
               "starts a local cluster (--shards zps-server processes and --world-size workers on "
               "loopback) and trains on the Debian license texts.");
   JobFlags job_flags(&flags);
-  Register(flags, job_flags, o);
+  AddTrainFlags(flags, job_flags, &o);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", parsed.status().ToString().c_str());
