@@ -15,6 +15,10 @@ std::string_view DTypeName(DType t) {
       return "fp16";
     case DType::kBF16:
       return "bf16";
+    case DType::kI8Block:
+      return "int8-block";
+    case DType::kI4Block:
+      return "int4-block";
   }
   return "unknown";
 }
@@ -23,11 +27,14 @@ Result<DType> ParseDType(std::string_view text) {
   if (text == "fp32" || text == "f32" || text == "float32") return DType::kF32;
   if (text == "fp16" || text == "f16" || text == "float16") return DType::kF16;
   if (text == "bf16" || text == "bfloat16") return DType::kBF16;
-  return InvalidArgument("dtype must be fp32, fp16 or bf16; got '" + std::string(text) + "'");
+  if (text == "int8-block") return DType::kI8Block;
+  if (text == "int4-block") return DType::kI4Block;
+  return InvalidArgument("dtype must be fp32, fp16, bf16, int8-block or int4-block; got '" +
+                         std::string(text) + "'");
 }
 
 Result<DType> DTypeFromByte(uint8_t b) {
-  if (b > static_cast<uint8_t>(DType::kBF16)) {
+  if (b > static_cast<uint8_t>(DType::kI4Block)) {
     return InvalidArgument("unknown dtype code " + std::to_string(b));
   }
   return static_cast<DType>(b);

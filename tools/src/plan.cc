@@ -48,6 +48,10 @@ Result<Format> ParseFormat(std::string_view text) {
       return Format::kFp16;
     case DType::kBF16:
       return Format::kBf16;
+    case DType::kI8Block:
+      return Format::kInt8;
+    case DType::kI4Block:
+      return Format::kInt4;
   }
   return Internal("unhandled dtype");
 }

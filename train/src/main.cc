@@ -118,6 +118,7 @@ Status RunReference(const TrainOptions& o) {
   ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
   ro.inject_overflow_step = o.inject_overflow_step;
+  if (!o.quantized_weights.empty()) ro.quantized_weights_block = kWeightQuantBlock;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -610,6 +611,14 @@ int main(int argc, char** argv) {
   }
   std::string mode = o.mode;
   if (mode == "auto") mode = o.endpoint.empty() ? "local" : "worker";
+  if (s.ok() && !o.quantized_weights.empty() && o.quantized_weights != "int8") {
+    s = InvalidArgument("--quantized-weights must be int8; got '" + o.quantized_weights + "'");
+  }
+  if (s.ok() && !o.quantized_weights.empty() && mode != "reference") {
+    s = Unimplemented(
+        "--quantized-weights: the shards do not serve a quantized copy yet; only --mode "
+        "reference runs it");
+  }
   if (s.ok()) {
     if (mode == "reference")
       s = RunReference(o);

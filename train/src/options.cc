@@ -35,6 +35,10 @@ void AddDataFlags(Flags& flags, DataOptions* d, std::string* corpus) {
 void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
   flags.Add("mode", "auto, local (spawn a cluster), worker (one rank) or reference (in-process)",
             &o->mode);
+  flags.Add("quantized-weights",
+            "int8: workers read an int8 block-quantized copy of the weights (one fp32 scale per "
+            "256 elements); --mode reference only so far",
+            &o->quantized_weights);
   flags.Add("endpoint", "coordinator host:port (worker mode)", &o->endpoint);
   flags.Add("token", "shared auth secret (prefer token-file)", &o->token);
   flags.Add("token-file", "file holding the shared auth secret", &o->token_file);

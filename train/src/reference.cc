@@ -16,6 +16,10 @@ Status ReferenceOptions::Validate() const {
   if (serving_dtype != DType::kF32 && serving_dtype != DType::kF16 && serving_dtype != DType::kBF16)
     return InvalidArgument("reference: serving_dtype must be fp16, bf16 or fp32");
   if (inject_overflow_step < -1) return InvalidArgument("reference: inject_overflow_step >= -1");
+  if (quantized_weights_block != 0) {
+    Status q = ValidateQuantFormat({8, quantized_weights_block});
+    if (!q.ok()) return InvalidArgument("reference: quantized_weights_block: " + q.message());
+  }
   ZPS_RETURN_IF_ERROR(lr_schedule.Validate());
   ZPS_RETURN_IF_ERROR(optimizer.Validate());
   return commit.Validate();
@@ -38,6 +42,11 @@ class ReferenceTrainer::Access : public ParamAccess {
       const uint64_t off = t_.layout_.param_offset(id), n = t_.layout_.param_numel(id);
       std::vector<float>& buf = views_[id];
       buf.resize(n);
+      if (t_.Quantized()) {
+        ZPS_RETURN_IF_ERROR(t_.DequantizeParam(id, buf));
+        out.emplace_back(buf);
+        continue;
+      }
       const size_t w = t_.ServingWords();
       const std::span<const uint16_t> src(t_.serving_.data() + off * w, n * w);
       if (t_.options_.serving_dtype == DType::kF32) {
@@ -81,6 +90,9 @@ class ReferenceTrainer::Access : public ParamAccess {
       case DType::kBF16:
         ConvertF32ToBF16(grad, {reinterpret_cast<uint16_t*>(base) + off, n});
         break;
+      case DType::kI8Block:  // rejected by the job's validation
+      case DType::kI4Block:
+        return InvalidArgument("the reference trainer pushes fp32, fp16 or bf16 gradients");
     }
     return Status::Ok();
   }
@@ -113,7 +125,11 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   t->m_.assign(moment, std::byte{0});
   t->v_.assign(moment, std::byte{0});
   t->acc_.assign(total, 0.0f);
-  t->serving_.assign(total * t->ServingWords(), 0);
+  if (t->Quantized()) {
+    t->qserving_.assign(t->QuantStride() * t->layout_.num_chunks(), std::byte{0});
+  } else {
+    t->serving_.assign(total * t->ServingWords(), 0);
+  }
   t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
   if (options.grad_dtype != DType::kF32) t->widened_.assign(total, 0.0f);
   const auto& decls = t->model_->decls();
@@ -122,7 +138,9 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
         InitParam(decls[id], model.seed,
                   {t->master_.data() + t->layout_.param_offset(id), t->layout_.param_numel(id)}));
   }
-  if (options.serving_dtype == DType::kF32) {
+  if (t->Quantized()) {
+    for (uint32_t c = 0; c < t->layout_.num_chunks(); ++c) t->Requantize(c);
+  } else if (options.serving_dtype == DType::kF32) {
     std::memcpy(t->serving_.data(), t->master_.data(), total * sizeof(float));
   } else if (options.serving_dtype == DType::kBF16) {
     ConvertF32ToBF16(t->master_, t->serving_);
@@ -201,12 +219,15 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
       up.grad_scale = res.decision.grad_scale;
       up.out_dtype = options_.serving_dtype;
       up.lr = lr;
-      if (options_.serving_dtype == DType::kF32) {
+      if (Quantized()) {
+        // The int8 copy is made from the updated master below; the update writes no copy.
+      } else if (options_.serving_dtype == DType::kF32) {
         up.out32 = {reinterpret_cast<float*>(serving_.data()) + begin, n};
       } else {
         up.out16 = {serving_.data() + begin, n};
       }
       ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {acc_.data() + begin, DType::kF32, n}, up));
+      if (Quantized()) Requantize(c);
     }
   }
   ++step_;
@@ -232,10 +253,37 @@ Result<uint32_t> ReferenceTrainer::ChunkCrc(uint32_t c) const {
   uint32_t crc = Crc32c(master_.data() + begin, n * sizeof(float));
   crc = Crc32cExtend(crc, server::MomentRange(sd, std::span<const std::byte>(m_), begin, n));
   crc = Crc32cExtend(crc, server::MomentRange(sd, std::span<const std::byte>(v_), begin, n));
+  if (Quantized()) return Crc32cExtend(crc, QuantChunk(c));
   const size_t w = ServingWords();
   crc = Crc32cExtend(crc,
                      std::as_bytes(std::span<const uint16_t>(serving_.data() + begin * w, n * w)));
   return crc;
+}
+
+std::span<std::byte> ReferenceTrainer::QuantChunk(uint32_t c) {
+  return {qserving_.data() + c * QuantStride(),
+          QuantizedBytes(QuantWeights(), layout_.chunk_size(c))};
+}
+
+std::span<const std::byte> ReferenceTrainer::QuantChunk(uint32_t c) const {
+  return const_cast<ReferenceTrainer*>(this)->QuantChunk(c);
+}
+
+void ReferenceTrainer::Requantize(uint32_t c) {
+  const uint64_t begin = static_cast<uint64_t>(c) * layout_.options().chunk_elems;
+  QuantizeBlocks(QuantWeights(), {master_.data() + begin, layout_.chunk_size(c)}, QuantChunk(c));
+}
+
+Status ReferenceTrainer::DequantizeParam(uint32_t id, std::span<float> out) const {
+  // A piece is a run at any offset inside its chunk: dequantize its covering blocks' range.
+  ZPS_ASSIGN_OR_RETURN(std::vector<Piece> pieces, layout_.Pieces(id));
+  for (const Piece& p : pieces) {
+    const QuantRange r = QuantizedCovering(QuantWeights(), layout_.chunk_size(p.chunk),
+                                           p.chunk_offset, p.chunk_offset + p.length);
+    DequantizeRange(QuantWeights(), QuantChunk(p.chunk).subspan(r.offset, r.bytes), r.skip,
+                    p.length, DequantTarget::kF32, out.data() + p.param_offset);
+  }
+  return Status::Ok();
 }
 
 }  // namespace zps::train

@@ -101,6 +101,9 @@ double SumSquaresRange(const void* g, DType dtype, size_t begin, size_t end) {
       return SumSquaresRangeT<DType::kF16>(g, begin, end);
     case DType::kBF16:
       return SumSquaresRangeT<DType::kBF16>(g, begin, end);
+    case DType::kI8Block:  // dequantized before statistics: never a slot's dtype here
+    case DType::kI4Block:
+      break;
   }
   return 0.0;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "zps/common/block_quant.h"
 #include "zps/testing/status_matchers.h"
 #include "zps/train/data.h"
 
@@ -80,7 +81,7 @@ bool SameState(const ReferenceTrainer& a, const ReferenceTrainer& b) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size_bytes()) == 0;
   };
   return eq(a.master(), b.master()) && eq(a.m(), b.m()) && eq(a.v(), b.v()) &&
-         eq(a.serving(), b.serving());
+         eq(a.serving(), b.serving()) && eq(a.quantized_serving(), b.quantized_serving());
 }
 
 TEST(ReferenceTest, InitialStateFromSeededInit) {
@@ -189,9 +190,65 @@ TEST(ReferenceTest, Fp32ServingCopyIsTheMaster) {
   EXPECT_TRUE(std::isfinite(run.results.back().loss));
 }
 
+// Quantized weights (issue 27, item 1): the serving copy is the int8 blocks of each chunk's
+// master, parameters are read from their pieces' covering blocks (pieces start anywhere in a
+// block: chunk_elems 4096, align_elems 64, block 256), and the run is deterministic.
+TEST(ReferenceTest, QuantizedWeightsServeTheMasterBlocks) {
+  auto o = SmallChunks(2);
+  o.quantized_weights_block = kWeightQuantBlock;
+  auto a = MakeRun(TinyModel(), o, 2);
+  auto b = MakeRun(TinyModel(), o, 2);
+  ASSERT_THAT(a.Steps(3), IsOk());
+  ASSERT_THAT(b.Steps(3), IsOk());
+  EXPECT_TRUE(SameState(*a.trainer, *b.trainer));
+  for (size_t i = 0; i < a.results.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(&a.results[i].loss, &b.results[i].loss, sizeof(double)));
+  }
+  const ReferenceTrainer& t = *a.trainer;
+  EXPECT_TRUE(t.serving().empty());
+  const QuantFormat f{8, kWeightQuantBlock};
+  const uint64_t ce = t.layout().options().chunk_elems;
+  ASSERT_EQ(t.quantized_serving().size(), t.layout().num_chunks() * QuantizedBytes(f, ce));
+  for (uint32_t c = 0; c < t.layout().num_chunks(); ++c) {
+    const uint64_t n = t.layout().chunk_size(c);
+    std::vector<std::byte> want(QuantizedBytes(f, n));
+    QuantizeBlocks(f, t.master().subspan(c * ce, n), want);
+    ASSERT_EQ(0, std::memcmp(want.data(), t.quantized_serving().data() + c * QuantizedBytes(f, ce),
+                             want.size()))
+        << "chunk " << c;
+  }
+}
+
+// Read through the int8 copy, the model is the same model: its held-out loss is within 2% of
+// the bf16 copy's at the start and after training, and training still lowers it.
+TEST(ReferenceTest, QuantizedWeightsTrainCloseToBf16) {
+  ModelConfig mc = TinyModel();
+  auto o = SmallChunks(2);
+  o.optimizer.lr = 1e-2f;
+  o.commit.max_grad_norm = 1.0;
+  auto bf16 = MakeRun(mc, o, 4);
+  o.quantized_weights_block = kWeightQuantBlock;
+  auto q = MakeRun(mc, o, 4);
+  std::vector<uint8_t> eval(static_cast<size_t>(8) * (mc.seq_len + 1));
+  ASSERT_THAT(q.loader->EvalBatch(0, 8, eval), IsOk());
+  const double q0 = q.trainer->Evaluate(eval, 8).value();
+  const double b0 = bf16.trainer->Evaluate(eval, 8).value();
+  EXPECT_NEAR(q0, b0, 0.02 * b0);
+  ASSERT_THAT(q.Steps(30), IsOk());
+  ASSERT_THAT(bf16.Steps(30), IsOk());
+  const double q1 = q.trainer->Evaluate(eval, 8).value();
+  const double b1 = bf16.trainer->Evaluate(eval, 8).value();
+  EXPECT_LT(q1, 0.7 * q0);
+  EXPECT_NEAR(q1, b1, 0.02 * b1) << "int8 " << q1 << " bf16 " << b1;
+}
+
 TEST(ReferenceTest, BadInput) {
   auto o = SmallChunks(2);
   o.serving_dtype = static_cast<DType>(7);  // fp32 serving is supported now; no such dtype is
+  EXPECT_EQ(ReferenceTrainer::Create(TinyModel(), o, nullptr).status().code(),
+            Code::kInvalidArgument);
+  o = SmallChunks(2);
+  o.quantized_weights_block = 100;  // not a multiple of 64
   EXPECT_EQ(ReferenceTrainer::Create(TinyModel(), o, nullptr).status().code(),
             Code::kInvalidArgument);
   auto run = MakeRun(TinyModel(), SmallChunks(2), 2);

@@ -18,11 +18,24 @@
 namespace zps {
 
 /// Element types of parameters, gradients and serving copies. Stable numeric values (wire format).
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+/// kI8Block and kI4Block are block-quantized buffers (zps/common/block_quant.h: one fp32 scale
+/// per block, int8 or int4 codes): they have no per-element size, and a buffer of n elements
+/// takes QuantizedBytes(format, n) bytes.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI8Block = 3, kI4Block = 4 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr bool IsBlockQuantized(DType t) { return t == DType::kI8Block || t == DType::kI4Block; }
+/// Bytes per element of fp32/fp16/bf16. Block-quantized dtypes return 0: their sizes come from
+/// QuantizedBytes, and a 0 here makes a caller that forgot that fail loudly, never overrun.
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kF16 || t == DType::kBF16) ? 2 : 0;
+}
+/// Code bits of a block-quantized dtype (8 or 4); 0 for the others.
+constexpr uint8_t DTypeQuantBits(DType t) {
+  return t == DType::kI8Block ? 8 : t == DType::kI4Block ? 4 : 0;
+}
 std::string_view DTypeName(DType t);
-/// "fp32"/"f32"/"float32", "fp16"/"f16"/"float16", "bf16"/"bfloat16".
+/// "fp32"/"f32"/"float32", "fp16"/"f16"/"float16", "bf16"/"bfloat16", "int8-block",
+/// "int4-block". Where a block dtype is allowed is the job spec's validation's business.
 Result<DType> ParseDType(std::string_view text);
 /// Validates a dtype byte from the wire or a file.
 Result<DType> DTypeFromByte(uint8_t b);
@@ -67,7 +80,7 @@ inline float Bf16ToFloat(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
-/// Reads element i of a buffer of dtype `t` as fp32.
+/// Reads element i of a buffer of dtype `t` as fp32 (NaN for block-quantized dtypes).
 inline float LoadAsFloat(const void* data, DType t, size_t i) {
   switch (t) {
     case DType::kF32:
@@ -76,8 +89,11 @@ inline float LoadAsFloat(const void* data, DType t, size_t i) {
       return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
     case DType::kBF16:
       return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kI8Block:  // not element-addressable: see block_quant.h
+    case DType::kI4Block:
+      break;
   }
-  return 0.0f;
+  return std::bit_cast<float>(0x7fc00000u);
 }
 
 /// Bulk conversions, vectorised for the active ISA (see cpu.h). `out` must be at least as long

@@ -41,6 +41,10 @@ struct TrainOptions {
   double weight_decay = 0.0;        // Default: 0.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
   double max_grad_norm = 1.0;                     // Default: 1.0 (0 = no clipping).
+  // Default: "" = off. int8: the serving copy is int8 blocks (issue 27, item 1); reference mode
+  // only so far (the shards do not serve one yet).
+  std::string quantized_weights;
+
   // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
   // warmup_max_lr = --lr), WarmupDecayLR (the same, then linear decay to 0 at total-num-steps)
   // or WarmupCosineLR (ratio of --lr; DeepSpeed's default ratios).

@@ -28,6 +28,10 @@
 //   7. step += 1 (the version the next fetches ask for).
 // Initial state: master = InitParam(decl, model seed) at each parameter's offset, padding 0;
 // m = v = 0; serving = ConvertF32ToBF16 (or ToF16, or a copy for fp32) of the whole master.
+// Quantized weights (ReferenceOptions::quantized_weights_block): the serving copy is instead
+// QuantizeBlocks of each chunk's master (int8 blocks from the chunk's start), made at start and
+// after each chunk's update in 6 (which then writes no 16-bit copy); step 2 reads the parameters
+// as DequantizeRange of their pieces' covering blocks.
 //
 // Thread-safety: not thread-safe; one thread drives a ReferenceTrainer. The optimizer may use the
 // ThreadPool passed to Create (results do not depend on its size).
@@ -38,6 +42,7 @@
 #include <span>
 #include <vector>
 
+#include "zps/common/block_quant.h"
 #include "zps/common/dtype.h"
 #include "zps/common/layout.h"
 #include "zps/common/status.h"
@@ -59,6 +64,11 @@ struct ReferenceOptions {
   /// The servers' lr schedule (one group: optimizer.lr). Default: none.
   server::LrScheduleConfig lr_schedule;
   int64_t inject_overflow_step = -1;  // Default: -1 = never. 0-based step index.
+  /// Quantized weights (issue 27, item 1): 0 = off; otherwise the serving copy is int8 blocks of
+  /// this many elements (zps/common/block_quant.h), each chunk's blocks starting at the chunk's
+  /// start, made from the master after each update and dequantized to fp32 by Acquire and
+  /// Evaluate. Default: 0 = off (the serving copy in serving_dtype).
+  uint32_t quantized_weights_block = 0;
 
   Status Validate() const;
 };
@@ -102,7 +112,11 @@ class ReferenceTrainer {
   std::span<const std::byte> m() const { return m_; }
   std::span<const std::byte> v() const { return v_; }
   /// The serving copy: ServingWords() 16-bit words per element (2 for fp32, little-endian).
+  /// Empty with quantized weights (see quantized_serving()).
   std::span<const uint16_t> serving() const { return serving_; }
+  /// With quantized weights: chunk c's int8 blocks start at c * QuantizedBytes(format,
+  /// chunk_elems); empty otherwise.
+  std::span<const std::byte> quantized_serving() const { return qserving_; }
   /// The fp32 master of one parameter. Errors: OutOfRange for a bad id.
   Result<std::vector<float>> ParamMaster(uint32_t id) const;
   /// CRC32C over master, m, v and serving of chunk c, in that order. Errors: OutOfRange.
@@ -118,8 +132,21 @@ class ReferenceTrainer {
   std::unique_ptr<server::Optimizer> optimizer_;
   server::StepCommit commit_;
   std::vector<float> master_, acc_, widened_;
-  std::vector<std::byte> m_, v_;   // packed (MomentBytes over the flat space)
-  std::vector<uint16_t> serving_;  // ServingWords() 16-bit words per element
+  std::vector<std::byte> m_, v_;     // packed (MomentBytes over the flat space)
+  std::vector<uint16_t> serving_;    // ServingWords() 16-bit words per element
+  std::vector<std::byte> qserving_;  // quantized weights: per chunk, QuantStride() bytes apart
+  bool Quantized() const { return options_.quantized_weights_block != 0; }
+  QuantFormat QuantWeights() const { return {8, options_.quantized_weights_block}; }
+  size_t QuantStride() const {
+    return QuantizedBytes(QuantWeights(), layout_.options().chunk_elems);
+  }
+  /// Chunk c's bytes of qserving_.
+  std::span<std::byte> QuantChunk(uint32_t c);
+  std::span<const std::byte> QuantChunk(uint32_t c) const;
+  /// Rewrites chunk c's int8 copy from its master.
+  void Requantize(uint32_t c);
+  /// The fp32 values of parameter `id` from the int8 copy. Errors: from Layout::Pieces.
+  Status DequantizeParam(uint32_t id, std::span<float> out) const;
   size_t ServingWords() const { return DTypeSize(options_.serving_dtype) / 2; }
   std::vector<std::byte> rank_grad_;  // one rank's pushes, in grad_dtype, total_elems long
   int64_t step_ = 0;
