@@ -78,6 +78,12 @@ struct TrainOptions {
   std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
   std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
   std::string reduction = "server-sum";  // Default: server-sum.
+
+  // Quantized gradients: "" = off, int8 or int4 (shard.grad_dtype int8-block / int4-block).
+  std::string quantized_grads;             // Default: "" (off).
+  bool grad_error_feedback = true;         // Default: true. false: testing, no error feedback.
+  int64_t reference_checkpoint_every = 0;  // Default: 0. Reference mode: the shards' cadence.
+
   std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
   uint64_t bucket_bytes = 16ull << 20;    // Default: 16 MiB of fp32 gradient per reduce-scatter.
@@ -144,6 +150,19 @@ void Register(Flags& f, JobFlags& j, TrainOptions& o) {
         &o.initial_loss_scale);
   j.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
         "shard.grad_dtype", &o.grad_dtype);
+  f.Add("quantized-grads",
+        "push block-quantized gradients with error feedback: int8 or int4 (the job's "
+        "shard.grad_dtype; not with --grad-dtype)",
+        &o.quantized_grads);
+  f.Add("grad-error-feedback",
+        "testing: with --quantized-grads, false quantizes every push on its own (no error "
+        "feedback), to show what the feedback is for",
+        &o.grad_error_feedback);
+  f.Add("reference-checkpoint-every",
+        "reference mode with --quantized-grads: the --checkpoint-every of the shards of the run "
+        "to compare with (the workers zero their residuals at those steps; other modes ignore "
+        "it)",
+        &o.reference_checkpoint_every, 0, INT64_MAX / 2);
   j.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", "shard.serving_dtype",
         &o.serving_dtype);
   j.Add("state-dtype",
@@ -279,6 +298,8 @@ Status RunReference(const TrainOptions& o) {
   ro.serving_dtype = job.shard.serving_dtype;
   ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
+  ro.residual_reset_every = o.reference_checkpoint_every;
+  ro.grad_error_feedback = o.grad_error_feedback;
   ro.inject_overflow_step = o.inject_overflow_step;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
@@ -435,6 +456,7 @@ Status RunWorker(const TrainOptions& o) {
   wo.rank = static_cast<uint32_t>(o.rank);
   wo.ucx_tls = o.ucx_tls;
   wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
+  wo.grad_error_feedback = o.grad_error_feedback;
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -757,6 +779,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.job = std::move(*job);
+  if (!o.quantized_grads.empty()) {
+    std::string bad;
+    if (o.quantized_grads != "int8" && o.quantized_grads != "int4") {
+      bad = "--quantized-grads must be int8 or int4, not '" + o.quantized_grads + "'";
+    } else if (!o.grad_dtype.empty()) {
+      bad = "--quantized-grads and --grad-dtype both set the push dtype: give one";
+    }
+    if (!bad.empty()) {
+      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
+      return 2;
+    }
+    o.job["shard"]["grad_dtype"] = o.quantized_grads + "-block";  // the DType's name
+  }
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", level.status().ToString().c_str());
