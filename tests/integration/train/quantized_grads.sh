@@ -11,7 +11,9 @@
 #   - shard ingress per step from the shards' zps_push_bytes_total (rank 0's fp32 initial values
 #     taken out): int8 at most QUANT_MAX8 (default 0.52) and int4 at most QUANT_MAX4 (0.27) of
 #     bf16's;
-#   - every run trains: the final held-out loss of Q8, Q4 and P4 within 5% of H's.
+#   - every run trains: the held-out loss of Q8, Q4 and P4 falls by at least half as much as H's
+#     (a few steps of a tiny model: a check that the gradients arrive, not of quality, which
+#     scripts/bench-quality.sh measures).
 # Usage: quantized_grads.sh BIN_DIR [extra zps-train flags...]
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib.sh
@@ -22,7 +24,7 @@ world=2
 shards=2
 steps=${STEPS:-8}
 model=(--steps "$steps" --d-model 64 --n-layers 2 --n-heads 2 --d-ff 256 --seq-len 32 --batch 4
-       --chunk-elems 65536 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
+       --chunk-elems 16384 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
        --log-every 1 --ucx-tls tcp "$@")
 work_init quantized-grads-test-token
 metric() {  # port name -> value
@@ -86,10 +88,10 @@ params, steps, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 max8, max4 = float(sys.argv[4]), float(sys.argv[5])
 def per_step(name):  # shard ingress per step, rank 0's fp32 initial values taken out
     return (int(open(f"{work}/{name}/push").read()) - params * 4) / steps
-def held_out(name):
+def held_out(name):  # (start, end)
     for line in open(f"{work}/{name}/rank0.out"):
         m = re.match(r"held-out loss (\S+) -> (\S+)", line)
-        if m: return float(m.group(2))
+        if m: return float(m.group(1)), float(m.group(2))
     raise SystemExit(f"{name}: no held-out loss")
 h = per_step("H")
 ok = True
@@ -97,11 +99,13 @@ for name, limit in (("Q8", max8), ("Q4", max4)):
     r = per_step(name) / h
     print(f"ingress per step: {name} {per_step(name):.0f} B = {r:.4f}x bf16's {h:.0f} B (limit {limit})")
     ok &= r <= limit
-base = held_out("H")
+h0, h1 = held_out("H")
 for name in ("Q8", "Q4", "P4"):
-    d = abs(held_out(name) - base) / base
-    print(f"held-out loss: {name} {held_out(name):.4f} vs bf16 {base:.4f} ({d:.2%}, limit 5%)")
-    ok &= d <= 0.05
+    q0, q1 = held_out(name)
+    r = (q0 - q1) / (h0 - h1)
+    print(f"held-out loss: {name} {q0:.4f} -> {q1:.4f}, bf16 {h0:.4f} -> {h1:.4f}: {r:.2f}x bf16's "
+          "fall (at least 0.5)")
+    ok &= r >= 0.5
 sys.exit(0 if ok else 1)
 PY
 echo "PASS"
