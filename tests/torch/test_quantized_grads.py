@@ -49,8 +49,14 @@ class Net(nn.Module):
 
 
 def _batches(n):
+    # A fixed teacher, so that the loss falls over the steps.
     g = torch.Generator().manual_seed(5)
-    return [(torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)) for _ in range(n)]
+    teacher = torch.randn(64, 64, generator=g) / 8
+    out = []
+    for _ in range(n):
+        x = torch.randn(16, 64, generator=g)
+        out.append((x, torch.tanh(x @ teacher)))
+    return out
 
 
 def _run(steps, accumulation=1, quantized=None):
@@ -85,7 +91,7 @@ def test_int8_trains_like_fp32_and_repeats_bit_for_bit():
     assert q_losses[-1] < q_losses[0]  # it trained
     # int8 with error feedback follows the fp32 run closely (not bit for bit: rounding).
     for a, b in zip(plain_losses, q_losses):
-        assert abs(a - b) <= 0.02 * a, (plain_losses, q_losses)
+        assert abs(a - b) <= 0.01 * a, (plain_losses, q_losses)
     assert any(not torch.equal(plain[k], q[k]) for k in q)  # it did quantize
 
 
