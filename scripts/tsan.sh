@@ -12,13 +12,14 @@ JOBS=${ZPS_JOBS:-$(nproc)}
 # The test programs whose tests run under TSan: the threaded components (RPC, UCX, metrics
 # exporter, thread pool, shard state with speculation, snapshots and spill, coordinator, KV store,
 # checkpoint store, NVMe engine, worker internals) and the integration tests of a real shard
-# (in process: bad input; as zps-server processes: dead shards, the optimizer surface). Left out
+# (in process: bad input, and a worker Client against two ShardServers; as zps-server processes:
+# dead shards, the optimizer surface). Left out
 # (docs/testing.md): the per-ISA matrices (test_common, test_server_optimizer: single-threaded
 # kernels, 3x each), the trainer's kernels, the Gloo collectives (Gloo is not instrumented: a
 # false race, and past 300 s), and the multi-process shell scripts (too slow for CI under TSan).
 TESTS=(test_rpc test_ucx test_ucx_peer test_metrics test_shard test_server_kv
        test_checkpoint test_nvme test_worker_internal test_server_bad_input test_worker_dead_shard
-       test_worker_optimizer_surface)
+       test_worker_optimizer_surface test_worker_client)
 source scripts/lib/sanitizer-tree.sh
 configure_sanitizer_tree "$BUILD_DIR" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DZPS_SANITIZE=thread -DZPS_WERROR=ON

@@ -39,7 +39,7 @@ nlohmann::json Value(const nlohmann::json& o, const char* key, nlohmann::json ot
 }  // namespace
 
 void JobFlags::Bind(std::string name, const std::string& key, std::function<nlohmann::json()> get) {
-  bound_.push_back({std::move(name), Split(key), std::move(get)});
+  bound_.push_back({std::move(name), key, Split(key), std::move(get)});
 }
 
 void JobFlags::Add(std::string name, std::string help, std::string key, std::string* field) {
@@ -74,6 +74,12 @@ void JobFlags::Add(std::string name, std::string help, std::string key, int* fie
 void JobFlags::AddBytes(std::string name, std::string help, std::string key, uint64_t* field) {
   Bind(name, key, [field] { return nlohmann::json(*field); });
   flags_->AddBytes(std::move(name), std::move(help), field);
+}
+
+std::vector<JobFlags::Binding> JobFlags::Bindings() const {
+  std::vector<Binding> out;
+  for (const Bound& b : bound_) out.push_back({b.flag, b.key});
+  return out;
 }
 
 Result<nlohmann::json> JobFlags::Json() const {

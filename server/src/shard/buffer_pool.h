@@ -4,7 +4,8 @@
 // checkpoint from a low-priority thread of its own.
 //
 // Lock order: mu_ is a leaf. It is taken under ShardState::mu_ and under a snapshot's mutex,
-// and nothing is called while it is held.
+// and nothing is called while it is held (annotated: ACQUIRED_AFTER(ShardState::mu_) here, and
+// ShardSnapshot::mu_ ACQUIRED_BEFORE it).
 // Thread-safety: every method is thread-safe.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
+#include "zps/server/shard_state.h"
 
 namespace zps::server {
 
@@ -50,7 +52,8 @@ class BufferPool {
   size_t pooled() const EXCLUDES(mu_);
 
  private:
-  mutable Mutex mu_;
+  friend class ShardSnapshot;  // names mu_ in its lock order (ACQUIRED_BEFORE)
+  mutable Mutex mu_ ACQUIRED_AFTER(ShardState::mu_);
   std::multimap<size_t, AlignedBuffer<float>> buffers_ GUARDED_BY(mu_);    // masters, by size
   std::multimap<size_t, AlignedBuffer<std::byte>> bytes_ GUARDED_BY(mu_);  // moments, by size
   std::thread reserve_thread_;                                             // "zps-reserve"

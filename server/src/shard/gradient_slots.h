@@ -14,8 +14,11 @@
 // reserved range is a duplicate. The chunk's step is complete when every slot landed every
 // trained (not frozen) element; its initial values when slot 0 landed every element.
 //
+// Lock order: no lock of its own, and it takes none (it calls nothing that locks), so it adds
+// nothing to ShardState's order.
 // Thread-safety: none of its own. ShardState::mu_ guards every call (a Chunk's slots are
-// reached only through it); the slot buffers are shared with push tickets, which write into them
+// reached only through it, and the analysis checks that through the REQUIRES(mu_) functions
+// that take a Chunk); the slot buffers are shared with push tickets, which write into them
 // without the lock, and Reduce runs on a complete chunk, which no push reaches.
 #pragma once
 

@@ -14,8 +14,10 @@
 //    for a publish the rollback never makes: ParkedFetchError says to answer it at once.
 //  - Any other token is unknown: Unauthenticated.
 //
-// Thread-safety: every method is thread-safe. One internal mutex; the only call made under it is
-// the count observer's (a gauge), so that counts are reported in the order they changed.
+// Lock order: mu_ is a leaf, and apart from ShardState's: no table method is called under another
+// lock of the shard, and the only call made under mu_ is the count observer's (a gauge: it must
+// take no lock), so that counts are reported in the order they changed.
+// Thread-safety: every method is thread-safe.
 #pragma once
 
 #include <atomic>

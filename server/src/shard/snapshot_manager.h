@@ -16,7 +16,9 @@
 // SnapshotManager::mu_ and the pool's are leaves. A ShardSnapshot's mu_ is never taken under
 // ShardState::mu_ or SnapshotManager::mu_: the shard reads the open snapshot under its lock
 // (Current), releases it, and only then calls the write hooks, which may wait for a chunk's
-// copy by the reader.
+// copy by the reader. The two edges are annotated for clang (SnapshotManager::mu_
+// ACQUIRED_AFTER(ShardState::mu_), ShardSnapshot::mu_ ACQUIRED_BEFORE(BufferPool::mu_)); "never
+// under" has no annotation, so it rests on the write hooks' comment below.
 //
 // Thread-safety: every SnapshotManager method is thread-safe. The write hooks (UpdateOutOfPlace,
 // Replace, PreserveAll) change the live state they are given: the caller is its only writer (the
@@ -92,7 +94,7 @@ class ShardSnapshot {
 
   const SnapshotManager* const manager_;
   const int64_t version_;
-  mutable Mutex mu_;
+  mutable Mutex mu_ ACQUIRED_BEFORE(BufferPool::mu_);
   std::vector<Entry> entries_ GUARDED_BY(mu_);  // per chunk, in chunk-table order
   Status error_ GUARDED_BY(mu_);                // a copy-on-write that failed
   uint64_t cow_ GUARDED_BY(mu_) = 0;
@@ -149,7 +151,7 @@ class SnapshotManager {
   const std::vector<uint32_t> chunk_ids_;
   const LiveState live_;
   const std::unique_ptr<BufferPool> buffers_;
-  mutable Mutex mu_;
+  mutable Mutex mu_ ACQUIRED_AFTER(ShardState::mu_);
   std::weak_ptr<ShardSnapshot> open_ GUARDED_BY(mu_);
 };
 

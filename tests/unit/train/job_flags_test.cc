@@ -1,11 +1,17 @@
 // JobFlags and BuildJob: zps-train's job-spec flags make the JSON job description zps.torch sends,
-// decoded by the job spec's one JSON codec. The oracle for "the job is unchanged" is the job spec
-// zps-train built field by field from the same flags before (FieldByField below).
+// decoded by the job spec's one JSON codec. The flags are zps-train's own (AddTrainFlags, as its
+// main() registers them), and the job spec's fields are read through its field lists
+// (zps/common/job_spec.h), so a flag, key or default that drifts fails here. The oracle for "the
+// job is unchanged" is the job spec zps-train built field by field from the same flags before
+// (FieldByField below).
 #include "zps/train/job_flags.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "zps/testing/status_matchers.h"
@@ -14,62 +20,8 @@
 namespace zps::train {
 namespace {
 
-// zps-train's job options and their defaults (train/src/main.cc's TrainOptions).
-struct Options {
-  int world_size = 2;
-  int shards = 2;
-  int64_t steps = 400;
-  std::string optimizer = "adamw";
-  double lr = 3e-3;
-  double weight_decay = 0.0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double max_grad_norm = 1.0;
-  std::string lr_schedule = "none";
-  int64_t warmup_num_steps = 1000;
-  int64_t total_num_steps = 0;
-  std::string warmup_type = "log";
-  bool loss_scaling = false;
-  double initial_loss_scale = 65536.0;
-  std::string grad_dtype = "";
-  std::string serving_dtype = "";
-  std::string state_dtype = "fp32";
-  std::string reduction = "server-sum";
-  std::string update = "sync";
-  uint64_t chunk_elems = 256u << 10;
-  ModelConfig model;
-};
-
-// Registers the flags as zps-train does (names and keys).
-void Register(JobFlags& j, Flags& f, Options& o) {
-  j.Add("world-size", "", "shard.world_size", &o.world_size, 1, 65536);
-  j.Add("shards", "", "num_shards", &o.shards, 1, 4096);
-  f.Add("steps", "", &o.steps, 1, INT64_MAX / 2);
-  j.Add("optimizer", "", "optimizer.type", &o.optimizer);
-  j.Add("lr", "", "optimizer.lr", &o.lr);
-  j.Add("weight-decay", "", "optimizer.weight_decay", &o.weight_decay);
-  j.Add("beta1", "", "optimizer.beta1", &o.beta1);
-  j.Add("beta2", "", "optimizer.beta2", &o.beta2);
-  j.Add("eps", "", "optimizer.eps", &o.eps);
-  j.Add("max-grad-norm", "", "commit.max_grad_norm", &o.max_grad_norm);
-  j.Add("lr-schedule", "", "shard.lr_schedule.type", &o.lr_schedule);
-  j.Add("warmup-num-steps", "", "shard.lr_schedule.warmup_num_steps", &o.warmup_num_steps, 1,
-        INT64_MAX / 2);
-  j.Add("total-num-steps", "", "shard.lr_schedule.total_num_steps", &o.total_num_steps, 0,
-        INT64_MAX / 2);
-  j.Add("warmup-type", "", "shard.lr_schedule.warmup_type", &o.warmup_type);
-  j.Add("loss-scaling", "", "commit.dynamic_loss_scale", &o.loss_scaling);
-  j.Add("initial-loss-scale", "", "commit.initial_loss_scale", &o.initial_loss_scale);
-  j.Add("grad-dtype", "", "shard.grad_dtype", &o.grad_dtype);
-  j.Add("serving-dtype", "", "shard.serving_dtype", &o.serving_dtype);
-  j.Add("state-dtype", "", "optimizer.state_dtype", &o.state_dtype);
-  j.Add("reduction", "", "shard.reduction", &o.reduction);
-  j.Add("update", "", "shard.update", &o.update);
-  j.AddBytes("chunk-elems", "", "chunk_elems", &o.chunk_elems);
-  AddModelFlags(f, &o.model);
-}
-
 // The job spec zps-train built from these options field by field before it went through JSON.
-Result<JobSpec> FieldByField(const Options& o) {
+Result<JobSpec> FieldByField(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(
       Layout layout,
       Layout::Build(LayoutSpecs(Specs(o.model)), {.chunk_elems = o.chunk_elems,
@@ -112,10 +64,10 @@ struct Built {
 };
 
 Built BuildFrom(std::vector<const char*> args) {
-  Options o;
+  TrainOptions o;
   Flags f("t", "test");
   JobFlags j(&f);
-  Register(j, f, o);
+  AddTrainFlags(f, j, &o);
   args.insert(args.begin(), "t");
   Built b;
   auto parsed = f.Parse(static_cast<int>(args.size()), args.data());
@@ -133,6 +85,176 @@ void ExpectSameJob(const JobSpec& a, const JobSpec& b) {
   EXPECT_EQ(a.shard, b.shard);
   EXPECT_EQ(a.optimizer, b.optimizer);
   EXPECT_EQ(a.commit, b.commit);
+}
+
+// ---- The job spec's fields by their JSON key, read through its field lists ----
+
+nlohmann::json J(bool v) { return v; }
+nlohmann::json J(float v) { return v; }
+nlohmann::json J(double v) { return v; }
+nlohmann::json J(int64_t v) { return v; }
+nlohmann::json J(uint32_t v) { return v; }
+nlohmann::json J(uint8_t v) { return v; }
+nlohmann::json J(DType v) { return std::string(DTypeName(v)); }
+nlohmann::json J(ReductionMode v) { return std::string(ReductionModeName(v)); }
+nlohmann::json J(UpdateMode v) { return std::string(UpdateModeName(v)); }
+nlohmann::json J(OptimizerKind v) { return std::string(OptimizerKindName(v)); }
+nlohmann::json J(LrScheduleKind v) { return std::string(LrScheduleKindName(v)); }
+nlohmann::json J(WarmupType v) { return std::string(WarmupTypeName(v)); }
+nlohmann::json J(StateDType v) { return std::string(StateDTypeName(v)); }
+nlohmann::json J(const ParamGroup& g) {
+  nlohmann::json o = nlohmann::json::object();
+#define ZPS_TEST_FIELD(type, member, def, key, ...) o[key] = J(g.member);
+  ZPS_PARAM_GROUP_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+  return o;
+}
+nlohmann::json J(const LrScheduleConfig& c) {
+  nlohmann::json o = nlohmann::json::object();
+#define ZPS_TEST_FIELD(type, member, def, key, ...) o[key] = J(c.member);
+  ZPS_LR_SCHEDULE_CONFIG_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+  return o;
+}
+template <typename T>
+nlohmann::json J(const std::vector<T>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const T& x : v) a.push_back(J(x));
+  return a;
+}
+
+// Every field of `job` at its dotted JSON key ("optimizer.lr", "shard.lr_schedule.type"; the
+// schedule also as one object at "shard.lr_schedule"), and the layout's keys.
+std::map<std::string, nlohmann::json> Fields(const JobSpec& job) {
+  std::map<std::string, nlohmann::json> f;
+  f["num_shards"] = job.layout.options().num_shards;
+  f["chunk_elems"] = job.layout.options().chunk_elems;
+  f["align_elems"] = job.layout.options().align_elems;
+#define ZPS_TEST_FIELD(type, member, def, key, ...) f["optimizer." key] = J(job.optimizer.member);
+  ZPS_OPTIMIZER_CONFIG_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+#define ZPS_TEST_FIELD(type, member, def, key, ...) f["commit." key] = J(job.commit.member);
+  ZPS_COMMIT_CONFIG_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+#define ZPS_TEST_FIELD(type, member, def, key, ...) f["shard." key] = J(job.shard.member);
+  ZPS_SHARD_JOB_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+#define ZPS_TEST_FIELD(type, member, def, key, ...) \
+  f["shard.lr_schedule." key] = J(job.shard.lr_schedule.member);
+  ZPS_LR_SCHEDULE_CONFIG_FIELDS(ZPS_TEST_FIELD)
+#undef ZPS_TEST_FIELD
+  return f;
+}
+
+// The flags' JSON job description decoded as it is, without what BuildJob derives or drops.
+Result<JobSpec> DecodeAsIs(nlohmann::json j, const ModelConfig& model) {
+  nlohmann::json& params = j["params"] = nlohmann::json::array();
+  for (const ParamSpec& p : LayoutSpecs(Specs(model))) {
+    params.push_back({{"name", p.name}, {"shape", p.shape}});
+  }
+  j["align_elems"] = 64;
+  return JobSpecFromJson(j.dump());
+}
+
+// Where zps-train's defaults depart from the field lists' (and what BuildJob derives from them).
+std::map<std::string, nlohmann::json> ZpsTrainOwnDefaults() {
+  return {{"num_shards", 2},
+          {"chunk_elems", 256 << 10},
+          {"align_elems", 64},
+          {"shard.world_size", 2},
+          {"commit.grad_divisor", 2.0},
+          {"optimizer.lr", J(3e-3f)},
+          {"commit.max_grad_norm", 1.0}};
+}
+
+TEST(JobFlagsTest, DefaultsAreTheFieldListsDefaultsButZpsTrainsOwn) {
+  TrainOptions o;
+  Flags f("t", "test");
+  JobFlags j(&f);
+  AddTrainFlags(f, j, &o);
+  const char* argv[] = {"t"};
+  ASSERT_THAT(f.Parse(1, argv), IsOk());
+  auto flags_json = j.Json();
+  ASSERT_THAT(flags_json.status(), IsOk());
+  auto built = BuildJob(*flags_json, o.model, o.steps);
+  ASSERT_THAT(built.status(), IsOk());
+  auto as_is = DecodeAsIs(*flags_json, o.model);
+  ASSERT_THAT(as_is.status(), IsOk());
+  const JobSpec defaults{built->layout, {}, {}, {}};  // every field at its field list's default
+  const auto want = Fields(defaults);
+  const auto own = ZpsTrainOwnDefaults();
+  auto expected = [&](const std::string& key) {
+    auto it = own.find(key);
+    return it != own.end() ? it->second : want.at(key);
+  };
+  // zps-train's job with no flag given.
+  for (const auto& [key, value] : Fields(*built)) {
+    SCOPED_TRACE(key);
+    EXPECT_EQ(value, expected(key));
+  }
+  // Each flag's default as the codec reads it (BuildJob leaves the schedule out when it is none,
+  // so its flags are checked here).
+  const auto got = Fields(*as_is);
+  for (const JobFlags::Binding& b : j.Bindings()) {
+    SCOPED_TRACE("--" + b.flag + " (" + b.key + ")");
+    ASSERT_EQ(got.count(b.key), 1u) << "the key names no job-spec field";
+    EXPECT_EQ(got.at(b.key), expected(b.key));
+  }
+}
+
+TEST(JobFlagsTest, EachJobSpecFlagLandsInItsField) {
+  // A value other than the default for each flag, and the field's value it must give.
+  struct Case {
+    const char* arg;
+    nlohmann::json want;
+  };
+  const std::map<std::string, Case> cases = {
+      {"world-size", {"--world-size=3", 3}},
+      {"shards", {"--shards=3", 3}},
+      {"optimizer", {"--optimizer=sgd", "sgd"}},
+      {"lr", {"--lr=0.25", J(0.25f)}},
+      {"weight-decay", {"--weight-decay=0.125", J(0.125f)}},
+      {"beta1", {"--beta1=0.5", J(0.5f)}},
+      {"beta2", {"--beta2=0.75", J(0.75f)}},
+      {"eps", {"--eps=0.5", J(0.5f)}},
+      {"max-grad-norm", {"--max-grad-norm=2.5", 2.5}},
+      {"lr-schedule", {"--lr-schedule=WarmupCosineLR", "WarmupCosineLR"}},
+      {"warmup-num-steps", {"--warmup-num-steps=7", 7}},
+      {"total-num-steps", {"--total-num-steps=90", 90}},
+      {"warmup-type", {"--warmup-type=linear", "linear"}},
+      {"loss-scaling", {"--loss-scaling", true}},
+      {"initial-loss-scale", {"--initial-loss-scale=1024", 1024.0}},
+      {"grad-dtype", {"--grad-dtype=bf16", "bf16"}},
+      {"serving-dtype", {"--serving-dtype=fp32", "fp32"}},
+      {"state-dtype", {"--state-dtype=int8", "int8"}},
+      {"reduction", {"--reduction=pre-reduced", "pre-reduced"}},
+      {"update", {"--update=speculative", "speculative"}},
+      {"chunk-elems", {"--chunk-elems=64KiB", 64 << 10}},
+  };
+  TrainOptions o;
+  Flags f("t", "test");
+  JobFlags j(&f);
+  AddTrainFlags(f, j, &o);
+  const std::vector<JobFlags::Binding> bindings = j.Bindings();
+  ASSERT_FALSE(bindings.empty());
+  Built plain = BuildFrom({});
+  ASSERT_THAT(plain.job.status(), IsOk());
+  const auto defaults = Fields(*plain.job);
+  for (const JobFlags::Binding& b : bindings) {
+    SCOPED_TRACE("--" + b.flag + " (" + b.key + ")");
+    auto c = cases.find(b.flag);
+    ASSERT_NE(c, cases.end()) << "no test value for this flag: add one to `cases`";
+    ASSERT_EQ(defaults.count(b.key), 1u) << "the key names no job-spec field";
+    ASSERT_NE(defaults.at(b.key), c->second.want) << "the test value is the default";
+    // The schedule's other fields are kept only with a schedule.
+    std::vector<const char*> args = {c->second.arg};
+    if (b.key.starts_with("shard.lr_schedule.") && b.key != "shard.lr_schedule.type") {
+      args.push_back("--lr-schedule=WarmupDecayLR");
+    }
+    Built built = BuildFrom(args);
+    ASSERT_THAT(built.job.status(), IsOk());
+    EXPECT_EQ(Fields(*built.job).at(b.key), c->second.want);
+  }
 }
 
 TEST(JobFlagsTest, FlagSetsBuildTheJobZpsTrainBuiltFieldByField) {
@@ -160,10 +282,10 @@ TEST(JobFlagsTest, FlagSetsBuildTheJobZpsTrainBuiltFieldByField) {
 }
 
 TEST(JobFlagsTest, AFlagSetAndTheEquivalentJsonGiveTheSameJob) {
-  Options o;
+  TrainOptions o;
   Flags f("t", "test");
   JobFlags j(&f);
-  Register(j, f, o);
+  AddTrainFlags(f, j, &o);
   const char* argv[] = {"t",
                         "--optimizer=adam",
                         "--lr=0.01",
@@ -242,10 +364,10 @@ TEST(JobFlagsTest, BadValuesAreRefusedNamingTheirKeyOrFlag) {
 }
 
 TEST(JobFlagsTest, AnEmptyStringLeavesTheKeyOut) {
-  Options o;
+  TrainOptions o;
   Flags f("t", "test");
   JobFlags j(&f);
-  Register(j, f, o);
+  AddTrainFlags(f, j, &o);
   const char* argv[] = {"t", "--serving-dtype=fp32"};
   ASSERT_THAT(f.Parse(2, argv), IsOk());
   auto json = j.Json();

@@ -203,7 +203,8 @@ class ChunkStore {
   Status RecordLostError(uint32_t c, bool serving) const REQUIRES(mu_);
 
   ChunkStoreOptions options_;
-  mutable Mutex mu_;  // serialises every public call (see the header comment)
+  friend class ShardState;  // names mu_ in its lock order (ACQUIRED_BEFORE)
+  mutable Mutex mu_;        // serialises every public call (see the header comment)
   std::vector<Chunk> chunks_;
   uint64_t state_stride_max_ = 0;                               // largest state record
   uint64_t serving_stride_max_ = 0;                             // largest serving record

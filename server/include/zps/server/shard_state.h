@@ -72,7 +72,9 @@
 // FinishPush refuses it).
 //
 // Lock order: mu_, then the store's internal mutex (never the reverse: no store callback takes
-// mu_); callbacks run after release.
+// mu_); callbacks run after release. The parts' locks (server/src/shard/, listed at mu_) state
+// their place in it; clang checks the order where it is declared (mu_ ACQUIRED_BEFORE the
+// store's, the SnapshotManager's and BufferPool's ACQUIRED_AFTER mu_; -Wthread-safety-beta).
 // Thread-safety: all public methods are thread-safe.
 #pragma once
 
@@ -237,6 +239,7 @@ class ChunkLayout;
 struct ChunkBuffers;
 class ShardSnapshot;  // a background checkpoint's snapshot (snapshot_manager.h)
 class SnapshotManager;
+class BufferPool;
 
 class ShardState {
  public:
@@ -515,7 +518,10 @@ class ShardState {
   // beyond those in flight.
   mutable StagingPool push_staging_{size_t{64} << 20};
 
-  mutable Mutex mu_;
+  // The parts whose locks come after mu_ name it in their ACQUIRED_AFTER (lock order above).
+  friend class SnapshotManager;
+  friend class BufferPool;
+  mutable Mutex mu_ ACQUIRED_BEFORE(ChunkStore::mu_);
   CondVar cv_;
   uint64_t epoch_ GUARDED_BY(mu_) = 0;               // ResetTo count (fences older push tickets)
   int64_t sealed_step_ GUARDED_BY(mu_) = INT64_MIN;  // complete, being reduced (ForgetRank)

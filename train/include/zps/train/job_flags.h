@@ -40,9 +40,17 @@ class JobFlags {
   /// number that is not finite (JSON has no such number).
   Result<nlohmann::json> Json() const;
 
+  /// A registered flag (without "--") and its key, in registration order.
+  struct Binding {
+    std::string flag;
+    std::string key;
+  };
+  std::vector<Binding> Bindings() const;
+
  private:
   struct Bound {
     std::string flag;
+    std::string key;
     std::vector<std::string> path;        // the key, split at its dots
     std::function<nlohmann::json()> get;  // the value (null: left out)
   };
