@@ -132,10 +132,6 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
       job.serving_dtype != DType::kF32) {
     return InvalidArgument("serving_dtype must be fp16, bf16 or fp32");
   }
-  if (IsBlockQuantized(job.grad_dtype)) {
-    return InvalidArgument("grad_dtype " + std::string(DTypeName(job.grad_dtype)) +
-                           ": block-quantized pushes are not supported");
-  }
   // A shard updates each parameter run of a chunk in its own call, and a run must start on an
   // int8 block (zps/server/optimizer.h); runs start at multiples of align_elems.
   if (optimizer.state_dtype == StateDType::kInt8 &&

@@ -117,6 +117,8 @@ Status RunReference(const TrainOptions& o) {
   ro.serving_dtype = job.shard.serving_dtype;
   ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
+  ro.residual_reset_every = o.reference_checkpoint_every;
+  ro.grad_error_feedback = o.grad_error_feedback;
   ro.inject_overflow_step = o.inject_overflow_step;
   if (!o.quantized_weights.empty()) ro.quantized_weights_block = kWeightQuantBlock;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
@@ -274,6 +276,7 @@ Status RunWorker(const TrainOptions& o) {
   wo.rank = static_cast<uint32_t>(o.rank);
   wo.ucx_tls = o.ucx_tls;
   wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
+  wo.grad_error_feedback = o.grad_error_feedback;
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -595,6 +598,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.job = std::move(*job);
+  if (!o.quantized_grads.empty()) {
+    std::string bad;
+    if (o.quantized_grads != "int8" && o.quantized_grads != "int4") {
+      bad = "--quantized-grads must be int8 or int4, not '" + o.quantized_grads + "'";
+    } else if (!o.grad_dtype.empty()) {
+      bad = "--quantized-grads and --grad-dtype both set the push dtype: give one";
+    }
+    if (!bad.empty()) {
+      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
+      return 2;
+    }
+    o.job["shard"]["grad_dtype"] = o.quantized_grads + "-block";  // the DType's name
+  }
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", level.status().ToString().c_str());

@@ -68,6 +68,19 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
           &o->initial_loss_scale);
   job.Add("grad-dtype", "push dtype: fp32, fp16 or bf16 (default fp32; fp16 with loss scaling)",
           "shard.grad_dtype", &o->grad_dtype);
+  flags.Add("quantized-grads",
+            "push block-quantized gradients with error feedback: int8 or int4 (the job's "
+            "shard.grad_dtype; not with --grad-dtype)",
+            &o->quantized_grads);
+  flags.Add("grad-error-feedback",
+            "testing: with --quantized-grads, false quantizes every push on its own (no error "
+            "feedback), to show what the feedback is for",
+            &o->grad_error_feedback);
+  flags.Add("reference-checkpoint-every",
+            "reference mode with --quantized-grads: the --checkpoint-every of the shards of the "
+            "run to compare with (the workers zero their residuals at those steps; other modes "
+            "ignore it)",
+            &o->reference_checkpoint_every, 0, INT64_MAX / 2);
   job.Add("serving-dtype", "copy workers fetch: bf16, fp16 or fp32", "shard.serving_dtype",
           &o->serving_dtype);
   job.Add("state-dtype",

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "zps/common/crc32c.h"
+#include "zps/common/grad_quant.h"
 
 namespace zps::train {
 
@@ -28,7 +29,8 @@ Status ReferenceOptions::Validate() const {
 // ParamAccess over the serving copy; pushes land in the trainer's per-rank gradient buffer.
 class ReferenceTrainer::Access : public ParamAccess {
  public:
-  Access(ReferenceTrainer& t, bool inject_overflow) : t_(t), inject_(inject_overflow) {}
+  Access(ReferenceTrainer& t, bool inject_overflow, int rank = 0)
+      : t_(t), inject_(inject_overflow), rank_(rank) {}
 
   Result<std::vector<std::span<const float>>> Acquire(
       std::span<const uint32_t> param_ids) override {
@@ -79,6 +81,7 @@ class ReferenceTrainer::Access : public ParamAccess {
       injected[0] = std::numeric_limits<float>::infinity();
       grad = injected;
     }
+    if (IsBlockQuantized(t_.options_.grad_dtype)) return PushQuantized(param_id, off, grad);
     std::byte* base = t_.rank_grad_.data();
     switch (t_.options_.grad_dtype) {
       case DType::kF32:
@@ -90,16 +93,35 @@ class ReferenceTrainer::Access : public ParamAccess {
       case DType::kBF16:
         ConvertF32ToBF16(grad, {reinterpret_cast<uint16_t*>(base) + off, n});
         break;
-      case DType::kI8Block:  // rejected by the job's validation
+      case DType::kI8Block:  // PushQuantized, above
       case DType::kI4Block:
-        return InvalidArgument("the reference trainer pushes fp32, fp16 or bf16 gradients");
+        return Internal("reference: a block-quantized gradient reached the 16-bit path");
     }
     return Status::Ok();
   }
 
  private:
+  // As the rank's Client pushes it (worker/src/grad_residual.h): each piece quantized with the
+  // rank's residual, blocks from the piece's start; what lands is its dequantized value.
+  Status PushQuantized(uint32_t param_id, uint64_t off, std::span<const float> grad) {
+    const DType gd = t_.options_.grad_dtype;
+    const QuantFormat f = GradQuantFormat(gd);
+    ZPS_ASSIGN_OR_RETURN(auto pieces, t_.layout_.Pieces(param_id));
+    std::span<float> r(t_.residual_[static_cast<size_t>(rank_)].data() + off, grad.size());
+    if (!t_.options_.grad_error_feedback) std::fill(r.begin(), r.end(), 0.0f);
+    std::vector<std::byte> encoded;
+    for (const Piece& p : pieces) {
+      encoded.resize(PushBytes(gd, p.length));
+      QuantizeWithResidual(f, grad.subspan(p.param_offset, p.length),
+                           r.subspan(p.param_offset, p.length), encoded);
+      DequantizeBlocks(f, encoded, {t_.widened_.data() + off + p.param_offset, p.length});
+    }
+    return Status::Ok();
+  }
+
   ReferenceTrainer& t_;
   bool inject_;
+  int rank_;
   std::map<uint32_t, std::vector<float>> views_;
 };
 
@@ -132,6 +154,9 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const ModelCo
   }
   t->rank_grad_.assign(total * DTypeSize(options.grad_dtype), std::byte{0});
   if (options.grad_dtype != DType::kF32) t->widened_.assign(total, 0.0f);
+  if (IsBlockQuantized(options.grad_dtype)) {
+    t->residual_.assign(static_cast<size_t>(options.world), std::vector<float>(total, 0.0f));
+  }
   const auto& decls = t->model_->decls();
   for (uint32_t id = 0; id < decls.size(); ++id) {
     ZPS_RETURN_IF_ERROR(
@@ -163,14 +188,18 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
   // 2 + 3: ranks in order; each rank's pushes are reduced into acc_ before the next rank runs.
   for (int r = 0; r < world; ++r) {
     std::memset(rank_grad_.data(), 0, rank_grad_.size());  // padding is never pushed: 0
-    Access access(*this, step_ == options_.inject_overflow_step && r == 0);
+    const bool quantized = IsBlockQuantized(gd);
+    if (quantized) std::fill(widened_.begin(), widened_.end(), 0.0f);
+    Access access(*this, step_ == options_.inject_overflow_step && r == 0, r);
     ZPS_ASSIGN_OR_RETURN(
         auto out, model_->TrainStep(batches[static_cast<size_t>(r)], batch, loss_scale, access));
     res.rank_loss.push_back(out.loss);
     res.tokens += out.tokens;
     // Widen this rank's pushes to fp32 (exact), then acc = g_0 or acc += g_r.
     const float* g = reinterpret_cast<const float*>(rank_grad_.data());
-    if (gd != DType::kF32) {
+    if (quantized) {
+      g = widened_.data();  // the dequantized pushes (Access::PushQuantized)
+    } else if (gd != DType::kF32) {
       const std::span<const uint16_t> g16(reinterpret_cast<const uint16_t*>(rank_grad_.data()),
                                           total);
       if (gd == DType::kF16) {
@@ -229,6 +258,10 @@ Result<ReferenceStepResult> ReferenceTrainer::Step(
       ZPS_RETURN_IF_ERROR(optimizer_->Update(st, {acc_.data() + begin, DType::kF32, n}, up));
       if (Quantized()) Requantize(c);
     }
+  }
+  if (!residual_.empty() && options_.residual_reset_every > 0 &&
+      (step_ + 1) % options_.residual_reset_every == 0) {
+    for (auto& r : residual_) std::fill(r.begin(), r.end(), 0.0f);
   }
   ++step_;
   return res;

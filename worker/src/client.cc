@@ -10,9 +10,11 @@
 #include <unordered_map>
 
 #include "fetch_op_state.h"
+#include "grad_residual.h"
 #include "region_arena.h"
 #include "serving_directory.h"
 #include "zps/common/config.h"
+#include "zps/common/grad_quant.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
 #include "zps/common/staging_pool.h"
@@ -74,6 +76,9 @@ struct Client::Impl {
   // Declared after `ucx`: destroyed before the Worker, whose pending operations may still hold
   // blocks (which keep the region alive until then, and the Context outlives both).
   std::unique_ptr<RegionArena> push_arena;
+  // The error-feedback residuals of a job with block-quantized gradients (null otherwise): made
+  // at Connect, so a re-joined Client starts from zero residuals (docs/checkpoints.md).
+  std::unique_ptr<GradResiduals> residuals;
 
   Mutex mu;
   CondVar push_cv;
@@ -193,6 +198,11 @@ struct Client::Impl {
   Status SendPush(uint32_t param, int64_t step, DType dtype, const std::byte* data,
                   std::shared_ptr<const void> owner, bool in_arena, uint32_t micro,
                   uint64_t begin = 0, uint64_t length = UINT64_MAX);
+  Status QuantizedRefused() const {
+    return InvalidArgument(std::string("the job pushes ") + std::string(DTypeName(job.grad_dtype)) +
+                           " block-quantized gradients: push fp32 (PushGrad, PushGradRange), "
+                           "which the Client quantizes with error feedback");
+  }
   Status CheckMicro(uint32_t micro) const {
     if (micro < job.accumulation_steps) return Status::Ok();
     return InvalidArgument("micro-batch " + std::to_string(micro) + " of a job with " +
@@ -210,9 +220,24 @@ struct Client::Impl {
     *in_arena = false;
     return staging.Acquire(bytes);
   }
-  // `grad` converted to the job's grad dtype in a staging buffer (AcquireStaging).
-  std::shared_ptr<std::byte[]> StageGrad(std::span<const float> grad, bool* in_arena) {
+  // `grad` converted to the job's grad dtype in a staging buffer (AcquireStaging). A quantized
+  // job's gradient (elements [begin, ...) of `param`) is encoded piece by piece, with error
+  // feedback (GradResiduals).
+  Result<std::shared_ptr<std::byte[]>> StageGrad(uint32_t param, uint64_t begin,
+                                                 std::span<const float> grad, bool* in_arena) {
     const DType dt = job.grad_dtype;
+    if (IsBlockQuantized(dt)) {
+      ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param, begin, grad.size()));
+      std::vector<uint64_t> lengths;
+      size_t bytes = 0;
+      for (const Piece& p : pieces) {
+        lengths.push_back(p.length);
+        bytes += PushBytes(dt, p.length);
+      }
+      auto data = AcquireStaging(bytes, in_arena);
+      ZPS_RETURN_IF_ERROR(residuals->Encode(param, begin, grad, lengths, {data.get(), bytes}));
+      return data;
+    }
     // Not zero-initialised: every byte is written below.
     auto data = AcquireStaging(grad.size() * DTypeSize(dt), in_arena);
     // Streaming stores: the block is read next by another core (the shard's RMA get, or the
@@ -497,6 +522,10 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
   ZPS_RETURN_IF_ERROR(impl->SetupUcx());
   ZPS_RETURN_IF_ERROR(impl->JoinJob(job_spec, job_hash));
   ZPS_RETURN_IF_ERROR(impl->ConnectShards());
+  if (IsBlockQuantized(impl->job.grad_dtype)) {
+    impl->residuals =
+        std::make_unique<GradResiduals>(impl->job.grad_dtype, options.grad_error_feedback);
+  }
   bool any_without_ucx_errors = false;
   for (const auto& ep : impl->eps) any_without_ucx_errors |= !ep.peer_error_handling();
   if (any_without_ucx_errors) impl->watch = std::thread([d = impl.get()] { d->WatchShards(); });
@@ -630,7 +659,9 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
   if (length == UINT64_MAX) length = layout->param_numel(param) - begin;
   ZPS_ASSIGN_OR_RETURN(auto pieces, layout->Pieces(param, begin, length));
   const uint32_t contributor = opts.rank * job.accumulation_steps + micro;
-  const size_t esize = DTypeSize(dtype);
+  // The pieces' bytes lie one after another in `data`, in piece order (a quantized piece is
+  // encoded on its own: grad_quant.h).
+  size_t byte_offset = 0;
   {
     MutexLock lock(&mu);
     if (!push_error.ok()) return push_error;
@@ -648,7 +679,8 @@ Status Client::Impl::SendPush(uint32_t param, int64_t step, DType dtype, const s
     }
     msg::PushHeader h{session[shard], req,      step,        p.chunk,
                       p.chunk_offset, p.length, contributor, dtype};
-    std::span<const std::byte> bytes(data + (p.param_offset - begin) * esize, p.length * esize);
+    std::span<const std::byte> bytes(data + byte_offset, PushBytes(dtype, p.length));
+    byte_offset += bytes.size();
     pushed += bytes.size();
     pm.push_bytes.Inc(bytes.size());
     auto on_sent = [this, req](Status s) {
@@ -684,7 +716,7 @@ Status Client::PushGrad(uint32_t param, int64_t step, std::span<const float> gra
   }
   const DType dt = impl_->job.grad_dtype;
   bool in_arena = false;
-  auto data = impl_->StageGrad(grad, &in_arena);
+  ZPS_ASSIGN_OR_RETURN(auto data, impl_->StageGrad(param, 0, grad, &in_arena));
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro);
 }
@@ -699,6 +731,7 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   const DType dt = impl_->job.grad_dtype;
+  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("raw gradient has the wrong byte length");
   }
@@ -720,6 +753,7 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
   const Layout& l = *impl_->layout;
   if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
   const DType dt = impl_->job.grad_dtype;
+  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
   if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
     return InvalidArgument("shared gradient has the wrong byte length");
   }
@@ -741,7 +775,7 @@ Status Client::PushGradRange(uint32_t param, int64_t step, uint64_t begin,
   if (grad.empty()) return Status::Ok();
   const DType dt = impl_->job.grad_dtype;
   bool in_arena = false;
-  auto data = impl_->StageGrad(grad, &in_arena);
+  ZPS_ASSIGN_OR_RETURN(auto data, impl_->StageGrad(param, begin, grad, &in_arena));
   const std::byte* bytes = data.get();
   return impl_->SendPush(param, step, dt, bytes, std::move(data), in_arena, micro, begin,
                          grad.size());
@@ -823,7 +857,11 @@ Result<msg::CommitInfo> Client::AwaitCommit(int64_t step) {
     return Status(reply.status().code(), reply.status().message() + who)
         .WithContext("coordinator at " + impl_->opts.endpoint);
   }
-  return msg::CommitInfo::Decode(*reply);
+  ZPS_ASSIGN_OR_RETURN(msg::CommitInfo info, msg::CommitInfo::Decode(*reply));
+  // The state after this step is checkpointed: the residuals restart from zero at the next
+  // step, as they do in a job that rolls back to that checkpoint (docs/checkpoints.md).
+  if (info.checkpoint && impl_->residuals) impl_->residuals->Reset();
+  return info;
 }
 
 Result<std::vector<std::byte>> Client::CallShard(uint32_t ordinal, uint16_t type,

@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "zero_optimization.stage3_prefetch_bucket_size": 0,
     "zero_optimization.stage3_max_live_parameters": 0,
     "zero_optimization.stage3_param_persistence_threshold": 100000,
+    "zero_optimization.zero_quantized_gradients": False,
     "zps.endpoint": "",
     "zps.token_file": "",
     "zps.shards": 2,
@@ -60,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "zps.collectives": "auto",
     "zps.serving_dtype": "",
     "zps.state_dtype": "fp32",
+    "zps.quantized_grads": "",
     "zps.max_live_bytes": 1 << 30,
     "zps.prefetch_bytes": 256 << 20,
     "zps.memory_budget": 0,
@@ -174,6 +176,9 @@ class Config:
     prefetch_elems: int = _D["zero_optimization.stage3_prefetch_bucket_size"]
     max_live_elems: int = _D["zero_optimization.stage3_max_live_parameters"]
     persistence_threshold: int = _D["zero_optimization.stage3_param_persistence_threshold"]
+    # Block-quantized gradient pushes with error feedback (docs/data-plane.md): "" = off, "int8"
+    # (what zero_quantized_gradients: true means) or "int4" (zps.quantized_grads).
+    quantized_grads: str = _D["zps.quantized_grads"]
     # zps
     endpoint: str = _D["zps.endpoint"]
     token_file: str = _D["zps.token_file"]
@@ -217,6 +222,8 @@ class Config:
         return "fp16" if self.fp16 else "bf16"
 
     def grad_dtype(self) -> str:
+        if self.quantized_grads:
+            return self.quantized_grads + "-block"  # the job spec's name of the DType
         return "fp16" if self.fp16 else "fp32"
 
 
@@ -340,6 +347,8 @@ def load(config: ConfigSource) -> Config:
         c.prefetch_elems = zero.get("stage3_prefetch_bucket_size", int, 0)
         c.max_live_elems = zero.get("stage3_max_live_parameters", int, 0)
         c.persistence_threshold = zero.get("stage3_param_persistence_threshold", int, 0)
+        if zero.get("zero_quantized_gradients", bool):
+            c.quantized_grads = "int8"
         zero.finish()
 
     z = root.get("zps", dict)
@@ -357,6 +366,12 @@ def load(config: ConfigSource) -> Config:
         c.collectives = z.get("collectives", str, choices=["auto", "gloo", "nccl"])
         c.serving_dtype = z.get("serving_dtype", str, choices=["bf16", "fp16", "fp32"])
         c.state_dtype = z.get("state_dtype", str, choices=["fp32", "bf16", "int8"])
+        if z.has("quantized_grads"):
+            q = z.get("quantized_grads", str, choices=["off", "int8", "int4"])
+            if q == "off" and c.quantized_grads:
+                raise _bad("zps.quantized_grads", "'off' contradicts "
+                           "zero_optimization.zero_quantized_gradients: true")
+            c.quantized_grads = "" if q == "off" else q
         if bf16_states and z.has("state_dtype") and c.state_dtype != "bf16":
             raise _bad("zps.state_dtype", f"{c.state_dtype!r} contradicts "
                        "bf16.bf16_optimizer_states (bf16 state)")

@@ -27,13 +27,15 @@ Result<GradientSlots> GradientSlots::Create(uint64_t n, uint32_t slots, DType gr
   GradientSlots s;
   s.n_ = n;
   s.dtype_ = grad_dtype;
-  // fp32 slots: one per slot for an fp32 job; for a 16-bit job only slot 0 (the initial values,
-  // and the sum of several 16-bit slots), beside its 16-bit slots.
-  const bool half = grad_dtype != DType::kF32;
-  for (uint32_t k = 0; k < (half ? 1 : slots); ++k) {
+  // fp32 slots: one per slot for an fp32 job; for a 16-bit or block-quantized job only slot 0
+  // (the initial values, and the sum of the slots), beside its 16-bit or quantized slots.
+  const bool quantized = IsBlockQuantized(grad_dtype);
+  const bool half = grad_dtype != DType::kF32 && !quantized;
+  for (uint32_t k = 0; k < (grad_dtype != DType::kF32 ? 1 : slots); ++k) {
     ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<float>::Allocate(n));
     s.grads_.push_back(std::make_shared<AlignedBuffer<float>>(std::move(g)));
   }
+  if (quantized) s.quantized_.resize(slots);
   for (uint32_t k = 0; half && k < slots; ++k) {
     ZPS_ASSIGN_OR_RETURN(auto g, AlignedBuffer<uint16_t>::Allocate(n));
     s.grads16_.push_back(std::make_shared<AlignedBuffer<uint16_t>>(std::move(g)));
@@ -73,6 +75,18 @@ bool GradientSlots::Overlaps(uint32_t slot, uint64_t b, uint64_t e) const {
 GradientSlots::Target GradientSlots::Reserve(uint32_t slot, uint64_t b, uint64_t e, DType dtype) {
   covered_[slot].emplace(b, e);
   Target t;
+  if (IsBlockQuantized(dtype)) {
+    // The range's buffer from an earlier step, unless a push still holds it or it is not as
+    // long (pieces are the same every step, so it usually is reused).
+    auto& q = quantized_[slot][b];
+    const size_t bytes = PushBytes(dtype, e - b);
+    if (!q || q.use_count() != 1 || q->size() != bytes) {
+      q = std::make_shared<std::vector<std::byte>>(bytes);
+    }
+    t.quantized = q;
+    t.dest = q->data();
+    return t;
+  }
   if (dtype == DType::kF32) {
     t.fp32 = grads_[slot];
     t.dest = reinterpret_cast<std::byte*>(t.fp32->data() + b);
@@ -84,6 +98,13 @@ GradientSlots::Target GradientSlots::Reserve(uint32_t slot, uint64_t b, uint64_t
 }
 
 bool GradientSlots::Current(uint32_t slot, const Target& t) const {
+  if (t.quantized) {
+    if (slot >= quantized_.size()) return false;
+    for (const auto& [b, q] : quantized_[slot]) {
+      if (q == t.quantized) return true;
+    }
+    return false;
+  }
   if (t.half) return slot < grads16_.size() && t.half == grads16_[slot];
   return slot < grads_.size() && t.fp32 == grads_[slot];
 }
@@ -100,17 +121,37 @@ Result<uint64_t> GradientSlots::Forget(uint32_t slot) {
   landed_[slot] = 0;
   if (slot < grads_.size()) ZPS_RETURN_IF_ERROR(FreshSlot(grads_[slot], n_));
   if (slot < grads16_.size()) ZPS_RETURN_IF_ERROR(FreshSlot(grads16_[slot], n_));
+  if (slot < quantized_.size()) quantized_[slot].clear();  // a push still holding one writes on
   return dropped;
 }
 
 Status GradientSlots::Fresh() {
   for (auto& g : grads_) ZPS_RETURN_IF_ERROR(FreshSlot(g, n_));
   for (auto& g : grads16_) ZPS_RETURN_IF_ERROR(FreshSlot(g, n_));
+  for (auto& q : quantized_) q.clear();
   return Status::Ok();
 }
 
 void GradientSlots::Reduce() {
   float* acc = grads_[0]->data();
+  if (!quantized_.empty()) {
+    // Slot 0 is written (not added to 0, which would turn -0 into +0), later slots added, in
+    // slot order; a slot's ranges do not overlap, so their order does not matter.
+    std::fill(acc, acc + n_, 0.0f);
+    const QuantFormat f = GradQuantFormat(dtype_);
+    for (size_t slot = 0; slot < quantized_.size(); ++slot) {
+      for (const auto& [b, e] : covered_[slot]) {
+        const auto& q = quantized_[slot].at(b);
+        std::span<float> out(acc + b, e - b);
+        if (slot == 0) {
+          DequantizeBlocks(f, *q, out);
+        } else {
+          DequantizeAddBlocks(f, *q, out);
+        }
+      }
+    }
+    return;
+  }
   for (size_t r = 1; r < grads_.size(); ++r) {
     const float* g = grads_[r]->data();
     for (uint64_t i = 0; i < n_; ++i) acc[i] += g[i];
@@ -155,6 +196,9 @@ GradView GradientSlots::Reduced() const {
 uint32_t GradientSlots::Crc(uint32_t crc) const {
   for (const auto& g : grads_) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
   for (const auto& g : grads16_) crc = Crc32cExtend(crc, std::as_bytes(g->span()));
+  for (const auto& slot : quantized_) {
+    for (const auto& [b, q] : slot) crc = Crc32cExtend(crc, std::span<const std::byte>(*q));
+  }
   for (size_t slot = 0; slot < covered_.size(); ++slot) {
     for (const auto& [b, e] : covered_[slot]) {
       const uint64_t range[2] = {b, e};

@@ -4,8 +4,11 @@
 //
 // Slots hold the job's grad_dtype. fp32 job: one fp32 slot per contributor. 16-bit job: one
 // 16-bit slot per contributor, plus the fp32 slot 0 where initial values land and several 16-bit
-// slots are summed. Reduce sums the slots IN SLOT ORDER (acc = g0; acc += g1; ...), never arrival
-// order, so results are reproducible; one 16-bit slot stays as it landed.
+// slots are summed. Block-quantized job (int8 / int4 blocks, grad_quant.h): each reserved range
+// of a slot lands, encoded, in a byte buffer of its own (a push piece is encoded on its own), and
+// Reduce dequantizes them into the fp32 slot 0. Reduce sums the slots IN SLOT ORDER (acc = g0;
+// acc += g1; ...), never arrival order, so results are reproducible; one 16-bit slot stays as it
+// landed.
 //
 // Coverage: a range must lie inside one parameter (padding is never pushed), and overlapping a
 // reserved range is a duplicate. The chunk's step is complete when every slot landed every
@@ -28,6 +31,7 @@
 
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/dtype.h"
+#include "zps/common/grad_quant.h"
 #include "zps/common/status.h"
 #include "zps/server/optimizer.h"
 
@@ -41,16 +45,17 @@ class GradientSlots {
     bool frozen = false;
   };
   /// Where one push writes: the slot buffer it keeps alive while its transfer may still write
-  /// (one of the two is set) and the first element.
+  /// (one of the three is set) and the first byte.
   struct Target {
     std::shared_ptr<AlignedBuffer<float>> fp32;
     std::shared_ptr<AlignedBuffer<uint16_t>> half;
+    std::shared_ptr<std::vector<std::byte>> quantized;  // the range's encoding
     std::byte* dest = nullptr;
   };
 
   GradientSlots() = default;
-  /// `slots` zeroed slots of `n` elements of `grad_dtype` (fp32, fp16 or bf16). Errors:
-  /// ResourceExhausted.
+  /// `slots` zeroed slots of `n` elements of `grad_dtype` (fp32, fp16, bf16, or int8 / int4
+  /// blocks). Errors: ResourceExhausted.
   static Result<GradientSlots> Create(uint64_t n, uint32_t slots, DType grad_dtype);
 
   /// Adds the chunk's next parameter piece (ascending, not overlapping).
@@ -75,7 +80,7 @@ class GradientSlots {
   bool Overlaps(uint32_t slot, uint64_t b, uint64_t e) const;
   /// Reserves [b, e) of `slot` (not overlapping: see Overlaps) and returns where a push of
   /// `dtype` writes it: fp32 (initial values, fp32 jobs) into the fp32 slot, 16-bit into the
-  /// 16-bit slot.
+  /// 16-bit slot, block-quantized into the range's own buffer (PushBytes(dtype, e - b) bytes).
   Target Reserve(uint32_t slot, uint64_t b, uint64_t e, DType dtype);
   /// Releases the range reserved at `b` (a failed transfer).
   void Release(uint32_t slot, uint64_t b) { covered_[slot].erase(b); }
@@ -94,7 +99,9 @@ class GradientSlots {
   Status Fresh();
 
   /// Sums the slots in slot order into the fp32 slot 0 (16-bit slots widened exactly first; one
-  /// 16-bit slot stays as it is). Called once per step, on a complete chunk.
+  /// 16-bit slot stays as it is; block-quantized: slot 0's ranges dequantized into it, then each
+  /// later slot's added, DequantizeAddBlocks; elements no range covers are 0). Called once per
+  /// step, on a complete chunk.
   void Reduce();
   /// Zeroes [begin, end) of the reduced gradient (frozen parameters: slot 0 may still hold their
   /// initial values, and they must add nothing to the norm).
@@ -105,10 +112,11 @@ class GradientSlots {
   std::span<const float> initial_values() const { return grads_[0]->span(); }
   /// Extends `crc` over every slot's bytes, reserved ranges and landed count.
   uint32_t Crc(uint32_t crc) const;
-  /// Bytes of the slot buffers (fp32 and 16-bit): fixed at Create (a replaced buffer has the
-  /// same size).
+  /// Bytes of the slot buffers (fp32 and 16-bit, and for block-quantized slots what the whole
+  /// chunk's encoding takes per slot): fixed at Create (a replaced buffer has the same size).
   uint64_t bytes() const {
-    return n_ * (grads_.size() * sizeof(float) + grads16_.size() * sizeof(uint16_t));
+    return n_ * (grads_.size() * sizeof(float) + grads16_.size() * sizeof(uint16_t)) +
+           (quantized_.empty() ? 0 : quantized_.size() * PushBytes(dtype_, n_));
   }
 
  private:
@@ -116,6 +124,9 @@ class GradientSlots {
   DType dtype_ = DType::kF32;
   std::vector<std::shared_ptr<AlignedBuffer<float>>> grads_;
   std::vector<std::shared_ptr<AlignedBuffer<uint16_t>>> grads16_;
+  // Block-quantized jobs: per slot, begin -> the encoding of the range reserved there (kept
+  // across steps and reused while no ticket holds it; dropped by Forget and Fresh).
+  std::vector<std::map<uint64_t, std::shared_ptr<std::vector<std::byte>>>> quantized_;
   std::vector<std::map<uint64_t, uint64_t>> covered_;  // per slot: begin -> end (reserved)
   std::vector<uint64_t> landed_;                       // per slot: elements completed
   std::vector<Param> params_;                          // ascending

@@ -18,6 +18,7 @@
 #include "shard/rpc_service.h"
 #include "shard/session_table.h"
 #include "shard/shard_driver.h"
+#include "zps/common/grad_quant.h"
 #include "zps/common/log_rate_limit.h"
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
@@ -514,7 +515,7 @@ void ShardServer::Impl::HandlePush(ucx::AmMessage& m, bool rma) {
     return;
   }
   const size_t carried = rma ? 0 : m.data_length();
-  const size_t expected = h->length * DTypeSize(h->dtype);
+  const size_t expected = PushBytes(h->dtype, h->length);
   if (h->length > (1ull << 40) || (rma ? m.data_length() != 0 : carried != expected)) {
     sm.pm.ProtocolError("invalid_argument");
     ReplyPush(session.ep, h->request,

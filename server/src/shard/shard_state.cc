@@ -10,6 +10,7 @@
 #include "shard/snapshot_manager.h"
 #include "shard/update_policy.h"
 #include "zps/common/crc32c.h"
+#include "zps/common/grad_quant.h"
 #include "zps/common/logging.h"
 
 namespace zps::server {
@@ -320,10 +321,11 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
   t.req_ = req;
   t.slot_ = slot;
   t.epoch_ = epoch_;
-  t.bytes_ = req.length * DTypeSize(req.dtype);
+  t.bytes_ = PushBytes(req.dtype, req.length);
   t.dest_ = target.dest;
   t.slot_buffer_ = std::move(target.fp32);
   t.slot16_buffer_ = std::move(target.half);
+  t.slot_quantized_ = std::move(target.quantized);
   return t;
 }
 
@@ -332,7 +334,7 @@ PushTicket ShardState::DiscardedPush(const PushRequest& req, uint32_t slot) cons
   t.req_ = req;
   t.slot_ = slot;
   t.epoch_ = epoch_;
-  t.bytes_ = req.length * DTypeSize(req.dtype);
+  t.bytes_ = PushBytes(req.dtype, req.length);
   t.staging_ = push_staging_.Acquire(t.bytes_);
   t.dest_ = t.staging_.get();
   t.discard_ = true;
@@ -348,7 +350,8 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
       return InvalidArgument("FinishPush with an invalid ticket");
     if (t.discard_) return Status::Ok();  // pushed again (see BeginPush)
     if (t.epoch_ != epoch_) return Unavailable("push begun before the shard rolled back; re-join");
-    if (!c->slots.Current(t.slot_, {t.slot_buffer_, t.slot16_buffer_, t.dest_})) {
+    if (!c->slots.Current(t.slot_,
+                          {t.slot_buffer_, t.slot16_buffer_, t.slot_quantized_, t.dest_})) {
       return Unavailable("push of a session its rank replaced (ForgetRank): dropped");
     }
     if (!transfer.ok()) {

@@ -211,7 +211,8 @@ struct ParamGroup {
   X(ReductionMode, mode, ReductionMode::kServerSum, "reduction", 1, 0, 0,                \
     "pre-reduced: the ranks reduce-scatter each gradient and push their slice")          \
   X(uint32_t, world_size, 1, "world_size", 1, 1, 65536, "ranks, in [1, 65536]")          \
-  X(DType, grad_dtype, DType::kF32, "grad_dtype", 1, 0, 0, "the dtype pushes use")       \
+  X(DType, grad_dtype, DType::kF32, "grad_dtype", 1, 0, 0,                               \
+    "the dtype pushes use; int8-block, int4-block: quantized with error feedback")       \
   X(DType, serving_dtype, DType::kBF16, "serving_dtype", 1, 0, 0,                        \
     "the copy workers fetch: bf16, fp16, or fp32 (a copy of the master)")                \
   X(uint32_t, accumulation_steps, 1, "accumulation_steps", 2, 1, 1024,                   \

@@ -123,7 +123,7 @@ struct JoinReply {
   X(reduction_mode, ReductionMode::kServerSum, "0 server-sum, 1 pre-reduced",               \
     wire::Enum<ReductionMode, ReductionMode::kPreReduced>)                                  \
   X(world_size, 1, "ranks of the job", wire::U32)                                           \
-  X(grad_dtype, DType::kF32, "0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>)     \
+  X(grad_dtype, DType::kF32, "DType, 0 .. 4", wire::Enum<DType, DType::kI4Block>)           \
   X(serving_dtype, DType::kBF16, "0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>) \
   X(accumulation_steps, 1,                                                                  \
     "micro-batches per step (ShardJob::accumulation_steps); sent only when not 1",          \
@@ -245,7 +245,7 @@ struct PushHeader {
   X(offset, 0, "first element, within the chunk", wire::U64)                        \
   X(length, 0, "elements", wire::U64)                                               \
   X(rank, 0, "the contributor: rank × accumulation_steps + micro-batch", wire::U32) \
-  X(dtype, DType::kF32, "of the data: 0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>)
+  X(dtype, DType::kF32, "of the data (DType, 0 .. 4)", wire::Enum<DType, DType::kI4Block>)
   ZPS_WIRE_MESSAGE(PushHeader, ZPS_MSG_PUSH_HEADER)
 };
 

@@ -135,7 +135,8 @@ class PushTicket {
   PushTicket() = default;
   PushTicket(PushTicket&&) = default;
   PushTicket& operator=(PushTicket&&) = default;
-  /// Where the pushed bytes must be written (length x dtype size bytes).
+  /// Where the pushed bytes must be written (PushBytes(dtype, length): length x the dtype's size,
+  /// or a block-quantized piece's encoding).
   std::span<std::byte> destination() const { return {dest_, bytes_}; }
 
  private:
@@ -150,6 +151,7 @@ class PushTicket {
   // after a rollback the chunk has a fresh one and this one goes with the last ticket holding it.
   std::shared_ptr<AlignedBuffer<float>> slot_buffer_;
   std::shared_ptr<AlignedBuffer<uint16_t>> slot16_buffer_;
+  std::shared_ptr<std::vector<std::byte>> slot_quantized_;  // a block-quantized range's encoding
   uint64_t epoch_ = 0;    // ShardState's rollback count at BeginPush
   bool discard_ = false;  // pushed again (ShardState::BeginPush): received, then dropped
 };

@@ -58,6 +58,12 @@ struct TrainOptions {
   std::string serving_dtype = "";        // Default: bf16, or fp16 with loss scaling.
   std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
   std::string reduction = "server-sum";  // Default: server-sum.
+
+  // Quantized gradients: "" = off, int8 or int4 (shard.grad_dtype int8-block / int4-block).
+  std::string quantized_grads;             // Default: "" (off).
+  bool grad_error_feedback = true;         // Default: true. false: testing, no error feedback.
+  int64_t reference_checkpoint_every = 0;  // Default: 0. Reference mode: the shards' cadence.
+
   std::string update = "sync";  // Default: sync (the job's update mode; reference: ignored).
   std::string fetch_strategy = "direct";  // Default: direct (each rank fetches whole parameters).
   uint64_t bucket_bytes = 16ull << 20;    // Default: 16 MiB of fp32 gradient per reduce-scatter.

@@ -60,7 +60,13 @@ struct ReferenceOptions {
   server::CommitConfig commit;         // Default: no clipping, no loss scaling, divisor 1.
   int world = 1;                       // Default: 1. Ranks per step.
   DType serving_dtype = DType::kBF16;  // Default: bf16. kF16, kBF16 or kF32 (a copy of master).
-  DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16 or kBF16.
+  DType grad_dtype = DType::kF32;      // Default: fp32. Push dtype: kF32, kF16, kBF16, or
+                                       // kI8Block / kI4Block (quantized, with error feedback).
+  /// Quantized gradients: each rank's residuals are zeroed after every step s with
+  /// (s + 1) % this == 0, as the workers do at the steps the shards checkpoint (their
+  /// --checkpoint-every; docs/checkpoints.md). Default: 0 = never.
+  int64_t residual_reset_every = 0;
+  bool grad_error_feedback = true;  // Default: true. false: as WorkerOptions::grad_error_feedback.
   /// The servers' lr schedule (one group: optimizer.lr). Default: none.
   server::LrScheduleConfig lr_schedule;
   int64_t inject_overflow_step = -1;  // Default: -1 = never. 0-based step index.
@@ -149,6 +155,9 @@ class ReferenceTrainer {
   Status DequantizeParam(uint32_t id, std::span<float> out) const;
   size_t ServingWords() const { return DTypeSize(options_.serving_dtype) / 2; }
   std::vector<std::byte> rank_grad_;  // one rank's pushes, in grad_dtype, total_elems long
+  // Quantized gradients: per rank, its error-feedback residuals over the flat space (what the
+  // rank's Client keeps per parameter).
+  std::vector<std::vector<float>> residual_;
   int64_t step_ = 0;
   int64_t optimizer_step_ = 0;
 };

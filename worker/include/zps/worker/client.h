@@ -57,6 +57,10 @@ struct WorkerOptions {
   /// message with rendezvous; "am"; "rma". PushGradShared always goes by AM (the caller's
   /// buffer is not in a UCX region). Default: "auto".
   std::string push_mode = "auto";
+  /// A job with block-quantized gradients (grad_dtype int8 / int4 blocks): carry each pushed
+  /// range's quantization residual into its next push (error feedback). false quantizes every
+  /// push on its own: a testing switch that shows what the feedback is for. Default: true.
+  bool grad_error_feedback = true;
   /// Size of that staging region (allocated at Connect when pushes go by RMA). A push that
   /// finds no room in it goes by AM. Default: 256 MiB.
   size_t rma_push_bytes = size_t{256} << 20;
@@ -112,12 +116,16 @@ class Client final : public ParamSource {
   Result<std::shared_ptr<const ParamBuffer>> Fetch(uint32_t param, int64_t min_version);
 
   /// Sends the gradient of `param` for `step` (fp32, numel elements), converted to the job's
-  /// grad dtype. Copies before returning; completion is observed through FlushPushes.
+  /// grad dtype: with block-quantized gradients, quantized per push piece with error feedback
+  /// (every push of the same range, micro-batches included, carries the previous one's residual;
+  /// the residuals restart from zero after a step whose commit says checkpoint, and in a new
+  /// Client). Copies before returning; completion is observed through FlushPushes.
   /// Errors: OutOfRange (id), InvalidArgument (length); an earlier push's failure.
   Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad);
   /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument) of `step`.
   Status PushGrad(uint32_t param, int64_t step, std::span<const float> grad, uint32_t micro);
   /// As PushGrad, for a gradient already in the job's grad dtype (e.g. fp16 with an injected Inf).
+  /// Not for block-quantized gradients (InvalidArgument; as PushGradShared).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad);
   /// As above for micro-batch `micro` (< accumulation_steps(), else InvalidArgument).
   Status PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad, uint32_t micro);
@@ -152,7 +160,9 @@ class Client final : public ParamSource {
   /// far without clearing it. Errors: DeadlineExceeded after op_timeout; a push's failure.
   Status AwaitPushesBelow(size_t max_pending);
 
-  /// The coordinator's decision for `step` (long-poll, bounded by op_timeout).
+  /// The coordinator's decision for `step` (long-poll, bounded by op_timeout). A decision that
+  /// says checkpoint zeroes the quantized-gradient residuals (the rule of docs/checkpoints.md:
+  /// call it for every step, before pushing the next).
   Result<msg::CommitInfo> AwaitCommit(int64_t step);
   /// Calls rpc `type` on shard `ordinal` (tools and tests, e.g. msg::kStatus).
   Result<std::vector<std::byte>> CallShard(uint32_t ordinal, uint16_t type,
