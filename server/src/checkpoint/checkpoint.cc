@@ -788,7 +788,10 @@ Status CheckpointWriter::PutStored(std::span<const std::byte> manifest, uint32_t
   } else {
     ZPS_ASSIGN_OR_RETURN(entry, CheckCopy(*src, chunk, where));
   }
-  auto [begin, end] = ChunkKeyRange(step_, chunk);
+  // Named references, not a structured binding: clang 14 cannot capture those in the lambda.
+  const auto range = ChunkKeyRange(step_, chunk);
+  const std::string& begin = range.first;
+  const std::string& end = range.second;
   uint64_t payload = 0;
   auto put = [&]() -> Status {
     batches_[0]->Clear();
