@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   crcs.version = 5;
   crcs.crcs = {{0, 0x1234}, {2, 0x5678}};
   msg::ReshardInfo info{1, 2, layout->Hash(), job.Hash(), 15, spec, Text("manifest")};
-  msg::ReshardValues values{{Text("k1"), Text("k2")}, {Text("v1"), Text("v2")}, true};
+  msg::ReshardValues values{{"k1", "k2"}, {"v1", "v2"}, true};
   const std::vector<std::vector<std::byte>> m = {msg::ChunkCrcsRequest{3}.Encode(),
                                                  msg::ReadMasterRequest{1, 2, 0, 64}.Encode(),
                                                  msg::MasterRange{}.Encode(),

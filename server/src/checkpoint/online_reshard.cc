@@ -260,12 +260,8 @@ class ReshardEndpoint {
     msg::ReshardValues out;
     out.more = more;
     for (auto& v : *values) {
-      auto bytes = [](const std::string& s) {
-        auto p = reinterpret_cast<const std::byte*>(s.data());
-        return std::vector<std::byte>(p, p + s.size());
-      };
-      out.keys.push_back(bytes(v.key));
-      out.values.push_back(bytes(v.value));
+      out.keys.push_back(std::move(v.key));
+      out.values.push_back(std::move(v.value));
     }
     auto reply = out.Encode();
     progress_.Served(reply.size());
@@ -493,14 +489,13 @@ Result<std::vector<StoredValue>> FetchChunk(PeerCalls& peers, uint32_t ordinal, 
       return DataLoss("old shard " + std::to_string(ordinal) + " sent a malformed page of chunk " +
                       std::to_string(chunk));
     }
+    const std::string& last = page.keys.back();
+    req.after.assign(reinterpret_cast<const std::byte*>(last.data()),
+                     reinterpret_cast<const std::byte*>(last.data()) + last.size());
     for (size_t i = 0; i < page.keys.size(); ++i) {
-      out.push_back(
-          {std::string(reinterpret_cast<const char*>(page.keys[i].data()), page.keys[i].size()),
-           std::string(reinterpret_cast<const char*>(page.values[i].data()),
-                       page.values[i].size())});
+      out.push_back({std::move(page.keys[i]), std::move(page.values[i])});
     }
     if (!page.more) return out;
-    req.after = page.keys.back();
   }
 }
 
@@ -509,6 +504,10 @@ Status BuildSideStore(const std::string& side, const ReshardSelf& self, const Pl
                       OldStore* own, PeerCalls& peers) {
   CheckpointOptions wo;
   wo.write_threads = 1;  // CopyChunk and PutStored write from this thread
+  // As zps-ckpt reshard's outputs: a store filled once, front to back, needs fewer and smaller
+  // memtables than a serving shard's, and faults fewer fresh pages in.
+  wo.write_buffer_bytes = 16ull << 20;
+  wo.max_write_buffers = 4;
   ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(side, wo));
   ZPS_RETURN_IF_ERROR(store->SetIdentity(plan.new_job.layout, self.ordinal));
   ZPS_RETURN_IF_ERROR(store->PutJobSpec(plan.new_job));

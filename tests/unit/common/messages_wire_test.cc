@@ -177,9 +177,8 @@ std::vector<Sample> Samples() {
                                               40, B({0x5a, 0x4a}), B({0x4d, 0x4b, 0x01})}));
   s.push_back(Make("ReshardFetch", ReshardFetch{40, 3, B({0x00, 0x03, 0x7f})}));
   s.push_back(Make("ReshardFetch.state", ReshardFetch{40, 0xffffffffu, {}}));
-  s.push_back(Make("ReshardValues",
-                   ReshardValues{{B({0x01, 0x02}), B({0x01, 0x03})}, {B({0xaa}), {}}, true}));
-  s.push_back(Make("ReshardValues.last", ReshardValues{{B({0x09})}, {B({0xbb, 0xcc})}, false}));
+  s.push_back(Make("ReshardValues", ReshardValues{{"\x01\x02", "\x01\x03"}, {"\xaa", ""}, true}));
+  s.push_back(Make("ReshardValues.last", ReshardValues{{"\x09"}, {"\xbb\xcc"}, false}));
   s.push_back(Make("ReshardReport", ReshardReport{2, 3, 40, true}));
   s.push_back(Make("ReshardStatus", ReshardStatus{3, 40, 2, true}));
   return s;
@@ -365,7 +364,7 @@ TEST(MessagesWire, RefusesValuesOutsideTheirBounds) {
       ReshardFetch::Decode(ReshardFetch{0, 0, std::vector<std::byte>(kMaxStoredKey + 1)}.Encode())
           .status(),
       StatusIs(kInvalid));
-  EXPECT_THAT(ReshardValues::Decode(ReshardValues{{{}}, {B({1})}, false}.Encode()).status(),
+  EXPECT_THAT(ReshardValues::Decode(ReshardValues{{""}, {"\x01"}, false}.Encode()).status(),
               StatusIs(kInvalid));  // an empty key
   EXPECT_THAT(WithByte(ReshardValues{}, 8, 2), StatusIs(kInvalid));
   EXPECT_THAT(ReshardReport::Decode(ReshardReport{0, 0, 0, false}.Encode()).status(),
