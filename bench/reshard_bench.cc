@@ -173,7 +173,8 @@ int Run(int argc, char** argv) {
     r.inputs.push_back(root + "/in/s" + std::to_string(s) + "/checkpoints");
   for (int s = 0; s < o.to; ++s)
     r.outputs.push_back(root + "/out/s" + std::to_string(s) + "/checkpoints");
-  server::KeepFreedMemory();  // as zps-ckpt reshard does
+  // As zps-ckpt reshard does; zps-server, which runs the online path, does not.
+  if (!o.online) server::KeepFreedMemory();
   if (Status s = WriteInputs(*layout, r.inputs); !s.ok()) return Fail(s);
   DropCache(root + "/in");
 
