@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -356,13 +357,21 @@ namespace {
 // Calls to the peers' endpoints, retried while a peer is not up (yet) until the deadline.
 class PeerCalls {
  public:
+  // count_reached: whether a peer's first answer counts in the progress (one instance of several
+  // over the same peers counts them).
   PeerCalls(std::vector<std::string> peers, const ReshardSelf& self, Clock::time_point deadline,
-            int timeout_s, const ReshardProgress& progress)
+            int timeout_s, const ReshardProgress& progress, bool count_reached = true)
       : peers_(std::move(peers)),
         self_(self),
         deadline_(deadline),
         timeout_s_(timeout_s),
-        progress_(progress) {}
+        progress_(progress),
+        count_reached_(count_reached) {}
+
+  // Calls to the same peers over connections of their own, for another thread.
+  PeerCalls Another() const {
+    return PeerCalls(peers_, self_, deadline_, timeout_s_, progress_, false);
+  }
 
   // Errors: the peer's (other than Unavailable), DeadlineExceeded naming the peer.
   Result<std::vector<std::byte>> Call(uint32_t ordinal, uint16_t type,
@@ -397,7 +406,7 @@ class PeerCalls {
       if (client) {
         auto reply = client->Call(type, body, std::chrono::seconds(60));
         if (reply.ok() || reply.status().code() != Code::kUnavailable) {
-          if (reached_.insert(ordinal).second) progress_.PeerReached();
+          if (count_reached_ && reached_.insert(ordinal).second) progress_.PeerReached();
           progress_.SetWaitSeconds(0);
           return reply;
         }
@@ -432,6 +441,7 @@ class PeerCalls {
   Clock::time_point deadline_;
   int timeout_s_;
   const ReshardProgress progress_;
+  const bool count_reached_;
   std::set<uint32_t> reached_;  // ordinals that answered once
   std::map<uint32_t, std::unique_ptr<rpc::Client>> clients_;
 };
@@ -528,16 +538,39 @@ Status BuildSideStore(const std::string& side, const ReshardSelf& self, const Pl
   progress.SetPhase(ReshardPhase::kCopying);
   const auto chunks = plan.new_job.layout.ChunksOfShard(self.ordinal);
   progress.SetChunksTotal(chunks.size());
+  std::vector<uint32_t> local;
+  std::vector<std::pair<uint32_t, uint32_t>> remote;  // (chunk, its old holder)
   for (uint32_t c : chunks) {
     const uint32_t from = plan.old_job.layout.shard_of_chunk(c);
     if (have_own && from == own->shard) {
-      ZPS_RETURN_IF_ERROR(writer->CopyChunk(*own->reader, c));
-      progress.ChunkCopied();
-      continue;
+      local.push_back(c);
+    } else {
+      remote.emplace_back(c, from);
     }
-    ZPS_ASSIGN_OR_RETURN(const std::vector<std::byte>* m, manifest(from));
-    ZPS_ASSIGN_OR_RETURN(auto values, FetchChunk(peers, from, plan.step, c));
-    ZPS_RETURN_IF_ERROR(writer->PutStored(*m, c, values));
+  }
+  for (const auto& r : remote) ZPS_RETURN_IF_ERROR(manifest(r.second).status());
+  // The peers' chunks are fetched one ahead, on connections of their own: a fetch (the peer's
+  // read and the transfer) overlaps the copies from this process's own store, then the previous
+  // chunk's write. Two chunks' values are held at most. Declared before `next`, whose destructor
+  // waits for a fetch in flight when an error returns early.
+  PeerCalls fetcher = peers.Another();
+  auto fetch = [&fetcher, &plan, &remote](size_t i) {
+    return std::async(std::launch::async, [&fetcher, &plan, r = remote[i]] {
+      return FetchChunk(fetcher, r.second, plan.step, r.first);
+    });
+  };
+  std::future<Result<std::vector<StoredValue>>> next;
+  if (!remote.empty()) next = fetch(0);
+  for (uint32_t c : local) {
+    ZPS_RETURN_IF_ERROR(writer->CopyChunk(*own->reader, c));
+    progress.ChunkCopied();
+  }
+  for (size_t i = 0; i < remote.size(); ++i) {
+    Result<std::vector<StoredValue>> values = next.get();
+    if (!values.ok()) return values.status();
+    if (i + 1 < remote.size()) next = fetch(i + 1);
+    const auto [c, from] = remote[i];
+    ZPS_RETURN_IF_ERROR(writer->PutStored(manifests.at(from), c, *values));
     progress.ChunkFetched();
   }
   if (have_own) {
