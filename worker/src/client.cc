@@ -277,7 +277,8 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
     pm.fetch_bytes.Inc(piece.wire_bytes());
   }
   if (s.ok() && piece.blocks) {
-    // Host memory only (Connect refuses a device with quantized weights): the SIMD codec.
+    // Every Device's buffers are host memory (the CUDA backend's are pinned staging slots, which
+    // it copies to the GPU afterwards): dequantized on the CPU with the SIMD codec.
     DequantizeRange(ServingQuantFormat(job.serving_dtype), *piece.blocks, piece.skip, piece.elems,
                     DequantTarget::kF32, piece.op->buffer->memory.data() + piece.byte_offset);
   }
@@ -540,11 +541,6 @@ Result<std::unique_ptr<Client>> Client::Connect(const WorkerOptions& options,
   impl->device = options.device;  // null: host memory from the Client's reusable pool
   ZPS_RETURN_IF_ERROR(impl->SetupUcx());
   ZPS_RETURN_IF_ERROR(impl->JoinJob(job_spec, job_hash));
-  if (IsBlockQuantized(impl->job.serving_dtype) && impl->device != nullptr) {
-    return Unimplemented(
-        "quantized weights (serving_dtype int8-block) are dequantized on the host; parameters "
-        "on a device are not supported");
-  }
   ZPS_RETURN_IF_ERROR(impl->ConnectShards());
   if (IsBlockQuantized(impl->job.grad_dtype)) {
     impl->residuals =
