@@ -6,14 +6,24 @@
 // reshard reads them from the disk. Timed: ReshardCheckpoint, from the open of the inputs to the
 // return after every output store's synced commit and the coordinator catalog. Compare with fio
 // reading and writing the same bytes on the same directory: scripts/bench-reshard.sh.
+//
+// --online: the same move through the online path instead (ReshardAtStart, docs/checkpoints.md
+// "Online"): each of the `to` new shards runs it on its own thread with its data dir (the first
+// `from` holding the old stores), over real reshard endpoints on 127.0.0.1. Timed from the start
+// of the threads to the last one's return (every new store committed, the job switched, the
+// stores swapped in).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench.h"
@@ -21,6 +31,7 @@
 #include "zps/common/layout.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_reshard.h"
+#include "zps/server/online_reshard.h"
 
 namespace zps::bench {
 namespace {
@@ -35,6 +46,7 @@ struct Options {
   int from = 2;                   // Default: 2 input shards
   int to = 3;                     // Default: 3 output shards
   bool direct_io = false;         // Default: false
+  bool online = false;            // Default: false (zps-ckpt reshard's path)
   bool json = false;              // Default: false
 };
 
@@ -72,6 +84,61 @@ Status WriteInputs(const Layout& layout, const std::vector<std::string>& dirs) {
   return Status::Ok();
 }
 
+// A loopback port nothing listens on now.
+Result<uint16_t> FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return ErrnoError("bind 127.0.0.1:0", err);
+  return ntohs(a.sin_port);
+}
+
+// Every new shard's ReshardAtStart on its own thread; the first error, if any. Returns the bytes
+// of chunk state the new shards fetched from their peers in *fetched.
+Status ReshardOnline(const std::string& root, int to, uint64_t* fetched) {
+  server::OnlineReshardOptions o;
+  for (int i = 0; i < to; ++i) {
+    ZPS_ASSIGN_OR_RETURN(uint16_t port, FreePort());
+    o.peers += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(port);
+  }
+  ZPS_ASSIGN_OR_RETURN(auto peers, o.PeerList());
+  std::vector<metrics::Registry> registries(static_cast<size_t>(to));
+  std::vector<server::ReshardProgress> progress;
+  for (auto& r : registries) {
+    ZPS_ASSIGN_OR_RETURN(auto p, server::ReshardProgress::Create(r));
+    progress.push_back(p);
+  }
+  std::vector<Status> results(static_cast<size_t>(to), Status::Ok());
+  std::vector<std::unique_ptr<server::ReshardHandle>> handles(static_cast<size_t>(to));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < to; ++i) {
+    threads.emplace_back([&, i] {
+      server::OnlineReshardOptions mine = o;
+      mine.port = std::stoi(peers[i].substr(peers[i].rfind(':') + 1));
+      const server::ReshardSelf self{root + "/in/s" + std::to_string(i), static_cast<uint32_t>(i),
+                                     static_cast<uint32_t>(to), "127.0.0.1", "zps-bench"};
+      auto r = server::ReshardAtStart(mine, self, progress[i]);
+      if (r.ok()) {
+        handles[i] = std::move(*r);
+      } else {
+        results[i] = r.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  *fetched = 0;
+  for (const auto& p : progress) *fetched += p.fetched_bytes();
+  for (auto& r : results) ZPS_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
 int Run(int argc, char** argv) {
   Options o;
   Flags flags("zps-bench reshard", "Offline resharding time of a checkpoint (ReshardCheckpoint).");
@@ -81,6 +148,10 @@ int Run(int argc, char** argv) {
   flags.Add("from", "input shards", &o.from, 1, 4096);
   flags.Add("to", "output shards", &o.to, 1, 4096);
   flags.Add("direct-io", "O_DIRECT reads of the inputs and writes of the outputs", &o.direct_io);
+  flags.Add("online",
+            "the online path (ReshardAtStart on a thread per new shard, over loopback) instead "
+            "of zps-ckpt reshard's",
+            &o.online);
   flags.Add("json", "print one JSON object", &o.json);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) return Fail(parsed.status());
@@ -102,13 +173,21 @@ int Run(int argc, char** argv) {
     r.inputs.push_back(root + "/in/s" + std::to_string(s) + "/checkpoints");
   for (int s = 0; s < o.to; ++s)
     r.outputs.push_back(root + "/out/s" + std::to_string(s) + "/checkpoints");
-  server::KeepFreedMemory();  // as zps-ckpt reshard does
+  // As zps-ckpt reshard does; zps-server, which runs the online path, does not.
+  if (!o.online) server::KeepFreedMemory();
   if (Status s = WriteInputs(*layout, r.inputs); !s.ok()) return Fail(s);
   DropCache(root + "/in");
 
   const double c0 = CpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
-  auto stats = server::ReshardCheckpoint(r);
+  Result<server::ReshardStats> stats = server::ReshardStats{};
+  uint64_t fetched = 0;
+  if (o.online) {
+    Status s = ReshardOnline(root, o.to, &fetched);
+    if (!s.ok()) stats = s;
+  } else {
+    stats = server::ReshardCheckpoint(r);
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu = CpuSeconds() - c0;
   std::filesystem::remove_all(root, ec);
@@ -116,15 +195,18 @@ int Run(int argc, char** argv) {
   const uint64_t total = elems * 12;
   if (o.json) {
     std::printf(
-        "{\"bench\":\"reshard\",\"bytes\":%llu,\"copied\":%llu,\"from\":%d,\"to\":%d,"
-        "\"seconds\":%.3f,\"cpu_s\":%.3f,\"gbps\":%.3f}\n",
-        static_cast<unsigned long long>(total), static_cast<unsigned long long>(stats->bytes),
+        "{\"bench\":\"reshard\",\"path\":\"%s\",\"bytes\":%llu,\"copied\":%llu,"
+        "\"fetched\":%llu,\"from\":%d,\"to\":%d,\"seconds\":%.3f,\"cpu_s\":%.3f,"
+        "\"gbps\":%.3f}\n",
+        o.online ? "online" : "offline", static_cast<unsigned long long>(total),
+        static_cast<unsigned long long>(stats->bytes), static_cast<unsigned long long>(fetched),
         o.from, o.to, secs, cpu, static_cast<double>(total) / 1e9 / secs);
   } else {
     std::printf(
-        "reshard of %.2f GiB (%u chunks) from %d to %d shards: %.2f s (%.3f GB/s, %.2f CPU-s)\n",
-        static_cast<double>(total) / (1 << 30), layout->num_chunks(), o.from, o.to, secs,
-        static_cast<double>(total) / 1e9 / secs, cpu);
+        "%s reshard of %.2f GiB (%u chunks) from %d to %d shards: %.2f s (%.3f GB/s, %.2f "
+        "CPU-s)\n",
+        o.online ? "online" : "offline", static_cast<double>(total) / (1 << 30),
+        layout->num_chunks(), o.from, o.to, secs, static_cast<double>(total) / 1e9 / secs, cpu);
   }
   return 0;
 }

@@ -3,11 +3,14 @@
 # 3 shards, inputs read from the disk, outputs committed) against fio reading and writing the same
 # bytes on the same directory, in the same run: the reference time is fio's sequential read of
 # SIZE plus its sequential write of SIZE (O_DIRECT, io_uring, 1 MiB, depth 16), and the ratio is
-# that time over the reshard's (>= 0.70x: the reshard takes at most 1/0.7 of fio's time).
+# that time over the reshard's (>= 0.70x: the reshard takes at most 1/0.7 of fio's time). Each
+# round also times the online path (zps-bench reshard --online: ReshardAtStart on a thread per new
+# shard, over loopback endpoints) on the same bytes, against the same fio figure.
 #
 #   scripts/bench-reshard.sh [DIR] [SIZE] [extra zps-bench reshard flags...]
 #   DIR: default $TMPDIR or /tmp; SIZE: default 2G.
-# Environment: ZPS_BENCH (default build/bin/zps-bench), ROUNDS (default 2: fio, reshard, ...).
+# Environment: ZPS_BENCH (default build/bin/zps-bench), ROUNDS (default 2: fio, reshard, ...),
+# PATHS (default "offline online"; "offline" skips the online path).
 # Uses about 2 x SIZE of disk at a time and removes everything it wrote.
 set -euo pipefail
 dir=${1:-${TMPDIR:-/tmp}}
@@ -15,6 +18,7 @@ size=${2:-2G}
 shift $(( $# > 2 ? 2 : $# ))
 bench=${ZPS_BENCH:-build/bin/zps-bench}
 rounds=${ROUNDS:-2}
+read -r -a paths <<<"${PATHS:-offline online}"
 command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
 work=$(mktemp -d "$dir/zps-bench-reshard.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -28,17 +32,32 @@ fio_s() {  # $1 = write|read; prints seconds
 }
 
 echo "dir $dir, size $size, $(nproc) CPUs, $(fio --version), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-ref=() zps=()
+ref=()
+declare -A zps=()
 for ((i = 0; i < rounds; i++)); do
   w=$(fio_s write)
   r=$(fio_s read)
   rm -f "$work/fio.tmp"
   ref+=("$(awk -v a="$w" -v b="$r" 'BEGIN {printf "%.3f", a + b}')")
-  line=$("$bench" reshard --dir "$work" --bytes "$size" --json "$@" | tail -1)
-  zps+=("$(sed -E 's/.*"seconds":([0-9.]+).*/\1/' <<<"$line")")
-  echo "round $i: fio write ${w} s + read ${r} s = ${ref[-1]} s | reshard ${zps[-1]} s ($line)"
+  echo "round $i: fio write ${w} s + read ${r} s = ${ref[-1]} s"
+  for p in "${paths[@]}"; do
+    flag=()
+    [[ $p == online ]] && flag=(--online)
+    if ! line=$("$bench" reshard --dir "$work" --bytes "$size" --json "${flag[@]}" "$@" \
+                2>"$work/$p.log" | tail -1); then
+      echo "zps-bench reshard ($p) failed:"; tail -5 "$work/$p.log"; exit 1
+    fi
+    t=$(sed -E 's/.*"seconds":([0-9.]+).*/\1/' <<<"$line")
+    zps[$p]+="$t "
+    echo "round $i: $p reshard $t s ($line)"
+  done
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-mref=$(median "${ref[@]}") mzps=$(median "${zps[@]}")
-awk -v a="$mref" -v b="$mzps" 'BEGIN {
-  printf "median: fio read+write %.3f s, reshard %.3f s; ratio fio/reshard %.2fx (target >= 0.70x)\n", a, b, a / b }'
+mref=$(median "${ref[@]}")
+for p in "${paths[@]}"; do
+  # shellcheck disable=SC2086
+  m=$(median ${zps[$p]})
+  awk -v a="$mref" -v b="$m" -v p="$p" 'BEGIN {
+    printf "median: fio read+write %.3f s, %s reshard %.3f s; ratio fio/reshard %.2fx (target >= 0.70x)\n", a, p, b, a / b }'
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

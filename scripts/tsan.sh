@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The clang stage (docs/testing.md): clang 14 with -Wthread-safety as an error (the GUARDED_BY /
-# REQUIRES annotations of zps/common/thread_annotations.h) and ThreadSanitizer, into build-tsan/.
+# The clang stage (docs/testing.md): clang 14 with -Wthread-safety and -Wthread-safety-beta as
+# errors (the GUARDED_BY / REQUIRES annotations of zps/common/thread_annotations.h, and the lock
+# order of its ACQUIRED_BEFORE / ACQUIRED_AFTER) and ThreadSanitizer, into build-tsan/.
 # It compiles every library (so the analysis sees every lock) and zps-server, but only the test
 # programs of the TSan subset; then runs their tests under TSan. Ends with ctest's summary line.
 #   ZPS_TSAN_BUILD_ONLY=1 ./scripts/tsan.sh   # the thread-safety build alone

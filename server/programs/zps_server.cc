@@ -7,6 +7,7 @@
 
 #include "zps/common/config.h"
 #include "zps/common/logging.h"
+#include "zps/common/metrics.h"
 #include "zps/server/online_reshard.h"
 #include "zps/server/shard_server.h"
 
@@ -47,8 +48,24 @@ zps::Status Run(int argc, char** argv) {
   const zps::server::ReshardSelf self{opts.data_dir, static_cast<uint32_t>(opts.ordinal),
                                       static_cast<uint32_t>(opts.shards), opts.bind_address,
                                       opts.token};
-  if (reshard.donor) return zps::server::ServeAsDonor(reshard, self);
-  ZPS_ASSIGN_OR_RETURN(auto reshard_endpoint, zps::server::ReshardAtStart(reshard, self));
+  // While they run, the metrics port shows their progress (zps_reshard_*, docs/metrics.md):
+  // /healthz answers, /readyz says the phase. The shard's own exporter takes the port after.
+  zps::metrics::Registry reshard_registry;
+  ZPS_ASSIGN_OR_RETURN(auto progress, zps::server::ReshardProgress::Create(reshard_registry));
+  std::unique_ptr<zps::metrics::Exporter> reshard_exporter;
+  if (!reshard.peers.empty() && opts.metrics_port != 0) {
+    zps::metrics::ExporterOptions eo;
+    eo.bind_address = opts.bind_address;
+    eo.port = static_cast<uint16_t>(opts.metrics_port);
+    ZPS_ASSIGN_OR_RETURN(
+        reshard_exporter, zps::metrics::Exporter::Start(eo, &reshard_registry, {}, [progress] {
+          return zps::Unavailable("resharding: " +
+                                  std::string(zps::server::ReshardPhaseName(progress.phase())));
+        }));
+  }
+  if (reshard.donor) return zps::server::ServeAsDonor(reshard, self, progress);
+  ZPS_ASSIGN_OR_RETURN(auto reshard_endpoint, zps::server::ReshardAtStart(reshard, self, progress));
+  reshard_exporter.reset();  // frees the metrics port for the shard
 
   ZPS_ASSIGN_OR_RETURN(auto server, zps::server::ShardServer::Create(opts));
   ZPS_RETURN_IF_ERROR(server->Start());

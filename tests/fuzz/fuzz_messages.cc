@@ -9,7 +9,7 @@ using zps::fuzz::RoundTrip;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const auto in = zps::fuzz::Bytes(data + 1, size - 1);
-  switch (data[0] % 17) {
+  switch (data[0] % 22) {
     case 0:
       RoundTrip<msg::ChunkCrcsRequest>(in);
       break;
@@ -58,8 +58,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 15:
       RoundTrip<msg::KvGet>(in);
       break;
-    default:
+    case 16:
       RoundTrip<msg::KvReply>(in);
+      break;
+    case 17:
+      RoundTrip<msg::ReshardInfo>(in);
+      break;
+    case 18:
+      RoundTrip<msg::ReshardFetch>(in);
+      break;
+    case 19:
+      RoundTrip<msg::ReshardValues>(in);
+      break;
+    case 20:
+      RoundTrip<msg::ReshardReport>(in);
+      break;
+    default:
+      RoundTrip<msg::ReshardStatus>(in);
       break;
   }
   return 0;

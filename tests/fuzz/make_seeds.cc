@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
   msg::ChunkCrcs crcs;
   crcs.version = 5;
   crcs.crcs = {{0, 0x1234}, {2, 0x5678}};
+  msg::ReshardInfo info{1, 2, layout->Hash(), job.Hash(), 15, spec, Text("manifest")};
+  msg::ReshardValues values{{"k1", "k2"}, {"v1", "v2"}, true};
   const std::vector<std::vector<std::byte>> m = {msg::ChunkCrcsRequest{3}.Encode(),
                                                  msg::ReadMasterRequest{1, 2, 0, 64}.Encode(),
                                                  msg::MasterRange{}.Encode(),
@@ -88,7 +90,12 @@ int main(int argc, char** argv) {
                                                  msg::CheckpointDone{}.Encode(),
                                                  msg::KvSet{0, "zps/key", Text("value")}.Encode(),
                                                  msg::KvGet{0, "zps/key", 100}.Encode(),
-                                                 msg::KvReply{}.Encode()};
+                                                 msg::KvReply{}.Encode(),
+                                                 info.Encode(),
+                                                 msg::ReshardFetch{15, 1, Text("k")}.Encode(),
+                                                 values.Encode(),
+                                                 msg::ReshardReport{1, 3, 15, true}.Encode(),
+                                                 msg::ReshardStatus{3, 15, 2, false}.Encode()};
   for (size_t i = 0; i < m.size(); ++i) {
     Write("messages", std::to_string(i), Tagged(static_cast<uint8_t>(i), m[i]));
   }

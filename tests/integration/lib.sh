@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Helpers shared by the multi-process shell tests in tests/integration/ (recovery, worker_death,
-# collectives, flood, netns, bit_identity). Sourced, never executed:
+# collectives, flood, netns, bit_identity, reshard, scale). Sourced, never executed:
 #
 #   set -euo pipefail
 #   # shellcheck source=SCRIPTDIR/../lib.sh
@@ -65,6 +65,43 @@
 #   scenarios_done MESSAGE
 #       If $failures is not 0, prints "FAIL: <failures> scenario(s)" and exits 1; otherwise
 #       prints "PASS: MESSAGE".
+#
+# Jobs of two zps-train workers on N zps-server shards (reshard.sh, scale.sh). The caller sets
+# `model` (the job's zps-train flags, an array), `port` (each ordinal's control port; port[0] is
+# the coordinator's) and `declare -A shard_pid`; each shard I keeps its data in DIR/sI and logs
+# to DIR/shardI.log, and both workers' output goes to DIR/worker<rank>.<steps>.{out,err}.
+#   start_job_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
+#       Starts shard ORDINAL of SHARDS (start_server with the token in $work/token, a checkpoint
+#       every 10 steps, UCX over tcp, one optimizer thread, a 60 s step timeout, and the
+#       coordinator at port[0] for ordinals other than 0), with FLAGS after those; CRASH as in
+#       start_server ("" for none). Its pid goes to shard_pid[ORDINAL].
+#   start_job_workers DIR SHARDS STEPS
+#       Starts ranks 0 and 1 (zps-train --mode worker, `model`, --print-crcs) up to STEPS, with
+#       an operation timeout of $job_op_timeout seconds (default 60). Their pids go to
+#       $worker_pids and $pids.
+#   finish_job DIR SHARDS STEPS
+#       Waits up to 180 s for each worker in $worker_pids, then SIGTERMs shards 0..SHARDS-1 (each
+#       writes its shutdown checkpoint) and reaps them (30 s each). Returns 1, after the logs'
+#       tails, if a worker failed or a shard did not exit; else writes worker 0's chunk_crc lines
+#       to DIR/final.crc.
+#   run_job DIR SHARDS STEPS
+#       start_job_workers, then finish_job (the shards already started).
+#   stores DIR SHARDS
+#       Prints the checkpoint stores DIR/s0/checkpoints,...,DIR/s<SHARDS-1>/checkpoints.
+#   export_model DIR SHARDS OUT
+#       `zps-ckpt export` of those stores to OUT (a safetensors file).
+#   matches_baseline NAME DIR SHARDS WHAT
+#       Exports DIR's SHARDS stores to $work/NAME.safetensors and compares it, byte for byte,
+#       with $work/base.safetensors, and DIR/final.crc with $work/base/final.crc (the caller's
+#       uninterrupted run). Returns 0 when both are equal; else scenario_fail NAME ("WHAT
+#       differs ...") and returns 1.
+#   tree_sum DIR
+#       Prints one checksum over the names and bytes of every file below DIR.
+#   private_tmpfs SIZE DIR
+#       Tries to mount a tmpfs of SIZE on DIR in a private mount namespace (`unshare -m`, or
+#       `unshare -rm` where that needs root), which nothing outside sees and which is gone when
+#       the probe exits. Returns 1 where neither can; else sets `mount_ns` to the unshare
+#       command that worked, for the caller's own `"${mount_ns[@]}" sh -c "mount ... && ..."`.
 
 failures=0
 lib_cleanup_funcs=()
@@ -163,4 +200,85 @@ scenario_fail() {  # name message
 scenarios_done() {  # pass message
   if [[ $failures -ne 0 ]]; then echo "FAIL: $failures scenario(s)"; exit 1; fi
   echo "PASS: $1"
+}
+
+start_job_shard() {  # dir ordinal shards crash-spec [flags...]
+  local dir=$1 i=$2 n=$3 crash=$4
+  shift 4
+  local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
+              --token-file "$work/token" --data-dir "$dir/s$i" --checkpoint-every 10
+              --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
+  [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
+  start_server "$dir/shard$i.log" "$crash" "${args[@]}" "$@"
+  # shellcheck disable=SC2004  # shard_pid is the caller's associative array
+  shard_pid[$i]=$server_pid
+}
+
+start_job_workers() {  # dir shards steps
+  local dir=$1 n=$2 steps=$3 r
+  worker_pids=()
+  for r in 0 1; do
+    # shellcheck disable=SC2154  # model is the caller's
+    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
+      --rank "$r" --shards "$n" --steps "$steps" "${model[@]}" --ucx-tls tcp \
+      --op-timeout "${job_op_timeout:-60}" --log-every 10 --print-crcs \
+      > "$dir/worker$r.$steps.out" 2> "$dir/worker$r.$steps.err" &
+    worker_pids+=($!)
+    pids+=($!)
+  done
+}
+
+finish_job() {  # dir shards steps
+  local dir=$1 n=$2 steps=$3 i ok=0
+  join_pids 180 "${worker_pids[@]}" || ok=1
+  for ((i = 0; i < n; i++)); do kill -TERM "${shard_pid[$i]}" 2>/dev/null || true; done
+  for ((i = 0; i < n; i++)); do
+    wait_exit "${shard_pid[$i]}" 30 || ok=1
+    wait "${shard_pid[$i]}" 2>/dev/null || true
+  done
+  if [[ $ok -ne 0 ]]; then
+    echo "(the job of $n shards to step $steps failed)"
+    dump_logs 12 "$dir"/worker*."$steps".err "$dir"/shard*.log
+    return 1
+  fi
+  grep '^chunk_crc' "$dir/worker0.$steps.out" > "$dir/final.crc" || true
+}
+
+run_job() {  # dir shards steps
+  start_job_workers "$@"
+  finish_job "$@"
+}
+
+stores() {  # dir shards
+  local out="" i
+  for ((i = 0; i < $2; i++)); do out+="${out:+,}$1/s$i/checkpoints"; done
+  echo "$out"
+}
+
+export_model() {  # dir shards out
+  "$bin/zps-ckpt" export --data-dir "$(stores "$1" "$2")" --out "$3" > /dev/null
+}
+
+matches_baseline() {  # name dir shards what
+  local name=$1 dir=$2
+  export_model "$dir" "$3" "$work/$name.safetensors"
+  if ! cmp -s "$work/base.safetensors" "$work/$name.safetensors"; then
+    scenario_fail "$name" "the export $4 differs from the uninterrupted run's"
+    return 1
+  fi
+  if ! diff -q "$work/base/final.crc" "$dir/final.crc" > /dev/null; then
+    scenario_fail "$name" "master/m/v/serving CRCs $4 differ from the uninterrupted run's"
+    diff "$work/base/final.crc" "$dir/final.crc" | head -5
+    return 1
+  fi
+}
+
+tree_sum() {  # dir
+  (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum | md5sum | cut -d' ' -f1)
+}
+
+private_tmpfs() {  # size dir
+  mount_ns=(unshare -m)
+  if ! "${mount_ns[@]}" true 2>/dev/null; then mount_ns=(unshare -rm); fi
+  "${mount_ns[@]}" sh -c "mount -t tmpfs -o size=$1 tmpfs '$2'" 2>/dev/null
 }

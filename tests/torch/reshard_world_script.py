@@ -5,20 +5,20 @@ Trains a small MLP on servers already running (ZPS_ENDPOINT, ZPS_TOKEN_FILE) up 
 step and its contributor index, rank * accumulation + micro (the index the shards sum the
 contributions in, docs/pytorch.md), so 4 ranks of 1 micro-batch and 2 ranks of 2 feed a step the
 same 4 batches in the same order. At the end rank 0 prints one JSON line: {"result": ...,
-"crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard.
+"crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard. The model, its config and
+its batches are torchrun_job.py's, as torchrun_restart_script.py's are.
 """
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import torch
 
 torch.set_num_threads(1)
 
 import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
+from torchrun_job import batch, config, emit, mlp, shard_crcs  # noqa: E402
 
 
 def main():
@@ -29,44 +29,23 @@ def main():
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
 
-    torch.manual_seed(0)  # the initial values (uploaded by rank 0 of a new job only)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
-                                torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                                torch.nn.Linear(64, 4))
-    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-              "scheduler": {"type": "WarmupCosineLR",
-                            "params": {"total_num_steps": 12, "warmup_num_steps": 4}},
-              "gradient_clipping": 0.5,
-              "gradient_accumulation_steps": args.accumulation,
-              "zps": {"shards": args.shards, "chunk_elems": 2048, "op_timeout_s": 60,
-                      "connect_timeout_s": 30, "ucx_tls": "tcp"}}
-    engine = zt.initialize(model, config)
+    model = mlp()
+    engine = zt.initialize(model, config(
+        args.shards,
+        scheduler={"type": "WarmupCosineLR",
+                   "params": {"total_num_steps": 12, "warmup_num_steps": 4}},
+        gradient_accumulation_steps=args.accumulation))
     start = engine.global_step
     print(f"zps.torch rank {rank}: joined the job at step {start}", file=sys.stderr, flush=True)
     for step in range(start, args.steps):
         for micro in range(args.accumulation):
-            g = torch.Generator().manual_seed(1000 * step + rank * args.accumulation + micro)
-            x = torch.randn(8, 16, generator=g)
-            y = torch.randn(8, 4, generator=g)
+            x, y = batch(step, rank * args.accumulation + micro)
             loss = torch.nn.functional.mse_loss(model(x), y)
             engine.backward(loss)
             engine.step()
     if rank == 0:
-        crcs = []
-        for s in range(args.shards):
-            # A shard publishes the last step's update just after the decision that step()
-            # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    crcs += engine.client.chunk_crcs(s, args.steps)
-                    break
-                except zt.ZpsError as e:
-                    if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-        print(json.dumps({"result": {"start": start, "steps": engine.global_step},
-                          "crcs": sorted(crcs)}), flush=True)
+        emit({"result": {"start": start, "steps": engine.global_step},
+              "crcs": shard_crcs(engine, args.shards, args.steps)})
     engine.close()
 
 

@@ -10,12 +10,12 @@ rank --kill-rank instead skips its reduce-scatter of that bucket in that step (t
 ZPS_TEST_SKIP_BUCKET), in the first attempt only, or in every attempt with
 --mismatch-every-attempt; a rank whose step fails prints {"rank", "attempt", "error"} and exits
 with the error once every rank has. At the end rank 0 prints one JSON line: {"result": ...,
-"crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard.
+"crcs": [[chunk, crc32c], ...]} with the chunk CRCs of every shard. The model, its config and
+its batches are torchrun_job.py's, as reshard_world_script.py's are.
 """
 
 import argparse
 import datetime
-import json
 import os
 import signal
 import sys
@@ -27,14 +27,8 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 
 import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
+from torchrun_job import batch, config, emit, mlp, shard_crcs  # noqa: E402
 
-
-
-def emit(obj):
-    """One JSON line in one write: the ranks share torchrun's stdout, and a line written in two
-    parts (text, then newline) can have another rank's line land between them."""
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 def main():
     ap = argparse.ArgumentParser()
@@ -58,18 +52,10 @@ def main():
         if rank == args.kill_rank and (attempt == 0 or args.mismatch_every_attempt):
             os.environ["ZPS_TEST_SKIP_BUCKET"] = args.mismatch
 
-    torch.manual_seed(0)  # the initial values (uploaded by rank 0 of a new job only)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
-                                torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                                torch.nn.Linear(64, 4))
-    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-              "gradient_clipping": 0.5,
-              "zps": {"shards": 2, "chunk_elems": 2048, "op_timeout_s": 60,
-                      "connect_timeout_s": 30, "ucx_tls": "tcp",
-                      "reduction": args.reduction}}
+    model = mlp()
     if rank == 0 and attempt > 0 and args.late_rank0 > 0:
         time.sleep(args.late_rank0)
-    engine = zt.initialize(model, config)
+    engine = zt.initialize(model, config(2, zps={"reduction": args.reduction}))
     start = engine.global_step
     print(f"zps.torch rank {rank}: joined the job at step {start} (attempt {attempt})",
           file=sys.stderr, flush=True)
@@ -89,9 +75,7 @@ def main():
 
 def train(engine, model, args, rank, attempt, start):
     for step in range(start, args.steps):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(8, 16, generator=g)
-        y = torch.randn(8, 4, generator=g)
+        x, y = batch(step, rank)
         hidden = model[1](model[0](x))
         if (rank == args.kill_rank and step == args.kill_step and attempt == 0
                 and not args.mismatch):
@@ -109,21 +93,8 @@ def train(engine, model, args, rank, attempt, start):
 
 
 def report(engine, args, start, attempt):
-    crcs = []
-    for s in range(2):
-        # A shard publishes the last step's update just after the decision that step()
-        # returned: UNAVAILABLE until it has (as zps-train --print-crcs retries).
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                crcs += engine.client.chunk_crcs(s, args.steps)
-                break
-            except zt.ZpsError as e:
-                if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
     emit({"result": {"start": start, "attempt": attempt, "steps": engine.global_step},
-          "crcs": sorted(crcs)})
+          "crcs": shard_crcs(engine, 2, args.steps)})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_catalog.h"
 #include "zps/server/checkpoint_reshard.h"
+#include "zps/server/reshard_progress.h"
 
 namespace zps::server {
 namespace {
@@ -36,6 +37,10 @@ constexpr char kSideCatalog[] = "coordinator.reshard";
 constexpr size_t kPageBytes = 8u << 20;  // values per ReshardValues, under the frame bound
 constexpr auto kPoll = std::chrono::milliseconds(100);
 constexpr auto kLogEvery = std::chrono::seconds(10);
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string Join(const std::string& dir, const char* name) {
   return (fs::path(dir) / name).string();
@@ -112,14 +117,15 @@ Result<std::optional<OldStore>> OpenOld(const std::string& dir) {
 // by mu_. A fetch reads under mu_, so Retire() returns with no read in flight.
 class ReshardEndpoint {
  public:
-  static Result<std::unique_ptr<ReshardEndpoint>> Start(const ReshardSelf& self, int port) {
+  static Result<std::unique_ptr<ReshardEndpoint>> Start(const ReshardSelf& self, int port,
+                                                        const ReshardProgress& progress) {
     rpc::ServerOptions so;
     so.bind_address = self.bind_address.empty() ? "0.0.0.0" : self.bind_address;
     so.port = static_cast<uint16_t>(port);
     so.token = self.token;
     so.io_threads = 2;  // a report is answered while a fetch reads
     ZPS_ASSIGN_OR_RETURN(auto server, rpc::Server::Create(so));
-    std::unique_ptr<ReshardEndpoint> e(new ReshardEndpoint(std::move(server)));
+    std::unique_ptr<ReshardEndpoint> e(new ReshardEndpoint(std::move(server), progress));
     ReshardEndpoint* p = e.get();
     e->server_->Register(msg::kReshardInfo, [p](const rpc::Peer&, auto, rpc::Responder r) {
       p->OnInfo(std::move(r));
@@ -177,8 +183,11 @@ class ReshardEndpoint {
   // withdraw one. Errors: DeadlineExceeded.
   Status AwaitCommits(Clock::time_point deadline) {
     MutexLock l(&mu_);
-    auto next_log = Clock::now();
+    const auto start = Clock::now();
+    auto next_log = start;
     while (committed_.size() < shards_) {
+      progress_.SetCommitted(committed_.size());
+      progress_.SetWaitSeconds(SecondsSince(start));
       if (Clock::now() >= deadline) {
         return DeadlineExceeded("the new shards " + Missing() +
                                 " did not report their stores committed in time");
@@ -191,6 +200,8 @@ class ReshardEndpoint {
       cv_.WaitFor(l, kPoll);
     }
     deciding_ = true;
+    progress_.SetCommitted(committed_.size());
+    progress_.SetWaitSeconds(0);
     return Status::Ok();
   }
   void SetSwitched() {
@@ -200,7 +211,8 @@ class ReshardEndpoint {
   uint16_t port() const { return server_->port(); }
 
  private:
-  explicit ReshardEndpoint(std::unique_ptr<rpc::Server> server) : server_(std::move(server)) {}
+  ReshardEndpoint(std::unique_ptr<rpc::Server> server, const ReshardProgress& progress)
+      : server_(std::move(server)), progress_(progress) {}
 
   static std::optional<std::vector<std::byte>> EncodeInfo(const OldStore* old) {
     if (old == nullptr || !old->reader) return std::nullopt;
@@ -248,14 +260,12 @@ class ReshardEndpoint {
     msg::ReshardValues out;
     out.more = more;
     for (auto& v : *values) {
-      auto bytes = [](const std::string& s) {
-        auto p = reinterpret_cast<const std::byte*>(s.data());
-        return std::vector<std::byte>(p, p + s.size());
-      };
-      out.keys.push_back(bytes(v.key));
-      out.values.push_back(bytes(v.value));
+      out.keys.push_back(std::move(v.key));
+      out.values.push_back(std::move(v.value));
     }
-    r.Reply(out.Encode());
+    auto reply = out.Encode();
+    progress_.Served(reply.size());
+    r.Reply(reply);
   }
 
   void OnReport(std::span<const std::byte> body, rpc::Responder r) {
@@ -296,6 +306,7 @@ class ReshardEndpoint {
   }
 
   std::unique_ptr<rpc::Server> server_;
+  const ReshardProgress progress_;
   Mutex mu_;
   CondVar cv_;
   bool ready_ GUARDED_BY(mu_) = false;
@@ -346,8 +357,12 @@ namespace {
 class PeerCalls {
  public:
   PeerCalls(std::vector<std::string> peers, const ReshardSelf& self, Clock::time_point deadline,
-            int timeout_s)
-      : peers_(std::move(peers)), self_(self), deadline_(deadline), timeout_s_(timeout_s) {}
+            int timeout_s, const ReshardProgress& progress)
+      : peers_(std::move(peers)),
+        self_(self),
+        deadline_(deadline),
+        timeout_s_(timeout_s),
+        progress_(progress) {}
 
   // Errors: the peer's (other than Unavailable), DeadlineExceeded naming the peer.
   Result<std::vector<std::byte>> Call(uint32_t ordinal, uint16_t type,
@@ -356,7 +371,8 @@ class PeerCalls {
       return InvalidArgument("--reshard-peers names " + std::to_string(peers_.size()) +
                              " endpoints, ordinal " + std::to_string(ordinal) + " has none");
     }
-    auto next_log = Clock::now();  // the first failed attempt says what it waits for
+    const auto start = Clock::now();
+    auto next_log = start;  // the first failed attempt says what it waits for
     Status last = Status::Ok();
     while (true) {
       auto& client = clients_[ordinal];
@@ -380,9 +396,14 @@ class PeerCalls {
       }
       if (client) {
         auto reply = client->Call(type, body, std::chrono::seconds(60));
-        if (reply.ok() || reply.status().code() != Code::kUnavailable) return reply;
+        if (reply.ok() || reply.status().code() != Code::kUnavailable) {
+          if (reached_.insert(ordinal).second) progress_.PeerReached();
+          progress_.SetWaitSeconds(0);
+          return reply;
+        }
         last = reply.status();
       }
+      progress_.SetWaitSeconds(SecondsSince(start));
       if (last.code() == Code::kUnauthenticated || last.code() == Code::kFailedPrecondition) {
         return last.WithContext("reshard peer " + std::to_string(ordinal) + " at " +
                                 peers_[ordinal]);
@@ -403,12 +424,15 @@ class PeerCalls {
   }
 
   size_t size() const { return peers_.size(); }
+  const ReshardProgress& progress() const { return progress_; }
 
  private:
   std::vector<std::string> peers_;
   const ReshardSelf& self_;
   Clock::time_point deadline_;
   int timeout_s_;
+  const ReshardProgress progress_;
+  std::set<uint32_t> reached_;  // ordinals that answered once
   std::map<uint32_t, std::unique_ptr<rpc::Client>> clients_;
 };
 
@@ -459,19 +483,19 @@ Result<std::vector<StoredValue>> FetchChunk(PeerCalls& peers, uint32_t ordinal, 
   req.chunk = chunk;
   while (true) {
     ZPS_ASSIGN_OR_RETURN(auto bytes, peers.Call(ordinal, msg::kReshardFetch, req.Encode()));
+    peers.progress().Fetched(bytes.size());
     ZPS_ASSIGN_OR_RETURN(auto page, msg::ReshardValues::Decode(bytes));
     if (page.keys.size() != page.values.size() || page.keys.empty()) {
       return DataLoss("old shard " + std::to_string(ordinal) + " sent a malformed page of chunk " +
                       std::to_string(chunk));
     }
+    const std::string& last = page.keys.back();
+    req.after.assign(reinterpret_cast<const std::byte*>(last.data()),
+                     reinterpret_cast<const std::byte*>(last.data()) + last.size());
     for (size_t i = 0; i < page.keys.size(); ++i) {
-      out.push_back(
-          {std::string(reinterpret_cast<const char*>(page.keys[i].data()), page.keys[i].size()),
-           std::string(reinterpret_cast<const char*>(page.values[i].data()),
-                       page.values[i].size())});
+      out.push_back({std::move(page.keys[i]), std::move(page.values[i])});
     }
     if (!page.more) return out;
-    req.after = page.keys.back();
   }
 }
 
@@ -480,6 +504,10 @@ Status BuildSideStore(const std::string& side, const ReshardSelf& self, const Pl
                       OldStore* own, PeerCalls& peers) {
   CheckpointOptions wo;
   wo.write_threads = 1;  // CopyChunk and PutStored write from this thread
+  // As zps-ckpt reshard's outputs: a store filled once, front to back, needs fewer and smaller
+  // memtables than a serving shard's, and faults fewer fresh pages in.
+  wo.write_buffer_bytes = 16ull << 20;
+  wo.max_write_buffers = 4;
   ZPS_ASSIGN_OR_RETURN(auto store, CheckpointStore::Open(side, wo));
   ZPS_RETURN_IF_ERROR(store->SetIdentity(plan.new_job.layout, self.ordinal));
   ZPS_RETURN_IF_ERROR(store->PutJobSpec(plan.new_job));
@@ -496,15 +524,21 @@ Status BuildSideStore(const std::string& side, const ReshardSelf& self, const Pl
   ZPS_ASSIGN_OR_RETURN(auto m0_decoded, internal::DecodeManifest(plan.step, *m0));
   ZPS_ASSIGN_OR_RETURN(auto writer, store->BeginCheckpoint(plan.step, m0_decoded.info.state_dtype));
   const bool have_own = own != nullptr && own->reader;
-  for (uint32_t c : plan.new_job.layout.ChunksOfShard(self.ordinal)) {
+  const ReshardProgress& progress = peers.progress();
+  progress.SetPhase(ReshardPhase::kCopying);
+  const auto chunks = plan.new_job.layout.ChunksOfShard(self.ordinal);
+  progress.SetChunksTotal(chunks.size());
+  for (uint32_t c : chunks) {
     const uint32_t from = plan.old_job.layout.shard_of_chunk(c);
     if (have_own && from == own->shard) {
       ZPS_RETURN_IF_ERROR(writer->CopyChunk(*own->reader, c));
+      progress.ChunkCopied();
       continue;
     }
     ZPS_ASSIGN_OR_RETURN(const std::vector<std::byte>* m, manifest(from));
     ZPS_ASSIGN_OR_RETURN(auto values, FetchChunk(peers, from, plan.step, c));
     ZPS_RETURN_IF_ERROR(writer->PutStored(*m, c, values));
+    progress.ChunkFetched();
   }
   if (have_own) {
     ZPS_RETURN_IF_ERROR(writer->CopyState(*own->reader));
@@ -555,10 +589,14 @@ Status AwaitSwitch(PeerCalls& peers, const ReshardSelf& self, const Plan& plan, 
   rep.shards = self.shards;
   rep.step = plan.step;
   rep.committed = committed;
+  const auto start = Clock::now();
+  peers.progress().SetPhase(ReshardPhase::kAwaitingSwitch);
   while (true) {
     ZPS_ASSIGN_OR_RETURN(auto bytes, peers.Call(0, msg::kReshardReport, rep.Encode()));
     ZPS_ASSIGN_OR_RETURN(auto st, msg::ReshardStatus::Decode(bytes));
+    peers.progress().SetCommitted(st.committed);
     if (st.switched) return Status::Ok();
+    peers.progress().SetWaitSeconds(SecondsSince(start));
     if (Clock::now() >= deadline) {
       return DeadlineExceeded("reshard: the job did not switch to " + std::to_string(self.shards) +
                               " shards in time (" + std::to_string(st.committed) + " of " +
@@ -612,6 +650,7 @@ Status BuildAndSwitch(const ReshardSelf& self, const Plan& plan, OldStore* mine,
   Status s = ec ? IoError("cannot create " + self.data_dir + ": " + ec.message())
                 : BuildSideStore(side, self, plan, mine, peers);
   if (s.ok() && self.ordinal == 0) {
+    peers.progress().SetPhase(ReshardPhase::kAwaitingSwitch);
     endpoint->CommitSelf();
     s = endpoint->AwaitCommits(deadline);
     if (s.ok()) s = SwitchCatalog(self.data_dir, plan);
@@ -654,6 +693,7 @@ Result<std::unique_ptr<ReshardHandle>> ReshardShard0(const ReshardSelf& self,
   ZPS_ASSIGN_OR_RETURN(plan.new_job, JobOnShards(plan.old_job, self.shards));
   ZPS_LOG(INFO) << "reshard: shard 0 moves the job from " << plan.n << " to " << self.shards
                 << " shards at checkpoint " << plan.step;
+  peers.progress().SetPhase(ReshardPhase::kWaitingForPeers);
   endpoint->Serve(mine);
   const bool switched = CatalogSwitched(self.data_dir, plan.new_job);
   endpoint->Coordinate(self.shards, plan.step, switched);
@@ -674,19 +714,21 @@ Result<std::unique_ptr<ReshardHandle>> ReshardShard0(const ReshardSelf& self,
 
 }  // namespace
 
-Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions& o,
-                                                      const ReshardSelf& self) {
-  if (o.peers.empty() || self.data_dir.empty()) return std::unique_ptr<ReshardHandle>();
+namespace {
+
+Result<std::unique_ptr<ReshardHandle>> Reshard(const OnlineReshardOptions& o,
+                                               const ReshardSelf& self,
+                                               const ReshardProgress& progress) {
   ZPS_ASSIGN_OR_RETURN(auto peer_list, o.PeerList());
   const auto deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
-  PeerCalls peers(peer_list, self, deadline, o.timeout_s);
+  PeerCalls peers(peer_list, self, deadline, o.timeout_s, progress);
   const std::string store_dir = Join(self.data_dir, "checkpoints");
   const std::string side = Join(self.data_dir, kSideStore);
   ZPS_ASSIGN_OR_RETURN(std::optional<OldStore> own, OpenOld(store_dir));
   OldStore* mine = own ? &*own : nullptr;
   const bool current = mine != nullptr && mine->job.layout.options().num_shards == self.shards;
   if (self.ordinal == 0) {
-    ZPS_ASSIGN_OR_RETURN(auto endpoint, ReshardEndpoint::Start(self, o.port));
+    ZPS_ASSIGN_OR_RETURN(auto endpoint, ReshardEndpoint::Start(self, o.port, progress));
     return ReshardShard0(self, std::move(own), std::move(endpoint), peers, deadline);
   }
   if (current) {
@@ -700,9 +742,10 @@ Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions
   }
   std::unique_ptr<ReshardEndpoint> endpoint;
   if (mine != nullptr) {
-    ZPS_ASSIGN_OR_RETURN(endpoint, ReshardEndpoint::Start(self, o.port));
+    ZPS_ASSIGN_OR_RETURN(endpoint, ReshardEndpoint::Start(self, o.port, progress));
     endpoint->Announce(mine);  // peers wait (Unavailable) for the fetches until the plan is checked
   }
+  progress.SetPhase(ReshardPhase::kWaitingForPeers);
   // A side store left by a crash: only the swap is left if the job switched on it.
   if (HasStore(side)) {
     msg::ReshardReport rep{self.ordinal, self.shards, 0, false};
@@ -719,6 +762,7 @@ Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions
   }
   auto info = PeerInfo(peers, 0, nullptr);
   if (info.status().code() == Code::kNotFound && mine == nullptr) {
+    progress.SetPhase(ReshardPhase::kNone);
     return std::unique_ptr<ReshardHandle>();  // shard 0 holds no job: a new one
   }
   if (!info.ok()) return info.status().WithContext("reshard: asking shard 0 for the job");
@@ -727,7 +771,10 @@ Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions
   plan.n = info->shards;
   plan.step = info->step;
   if (plan.n == self.shards) {
-    if (mine == nullptr) return std::unique_ptr<ReshardHandle>();  // a new volume, same count
+    if (mine == nullptr) {
+      progress.SetPhase(ReshardPhase::kNone);
+      return std::unique_ptr<ReshardHandle>();  // a new volume, same count
+    }
     return DataLoss("reshard: the job is on " + std::to_string(self.shards) +
                     " shards already, without this shard's new store (its store in " + store_dir +
                     " is of " + std::to_string(mine->job.layout.options().num_shards) + " shards)");
@@ -755,16 +802,17 @@ Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions
   return std::unique_ptr<ReshardHandle>();
 }
 
-Status ServeAsDonor(const OnlineReshardOptions& o, const ReshardSelf& self) {
+Status Donate(const OnlineReshardOptions& o, const ReshardSelf& self,
+              const ReshardProgress& progress) {
   ZPS_ASSIGN_OR_RETURN(auto peer_list, o.PeerList());
   if (peer_list.empty()) return InvalidArgument("a donor needs --reshard-peers");
   const auto deadline = Clock::now() + std::chrono::seconds(o.timeout_s);
-  PeerCalls peers(peer_list, self, deadline, o.timeout_s);
+  PeerCalls peers(peer_list, self, deadline, o.timeout_s, progress);
   const std::string store_dir = Join(self.data_dir, "checkpoints");
   ZPS_ASSIGN_OR_RETURN(std::optional<OldStore> own, OpenOld(store_dir));
   if (!own) return NotFound("donor: no store of a job in " + store_dir);
   if (!own->reader) return FailedPrecondition("donor: " + store_dir + " holds no checkpoint");
-  ZPS_ASSIGN_OR_RETURN(auto endpoint, ReshardEndpoint::Start(self, o.port));
+  ZPS_ASSIGN_OR_RETURN(auto endpoint, ReshardEndpoint::Start(self, o.port, progress));
   endpoint->Serve(&*own);
   ZPS_LOG(INFO) << "reshard: donor serves the store of old shard " << own->shard << " of "
                 << own->job.layout.options().num_shards << " (checkpoint " << own->step()
@@ -778,6 +826,28 @@ Status ServeAsDonor(const OnlineReshardOptions& o, const ReshardSelf& self) {
   if (!s.ok()) return s.WithContext("donor (its store is unchanged)");
   ZPS_LOG(INFO) << "reshard: the job switched; donor of old shard " << own->shard << " exits";
   return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions& o,
+                                                      const ReshardSelf& self,
+                                                      const ReshardProgress& progress) {
+  if (o.peers.empty() || self.data_dir.empty()) return std::unique_ptr<ReshardHandle>();
+  auto r = Reshard(o, self, progress);
+  if (!r.ok()) {
+    progress.SetPhase(ReshardPhase::kFailed);
+  } else if (progress.phase() != ReshardPhase::kNone) {
+    progress.SetPhase(ReshardPhase::kDone);
+  }
+  return r;
+}
+
+Status ServeAsDonor(const OnlineReshardOptions& o, const ReshardSelf& self,
+                    const ReshardProgress& progress) {
+  Status s = Donate(o, self, progress);
+  progress.SetPhase(s.ok() ? ReshardPhase::kDone : ReshardPhase::kFailed);
+  return s;
 }
 
 }  // namespace zps::server

@@ -32,6 +32,7 @@ model=(--d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --
 [[ -n ${RESHARD_MODEL_ARGS:-} ]] && model+=(${RESHARD_MODEL_ARGS})
 work_init reshard-test-token
 lib_poll_s=0.02
+job_op_timeout=20  # the kill scenario's workers see the dead shard after this
 mounts=()
 unmount_all() {
   for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
@@ -41,15 +42,8 @@ on_cleanup unmount_all
 declare -A shard_pid
 port=()
 start_shard() {  # dir ordinal shards [crash-spec]
-  local dir=$1 i=$2 n=$3 crash=${4:-}
-  local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
-              --token-file "$work/token" --data-dir "$dir/s$i" --checkpoint-every 10
-              --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
-  [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
-  # shellcheck disable=SC2206  # word splitting of the extra flags is intended
-  [[ -n ${RESHARD_SHARD_ARGS:-} ]] && args+=(${RESHARD_SHARD_ARGS})
-  start_server "$dir/shard$i.log" "$crash" "${args[@]}"
-  shard_pid[$i]=$server_pid
+  # shellcheck disable=SC2086  # word splitting of the extra flags is intended
+  start_job_shard "$1" "$2" "$3" "${4:-}" ${RESHARD_SHARD_ARGS:-}
 }
 
 # One phase of the job: N shards on DIR/s0..s<N-1>, 2 workers up to STEPS, then the shards
@@ -61,17 +55,9 @@ phase() {  # dir shards steps [crash-spec]
   local i
   for ((i = 0; i < n; i++)); do port[i]=$(free_port); done
   for ((i = 0; i < n; i++)); do
-    if [[ $i -eq 1 && -n $crash ]]; then start_shard "$dir" "$i" "$n" "$crash"
-    else start_shard "$dir" "$i" "$n"; fi
+    if [[ $i -eq 1 ]]; then start_shard "$dir" "$i" "$n" "$crash"; else start_shard "$dir" "$i" "$n"; fi
   done
-  local w=() r
-  for r in 0 1; do
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
-      --rank "$r" --shards "$n" --steps "$steps" "${model[@]}" --ucx-tls tcp --op-timeout 20 \
-      --log-every 10 --print-crcs > "$dir/worker$r.out" 2> "$dir/worker$r.err" &
-    w+=($!)
-    pids+=($!)
-  done
+  start_job_workers "$dir" "$n" "$steps"
   if [[ -n $crash ]]; then
     if ! wait_exit "${shard_pid[1]}" 60; then
       echo "(shard 1 did not die at $crash)"; return 1
@@ -81,35 +67,13 @@ phase() {  # dir shards steps [crash-spec]
     wait "${shard_pid[1]}" 2>/dev/null || true
     start_shard "$dir" 1 "$n"
   fi
-  local ok=0
-  join_pids 120 "${w[@]}" || ok=1
-  for ((i = 0; i < n; i++)); do kill -TERM "${shard_pid[$i]}" 2>/dev/null || true; done
-  for ((i = 0; i < n; i++)); do
-    wait_exit "${shard_pid[$i]}" 30 || ok=1
-    wait "${shard_pid[$i]}" 2>/dev/null || true
-  done
-  if [[ $ok -ne 0 ]]; then
-    echo "(phase of $n shards to step $steps failed)"
-    dump_logs 12 "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard*.log
-    return 1
-  fi
-  grep '^chunk_crc' "$dir/worker0.out" > "$dir/final.crc" || true
-}
-
-stores() {  # dir shards -> comma-separated checkpoint stores
-  local out="" i
-  for ((i = 0; i < $2; i++)); do out+="${out:+,}$1/s$i/checkpoints"; done
-  echo "$out"
+  finish_job "$dir" "$n" "$steps"
 }
 
 reshard() {  # from-dir from-shards to-dir to-shards
   "$bin/zps-ckpt" reshard --data-dir "$(stores "$1" "$2")" --out "$(stores "$3" "$4")" \
     > "$3.reshard.out" 2>&1 || { cat "$3.reshard.out"; return 1; }
   cat "$3.reshard.out"
-}
-
-export_model() {  # dir shards out
-  "$bin/zps-ckpt" export --data-dir "$(stores "$1" "$2")" --out "$3" > /dev/null
 }
 
 # The uninterrupted run: 40 steps on 2 shards.
@@ -125,7 +89,7 @@ baseline() {
 # (a worker 0 that joined only after the kill, which the other rank's pushes set off) the
 # coordinator rolled the job back to step 20 after the kill's own log line.
 recovered_to_20() {  # dir crash-spec
-  grep -q "^recovery: resumed at step 20" "$1/worker0.out" && return 0
+  grep -q "^recovery: resumed at step 20" "$1/worker0.40.out" && return 0
   local killed last
   killed=$(grep -h "ZPS_TEST_CRASH_AT=$2: killing this process" "$1/shard1.log" | awk '{print $2}')
   last=$(grep -h "rolling back to step" "$1/shard0.log" | tail -n 1)
@@ -140,33 +104,21 @@ scenario() {  # name from to [crash-spec]
   reshard "$d/a" "$from" "$d/b" "$to" | sed "s/^/  $name: /" ||
     { scenario_fail "$name" "zps-ckpt reshard failed"; return; }
   phase "$d/b" "$to" 40 "$crash" || { scenario_fail "$name" "the last 20 steps on $to shards"; return; }
-  grep -q "joined the job at step 20" "$d/b/worker0.err" ||
-    { scenario_fail "$name" "the workers did not resume at step 20: $(grep -m1 'joined' "$d/b/worker0.err")"; return; }
+  grep -q "joined the job at step 20" "$d/b/worker0.40.err" ||
+    { scenario_fail "$name" "the workers did not resume at step 20: $(grep -m1 'joined' "$d/b/worker0.40.err")"; return; }
   if [[ -n $crash ]] && ! recovered_to_20 "$d/b" "$crash"; then
-    scenario_fail "$name" "no recovery to step 20 after the kill: $(grep -m1 '^recovery' "$d/b/worker0.out" || echo none)"
+    scenario_fail "$name" "no recovery to step 20 after the kill: $(grep -m1 '^recovery' "$d/b/worker0.40.out" || echo none)"
     return
   fi
   if [[ ${RESHARD_SHARD_ARGS:-} == *memory-budget* ]]; then
     grep -Eq 'chunk states in RAM, [1-9][0-9]* spilled' "$d/b/shard0.log" ||
       { scenario_fail "$name" "shard 0 of the resumed job did not spill"; return; }
   fi
-  export_model "$d/b" "$to" "$d/b.safetensors"
-  if ! cmp -s "$work/base.safetensors" "$d/b.safetensors"; then
-    scenario_fail "$name" "the export after 20 steps on $from + 20 on $to shards differs from 40 on 2"
-    return
-  fi
-  if ! diff -q "$work/base/final.crc" "$d/b/final.crc" > /dev/null; then
-    scenario_fail "$name" "master/m/v/serving CRCs differ from the 40-step run"
-    diff "$work/base/final.crc" "$d/b/final.crc" | head -5
-    return
-  fi
+  matches_baseline "$name" "$d/b" "$to" "after 20 steps on $from + 20 on $to shards" || return 0
   echo "PASS $name: 20 steps on $from shards, reshard, 20 on $to${crash:+ (shard 1 killed at $crash)}: export and $(wc -l < "$d/b/final.crc") chunk CRCs equal 40 steps on 2"
 }
 
 # ---- bad input ----
-tree_sum() {  # dir -> one checksum over every file's name and bytes
-  (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum | md5sum | cut -d' ' -f1)
-}
 expect_refused() {  # name expected-regex inputs outputs
   local name=$1 re=$2 in=$3 out=$4 before after rc=0 o fresh=()
   before=$(for d in ${in//,/ }; do tree_sum "$d"; done)
@@ -218,15 +170,13 @@ bad_input() {
   # A full disk: the outputs on a 256 KiB tmpfs (the state is ~1 MiB), in a private mount
   # namespace so that nothing outside sees it.
   mkdir -p "$d/full"
-  local ns=(unshare -m)
-  if ! "${ns[@]}" true 2>/dev/null; then ns=(unshare -rm); fi
-  if ! "${ns[@]}" sh -c "mount -t tmpfs -o size=256k tmpfs '$d/full'" 2>/dev/null; then
+  if ! private_tmpfs 256k "$d/full"; then
     echo "SKIP bad-input/disk-full: cannot mount a tmpfs in a private mount namespace here"
     return
   fi
   local before after rc=0
   before=$(tree_sum "$d/a")
-  "${ns[@]}" sh -c "mount -t tmpfs -o size=256k tmpfs '$d/full' &&
+  "${mount_ns[@]}" sh -c "mount -t tmpfs -o size=256k tmpfs '$d/full' &&
     { '$bin/zps-ckpt' reshard --data-dir '$(stores "$d/a" 2)' \
         --out '$d/full/s0/checkpoints,$d/full/s1/checkpoints,$d/full/s2/checkpoints'; echo \"rc=\$?\";
       echo \"left=\$(ls -A '$d/full')\"; }" > "$work/full.out" 2>&1 || rc=$?

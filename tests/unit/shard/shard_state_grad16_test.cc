@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "grad_slot_fixture.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
 #include "zps/testing/status_matchers.h"
@@ -23,42 +24,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// 1 shard, chunks of 1024 elements: parameters across chunks, padding, a frozen one (c).
-Layout Grad16Layout() {
-  auto l = Layout::Build({{"a", {1500}}, {"b", {3, 300}}, {"c", {700}}, {"d", {10}}, {"e", {2100}}},
-                         {.chunk_elems = 1024, .align_elems = 64, .num_shards = 1});
-  EXPECT_THAT(l, IsOk());
-  return *l;
-}
+using namespace testing;  // grad_slot_fixture.h
+using Case = GradSlotCase;
 
-struct Case {
-  DType dtype;
-  ReductionMode mode;
-  uint32_t world;
-  uint32_t accum;
-  UpdateMode update;
-  std::string Name() const {
-    return std::string(dtype == DType::kF16 ? "fp16" : "bf16") + "_" +
-           (mode == ReductionMode::kServerSum ? "sum" : "prereduced") + "_w" +
-           std::to_string(world) + "_k" + std::to_string(accum) + "_" +
-           (update == UpdateMode::kSync ? "sync" : "speculative");
-  }
-};
+// Chunks of 1024 elements: a and e span chunks.
+Layout Grad16Layout() { return GradSlotLayout(1500, 2100, 1024); }
 
+// Two parameter groups on top of the fixture's job.
 ShardJob Job(const Case& c, DType grad) {
-  ShardJob job{c.mode, c.world, grad, DType::kBF16};
-  job.accumulation_steps = c.accum;
+  ShardJob job = GradSlotJob(c, grad);
   job.param_groups = {{1e-2f, 0.1f}, {5e-3f, 0.0f}};
   job.param_group = {0, 1, 0, 1, 0};
-  job.frozen = {0, 0, 1, 0, 0};
-  job.update_mode = c.update;
   return job;
-}
-
-// Contributors whose pushes a step waits for: one slot per contributor (server-sum) or per
-// micro-batch (pre-reduced: the ranks push disjoint slices; here rank 0 pushes them all).
-uint32_t Slots(const Case& c) {
-  return (c.mode == ReductionMode::kServerSum ? c.world : 1) * c.accum;
 }
 
 std::vector<uint16_t> To16(DType d, const std::vector<float>& x) {
@@ -79,12 +56,6 @@ std::vector<float> Widen(DType d, const std::vector<uint16_t>& h) {
   return x;
 }
 
-Status Push(ShardState& s, const PushRequest& r, const void* data) {
-  ZPS_ASSIGN_OR_RETURN(PushTicket t, s.BeginPush(r));
-  std::memcpy(t.destination().data(), data, t.destination().size());
-  return s.FinishPush(std::move(t), Status::Ok());
-}
-
 class ShardStateGrad16 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
@@ -97,22 +68,7 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
   ShardState& h = **half;
   ShardState& f = **full;
   std::mt19937 rng(7);
-  // Initial values (fp32 in both).
-  for (uint32_t p = 0; p < layout.num_params(); ++p) {
-    auto pieces = layout.Pieces(p);
-    ASSERT_THAT(pieces, IsOk());
-    for (const Piece& piece : *pieces) {
-      std::vector<float> v(piece.length);
-      std::normal_distribution<float> dist(0.0f, 0.5f);
-      for (auto& x : v) x = dist(rng);
-      for (ShardState* s : {&h, &f}) {
-        ASSERT_TRUE(Push(*s,
-                         {kInitStep, piece.chunk, piece.chunk_offset, piece.length, 0, DType::kF32},
-                         v.data())
-                        .ok());
-      }
-    }
-  }
+  ASSERT_THAT(PushInitialValues(layout, rng, {&h, &f}), IsOk());
   const double divisor = static_cast<double>(c.world) * c.accum;
   int64_t applied = 0;
   auto order_for = [&](int64_t step, bool skip) {
@@ -124,27 +80,22 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
     // Step 3 overflows: one contributor's element is +Inf (an fp16 overflow).
     const bool overflow = step == 3;
     std::normal_distribution<float> dist(0.0f, 1e-2f);
-    for (uint32_t p = 0; p < layout.num_params(); ++p) {
-      if (p == 2) continue;  // frozen: never pushed
-      auto pieces = layout.Pieces(p);
-      ASSERT_THAT(pieces, IsOk());
-      for (const Piece& piece : *pieces) {
-        for (uint32_t slot = Slots(c); slot-- > 0;) {  // the last contributor first
-          std::vector<float> x(piece.length);
-          for (auto& v : x) v = dist(rng);
-          if (overflow && slot == 0 && p == 4) x[piece.length / 2] = 1e30f;
-          const std::vector<uint16_t> g16 = To16(c.dtype, x);
-          const std::vector<float> g32 = Widen(c.dtype, g16);
-          // Server-sum: contributor `slot`; pre-reduced: rank 0, micro-batch `slot`.
-          const uint32_t rank = slot;
-          ASSERT_TRUE(Push(h, {step, piece.chunk, piece.chunk_offset, piece.length, rank, c.dtype},
-                           g16.data())
-                          .ok());
-          ASSERT_TRUE(Push(f,
-                           {step, piece.chunk, piece.chunk_offset, piece.length, rank, DType::kF32},
-                           g32.data())
-                          .ok());
-        }
+    for (const auto& [p, piece] : TrainedPieces(layout)) {
+      for (uint32_t slot = GradSlots(c); slot-- > 0;) {  // the last contributor first
+        std::vector<float> x(piece.length);
+        for (auto& v : x) v = dist(rng);
+        if (overflow && slot == 0 && p == 4) x[piece.length / 2] = 1e30f;
+        const std::vector<uint16_t> g16 = To16(c.dtype, x);
+        const std::vector<float> g32 = Widen(c.dtype, g16);
+        // Server-sum: contributor `slot`; pre-reduced: rank 0, micro-batch `slot`.
+        const uint32_t rank = slot;
+        ASSERT_THAT(Push(h, {step, piece.chunk, piece.chunk_offset, piece.length, rank, c.dtype},
+                         g16.data()),
+                    IsOk());
+        ASSERT_THAT(
+            Push(f, {step, piece.chunk, piece.chunk_offset, piece.length, rank, DType::kF32},
+                 g32.data()),
+            IsOk());
       }
     }
     for (ShardState* s : {&h, &f}) ASSERT_THAT(s->WaitForGradients(step, 2000ms), IsOk());
@@ -169,13 +120,7 @@ TEST_P(ShardStateGrad16, EqualsAnFp32JobFedTheWidenedValues) {
     if (!non_finite) ++applied;
     ASSERT_THAT(h.ApplyCommit(order, order_for(step + 1, false)), IsOk());
     ASSERT_THAT(f.ApplyCommit(order, order_for(step + 1, false)), IsOk());
-    for (uint32_t id : h.chunk_ids()) {
-      auto a = h.ChunkCrc(id);
-      auto b = f.ChunkCrc(id);
-      ASSERT_THAT(a, IsOk());
-      ASSERT_THAT(b, IsOk());
-      EXPECT_EQ(*a, *b) << "chunk " << id << " after step " << step;
-    }
+    ExpectSameChunkCrcs(h, f, "after step " + std::to_string(step));
     EXPECT_EQ(h.StateCrc(), f.StateCrc()) << "after step " << step;
   }
   EXPECT_EQ(applied, c.dtype == DType::kF16 ? 4 : 5);

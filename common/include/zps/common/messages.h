@@ -418,13 +418,14 @@ struct ReshardFetch {
 };
 
 /// One page of a chunk's stored values: keys[i] holds values[i], framed as stored (CRC
-/// included; the receiver checks it).
+/// included; the receiver checks it). Binary strings (the bytes of a `str` are not text): the
+/// store's keys and values are std::string, so a page moves in and out of the message uncopied.
 struct ReshardValues {
-#define ZPS_MSG_RESHARD_VALUES(X)                                       \
-  X(keys, {}, "the values' keys, ascending",                            \
-    wire::List<wire::Bytes<kMaxStoredKey, 1>, kMaxStoredValuesPerPage>) \
-  X(values, {}, "the framed values",                                    \
-    wire::List<wire::Bytes<kMaxStoredPage>, kMaxStoredValuesPerPage>)   \
+#define ZPS_MSG_RESHARD_VALUES(X)                                     \
+  X(keys, {}, "the values' keys, ascending (binary)",                 \
+    wire::List<wire::Str<kMaxStoredKey, 1>, kMaxStoredValuesPerPage>) \
+  X(values, {}, "the framed values (binary)",                         \
+    wire::List<wire::Str<kMaxStoredPage>, kMaxStoredValuesPerPage>)   \
   X(more, false, "values of the chunk follow the last one", wire::Bool)
   ZPS_WIRE_MESSAGE(ReshardValues, ZPS_MSG_RESHARD_VALUES)
 };

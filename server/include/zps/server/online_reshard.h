@@ -21,6 +21,9 @@
 // other than 0, its side store committed, before its report) and `reshard-switched` (shard 0,
 // right after the commit point).
 //
+// Progress: ReshardAtStart and ServeAsDonor follow their work in a ReshardProgress (phase, chunks,
+// bytes fetched and served, the current wait), which zps-server exports while they run.
+//
 // Thread-safety: ReshardAtStart and ServeAsDonor run on the caller's thread (the endpoint answers
 // on its own io threads); the returned ReshardEndpoint is thread-safe.
 #pragma once
@@ -32,6 +35,7 @@
 
 #include "zps/common/config.h"
 #include "zps/common/status.h"
+#include "zps/server/reshard_progress.h"
 
 namespace zps::server {
 
@@ -90,11 +94,16 @@ class ReshardHandle {
 ///   DeadlineExceeded  a peer (an old store's holder or donor) or a new shard's report did not
 ///                     come within timeout_s;
 ///   DataLoss          a corrupt value; ResourceExhausted a full disk; IoError.
-Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(const OnlineReshardOptions& options,
-                                                      const ReshardSelf& self);
+/// `progress` follows the reshard (reshard_progress.h): its phase ends kDone, or kFailed on an
+/// error, and stays kNone when there was nothing to move.
+Result<std::unique_ptr<ReshardHandle>> ReshardAtStart(
+    const OnlineReshardOptions& options, const ReshardSelf& self,
+    const ReshardProgress& progress = ReshardProgress());
 
 /// Serves `<data_dir>/checkpoints` read-only until the new shard 0 reports the job switched.
-/// Errors: as ReshardAtStart; NotFound (no store in data_dir).
-Status ServeAsDonor(const OnlineReshardOptions& options, const ReshardSelf& self);
+/// Errors: as ReshardAtStart; NotFound (no store in data_dir). `progress`: its phase is
+/// kAwaitingSwitch while it serves, then kDone or kFailed; it counts the bytes served.
+Status ServeAsDonor(const OnlineReshardOptions& options, const ReshardSelf& self,
+                    const ReshardProgress& progress = ReshardProgress());
 
 }  // namespace zps::server
