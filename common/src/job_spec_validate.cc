@@ -128,9 +128,10 @@ Status ValidateShardJob(const ShardJob& job, const Layout& layout,
   if (job.world_size == 0 || job.world_size > 65536) {
     return InvalidArgument("world_size must be in [1, 65536]");
   }
+  // int8-block: quantized weights (zps/common/serving_quant.h). int4 weights are not offered.
   if (job.serving_dtype != DType::kF16 && job.serving_dtype != DType::kBF16 &&
-      job.serving_dtype != DType::kF32) {
-    return InvalidArgument("serving_dtype must be fp16, bf16 or fp32");
+      job.serving_dtype != DType::kF32 && job.serving_dtype != DType::kI8Block) {
+    return InvalidArgument("serving_dtype must be fp16, bf16, fp32 or int8-block");
   }
   // A shard updates each parameter run of a chunk in its own call, and a run must start on an
   // int8 block (zps/server/optimizer.h); runs start at multiples of align_elems.

@@ -343,7 +343,7 @@ int zps_job_info_get(zps_client* c, zps_job_info* out) {
     info.rank = c->client->rank();
     info.num_params = c->client->layout().num_params();
     info.num_shards = static_cast<uint32_t>(job.shard_endpoints.size());
-    info.serving_dtype = static_cast<int32_t>(job.serving_dtype);
+    info.serving_dtype = static_cast<int32_t>(c->client->serving_dtype());  // what fetches hold
     info.grad_dtype = static_cast<int32_t>(job.grad_dtype);
     info.job_hash = job.job_hash;
     *out = info;

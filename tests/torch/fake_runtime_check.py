@@ -77,6 +77,34 @@ def test_fetch_to_device_gives_the_served_bits_and_pushes_from_device_memory():
             c.close()
 
 
+def test_quantized_weights_are_dequantized_into_the_staging_slots():
+    # serving_dtype int8-block: the covering blocks land on the host, are dequantized into the
+    # pinned slot as fp32, and copied out as fp32 (the job info's serving dtype).
+    job = _job(1, "server-sum")
+    job["shard"]["serving_dtype"] = "int8-block"
+    with LocalCluster(shards=2) as cluster:
+        c = _native.Client(json.dumps(_options(cluster, 0, "server-sum")), json.dumps(job))
+        try:
+            assert c.info().serving_dtype == _native.F32
+            for i, n in enumerate(SIZES):
+                v = _values(i, n)
+                c.push_initial(i, v.data_ptr(), n)
+            c.flush()
+            c.begin_step(0)
+            dev = [torch.empty(n, dtype=torch.float32) for n in SIZES]  # "device" memory
+            c.fetch_to_device([0, 1], [d.data_ptr() for d in dev], 0)
+            for i, n in enumerate(SIZES):
+                # Within half an int8 step of each 256-element block's absmax (15.75 here).
+                err = (dev[i] - _values(i, n)).abs().max().item()
+                assert err <= 15.75 / 254 + 1e-6, (i, err)
+                assert not torch.equal(dev[i], _values(i, n)), i  # it was quantized
+            info = c.cuda_info()
+            assert info["h2d_bytes"] == 4 * sum(SIZES), info
+            c.end_step()
+        finally:
+            c.close()
+
+
 def _two_ranks(reduction):
     """Norms of steps 0 and 1 of 2 ranks pushing different gradients from "device" memory."""
     with LocalCluster(shards=2) as cluster:

@@ -114,13 +114,17 @@ Status RunReference(const TrainOptions& o) {
   ro.optimizer = job.optimizer;
   ro.commit = job.commit;
   ro.world = o.world_size;
-  ro.serving_dtype = job.shard.serving_dtype;
+  // Quantized weights: the reference's own int8 copy (ReferenceOptions::quantized_weights_block).
+  if (job.shard.serving_dtype == DType::kI8Block) {
+    ro.quantized_weights_block = kWeightQuantBlock;
+  } else {
+    ro.serving_dtype = job.shard.serving_dtype;
+  }
   ro.lr_schedule = job.shard.lr_schedule;
   ro.grad_dtype = job.shard.grad_dtype;
   ro.residual_reset_every = o.reference_checkpoint_every;
   ro.grad_error_feedback = o.grad_error_feedback;
   ro.inject_overflow_step = o.inject_overflow_step;
-  if (!o.quantized_weights.empty()) ro.quantized_weights_block = kWeightQuantBlock;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
   ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
   DataOptions d = o.data;
@@ -611,6 +615,19 @@ int main(int argc, char** argv) {
     }
     o.job["shard"]["grad_dtype"] = o.quantized_grads + "-block";  // the DType's name
   }
+  if (!o.quantized_weights.empty()) {
+    std::string bad;
+    if (o.quantized_weights != "int8") {
+      bad = "--quantized-weights must be int8; got '" + o.quantized_weights + "'";
+    } else if (!o.serving_dtype.empty()) {
+      bad = "--quantized-weights and --serving-dtype both set the serving copy: give one";
+    }
+    if (!bad.empty()) {
+      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
+      return 2;
+    }
+    o.job["shard"]["serving_dtype"] = "int8-block";  // the DType's name
+  }
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {
     std::fprintf(stderr, "zps-train: %s\n", level.status().ToString().c_str());
@@ -627,14 +644,6 @@ int main(int argc, char** argv) {
   }
   std::string mode = o.mode;
   if (mode == "auto") mode = o.endpoint.empty() ? "local" : "worker";
-  if (s.ok() && !o.quantized_weights.empty() && o.quantized_weights != "int8") {
-    s = InvalidArgument("--quantized-weights must be int8; got '" + o.quantized_weights + "'");
-  }
-  if (s.ok() && !o.quantized_weights.empty() && mode != "reference") {
-    s = Unimplemented(
-        "--quantized-weights: the shards do not serve a quantized copy yet; only --mode "
-        "reference runs it");
-  }
   if (s.ok()) {
     if (mode == "reference")
       s = RunReference(o);

@@ -37,7 +37,7 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
             &o->mode);
   flags.Add("quantized-weights",
             "int8: workers read an int8 block-quantized copy of the weights (one fp32 scale per "
-            "256 elements); --mode reference only so far",
+            "256 elements; shard.serving_dtype int8-block)",
             &o->quantized_weights);
   flags.Add("endpoint", "coordinator host:port (worker mode)", &o->endpoint);
   flags.Add("token", "shared auth secret (prefer token-file)", &o->token);

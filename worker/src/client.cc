@@ -17,6 +17,7 @@
 #include "zps/common/grad_quant.h"
 #include "zps/common/logging.h"
 #include "zps/common/rpc.h"
+#include "zps/common/serving_quant.h"
 #include "zps/common/staging_pool.h"
 #include "zps/common/stream_copy.h"
 #include "zps/common/thread_annotations.h"
@@ -36,8 +37,20 @@ struct Client::Impl {
     size_t bytes = 0;
     uint32_t shard = 0;
     Clock::time_point start;
-    uint32_t chunk = 0;  // for the serving directory (FetchRma replies)
-    uint64_t chunk_offset = 0;
+    uint32_t chunk = 0;        // for the serving directory (FetchRma replies)
+    uint64_t wire_offset = 0;  // the piece's first byte in the chunk's serving copy
+    // Quantized weights: the piece's covering blocks land here (wire_bytes of them) and are
+    // dequantized into the buffer at byte_offset, from element `skip` of the first block, when
+    // the piece completes. Null otherwise: the bytes land in the buffer itself.
+    std::shared_ptr<std::vector<std::byte>> blocks;
+    size_t skip = 0;
+    uint64_t elems = 0;
+
+    size_t wire_bytes() const { return blocks ? blocks->size() : bytes; }
+    std::span<std::byte> landing() const {
+      if (blocks) return {blocks->data(), blocks->size()};
+      return {op->buffer->memory.data() + byte_offset, bytes};
+    }
   };
   struct PendingPush {
     uint32_t shard = 0;
@@ -260,8 +273,14 @@ constexpr size_t kRendezvousMin = 64 * 1024;
 
 void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t version) {
   if (s.ok()) {
-    fetched += piece.bytes;
-    pm.fetch_bytes.Inc(piece.bytes);
+    fetched += piece.wire_bytes();
+    pm.fetch_bytes.Inc(piece.wire_bytes());
+  }
+  if (s.ok() && piece.blocks) {
+    // Every Device's buffers are host memory (the CUDA backend's are pinned staging slots, which
+    // it copies to the GPU afterwards): dequantized on the CPU with the SIMD codec.
+    DequantizeRange(ServingQuantFormat(job.serving_dtype), *piece.blocks, piece.skip, piece.elems,
+                    DequantTarget::kF32, piece.op->buffer->memory.data() + piece.byte_offset);
   }
   EndRequest(metrics::kFetch, piece.start);
   piece.op->Complete(piece.shard, ShardError(piece.shard, s), version);
@@ -277,14 +296,14 @@ void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
-  if (m.data_length() != piece->bytes) {
+  if (m.data_length() != piece->wire_bytes()) {
     pm.ProtocolError("invalid_argument");
     return FinishFetch(*piece,
                        DataLoss("fetch reply carries " + std::to_string(m.data_length()) +
-                                " bytes, expected " + std::to_string(piece->bytes)),
+                                " bytes, expected " + std::to_string(piece->wire_bytes())),
                        -1);
   }
-  std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
+  std::span<std::byte> dest = piece->landing();
   Status s = m.Receive(dest, [this, piece = std::move(*piece), version = h->version](Status st) {
     FinishFetch(piece, st, version);
   });
@@ -310,11 +329,12 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
   }
   // The range stays unchanged at this version until this worker pushes for the chunk, which it
   // does only after the fetch completed: read it straight into the parameter buffer.
-  std::span<std::byte> dest(piece->op->buffer->memory.data() + piece->byte_offset, piece->bytes);
+  std::span<std::byte> dest = piece->landing();
   const uint32_t shard = piece->shard;
   if (ServingDirectory* d = Directory()) {
-    d->Learn(shard, piece->chunk, piece->chunk_offset, DTypeSize(job.serving_dtype), h->version,
-             h->remote_address, h->rkey, h->bank_delta);
+    // Byte offsets (elements of one byte): a quantized copy's ranges are its covering blocks.
+    d->Learn(shard, piece->chunk, piece->wire_offset, 1, h->version, h->remote_address, h->rkey,
+             h->bank_delta);
   }
   ucx->Get(eps[shard], dest, h->remote_address, h->rkey, nullptr,
            [this, piece = std::move(*piece), version = h->version](Status st) {
@@ -564,7 +584,7 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   st->buffer = std::make_shared<ParamBuffer>();
   st->buffer->param = param;
   st->buffer->begin = begin;
-  st->buffer->dtype = impl_->job.serving_dtype;
+  st->buffer->dtype = serving_dtype();
   if (length == 0) {          // an empty slice (a rank beyond a small parameter's last element)
     MutexLock lock(&st->mu);  // not shared yet; for the analysis
     if (param >= impl_->layout->num_params() || begin > impl_->layout->param_numel(param)) {
@@ -582,7 +602,8 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     }
     return FetchOp(st);
   }
-  const size_t esize = DTypeSize(impl_->job.serving_dtype);
+  const DType served = impl_->job.serving_dtype;
+  const size_t esize = DTypeSize(st->buffer->dtype);
   const size_t bytes = length * esize;
   if (impl_->device == nullptr) {
     auto mem = impl_->host_params.Acquire(bytes);
@@ -609,18 +630,25 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
     impl_->pm.inflight[metrics::kFetch].Inc();
+    const QuantRange wire =
+        ServingRange(served, impl_->layout->chunk_size(p.chunk), p.chunk_offset, p.length);
     Impl::FetchPiece fp{st,
                         (p.param_offset - begin) * esize,
                         p.length * esize,
                         shard,
                         Impl::Clock::now(),
                         p.chunk,
-                        p.chunk_offset};
+                        wire.offset};
+    if (IsBlockQuantized(served)) {
+      fp.blocks = std::make_shared<std::vector<std::byte>>(wire.bytes);
+      fp.skip = wire.skip;
+      fp.elems = p.length;
+    }
     if (ServingDirectory* d = impl_->Directory()) {
       // A published version whose address is known: read it without asking (no round trip).
-      if (auto hit = d->Lookup(shard, p.chunk, p.chunk_offset, esize, min_version)) {
+      if (auto hit = d->Lookup(shard, p.chunk, fp.wire_offset, 1, min_version)) {
         ++impl_->direct_fetches;
-        std::span<std::byte> dest(st->buffer->memory.data() + fp.byte_offset, fp.bytes);
+        std::span<std::byte> dest = fp.landing();
         impl_->ucx->Get(
             impl_->eps[shard], dest, hit->address, hit->rkey, nullptr,
             [impl = impl_.get(), d, piece = std::move(fp), version = hit->version](Status s) {

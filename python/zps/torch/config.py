@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "zero_optimization.stage3_max_live_parameters": 0,
     "zero_optimization.stage3_param_persistence_threshold": 100000,
     "zero_optimization.zero_quantized_gradients": False,
+    "zero_optimization.zero_quantized_weights": False,
     "zps.endpoint": "",
     "zps.token_file": "",
     "zps.shards": 2,
@@ -179,6 +180,9 @@ class Config:
     # Block-quantized gradient pushes with error feedback (docs/data-plane.md): "" = off, "int8"
     # (what zero_quantized_gradients: true means) or "int4" (zps.quantized_grads).
     quantized_grads: str = _D["zps.quantized_grads"]
+    # The shards serve an int8 block-quantized copy of the weights, which the workers dequantize
+    # into fp32 buffers (docs/data-plane.md "Quantized weights").
+    quantized_weights: bool = _D["zero_optimization.zero_quantized_weights"]
     # zps
     endpoint: str = _D["zps.endpoint"]
     token_file: str = _D["zps.token_file"]
@@ -217,6 +221,8 @@ class Config:
     job: dict = field(default_factory=lambda: {"optimizer": {}, "commit": {}})
 
     def serving(self) -> str:
+        if self.quantized_weights:
+            return "int8-block"  # the job spec's name of the DType
         if self.serving_dtype:
             return self.serving_dtype
         return "fp16" if self.fp16 else "bf16"
@@ -349,6 +355,7 @@ def load(config: ConfigSource) -> Config:
         c.persistence_threshold = zero.get("stage3_param_persistence_threshold", int, 0)
         if zero.get("zero_quantized_gradients", bool):
             c.quantized_grads = "int8"
+        c.quantized_weights = bool(zero.get("zero_quantized_weights", bool))
         zero.finish()
 
     z = root.get("zps", dict)
@@ -365,6 +372,9 @@ def load(config: ConfigSource) -> Config:
         c.cuda_backend = z.get("cuda_backend", str, choices=["auto", "on", "off"])
         c.collectives = z.get("collectives", str, choices=["auto", "gloo", "nccl"])
         c.serving_dtype = z.get("serving_dtype", str, choices=["bf16", "fp16", "fp32"])
+        if c.serving_dtype and c.quantized_weights:
+            raise _bad("zps.serving_dtype", f"{c.serving_dtype!r} contradicts "
+                       "zero_optimization.zero_quantized_weights: true")
         c.state_dtype = z.get("state_dtype", str, choices=["fp32", "bf16", "int8"])
         if z.has("quantized_grads"):
             q = z.get("quantized_grads", str, choices=["off", "int8", "int4"])
@@ -396,7 +406,8 @@ def load(config: ConfigSource) -> Config:
     if c.chunk_elems % 64:
         raise _bad("zps.chunk_elems", "must be a multiple of 64")
     # DeepSpeed counts the prefetch and live-parameter budgets in elements.
-    esize = 4 if c.serving() == "fp32" else 2
+    # Quantized weights are dequantized into fp32 buffers on the workers.
+    esize = 4 if c.serving() in ("fp32", "int8-block") else 2
     if c.prefetch_elems:
         c.prefetch_bytes = c.prefetch_elems * esize
     if c.max_live_elems:

@@ -34,6 +34,7 @@ ChunkLayout ChunkLayout::For(const OptimizerConfig& optimizer, DType serving_dty
 uint64_t ChunkLayout::bytes(StateKind k, uint64_t n) const {
   if (!has(k)) return 0;
   if (k == StateKind::kM || k == StateKind::kV) return MomentBytes(state_dtype_, n);
+  if (k == StateKind::kServing) return ServingBytes(info(k).dtype, n);
   return n * info(k).element_bytes;
 }
 

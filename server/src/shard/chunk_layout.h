@@ -17,6 +17,7 @@
 
 #include "zps/common/aligned_buffer.h"
 #include "zps/common/dtype.h"
+#include "zps/common/serving_quant.h"
 #include "zps/common/status.h"
 #include "zps/server/optimizer.h"
 
@@ -43,23 +44,30 @@ struct StateKindInfo {
   std::string_view name;       // "master", "m", "v", "serving"
   bool present = false;        // the optimizer keeps it (master and serving: always)
   DType dtype = DType::kF32;   // master and serving (m and v: ChunkLayout::state_dtype)
-  uint32_t element_bytes = 4;  // master, serving: DTypeSize(dtype); m, v: one element's code
-                               // (4, 2 or 1 byte), without the int8 blocks' scales
+  uint32_t element_bytes = 4;  // master, serving: DTypeSize(dtype) (0 for an int8-block serving
+                               // copy: ServingBytes); m, v: one element's code (4, 2 or 1 byte),
+                               // without the int8 blocks' scales
 };
 
 /// The per-element description of a chunk's state for one job.
 class ChunkLayout {
  public:
   /// m is kept by Adam-family optimizers and SGD with momentum, v by Adam-family ones, both
-  /// packed in optimizer.state_dtype; the serving copy has `serving_dtype` (fp16, bf16 or fp32).
+  /// packed in optimizer.state_dtype; the serving copy has `serving_dtype` (fp16, bf16, fp32, or
+  /// int8-block: zps/common/serving_quant.h).
   static ChunkLayout For(const OptimizerConfig& optimizer, DType serving_dtype);
 
   const StateKindInfo& info(StateKind k) const { return kinds_[static_cast<size_t>(k)]; }
   bool has(StateKind k) const { return info(k).present; }
   /// The optimizer's moments as the ChunkStore counts them: 0, 1 (m) or 2 (m and v).
   uint32_t moments() const;
-  /// 16-bit words per serving element (2 for fp32): serving spans count words.
-  uint32_t serving_words() const { return info(StateKind::kServing).element_bytes / 2; }
+  /// 16-bit words of the serving copy of a chunk of `n` elements: serving spans count words.
+  uint64_t serving_words(uint64_t n) const { return ServingWords(serving_dtype(), n); }
+  /// The bytes of a chunk's serving copy (of `n` elements) that a fetch of elements
+  /// [offset, offset + length) carries (ServingRange).
+  QuantRange serving_range(uint64_t n, uint64_t offset, uint64_t length) const {
+    return ServingRange(serving_dtype(), n, offset, length);
+  }
   DType serving_dtype() const { return info(StateKind::kServing).dtype; }
   StateDType state_dtype() const { return state_dtype_; }
   /// Bytes of `n` elements of kind `k` (0 when absent); m and v packed (MomentBytes).

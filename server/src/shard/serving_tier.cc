@@ -14,6 +14,10 @@ namespace zps::server {
 void ShardState::ToServing(std::span<const float> master, std::span<uint16_t> serving) const {
   if (job_.serving_dtype == DType::kF32) {
     std::memcpy(serving.data(), master.data(), std::min(serving.size_bytes(), master.size_bytes()));
+  } else if (IsBlockQuantized(job_.serving_dtype)) {
+    // The quantized copy is made from the whole chunk (blocks from its first element), so it is
+    // a function of the master alone (zps/common/serving_quant.h).
+    QuantizeBlocks(ServingQuantFormat(job_.serving_dtype), master, std::as_writable_bytes(serving));
   } else if (job_.serving_dtype == DType::kF16) {
     ConvertF32ToF16(master, serving);
   } else {
@@ -32,8 +36,8 @@ Status ShardState::ServingTier::Start() {
     largest = std::max(largest, c.size);
   }
   if (!any_spilled) return Status::Ok();
-  ZPS_ASSIGN_OR_RETURN(staging_,
-                       ServingStaging::Create(kServingStagingBuffers, largest * s.serving_words_));
+  ZPS_ASSIGN_OR_RETURN(
+      staging_, ServingStaging::Create(kServingStagingBuffers, s.kinds_->serving_words(largest)));
   reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "zps-serving-rd");
     Loop();
@@ -93,14 +97,14 @@ void ShardState::ServingTier::EndRewrite(const Status& result) {
 
 Status ShardState::ServingTier::WriteSpilled(const Chunk& c, std::span<const float> master) const {
   const ShardState& s = *s_;
-  std::vector<uint16_t> serving(c.size * s.serving_words_);
+  std::vector<uint16_t> serving(s.kinds_->serving_words(c.size));
   s.ToServing(master, serving);
   return s.CountIo(s.store_->WriteServing(static_cast<uint32_t>(s.IndexOf(c)), serving));
 }
 
 Status ShardState::ServingTier::Copy(const Chunk& c, std::vector<uint16_t>& out) const {
   const ShardState& s = *s_;
-  out.assign(c.size * s.serving_words_, 0);
+  out.assign(s.kinds_->serving_words(c.size), 0);
   if (!s.ServingSpilled(c)) {
     std::copy(c.serving.begin(), c.serving.end(), out.begin());
     return Status::Ok();
@@ -140,8 +144,8 @@ void ShardState::ServingTier::Loop() {
     auto data = staging_->Get(
         index, gen,
         [&](uint16_t* out) {
-          return s.CountIo(
-              s.store_->ReadServing(index, {out, static_cast<size_t>(c->size * s.serving_words_)}));
+          return s.CountIo(s.store_->ReadServing(
+              index, {out, static_cast<size_t>(s.kinds_->serving_words(c->size))}));
         },
         &hit);
     lock.Lock();
@@ -160,11 +164,11 @@ void ShardState::ServingTier::Loop() {
       // The reply gets a copy of its range, never the staging buffer itself: a send to a peer
       // that vanished may never complete (shared memory in UCX 1.13), and its data then stays
       // held for good; a held staging buffer would stall every later spilled fetch.
-      const uint16_t* from = data->get() + w.req.offset * s.serving_words_;
-      auto copy =
-          std::make_shared<std::vector<uint16_t>>(from, from + w.req.length * s.serving_words_);
+      const QuantRange r = s.kinds_->serving_range(c->size, w.req.offset, w.req.length);
+      const auto* from = reinterpret_cast<const std::byte*>(data->get()) + r.offset;
+      auto copy = std::make_shared<std::vector<std::byte>>(from, from + r.bytes);
       data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
-      w.cb(Status::Ok(), version, std::as_bytes(std::span<const uint16_t>(*copy)), copy);
+      w.cb(Status::Ok(), version, std::span<const std::byte>(*copy), copy);
     }
     lock.Lock();
   }

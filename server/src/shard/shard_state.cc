@@ -23,7 +23,6 @@ ShardState::ShardState(const Layout& layout, uint32_t ordinal, const ShardJob& j
       pool_(pool),
       kinds_(std::make_unique<ChunkLayout>(ChunkLayout::For(optimizer, job.serving_dtype))),
       schedule_(job.lr_schedule),
-      serving_words_(kinds_->serving_words()),
       accum_(job.accumulation_steps),
       policy_(UpdatePolicy::Sync(this)),
       serving_(std::make_unique<ServingTier>(this)) {}
@@ -92,7 +91,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   size_t serving_off = 0;
   for (Chunk& c : s->chunks_) {
     if (s->serving_in_store_) break;
-    const uint64_t words = c.size * kinds.serving_words();
+    const uint64_t words = kinds.serving_words(c.size);
     c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), words};
     if (banked && bank_bytes > 0) {
       c.banks[0] = c.serving;
@@ -122,7 +121,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
     }
     so.moments = kinds.moments();
     so.state_dtype = kinds.state_dtype();
-    so.serving_words = kinds.serving_words();
+    so.serving_dtype = kinds.serving_dtype();
     std::vector<uint64_t> elems;
     for (const Chunk& c : s->chunks_) {
       s->store_ids_.push_back(static_cast<uint32_t>(elems.size()));
@@ -506,11 +505,19 @@ void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t v
       w.cb(reason, -1, {}, nullptr);
       continue;
     }
-    w.cb(st, version,
-         std::as_bytes(std::span<const uint16_t>(c->serving.data() + w.req.offset * serving_words_,
-                                                 w.req.length * serving_words_)),
-         nullptr);
+    w.cb(st, version, ServingBytesOf(*c, w.req), nullptr);
   }
+}
+
+std::span<const std::byte> ShardState::CopyBytes(const Chunk& c,
+                                                 std::span<const uint16_t> serving) const {
+  return std::as_bytes(serving).subspan(0, kinds_->bytes(StateKind::kServing, c.size));
+}
+
+std::span<const std::byte> ShardState::ServingBytesOf(const Chunk& c,
+                                                      const FetchRequest& req) const {
+  const QuantRange r = kinds_->serving_range(c.size, req.offset, req.length);
+  return std::as_bytes(std::span<const uint16_t>(c.serving)).subspan(r.offset, r.bytes);
 }
 
 void ShardState::ArmSpeculation(const CommitOrder& assumed) { policy_->Arm(assumed); }
@@ -614,8 +621,7 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
   }
   if (c->version >= req.min_version) {
     int64_t v = c->version;
-    auto data = std::as_bytes(std::span<const uint16_t>(
-        c->serving.data() + req.offset * serving_words_, req.length * serving_words_));
+    auto data = ServingBytesOf(*c, req);
     lock.Unlock();
     cb(Status::Ok(), v, data, nullptr);
     return;
@@ -675,10 +681,10 @@ uint32_t ShardState::StateCrc() const {
       if (Status st = serving_->Copy(c, serving); !st.ok()) {
         ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
       }
-      crc = Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
+      crc = Crc32cExtend(crc, CopyBytes(c, serving));
     } else {
       MutexLock lock(&mu_);
-      crc = Crc32cExtend(crc, std::as_bytes(c.serving));
+      crc = Crc32cExtend(crc, CopyBytes(c, c.serving));
     }
     int64_t version;
     {
@@ -703,13 +709,13 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
     if (ServingSpilled(*c)) {
       std::vector<uint16_t> serving;
       ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
-      return Crc32cExtend(crc, std::as_bytes(std::span<const uint16_t>(serving)));
+      return Crc32cExtend(crc, CopyBytes(*c, serving));
     }
     MutexLock lock(&mu_);
-    return Crc32cExtend(crc, std::as_bytes(c->serving));
+    return Crc32cExtend(crc, CopyBytes(*c, c->serving));
   }
   MutexLock lock(&mu_);
-  return Crc32cExtend(c->state.Crc(0), std::as_bytes(c->serving));
+  return Crc32cExtend(c->state.Crc(0), CopyBytes(*c, c->serving));
 }
 
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {

@@ -73,12 +73,13 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     UpdateParams up;
     up.step = order.optimizer_step;
     up.grad_scale = order.grad_scale;
-    up.out_dtype = job_.serving_dtype;
+    // A quantized copy is not the kernel's: it writes none (out16, out32 empty), made below.
+    if (!IsBlockQuantized(job_.serving_dtype)) up.out_dtype = job_.serving_dtype;
     up.lr = schedule_.LrFor(applied, g.lr);
     up.weight_decay = g.weight_decay;
     // bf16 state's stochastic rounding draws from the element's index in the whole model.
     up.first_index = uint64_t{c.id} * layout_.options().chunk_elems + r.begin;
-    if (!serving.empty()) {
+    if (!serving.empty() && !IsBlockQuantized(job_.serving_dtype)) {
       if (job_.serving_dtype == DType::kF32) {
         up.out32 = {reinterpret_cast<float*>(serving.data()) + r.begin, n};
       } else {
@@ -92,6 +93,9 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     }
     ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
+  // A quantized copy's blocks start at the chunk's start and cross runs (frozen ones too): it is
+  // made from the whole updated master, in the same pass, while the chunk is still in cache.
+  if (!serving.empty() && IsBlockQuantized(job_.serving_dtype)) ToServing(st.master, serving);
   return Status::Ok();
 }
 
@@ -296,7 +300,6 @@ Status ShardState::SpeculativeUpdate::Start(const OptimizerConfig& optimizer, Th
     ZPS_ASSIGN_OR_RETURN(pool_, ThreadPool::Create({.name = "zps-spec", .threads = pool->size()}));
   }
   ZPS_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(optimizer, pool_.get()));
-  const uint64_t sw = s.serving_words_;
   uint64_t largest = 0;
   for (const Chunk& c : s.chunks_) largest = std::max(largest, c.size);
   const size_t count = s.store_ ? static_cast<size_t>(std::min<uint64_t>(spares, s.chunks_.size()))
@@ -307,7 +310,8 @@ Status ShardState::SpeculativeUpdate::Start(const OptimizerConfig& optimizer, Th
     Spare& sp = spares_[k];
     ZPS_ASSIGN_OR_RETURN(sp.state, ChunkBuffers::Allocate(*s.kinds_, n));
     if (s.store_) {
-      ZPS_ASSIGN_OR_RETURN(sp.serving, AlignedBuffer<uint16_t>::Allocate(n * sw));
+      ZPS_ASSIGN_OR_RETURN(sp.serving,
+                           AlignedBuffer<uint16_t>::Allocate(s.kinds_->serving_words(n)));
     }
     spare_bytes_ += sp.state.bytes() + sp.serving.size() * sizeof(uint16_t);
   }
@@ -339,7 +343,7 @@ Status ShardState::SpeculativeUpdate::Speculate(const Chunk& c, Spare& sp,
   }
   ChunkState st = sp.state.prefix(n);
   if (s.store_) {  // read into the spare, updated there in place
-    const std::span<uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
+    const std::span<uint16_t> serving = sp.serving.span().subspan(0, s.kinds_->serving_words(n));
     ZPS_RETURN_IF_ERROR(
         s.CountIo(s.store_->ReadChunk(static_cast<uint32_t>(s.IndexOf(c)), st.master, st.m, st.v)));
     return s.UpdateChunk(c, st, serving, order, nullptr, optimizer_.get());
@@ -439,7 +443,8 @@ void ShardState::SpeculativeUpdate::Loop() {
 Status ShardState::SpeculativeUpdate::PublishSpare(Chunk& c, Spare& sp) {
   ShardState& s = *s_;
   const uint64_t n = c.size;
-  const std::span<const uint16_t> serving = sp.serving.span().subspan(0, n * s.serving_words_);
+  const std::span<const uint16_t> serving =
+      sp.serving.span().subspan(0, s.kinds_->serving_words(n));
   const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(s.IndexOf(c));
   ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->WriteChunk(idx, st.master, st.m, st.v)));

@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "zps/common/logging.h"
+#include "zps/common/serving_quant.h"
 #include "zps/common/spill_budget.h"
 
 namespace zps::server {
@@ -62,8 +63,9 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::Create(const ChunkStoreOptions& 
     return InvalidArgument("chunk store: read_ahead and write_behind must be in [1, 64]");
   }
   if (o.moments > 2) return InvalidArgument("chunk store: moments must be 0, 1 or 2");
-  if (o.serving_words != 1 && o.serving_words != 2) {
-    return InvalidArgument("chunk store: serving_words must be 1 or 2");
+  if (o.serving_dtype != DType::kF16 && o.serving_dtype != DType::kBF16 &&
+      o.serving_dtype != DType::kF32 && o.serving_dtype != DType::kI8Block) {
+    return InvalidArgument("chunk store: serving_dtype must be fp16, bf16, fp32 or int8-block");
   }
   if (chunk_elems.empty()) return InvalidArgument("chunk store: no chunks");
   if (chunk_elems.size() > (1ull << 31)) return InvalidArgument("chunk store: too many chunks");
@@ -89,7 +91,8 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
     k.m_off = AlignUp(k.elems * sizeof(float));
     k.moment_stride = AlignUp(k.moment_bytes);
     k.state_bytes = k.m_off + o.moments * k.moment_stride;
-    k.serving_bytes = o.serving_records ? AlignUp(k.elems * o.serving_words * sizeof(uint16_t)) : 0;
+    k.serving_bytes =
+        o.serving_records ? AlignUp(ServingWords(o.serving_dtype, k.elems) * sizeof(uint16_t)) : 0;
     total_state += k.state_bytes;
     total_serving += k.serving_bytes;
     state_stride_max_ = std::max(state_stride_max_, k.state_bytes);
@@ -218,7 +221,7 @@ std::span<uint16_t> ChunkStore::ResidentServing(uint32_t c) const {
   }
   const Chunk& k = chunks_[c];
   return {reinterpret_cast<uint16_t*>(serving_ram_base_ + k.serving_off),
-          k.elems * options_.serving_words};
+          ServingWords(options_.serving_dtype, k.elems)};
 }
 
 Status ChunkStore::NoServingRecords() {
@@ -390,7 +393,7 @@ Status ChunkStore::ForEachChunk(std::span<const uint32_t> ids, const PassOptions
     }
     if (pass.serving) {
       std::byte* sv = k.serving_resident ? serving_ram_base_ + k.serving_off : slot->serving;
-      spans.serving = {reinterpret_cast<uint16_t*>(sv), n * options_.serving_words};
+      spans.serving = {reinterpret_cast<uint16_t*>(sv), ServingWords(options_.serving_dtype, n)};
     }
     Status st = fn(c, spans);
     if (!st.ok()) {
@@ -527,7 +530,7 @@ Status ChunkStore::ReadServing(uint32_t c, std::span<uint16_t> out) {
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
-  if (out.size() != k.elems * options_.serving_words) {
+  if (out.size() != ServingWords(options_.serving_dtype, k.elems)) {
     return InvalidArgument("chunk store: ReadServing length does not match chunk " +
                            std::to_string(c));
   }
@@ -548,7 +551,7 @@ Status ChunkStore::WriteServing(uint32_t c, std::span<const uint16_t> in) {
   if (!options_.serving_records) return NoServingRecords();
   ZPS_RETURN_IF_ERROR(CheckId(c));
   Chunk& k = chunks_[c];
-  if (in.size() != k.elems * options_.serving_words) {
+  if (in.size() != ServingWords(options_.serving_dtype, k.elems)) {
     return InvalidArgument("chunk store: WriteServing length does not match chunk " +
                            std::to_string(c));
   }

@@ -273,7 +273,8 @@ TEST(MessagesWire, RefusesUnknownEnumValues) {
   EXPECT_THAT(WithByte(r, mode_at + 5, 2), IsOk());  // grad_dtype bf16
   EXPECT_THAT(WithByte(r, mode_at + 5, 4), IsOk());  // grad_dtype int4-block
   EXPECT_THAT(WithByte(r, mode_at + 5, 5), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(WithByte(r, mode_at + 6, 3), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(WithByte(r, mode_at + 6, 3), IsOk());  // serving_dtype int8-block
+  EXPECT_THAT(WithByte(r, mode_at + 6, 4), StatusIs(Code::kInvalidArgument));
   EXPECT_EQ(JoinReply::Decode(r.Encode())->reduction_mode, ReductionMode::kServerSum);
   const size_t push_dtype_at = 8 + 8 + 8 + 4 + 8 + 8 + 4;
   EXPECT_THAT(WithByte(PushHeader{}, push_dtype_at, 4), IsOk());  // int4-block

@@ -28,7 +28,7 @@ TEST(ChunkLayoutTest, AdamKeepsMasterMomentsAndServing) {
   EXPECT_EQ(l.info(StateKind::kMaster).dtype, DType::kF32);
   EXPECT_EQ(l.info(StateKind::kV).element_bytes, 4u);
   EXPECT_EQ(l.serving_dtype(), DType::kBF16);
-  EXPECT_EQ(l.serving_words(), 1u);
+  EXPECT_EQ(l.serving_words(10), 10u);
   EXPECT_EQ(l.bytes(StateKind::kServing, 10), 20u);
   EXPECT_EQ(l.serving_stride(10), 64u);  // one cache line
   EXPECT_EQ(l.serving_stride(32), 64u);
@@ -49,8 +49,32 @@ TEST(ChunkLayoutTest, SgdKeepsMomentumOnlyWhenAsked) {
 
 TEST(ChunkLayoutTest, Fp32ServingIsTwoWordsAnElement) {
   const ChunkLayout l = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kF32);
-  EXPECT_EQ(l.serving_words(), 2u);
+  EXPECT_EQ(l.serving_words(16), 32u);
   EXPECT_EQ(l.bytes(StateKind::kServing, 16), 64u);
+  const QuantRange r = l.serving_range(16, 3, 5);
+  EXPECT_EQ(r.offset, 12u);
+  EXPECT_EQ(r.bytes, 20u);
+  EXPECT_EQ(r.skip, 0u);
+}
+
+// Quantized weights: blocks of kWeightQuantBlock (256) elements from the chunk's start, each a
+// 4-byte scale and 256 codes; a fetch carries its covering blocks.
+TEST(ChunkLayoutTest, Int8BlockServingIsBlocksFromTheChunkStart) {
+  const ChunkLayout l = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kI8Block);
+  EXPECT_EQ(l.serving_dtype(), DType::kI8Block);
+  EXPECT_EQ(l.bytes(StateKind::kServing, 600), 2u * 260 + 4 + 88);
+  EXPECT_EQ(l.serving_words(600), 306u);
+  EXPECT_EQ(l.bytes(StateKind::kServing, 257), 265u);  // a short last block: 4 + 1
+  EXPECT_EQ(l.serving_words(257), 133u);               // one pad byte
+  EXPECT_EQ(l.serving_stride(600), 640u);
+  const QuantRange inside = l.serving_range(600, 300, 10);  // inside block 1
+  EXPECT_EQ(inside.offset, 260u);
+  EXPECT_EQ(inside.bytes, 260u);
+  EXPECT_EQ(inside.skip, 44u);
+  const QuantRange across = l.serving_range(600, 250, 300);  // blocks 0 to 2, the last short
+  EXPECT_EQ(across.offset, 0u);
+  EXPECT_EQ(across.bytes, 612u);
+  EXPECT_EQ(across.skip, 250u);
 }
 
 TEST(ChunkLayoutTest, SpareSetCountsEveryKindAligned) {

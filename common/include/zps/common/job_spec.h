@@ -207,25 +207,25 @@ struct ParamGroup {
 
 // ---- ShardJob -----------------------------------------------------------------------------------
 
-#define ZPS_SHARD_JOB_FIELDS(X)                                                          \
-  X(ReductionMode, mode, ReductionMode::kServerSum, "reduction", 1, 0, 0,                \
-    "pre-reduced: the ranks reduce-scatter each gradient and push their slice")          \
-  X(uint32_t, world_size, 1, "world_size", 1, 1, 65536, "ranks, in [1, 65536]")          \
-  X(DType, grad_dtype, DType::kF32, "grad_dtype", 1, 0, 0,                               \
-    "the dtype pushes use; int8-block, int4-block: quantized with error feedback")       \
-  X(DType, serving_dtype, DType::kBF16, "serving_dtype", 1, 0, 0,                        \
-    "the copy workers fetch: bf16, fp16, or fp32 (a copy of the master)")                \
-  X(uint32_t, accumulation_steps, 1, "accumulation_steps", 2, 1, 1024,                   \
-    "micro-batches each rank pushes per step, in [1, 1024]; world_size x this <= 65536") \
-  X(std::vector<ParamGroup>, param_groups, {}, "param_groups", 2, 0, 0,                  \
-    "list of {lr, weight_decay}; empty: one group with optimizer.lr and .weight_decay")  \
-  X(std::vector<uint32_t>, param_group, {}, "param_group", 2, 0, 1 << 20,                \
-    "per parameter (layout order), its index into param_groups; empty: all in group 0")  \
-  X(std::vector<uint8_t>, frozen, {}, "frozen", 2, 0, 1,                                 \
-    "per parameter, 1 = frozen (served, never pushed, never updated); empty: none")      \
-  X(LrScheduleConfig, lr_schedule, {}, "lr_schedule", 2, 0, 0,                           \
-    "the learning-rate schedule (its keys below)")                                       \
-  X(UpdateMode, update_mode, UpdateMode::kSync, "update", 3, 0, 0,                       \
+#define ZPS_SHARD_JOB_FIELDS(X)                                                              \
+  X(ReductionMode, mode, ReductionMode::kServerSum, "reduction", 1, 0, 0,                    \
+    "pre-reduced: the ranks reduce-scatter each gradient and push their slice")              \
+  X(uint32_t, world_size, 1, "world_size", 1, 1, 65536, "ranks, in [1, 65536]")              \
+  X(DType, grad_dtype, DType::kF32, "grad_dtype", 1, 0, 0,                                   \
+    "the dtype pushes use; int8-block, int4-block: quantized with error feedback")           \
+  X(DType, serving_dtype, DType::kBF16, "serving_dtype", 1, 0, 0,                            \
+    "the copy workers fetch: bf16, fp16, fp32 (the master), int8-block (quantized weights)") \
+  X(uint32_t, accumulation_steps, 1, "accumulation_steps", 2, 1, 1024,                       \
+    "micro-batches each rank pushes per step, in [1, 1024]; world_size x this <= 65536")     \
+  X(std::vector<ParamGroup>, param_groups, {}, "param_groups", 2, 0, 0,                      \
+    "list of {lr, weight_decay}; empty: one group with optimizer.lr and .weight_decay")      \
+  X(std::vector<uint32_t>, param_group, {}, "param_group", 2, 0, 1 << 20,                    \
+    "per parameter (layout order), its index into param_groups; empty: all in group 0")      \
+  X(std::vector<uint8_t>, frozen, {}, "frozen", 2, 0, 1,                                     \
+    "per parameter, 1 = frozen (served, never pushed, never updated); empty: none")          \
+  X(LrScheduleConfig, lr_schedule, {}, "lr_schedule", 2, 0, 0,                               \
+    "the learning-rate schedule (its keys below)")                                           \
+  X(UpdateMode, update_mode, UpdateMode::kSync, "update", 3, 0, 0,                           \
     "speculative: each chunk is updated as soon as its gradient is complete (bit-identical)")
 
 /// What every shard must agree on about the job's step (besides the layout and optimizer).
@@ -236,7 +236,8 @@ struct ParamGroup {
 ///   - param_group not empty: exactly layout.num_params() entries, each < param_groups.size()
 ///     (param_groups must then not be empty);
 ///   - frozen not empty: exactly layout.num_params() entries of 0 or 1;
-///   - serving_dtype fp32: 4 bytes an element everywhere the serving copy goes.
+///   - serving_dtype fp32: 4 bytes an element everywhere the serving copy goes; int8-block: the
+///     int8 blocks of each chunk's master (zps/common/serving_quant.h), fetched by covering block.
 struct ShardJob {
   ZPS_SHARD_JOB_FIELDS(ZPS_DECLARE_FIELD)
   bool operator==(const ShardJob&) const = default;
@@ -245,9 +246,10 @@ struct ShardJob {
 #undef ZPS_DECLARE_FIELD
 
 /// Checks `job` against the layout and optimizer. Errors: InvalidArgument naming the field
-/// (world_size, serving_dtype, optimizer.state_dtype int8 with an align_elems that is not a
-/// multiple of kInt8StateBlockElems, accumulation_steps, param_groups[i].lr / .weight_decay,
-/// param_group, frozen, lr_schedule.*; AdamW: a group's largest scheduled lr * weight_decay > 1).
+/// (world_size, serving_dtype other than fp16, bf16, fp32 or int8-block, optimizer.state_dtype int8
+/// with an align_elems that is not a multiple of kInt8StateBlockElems, accumulation_steps,
+/// param_groups[i].lr / .weight_decay, param_group, frozen, lr_schedule.*; AdamW: a group's largest
+/// scheduled lr * weight_decay > 1).
 Status ValidateShardJob(const ShardJob& job, const Layout& layout,
                         const OptimizerConfig& optimizer);
 

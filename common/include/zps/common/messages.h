@@ -113,20 +113,21 @@ enum class ReductionMode : uint8_t {
 
 /// What a worker needs to move data: the layout and the data-plane settings of the job.
 struct JoinReply {
-#define ZPS_MSG_JOIN_REPLY(X)                                                               \
-  X(job_hash, 0, "FNV-1a hash of the job spec", wire::U64)                                  \
-  X(resume_step, 0, "the step the job is at", wire::I64)                                    \
-  X(loss_scale, 1.0, "the loss scale for that step", wire::F64)                             \
-  X(shard_endpoints, {}, "host:port of each shard; index = shard ordinal",                  \
-    wire::List<wire::Str<kMaxEndpoint>, kMaxShards, 1>)                                     \
-  X(layout, {}, "Layout::Serialize()", wire::Bytes<kMaxSpec>)                               \
-  X(reduction_mode, ReductionMode::kServerSum, "0 server-sum, 1 pre-reduced",               \
-    wire::Enum<ReductionMode, ReductionMode::kPreReduced>)                                  \
-  X(world_size, 1, "ranks of the job", wire::U32)                                           \
-  X(grad_dtype, DType::kF32, "DType, 0 .. 4", wire::Enum<DType, DType::kI4Block>)           \
-  X(serving_dtype, DType::kBF16, "0 fp32, 1 fp16, 2 bf16", wire::Enum<DType, DType::kBF16>) \
-  X(accumulation_steps, 1,                                                                  \
-    "micro-batches per step (ShardJob::accumulation_steps); sent only when not 1",          \
+#define ZPS_MSG_JOIN_REPLY(X)                                                      \
+  X(job_hash, 0, "FNV-1a hash of the job spec", wire::U64)                         \
+  X(resume_step, 0, "the step the job is at", wire::I64)                           \
+  X(loss_scale, 1.0, "the loss scale for that step", wire::F64)                    \
+  X(shard_endpoints, {}, "host:port of each shard; index = shard ordinal",         \
+    wire::List<wire::Str<kMaxEndpoint>, kMaxShards, 1>)                            \
+  X(layout, {}, "Layout::Serialize()", wire::Bytes<kMaxSpec>)                      \
+  X(reduction_mode, ReductionMode::kServerSum, "0 server-sum, 1 pre-reduced",      \
+    wire::Enum<ReductionMode, ReductionMode::kPreReduced>)                         \
+  X(world_size, 1, "ranks of the job", wire::U32)                                  \
+  X(grad_dtype, DType::kF32, "DType, 0 .. 4", wire::Enum<DType, DType::kI4Block>)  \
+  X(serving_dtype, DType::kBF16, "0 fp32, 1 fp16, 2 bf16, 3 int8-block",           \
+    wire::Enum<DType, DType::kI8Block>)                                            \
+  X(accumulation_steps, 1,                                                         \
+    "micro-batches per step (ShardJob::accumulation_steps); sent only when not 1", \
     wire::Trailing<wire::Int<uint32_t, 1, kMaxAccumulationSteps>, 1>)
   ZPS_WIRE_MESSAGE(JoinReply, ZPS_MSG_JOIN_REPLY)
 };

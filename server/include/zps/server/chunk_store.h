@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "zps/common/dtype.h"
 #include "zps/common/spill_budget.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
@@ -82,10 +83,11 @@ struct ChunkStoreOptions {
   /// copies elsewhere, as ShardState does); serving_memory_budget is then unused, and
   /// ReadServing / WriteServing / a pass with PassOptions::serving are FailedPrecondition.
   bool serving_records = true;
-  /// 16-bit words per element of a serving record: 1 (fp16/bf16 copies) or 2 (fp32 copies, held
-  /// as pairs of words). Every serving span, ReadServing/WriteServing length and ResidentServing
-  /// span is then chunk_elems(c) * serving_words words.
-  uint32_t serving_words = 1;  // Default: 1
+  /// The serving records' dtype: fp16/bf16 (one 16-bit word an element), fp32 (held as pairs of
+  /// words) or int8-block (the quantized copy, zps/common/serving_quant.h). Every serving span,
+  /// ReadServing/WriteServing length and ResidentServing span is ServingWords(serving_dtype,
+  /// chunk_elems(c)) words.
+  DType serving_dtype = DType::kBF16;  // Default: bf16
   /// Default: none (the store allocates them). When set, provides the memory of the RESIDENT
   /// serving records, in one call at Create: `bytes` bytes, 64-byte aligned, owned by the caller
   /// and kept alive (and unchanged by anyone else) for the store's lifetime. ShardState passes
@@ -108,7 +110,7 @@ struct PassOptions {
 /// What fn sees for one chunk. Spans are valid only during the call.
 struct ChunkSpans {
   ChunkState state;             // master (n), m and v (n each, or empty per `moments`)
-  std::span<uint16_t> serving;  // n * serving_words words when PassOptions::serving, else empty
+  std::span<uint16_t> serving;  // ServingWords(serving_dtype, n) words when PassOptions::serving
 };
 
 struct ChunkStoreStats {

@@ -461,6 +461,12 @@ class ShardState {
   void Publish(Chunk& c, int64_t version, std::vector<std::pair<Waiter, Status>>& ready);
   // Answers ready waiters (after mu_ is released): in place, or queued to the serving reader.
   void Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version);
+  // The bytes of c's resident serving copy that a fetch of `req` carries (ServingRange: the
+  // covering blocks of a quantized copy).
+  std::span<const std::byte> ServingBytesOf(const Chunk& c, const FetchRequest& req) const;
+  // The bytes of a serving copy of c held as words, without a quantized copy's pad byte (what
+  // the CRCs cover, as the reference trainer's do).
+  std::span<const std::byte> CopyBytes(const Chunk& c, std::span<const uint16_t> serving) const;
   // Whether c's serving copy is a spilled store record (serving_tier.h).
   bool ServingSpilled(const Chunk& c) const;
   Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
@@ -469,7 +475,7 @@ class ShardState {
   Status StoreInitChunk(Chunk& c);  // writes the initial values as master (m = v = 0) to the store
   Status StoreChunkCopy(const Chunk& c, std::vector<float>& master, std::vector<std::byte>& m,
                         std::vector<std::byte>& v) const;
-  // The serving copy (serving_words_ words an element) of `master` (serving_tier.cc).
+  // The serving copy (kinds_->serving_words(n) words) of `master` (serving_tier.cc).
   void ToServing(std::span<const float> master, std::span<uint16_t> serving) const;
   // What every update policy runs on a chunk (update_policy.cc).
   // Reduces the chunk's slots (GradientSlots::Reduce), zeroes its frozen runs, computes the
@@ -501,8 +507,7 @@ class ShardState {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<ParamGroup> groups_;  // the job's, or one from the OptimizerConfig
   LrSchedule schedule_;
-  const uint32_t serving_words_;  // 16-bit words per serving element (2 for fp32)
-  uint32_t accum_ = 1;            // accumulation_steps
+  uint32_t accum_ = 1;  // accumulation_steps
   std::vector<uint32_t> chunk_ids_;
   std::vector<Chunk> chunks_;             // the chunk table, same order as chunk_ids_
   AlignedBuffer<std::byte> serving_own_;  // the serving copies when no allocator was given

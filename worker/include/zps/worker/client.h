@@ -92,8 +92,11 @@ class Client final : public ParamSource {
 
   const Layout& layout() const override;
   const msg::JoinReply& job() const;
-  /// The dtype fetched buffers hold (job().serving_dtype).
-  DType serving_dtype() const override { return job().serving_dtype; }
+  /// The dtype fetched buffers hold: job().serving_dtype, or fp32 for quantized weights
+  /// (int8-block), which the client dequantizes as each piece arrives.
+  DType serving_dtype() const override {
+    return IsBlockQuantized(job().serving_dtype) ? DType::kF32 : job().serving_dtype;
+  }
   /// The step to train next (0 for a new job).
   int64_t resume_step() const { return job().resume_step; }
   uint32_t rank() const;
