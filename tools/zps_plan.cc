@@ -49,13 +49,15 @@ int main(int argc, char** argv) {
   PlanInput in;
   bool json = false, separate = false;
   std::string reduction = "server-sum", fetch_strategy = "direct";
-  int64_t quant_block = static_cast<int64_t>(in.quant_block);
+  int64_t weight_block = static_cast<int64_t>(in.weight_block);
+  int64_t grad_block = static_cast<int64_t>(in.grad_block);
   zps::Flags f("zps-plan",
                "Predicts a zps job: memory per shard (RAM, NVMe) and per worker, bytes per step "
                "on every link, and the step time's lower bound (network overlapped with compute, "
                "NVMe with the optimizer) and upper bound (nothing overlapped). Sizes per element: "
-               "fp32 4, fp16/bf16 2, int8 1 and int4 0.5 bytes plus a 4-byte scale per "
-               "--quant-block; shard state: fp32 master + 2 moments (fp32 4, bf16 2, int8 1 "
+               "fp32 4, fp16/bf16 2, int8 1 and int4 0.5 bytes plus a 4-byte scale per block "
+               "(--weight-block, --grad-block); shard state: fp32 master + 2 moments (fp32 4, bf16 "
+               "2, int8 1 "
                "byte) + the serving copy in the fetch format: 14, 10 or 8 bytes a parameter "
                "with bf16 fetches. docs/scaling.md describes the model.");
   AddCount(f, "params", "parameters of the model (e.g. 70e9)", &in.params);
@@ -76,7 +78,10 @@ int main(int argc, char** argv) {
   AddFormat(f, "fetch", "what workers fetch: bf16, fp16, fp32, int8 or int4", &in.fetch);
   AddFormat(f, "grad", "what workers push: fp32, bf16, fp16, int8 or int4", &in.grad);
   AddFormat(f, "state", "the optimizer's moments: fp32, bf16 or int8", &in.state);
-  f.Add("quant-block", "elements per fp32 scale of int8/int4 blocks", &quant_block, 1, 1 << 30);
+  f.Add("weight-block", "elements per fp32 scale of int8/int4 fetches (the job's serving blocks)",
+        &weight_block, 1, 1 << 30);
+  f.Add("grad-block", "elements per fp32 scale of int8/int4 gradient pushes", &grad_block, 1,
+        1 << 30);
   f.Add("reduction", "server-sum or pre-reduced", &reduction);
   f.Add("fetch-strategy", "direct or bandwidth-centric", &fetch_strategy);
   AddByteSize(f, "worker-live-bytes", "a worker's live window (zps-train --max-live-bytes)",
@@ -100,7 +105,8 @@ int main(int argc, char** argv) {
   }
   if (*parsed == zps::ParseOutcome::kHelpShown) return 0;
   in.colocated = !separate;
-  in.quant_block = static_cast<uint64_t>(quant_block);
+  in.weight_block = static_cast<uint64_t>(weight_block);
+  in.grad_block = static_cast<uint64_t>(grad_block);
   if (reduction != "server-sum" && reduction != "pre-reduced") {
     std::fprintf(stderr, "zps-plan: --reduction must be server-sum or pre-reduced\n");
     return 2;

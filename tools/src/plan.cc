@@ -124,7 +124,9 @@ Result<Plan> MakePlan(const PlanInput& in) {
       in.bucket_bytes < 0) {
     return InvalidArgument("sizes, rates and times must not be negative");
   }
-  if (in.quant_block < 1) return InvalidArgument("--quant-block must be >= 1");
+  if (in.weight_block < 1 || in.grad_block < 1) {
+    return InvalidArgument("--weight-block and --grad-block must be >= 1");
+  }
   Plan p;
   const double P = in.params;
   p.workers = in.nodes * in.gpus_per_node;
@@ -132,9 +134,9 @@ Result<Plan> MakePlan(const PlanInput& in) {
   if (p.shards > P) return InvalidArgument("more shards than parameters");
   p.shard_hosts = in.colocated ? in.nodes : p.shards;
   const double W = p.workers, S = p.shards, N = in.nodes, G = in.gpus_per_node;
-  p.fetch_bytes = ElementBytes(in.fetch, in.quant_block);
-  p.grad_bytes = ElementBytes(in.grad, in.quant_block);
-  ZPS_ASSIGN_OR_RETURN(p.state_bytes, StateBytesPerParam(in.state, in.fetch, in.quant_block));
+  p.fetch_bytes = ElementBytes(in.fetch, in.weight_block);
+  p.grad_bytes = ElementBytes(in.grad, in.grad_block);
+  ZPS_ASSIGN_OR_RETURN(p.state_bytes, StateBytesPerParam(in.state, in.fetch, in.weight_block));
   // Forward and backward share one fetch when the whole model fits in the live window.
   p.fetch_passes = P * p.fetch_bytes <= in.worker_live_bytes ? 1 : 2;
   const double f = p.fetch_bytes * p.fetch_passes, g = p.grad_bytes;
@@ -171,7 +173,7 @@ Result<Plan> MakePlan(const PlanInput& in) {
 
   // Memory per shard.
   const double n = P / S;
-  const double serving = ElementBytes(in.fetch, in.quant_block);
+  const double serving = ElementBytes(in.fetch, in.weight_block);
   const double slots = in.pre_reduced ? 1 : W;
   // 16-bit (or quantized) gradients add one fp32 slot for the initial values and the sum.
   p.shard_grad_bytes = n * (slots * g + (g < kFp32 ? kFp32 : 0));

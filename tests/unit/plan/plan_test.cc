@@ -140,7 +140,8 @@ TEST(Plan, SpillToNvme) {
 TEST(Plan, QuantizedGradientsKeepAResidual) {
   PlanInput in = Testbed();
   in.grad = Format::kInt4;
-  in.quant_block = 1000;
+  in.grad_block = 1000;
+  in.weight_block = 1;  // not what a gradient is measured in
   Plan p = Value(MakePlan(in));
   EXPECT_DOUBLE_EQ(p.grad_bytes, 0.504);  // 0.5 + 4 / 1000
   EXPECT_DOUBLE_EQ(p.worker_rank.out, 0.504e6);
@@ -148,6 +149,23 @@ TEST(Plan, QuantizedGradientsKeepAResidual) {
   in.pre_reduced = true;
   p = Value(MakePlan(in));
   EXPECT_DOUBLE_EQ(p.worker_residual_bytes, 1e6);  // fp32 of its 1/4 slice
+}
+
+TEST(Plan, QuantizedWeightsAndGradientsUseTheirOwnBlocks) {
+  PlanInput in = Testbed();
+  in.fetch = Format::kInt8;
+  in.grad = Format::kInt4;
+  in.weight_block = 256;
+  in.grad_block = 2048;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.fetch_bytes, 1.015625);           // 1 + 4 / 256
+  EXPECT_DOUBLE_EQ(p.grad_bytes, 0.501953125);         // 0.5 + 4 / 2048
+  EXPECT_DOUBLE_EQ(p.shard_out, 2.03125e6);            // 4 workers x 0.5e6 x 1.015625 B
+  EXPECT_DOUBLE_EQ(p.shard_in, 1.00390625e6);          // 4 workers x 0.5e6 x 0.501953125 B
+  EXPECT_DOUBLE_EQ(p.state_bytes, 13.015625);          // 4 + 2 x 4 + 1.015625 serving
+  EXPECT_DOUBLE_EQ(p.shard_state_bytes, 6.5078125e6);  // 0.5e6 x 13.015625
+  EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 3.00390625e6);  // 0.5e6 x (4 x 0.501953125 + 4)
+  EXPECT_DOUBLE_EQ(p.t_network, 0.01625);              // the shards' 2.03125e6 B out at 125e6 B/s
 }
 
 TEST(Plan, ComputeFromTokens) {

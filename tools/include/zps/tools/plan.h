@@ -25,6 +25,8 @@
 #include <string>
 #include <string_view>
 
+#include "zps/common/block_quant.h"
+#include "zps/common/grad_quant.h"
 #include "zps/common/status.h"
 
 namespace zps::plan {
@@ -46,24 +48,27 @@ double ElementBytes(Format f, uint64_t block);
 Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block);
 
 struct PlanInput {
-  double params = 0;               // Default: 0 (required). Parameters of the model.
-  int nodes = 1;                   // Default: 1. Worker hosts.
-  int gpus_per_node = 8;           // Default: 8. Workers (ranks) per worker host.
-  int shards = 0;                  // Default: 0 = one per node.
-  bool colocated = true;           // Default: true. Shards on the worker hosts (else own hosts).
-  double link_gbps = 100;          // Default: 100 Gbit/s each way per host.
-  double link_efficiency = 0.9;    // Default: 0.9 of the line rate is payload.
-  double nvme_gbytes_s = 0;        // Default: 0 = no NVMe. GB/s per host (read or write).
-  double shard_ram_bytes = 0;      // Default: 0 = unlimited. RAM per shard for master + moments.
-  Format fetch = Format::kBf16;    // Default: bf16. What workers fetch (the serving copy).
-  Format grad = Format::kFp32;     // Default: fp32. What workers push.
-  Format state = Format::kFp32;    // Default: fp32. The optimizer's moments.
-  uint64_t quant_block = 2048;     // Default: 2048 elements per fp32 scale (int8/int4).
-  bool pre_reduced = false;        // Default: false = server-sum.
-  bool bandwidth_centric = false;  // Default: false = direct fetches.
-  double worker_live_bytes = 1073741824;  // Default: 1 GiB (zps-train's --max-live-bytes).
-  double prefetch_bytes = 268435456;      // Default: 256 MiB (zps-train's --prefetch-bytes).
-  double bucket_bytes = 16777216;         // Default: 16 MiB (zps-train's --bucket-bytes).
+  double params = 0;             // Default: 0 (required). Parameters of the model.
+  int nodes = 1;                 // Default: 1. Worker hosts.
+  int gpus_per_node = 8;         // Default: 8. Workers (ranks) per worker host.
+  int shards = 0;                // Default: 0 = one per node.
+  bool colocated = true;         // Default: true. Shards on the worker hosts (else own hosts).
+  double link_gbps = 100;        // Default: 100 Gbit/s each way per host.
+  double link_efficiency = 0.9;  // Default: 0.9 of the line rate is payload.
+  double nvme_gbytes_s = 0;      // Default: 0 = no NVMe. GB/s per host (read or write).
+  double shard_ram_bytes = 0;    // Default: 0 = unlimited. RAM per shard for master + moments.
+  Format fetch = Format::kBf16;  // Default: bf16. What workers fetch (the serving copy).
+  Format grad = Format::kFp32;   // Default: fp32. What workers push.
+  Format state = Format::kFp32;  // Default: fp32. The optimizer's moments.
+  // Elements per fp32 scale of int8/int4 blocks, as the job uses them: the serving copy's blocks
+  // (kWeightQuantBlock, 256) and the gradient pushes' (kGradQuantBlock, 2048).
+  uint64_t weight_block = kWeightQuantBlock;  // Default: 256.
+  uint64_t grad_block = kGradQuantBlock;      // Default: 2048.
+  bool pre_reduced = false;                   // Default: false = server-sum.
+  bool bandwidth_centric = false;             // Default: false = direct fetches.
+  double worker_live_bytes = 1073741824;      // Default: 1 GiB (zps-train's --max-live-bytes).
+  double prefetch_bytes = 268435456;          // Default: 256 MiB (zps-train's --prefetch-bytes).
+  double bucket_bytes = 16777216;             // Default: 16 MiB (zps-train's --bucket-bytes).
   double optimizer_rate = 1.5e9;  // Default: 1.5e9 parameters/s per shard (2 threads measured).
   double compute_s = 0;           // Default: 0. A worker's forward + backward per step.
   double tokens_per_gpu = 0;      // Default: 0. With gpu_tflops: compute = 6 P T / FLOP/s.
