@@ -275,3 +275,41 @@ TEST(Bf16StochasticRounding, AdamOnAFixedStreamFollowsFp32State) {
 
 }  // namespace
 }  // namespace zps::server
+
+namespace zps::server {
+namespace {
+
+// A chunk large enough for the streamed serving copy (the trainer's chunks are 256 Ki elements):
+// after each update of every state dtype the copy is the new master rounded to bf16 (the packed
+// passes stream it, in tiles, as the fp32 pass does).
+TEST(Bf16StochasticRounding, LargeChunkServingCopyIsTheMaster) {
+  auto isa_or = ActiveIsa();
+  if (!isa_or.ok()) GTEST_SKIP() << isa_or.status().ToString();
+  const size_t n = (256u << 10) + 77;
+  const GradStream gs(n);
+  std::vector<float> g(n);
+  for (StateDType sd : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    SCOPED_TRACE(StateDTypeName(sd));
+    OptimizerConfig c;
+    c.lr = 3e-3f;
+    c.state_dtype = sd;
+    auto opt = Optimizer::Create(c, nullptr, *isa_or);
+    ASSERT_THAT(opt, IsOk());
+    std::vector<float> w(n, 0.25f);
+    std::vector<std::byte> m(MomentBytes(sd, n)), v(MomentBytes(sd, n));
+    std::vector<uint16_t> out(n, 0);
+    for (int t = 1; t <= 3; ++t) {
+      gs.At(t, g);
+      UpdateParams up;
+      up.step = t;
+      up.out16 = out;
+      ASSERT_THAT((*opt)->Update({w, m, v}, {g.data(), DType::kF32, n}, up), IsOk());
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) bad += out[i] != FloatToBf16(w[i]) ? 1 : 0;
+      EXPECT_EQ(bad, 0u) << "step " << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zps::server
