@@ -14,8 +14,15 @@
 #   scripts/bench-quality.sh   # env: STEPS (2000), EVAL_EVERY (100), TORCH_STEPS (200),
 #                              #      TORCH_EVAL_EVERY (25), TORCH_MODELS (lm,mobilenet_v3_small),
 #                              #      DTYPES (fp32,bf16,int8), CSV (<work>/quality.csv),
-#                              #      PNG (docs/img/state-dtype-quality.png), BUILD_DIR (build)
+#                              #      PNG (docs/img/state-dtype-quality.png), BUILD_DIR (build),
+#                              #      DATA_SEEDS (1), TRAIN_ARGS (none)
 # STEPS=0 or TORCH_STEPS=0 skips that part; WORK (default: a new temp dir) keeps the logs.
+# DATA_SEEDS=1,2,3 repeats part 1 per --data-seed (the seeds one after another, the dtypes of a
+# seed side by side), each seed its own panel and its own fp32 reference: one run's gap between
+# dtypes means little beside the gap between two fp32 runs that differ only in the data order
+# (docs/benchmarks.md, "Compact optimizer state: training quality"). TRAIN_ARGS adds zps-train
+# flags to every run of part 1 (e.g. a smaller model: "--d-model 64 --n-layers 2 --n-heads 2
+# --d-ff 256 --seq-len 64"; the panels are then named zps-train-small).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,6 +33,8 @@ TORCH_STEPS=${TORCH_STEPS:-200}
 TORCH_EVAL_EVERY=${TORCH_EVAL_EVERY:-25}
 TORCH_MODELS=${TORCH_MODELS:-lm,mobilenet_v3_small}
 DTYPES=${DTYPES:-fp32,bf16,int8}
+DATA_SEEDS=${DATA_SEEDS:-1}
+TRAIN_ARGS=${TRAIN_ARGS:-}
 WORK=${WORK:-$(mktemp -d /tmp/zps-quality.XXXXXX)}
 CSV=${CSV:-$WORK/quality.csv}
 PNG=${PNG:-docs/img/state-dtype-quality.png}
@@ -40,18 +49,27 @@ mkdir -p "$WORK"
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); logs in $WORK"
 
 if ((STEPS > 0)); then
-  pids=()
-  for dt in ${DTYPES//,/ }; do
-    cmd=("$BUILD_DIR/bin/zps-train" --mode reference --steps "$STEPS" --log-every 1
-      --eval-every "$EVAL_EVERY" --state-dtype "$dt")
-    echo "# ${cmd[*]} > $WORK/zps-train-$dt.log"
-    "${cmd[@]}" >"$WORK/zps-train-$dt.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  for dt in ${DTYPES//,/ }; do
-    grep -E '^(reference|held-out loss [0-9])' "$WORK/zps-train-$dt.log" | sed "s/^/# $dt: /"
-    $py $tool parse --model zps-train-lm --dtype "$dt" --csv "$CSV" "$WORK/zps-train-$dt.log"
+  base=zps-train-lm
+  [[ -n $TRAIN_ARGS ]] && base=zps-train-small
+  for seed in ${DATA_SEEDS//,/ }; do
+    model=$base
+    [[ $DATA_SEEDS != 1 ]] && model=$base-seed$seed
+    pids=()
+    for dt in ${DTYPES//,/ }; do
+      # shellcheck disable=SC2206  # TRAIN_ARGS is a list of flags
+      cmd=("$BUILD_DIR/bin/zps-train" --mode reference --steps "$STEPS" --log-every 1
+        --eval-every "$EVAL_EVERY" --state-dtype "$dt" --data-seed "$seed" $TRAIN_ARGS)
+      log=$WORK/$model-$dt.log
+      echo "# ${cmd[*]} > $log"
+      "${cmd[@]}" >"$log" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    for dt in ${DTYPES//,/ }; do
+      log=$WORK/$model-$dt.log
+      grep -E '^(reference|held-out loss [0-9])' "$log" | sed "s/^/# $model $dt: /"
+      $py $tool parse --model "$model" --dtype "$dt" --csv "$CSV" "$log"
+    done
   done
 fi
 

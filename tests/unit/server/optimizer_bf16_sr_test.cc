@@ -1,0 +1,315 @@
+// bf16 optimizer state (OptimizerConfig::state_dtype bf16): the statistics of its stochastic
+// rounding, which bit-identity tests cannot see (the reference and every kernel share
+// state_codec.h, so a bias or a correlation there would be shared too).
+//   - The rounding is unbiased for every kind of value: the mean of many roundings is the value,
+//     and each value rounds up with probability equal to its discarded fraction of an ulp.
+//   - The bits are independent between m and v of one element, between the steps of one element
+//     and between neighbouring elements of one step.
+//   - Adam with bf16 state on a fixed stream of gradients follows the fp32-state run: v and m
+//     without drift, the masters within the spread that the rounding noise explains.
+// Runs once per ISA (ZPS_ISA), as optimizer_state_test.cc.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "optimizer/state_codec.h"
+#include "zps/common/cpu.h"
+#include "zps/common/dtype.h"
+#include "zps/server/optimizer.h"
+#include "zps/server/packed_moment.h"
+#include "zps/testing/status_matchers.h"
+
+namespace zps::server {
+namespace {
+
+using internal::Bf16Stochastic;
+using internal::Bf16Value;
+using internal::SrBits;
+using internal::SrKey;
+
+// The 16 bits that round m (kind 0) or v (kind 1) of the element at `index` in `step`, as the
+// kernels draw them.
+uint32_t Bits16(int64_t step, uint64_t index, int kind) {
+  const uint32_t h = SrBits(SrKey(step, static_cast<uint32_t>(index >> 32)), index);
+  return kind == 0 ? (h & 0xffffu) : (h >> 16);
+}
+
+// The bf16 ulp at x (the distance from x's truncation to the next bf16 away from zero).
+double UlpAt(float x) {
+  const uint32_t b = std::bit_cast<uint32_t>(x) & 0xffff0000u;
+  return std::fabs(static_cast<double>(Bf16Value(static_cast<uint16_t>((b >> 16) + 1))) -
+                   Bf16Value(static_cast<uint16_t>(b >> 16)));
+}
+
+// Values of every kind the moments take: near binade bounds (just above a power of two, just
+// below one, where the ulp halves), negative, tiny (the smallest normal, subnormal), one
+// discarded bit set, and every fraction of an ulp from 1/65536 to 65535/65536.
+std::vector<float> Probes() {
+  std::vector<float> xs;
+  for (float base : {1.0f, 0x1p-20f, 3.0e-9f, 1e-30f, 0x1p-126f, 7.5e3f}) {
+    const uint32_t b = std::bit_cast<uint32_t>(base) & 0xffff0000u;
+    for (uint32_t f : {1u, 0x10u, 0x4000u, 0x8000u, 0x8001u, 0xc000u, 0xfff0u, 0xffffu}) {
+      xs.push_back(std::bit_cast<float>(b | f));
+      xs.push_back(-std::bit_cast<float>(b | f));
+    }
+  }
+  xs.push_back(std::nextafter(2.0f, 0.0f));         // just below a binade bound: rounds up to 2
+  xs.push_back(std::nextafter(-1.0f, -2.0f));       // just above 1 in magnitude, negative
+  xs.push_back(std::bit_cast<float>(0x00000001u));  // the smallest subnormal
+  xs.push_back(std::bit_cast<float>(0x0000c000u));  // a subnormal inside the first bf16 ulp
+  xs.push_back(std::bit_cast<float>(0x807f8000u));  // the largest negative subnormal bf16's half
+  return xs;
+}
+
+// The mean of SR(x) over kN elements and several steps equals x: within 6 standard errors of the
+// rounding's own spread (ulp x sqrt(f (1 - f)) / sqrt(N)), for m's bits and for v's bits.
+TEST(Bf16StochasticRounding, UnbiasedForEveryKindOfValue) {
+  constexpr int kN = 1 << 15;
+  for (float x : Probes()) {
+    for (int kind = 0; kind < 2; ++kind) {
+      SCOPED_TRACE(testing::Message()
+                   << "x=" << x << " (0x" << std::hex << std::bit_cast<uint32_t>(x) << std::dec
+                   << ") kind " << kind);
+      const double lo = Bf16Value(static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16));
+      const double ulp = UlpAt(x);
+      const double f = (std::bit_cast<uint32_t>(x) & 0xffffu) / 65536.0;
+      double sum = 0.0;
+      int up = 0;
+      for (int i = 0; i < kN; ++i) {
+        const int64_t step = 1 + i % 8;  // 8 steps x 4096 neighbouring elements
+        const uint64_t index = 1000003ull + static_cast<uint64_t>(i / 8);
+        const float r = Bf16Value(Bf16Stochastic(x, Bits16(step, index, kind)));
+        ASSERT_TRUE(r == static_cast<float>(lo) || std::fabs(r - lo) == ulp) << r;
+        sum += r;
+        up += r != static_cast<float>(lo) ? 1 : 0;
+      }
+      const double se = ulp * std::sqrt(std::max(f * (1.0 - f), 1.0 / kN) / kN);
+      EXPECT_NEAR(sum / kN, static_cast<double>(x), 6.0 * se);
+      EXPECT_NEAR(static_cast<double>(up) / kN, f,
+                  6.0 * std::sqrt(std::max(f * (1 - f), 1.0 / kN) / kN));
+    }
+  }
+}
+
+// A bf16 value is stored as itself, whatever the bits; a value at the top of the finite range
+// may round to infinity only with its fraction's probability (as fp32 SR does).
+TEST(Bf16StochasticRounding, ExactValuesStayExact) {
+  for (float x : {0.0f, -0.0f, 1.0f, -3.5f, 0x1p-130f, 65280.0f}) {
+    for (uint32_t r : {0u, 1u, 0x7fffu, 0xffffu}) {
+      EXPECT_EQ(Bf16Value(Bf16Stochastic(x, r)), x) << x << " " << r;
+    }
+  }
+}
+
+// Pearson correlation of two streams of 16-bit draws mapped to [0, 1).
+struct Corr {
+  double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+  int n = 0;
+  void Add(uint32_t a, uint32_t b) {
+    const double x = a / 65536.0, y = b / 65536.0;
+    sx += x, sy += y, sxx += x * x, syy += y * y, sxy += x * y, ++n;
+  }
+  double Value() const {
+    const double cov = sxy / n - (sx / n) * (sy / n);
+    const double vx = sxx / n - (sx / n) * (sx / n), vy = syy / n - (sy / n) * (sy / n);
+    return cov / std::sqrt(vx * vy);
+  }
+};
+
+// The rounding draws of one step are uncorrelated between m and v of an element, between an
+// element's consecutive steps (and steps 2^k apart, which share the key's low bits), between
+// neighbouring elements and elements a vector's width or a tile apart, and across the 2^32
+// boundary of the index; and each draw's 16 bits are uniform (a chi-square over 256 bins of the
+// high byte and of the low byte). Bounds: 6 / sqrt(N) for a correlation; chi-square with 255
+// degrees of freedom below 400 (p < 1e-7).
+TEST(Bf16StochasticRounding, DrawsAreIndependent) {
+  constexpr int kN = 1 << 16;
+  const double bound = 6.0 / std::sqrt(static_cast<double>(kN));
+  struct Pair {
+    const char* what;
+    int64_t ds;
+    uint64_t di;
+    int ka, kb;
+  };
+  const Pair pairs[] = {
+      {"m and v of one element", 0, 0, 0, 1}, {"m, next step", 1, 0, 0, 0},
+      {"v, next step", 1, 0, 1, 1},           {"v, 1024 steps on", 1024, 0, 1, 1},
+      {"m, next element", 0, 1, 0, 0},        {"v, next element", 0, 1, 1, 1},
+      {"v, 16 elements on", 0, 16, 1, 1},     {"m, 64 elements on", 0, 64, 0, 0},
+      {"m then v of the next", 0, 1, 0, 1},   {"v, next step and element", 1, 1, 1, 1}};
+  for (uint64_t base : {0ull, 123456789ull, (1ull << 32) - kN / 2}) {
+    for (const Pair& p : pairs) {
+      Corr c;
+      for (int i = 0; i < kN; ++i) {
+        const int64_t step = 5 + i % 4;
+        const uint64_t index = base + static_cast<uint64_t>(i / 4) * 128;
+        c.Add(Bits16(step, index, p.ka), Bits16(step + p.ds, index + p.di, p.kb));
+      }
+      EXPECT_LT(std::fabs(c.Value()), bound) << p.what << " at index " << base;
+    }
+  }
+  for (int kind = 0; kind < 2; ++kind) {
+    for (int shift : {0, 8}) {
+      std::vector<int> bins(256, 0);
+      for (int i = 0; i < kN; ++i) ++bins[(Bits16(3 + i % 2, 77 + i / 2, kind) >> shift) & 0xff];
+      const double e = kN / 256.0;
+      double chi2 = 0.0;
+      for (int b : bins) chi2 += (b - e) * (b - e) / e;
+      EXPECT_LT(chi2, 400.0) << "kind " << kind << " byte " << shift / 8;
+    }
+  }
+}
+
+// A deterministic gradient stream: element i's gradient at step t is mu_i + sigma_i x z, z a
+// zero-mean unit-variance draw (the sum of four uniforms) from (i, t). sigma_i spans six decades,
+// and mu_i / sigma_i is 0 (noise only), 0.1 (a weak signal, as most of an LM's weights see) or 1.
+struct GradStream {
+  size_t n;
+  std::vector<float> mu, sigma;
+  explicit GradStream(size_t n_) : n(n_), mu(n_), sigma(n_) {
+    for (size_t i = 0; i < n; ++i) {
+      sigma[i] = static_cast<float>(std::pow(10.0, -1.0 - static_cast<double>(i % 6)));
+      const double snr[3] = {0.0, 0.1, 1.0};
+      mu[i] = static_cast<float>(snr[(i / 6) % 3] * sigma[i] * ((i / 18) % 2 ? 1.0 : -1.0));
+    }
+  }
+  void At(int64_t t, std::vector<float>& g) const {
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t x = (static_cast<uint64_t>(t) << 32) ^ i;
+      double z = 0.0;
+      for (int k = 0; k < 4; ++k) {  // splitmix64
+        uint64_t y = (x += 0x9e3779b97f4a7c15ull);
+        y = (y ^ (y >> 30)) * 0xbf58476d1ce4e5b9ull;
+        y = (y ^ (y >> 27)) * 0x94d049bb133111ebull;
+        z += static_cast<double>((y ^ (y >> 31)) >> 11) * 0x1p-53;
+      }
+      g[i] = mu[i] + sigma[i] * static_cast<float>((z - 2.0) * std::sqrt(3.0));
+    }
+  }
+};
+
+struct TrainedState {
+  std::vector<float> w;
+  std::vector<std::byte> m, v;
+};
+
+// Adam (AdamW, lr 1e-3, no decay) over `steps` of the stream from the same start, through the
+// Optimizer, as a shard or the reference runs it.
+TrainedState Train(StateDType sd, Isa isa, const GradStream& gs, int steps) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW;
+  c.lr = 1e-3f;
+  c.weight_decay = 0.0f;
+  c.state_dtype = sd;
+  auto opt = Optimizer::Create(c, nullptr, isa);
+  EXPECT_THAT(opt, IsOk());
+  TrainedState r{std::vector<float>(gs.n, 0.5f), std::vector<std::byte>(MomentBytes(sd, gs.n)),
+                 std::vector<std::byte>(MomentBytes(sd, gs.n))};
+  std::vector<float> g(gs.n);
+  for (int t = 1; t <= steps; ++t) {
+    gs.At(t, g);
+    UpdateParams up;
+    up.step = t;
+    up.first_index = 1u << 20;
+    EXPECT_THAT((*opt)->Update({r.w, r.m, r.v}, {g.data(), DType::kF32, gs.n}, up), IsOk());
+  }
+  return r;
+}
+
+std::vector<float> Unpacked(StateDType sd, MomentKind kind, const std::vector<std::byte>& p,
+                            size_t n) {
+  std::vector<float> out(n);
+  EXPECT_THAT(UnpackMoment(sd, kind, p, out), IsOk());
+  return out;
+}
+
+// Adam with bf16 state against fp32 state on one gradient stream, 2,000 steps (two of v's
+// 1 / (1 - b2) averaging times):
+//   - v: the mean of v_bf16 / v_fp32 - 1 over the elements is 0 (no drift); its spread is what
+//     the rounding's noise gives, ulp x sqrt(1/6) per step accumulated over the averaging time,
+//     about 5% (below 8%);
+//   - m: the sum of m_bf16 - m_fp32 against the sum of |m_fp32| is 0, within the same reasoning;
+//   - the masters: along each element's signal (mu != 0) the bf16 run moved as far as the fp32
+//     run (the mean of (w_bf16 - w_fp32) x sign of the movement, against the mean movement, is
+//     within 0.5%), and no element strays far (rms difference below 5% of the rms movement).
+TEST(Bf16StochasticRounding, AdamOnAFixedStreamFollowsFp32State) {
+  auto isa_or = ActiveIsa();
+  if (!isa_or.ok()) GTEST_SKIP() << isa_or.status().ToString();
+  const size_t n = 36 * 128;
+  const int steps = 2000;
+  const GradStream gs(n);
+  const TrainedState f = Train(StateDType::kF32, *isa_or, gs, steps);
+  const TrainedState b = Train(StateDType::kBF16, *isa_or, gs, steps);
+  const std::vector<float> vf = Unpacked(StateDType::kF32, MomentKind::kV, f.v, n);
+  const std::vector<float> vb = Unpacked(StateDType::kBF16, MomentKind::kV, b.v, n);
+  const std::vector<float> mf = Unpacked(StateDType::kF32, MomentKind::kM, f.m, n);
+  const std::vector<float> mb = Unpacked(StateDType::kBF16, MomentKind::kM, b.m, n);
+  double vbias = 0, vrms = 0, mdiff = 0, mabs = 0, along = 0, moved = 0, wd2 = 0, wm2 = 0;
+  size_t signal = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double rv = static_cast<double>(vb[i]) / vf[i] - 1.0;
+    vbias += rv, vrms += rv * rv;
+    mdiff += static_cast<double>(mb[i]) - mf[i], mabs += std::fabs(mf[i]);
+    const double mv = static_cast<double>(f.w[i]) - 0.5, d = static_cast<double>(b.w[i]) - f.w[i];
+    wd2 += d * d, wm2 += mv * mv;
+    if (gs.mu[i] != 0.0f) {
+      along += d * (mv > 0 ? 1.0 : -1.0), moved += std::fabs(mv), ++signal;
+    }
+  }
+  vbias /= n, vrms = std::sqrt(vrms / n);
+  std::printf(
+      "v: mean relative difference %+.4f%%, rms %.3f%%; m: summed difference %+.4f%% of "
+      "sum |m|; masters: along the signal %+.4f%% of the movement, rms difference %.3f%% "
+      "of the rms movement\n",
+      100 * vbias, 100 * vrms, 100 * mdiff / mabs, 100 * along / moved, 100 * std::sqrt(wd2 / wm2));
+  EXPECT_LT(std::fabs(vbias), 0.005);
+  EXPECT_LT(vrms, 0.08);
+  EXPECT_LT(std::fabs(mdiff / mabs), 0.005);
+  EXPECT_LT(std::fabs(along / moved), 0.005);
+  EXPECT_LT(std::sqrt(wd2 / wm2), 0.05);
+}
+
+}  // namespace
+}  // namespace zps::server
+
+namespace zps::server {
+namespace {
+
+// A chunk large enough for the streamed serving copy (the trainer's chunks are 256 Ki elements):
+// after each update of every state dtype the copy is the new master rounded to bf16 (the packed
+// passes stream it, in tiles, as the fp32 pass does).
+TEST(Bf16StochasticRounding, LargeChunkServingCopyIsTheMaster) {
+  auto isa_or = ActiveIsa();
+  if (!isa_or.ok()) GTEST_SKIP() << isa_or.status().ToString();
+  const size_t n = (256u << 10) + 77;
+  const GradStream gs(n);
+  std::vector<float> g(n);
+  for (StateDType sd : {StateDType::kF32, StateDType::kBF16, StateDType::kInt8}) {
+    SCOPED_TRACE(StateDTypeName(sd));
+    OptimizerConfig c;
+    c.lr = 3e-3f;
+    c.state_dtype = sd;
+    auto opt = Optimizer::Create(c, nullptr, *isa_or);
+    ASSERT_THAT(opt, IsOk());
+    std::vector<float> w(n, 0.25f);
+    std::vector<std::byte> m(MomentBytes(sd, n)), v(MomentBytes(sd, n));
+    std::vector<uint16_t> out(n, 0);
+    for (int t = 1; t <= 3; ++t) {
+      gs.At(t, g);
+      UpdateParams up;
+      up.step = t;
+      up.out16 = out;
+      ASSERT_THAT((*opt)->Update({w, m, v}, {g.data(), DType::kF32, n}, up), IsOk());
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) bad += out[i] != FloatToBf16(w[i]) ? 1 : 0;
+      EXPECT_EQ(bad, 0u) << "step " << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zps::server
