@@ -31,61 +31,27 @@ shift 2
 shards=${SHARDS:-2}
 runs=${RUNS:-all}
 steps=${STEPS:-8}
-model=(--steps "$steps" --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
-       --chunk-elems 8192 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
-       --log-every 1 --ucx-tls tcp "$@")
+model=(--d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+       --chunk-elems 8192 --world-size "$world" --max-grad-norm 0.05 "$@")
 work_init collectives-test-token
-metric() {  # port name -> value
-  curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
-}
+declare -A shard_pid
+job_world=$world
+job_log_every=1
 
 run() {  # name reduction fetch-strategy [extra zps-train flags...]
   local name=$1 red=$2 fs=$3 dir="$work/$1"
   shift 3
-  local more=("$@")
-  mkdir -p "$dir"
-  local cport=() mport=() spids=()
-  for ((i = 0; i < shards; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
-  for ((i = 0; i < shards; i++)); do
-    local args=(--ordinal "$i" --shards "$shards" --port "${cport[$i]}" --bind 127.0.0.1
-                --token-file "$work/token" --metrics-port "${mport[$i]}"
-                --ucx-tls tcp --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${cport[0]}")
-    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
-    spids+=($!); pids+=($!)
-  done
-  local wpids=()
-  for ((r = 0; r < world; r++)); do
-    local extra=()
-    [[ $r -eq 0 ]] && extra=(--print-crcs)
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
-      --rank "$r" --reduction "$red" --fetch-strategy "$fs" "${model[@]}" "${more[@]}" "${extra[@]}" \
-      > "$dir/rank$r.out" 2>&1 &
-    wpids+=($!); pids+=($!)
-  done
-  local failed=0
-  for p in "${wpids[@]}"; do wait "$p" || failed=1; done
-  if [[ $failed -ne 0 ]]; then
-    dump_logs 20 "$dir"/*
+  run_metered_job "$dir" "$shards" "$steps" --reduction "$red" --fetch-strategy "$fs" "$@" ||
     fail "run $name ($red, $fs) failed"
-  fi
-  local push=0 fetch=0
-  for ((i = 0; i < shards; i++)); do
-    push=$((push + $(metric "${mport[$i]}" zps_push_bytes_total)))
-    fetch=$((fetch + $(metric "${mport[$i]}" zps_fetch_bytes_total)))
-  done
-  for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  grep '^chunk_crc' "$dir/rank0.out" > "$dir/crc"
-  echo "$push" > "$dir/push"
-  echo "$fetch" > "$dir/fetch"
-  echo "== $name ($red, $fs, world $world, $shards shards): shard ingress $push B, egress $fetch B"
-  grep -E '^(step|held-out|summary|prefetch)' "$dir/rank0.out" | sed 's/^/   /'
+  echo "== $name ($red, $fs, world $world, $shards shards): shard ingress $(cat "$dir/push") B," \
+       "egress $(cat "$dir/fetch") B"
+  grep -E '^(step|held-out|summary|prefetch)' "$dir/worker0.$steps.out" | sed 's/^/   /'
 }
 
 run A server-sum direct
 run B pre-reduced bandwidth-centric
 if [[ $runs == scale ]]; then
-  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/rank0.out")
+  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/worker0.$steps.out")
   [[ -n $params ]] || fail "no parameter count in rank 0's output"
   model_bytes=$((params * 4))
   want_pre=$((model_bytes * (steps + 1)))          # initial values + 1x per step
@@ -105,7 +71,7 @@ print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {d / 
       f"of step {s}, which the run never uses)")
 sys.exit(0 if abs(d / b - w) < 1e-9 else 1)
 PY
-  python3 - "$work/A/rank0.out" "$work/B/rank0.out" <<'PY' || fail "server-sum and pre-reduced disagree"
+  python3 - "$work/A/worker0.$steps.out" "$work/B/worker0.$steps.out" <<'PY' || fail "server-sum and pre-reduced disagree"
 import re, sys
 def losses(path):
     out = []
@@ -129,18 +95,18 @@ run D pre-reduced direct
 run E server-sum bandwidth-centric
 run F pre-reduced direct --bucket-bytes 0
 
-[[ $(wc -l < "$work/A/crc") -ge 4 ]] || fail "expected CRCs of at least 4 chunks"
-diff "$work/B/crc" "$work/C/crc" > /dev/null || fail "pre-reduced runs B and C differ (not deterministic)"
-diff "$work/B/crc" "$work/D/crc" > /dev/null || fail "bandwidth-centric (B) and direct (D) fetch differ"
-diff "$work/A/crc" "$work/E/crc" > /dev/null || fail "bandwidth-centric (E) and direct (A) fetch differ"
+[[ $(wc -l < "$work/A/final.crc") -ge 4 ]] || fail "expected CRCs of at least 4 chunks"
+diff "$work/B/final.crc" "$work/C/final.crc" > /dev/null || fail "pre-reduced runs B and C differ (not deterministic)"
+diff "$work/B/final.crc" "$work/D/final.crc" > /dev/null || fail "bandwidth-centric (B) and direct (D) fetch differ"
+diff "$work/A/final.crc" "$work/E/final.crc" > /dev/null || fail "bandwidth-centric (E) and direct (A) fetch differ"
 echo "determinism: B = C, B = D, A = E (every chunk's CRC)"
-if diff "$work/A/crc" "$work/B/crc" > /dev/null; then
+if diff "$work/A/final.crc" "$work/B/final.crc" > /dev/null; then
   echo "server-sum (A) and pre-reduced (B) end bit-identical at world $world"
 else
-  echo "server-sum (A) and pre-reduced (B) differ in $(diff "$work/A/crc" "$work/B/crc" | grep -c '^<') chunks' bits at world $world (summation order)"
+  echo "server-sum (A) and pre-reduced (B) differ in $(diff "$work/A/final.crc" "$work/B/final.crc" | grep -c '^<') chunks' bits at world $world (summation order)"
 fi
 
-params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/rank0.out")
+params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/worker0.$steps.out")
 [[ -n $params ]] || fail "no parameter count in rank 0's output"
 model_bytes=$((params * 4))
 want_pre=$((model_bytes * (steps + 1)))          # initial values + 1x per step
@@ -162,7 +128,7 @@ print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {rati
 sys.exit(0 if abs(ratio - w) < 1e-9 else 1)
 PY
 
-python3 - "$work/A/rank0.out" "$work/B/rank0.out" "$work/F/rank0.out" <<'PY' || fail "server-sum and pre-reduced disagree"
+python3 - "$work/A/worker0.$steps.out" "$work/B/worker0.$steps.out" "$work/F/worker0.$steps.out" <<'PY' || fail "server-sum and pre-reduced disagree"
 import re, sys
 def losses(path):
     out = []

@@ -24,47 +24,19 @@ steps=${STEPS:-5}
 # zps-train's default model shape: a smaller one has so many parameters of 64 to 256 elements,
 # each fetched as whole 256-element blocks, that its int8 egress is 0.527x of bf16's (measured
 # with d_model 64, 2 layers); at this shape it is the format's 1 + 4/256 bytes an element.
-model=(--steps "$steps" --d-model 128 --n-layers 4 --n-heads 4 --d-ff 512 --seq-len 32 --batch 4
-       --chunk-elems 262144 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
-       --log-every 1 --ucx-tls tcp "$@")
+model=(--d-model 128 --n-layers 4 --n-heads 4 --d-ff 512 --seq-len 32 --batch 4
+       --chunk-elems 262144 --world-size "$world" --max-grad-norm 0.05 "$@")
 work_init quantized-weights-test-token
-metric() {  # port name -> value
-  curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
-}
+declare -A shard_pid
+job_world=$world
+job_log_every=1
 
 run() {  # name [extra zps-train flags...]
   local name=$1 dir="$work/$1"
   shift
-  local more=("$@")
-  mkdir -p "$dir"
-  local cport=() mport=() spids=()
-  for ((i = 0; i < shards; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
-  for ((i = 0; i < shards; i++)); do
-    local args=(--ordinal "$i" --shards "$shards" --port "${cport[$i]}" --bind 127.0.0.1
-                --token-file "$work/token" --metrics-port "${mport[$i]}"
-                --ucx-tls tcp --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${cport[0]}")
-    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
-    spids+=($!); pids+=($!)
-  done
-  local wpids=()
-  for ((r = 0; r < world; r++)); do
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
-      --rank "$r" "${model[@]}" "${more[@]}" > "$dir/rank$r.out" 2>&1 &
-    wpids+=($!); pids+=($!)
-  done
-  local failed=0
-  for p in "${wpids[@]}"; do wait "$p" || failed=1; done
-  if [[ $failed -ne 0 ]]; then
-    dump_logs 20 "$dir"/*
-    fail "run $name (${more[*]}) failed"
-  fi
-  local fetch=0
-  for ((i = 0; i < shards; i++)); do fetch=$((fetch + $(metric "${mport[$i]}" zps_fetch_bytes_total))); done
-  for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  echo "$fetch" > "$dir/fetch"
-  echo "== $name (${more[*]}): shard egress $fetch B"
-  grep -E '^(held-out|summary)' "$dir/rank0.out" | sed 's/^/   /'
+  run_metered_job "$dir" "$shards" "$steps" "$@" || fail "run $name ($*) failed"
+  echo "== $name ($*): shard egress $(cat "$dir/fetch") B"
+  grep -E '^(held-out|summary)' "$dir/worker0.$steps.out" | sed 's/^/   /'
 }
 
 run B
@@ -77,7 +49,7 @@ steps, work, limit = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 def per_step(name):
     return int(open(f"{work}/{name}/fetch").read()) / steps
 def held_out(name):  # (start, end)
-    for line in open(f"{work}/{name}/rank0.out"):
+    for line in open(f"{work}/{name}/worker0.{steps}.out"):
         m = re.match(r"held-out loss (\S+) -> (\S+)", line)
         if m: return float(m.group(1)), float(m.group(2))
     raise SystemExit(f"{name}: no held-out loss")
