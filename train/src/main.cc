@@ -602,31 +602,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.job = std::move(*job);
-  if (!o.quantized_grads.empty()) {
-    std::string bad;
-    if (o.quantized_grads != "int8" && o.quantized_grads != "int4") {
-      bad = "--quantized-grads must be int8 or int4, not '" + o.quantized_grads + "'";
-    } else if (!o.grad_dtype.empty()) {
-      bad = "--quantized-grads and --grad-dtype both set the push dtype: give one";
-    }
-    if (!bad.empty()) {
-      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
-      return 2;
-    }
-    o.job["shard"]["grad_dtype"] = o.quantized_grads + "-block";  // the DType's name
-  }
-  if (!o.quantized_weights.empty()) {
-    std::string bad;
-    if (o.quantized_weights != "int8") {
-      bad = "--quantized-weights must be int8; got '" + o.quantized_weights + "'";
-    } else if (!o.serving_dtype.empty()) {
-      bad = "--quantized-weights and --serving-dtype both set the serving copy: give one";
-    }
-    if (!bad.empty()) {
-      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
-      return 2;
-    }
-    o.job["shard"]["serving_dtype"] = "int8-block";  // the DType's name
+  if (Status q = ApplyQuantizedFlags(&o); !q.ok()) {
+    std::fprintf(stderr, "zps-train: %s\n", q.message().c_str());
+    return 2;
   }
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {
