@@ -39,16 +39,18 @@ struct Client::Impl {
     Clock::time_point start;
     uint32_t chunk = 0;        // for the serving directory (FetchRma replies)
     uint64_t wire_offset = 0;  // the piece's first byte in the chunk's serving copy
-    // Quantized weights: the piece's covering blocks land here (wire_bytes of them) and are
+    // Quantized weights: the piece's covering blocks land in `blocks` (block_bytes of them, in a
+    // buffer from Impl::quant_blocks, which gets it back when the piece goes) and are
     // dequantized into the buffer at byte_offset, from element `skip` of the first block, when
     // the piece completes. Null otherwise: the bytes land in the buffer itself.
-    std::shared_ptr<std::vector<std::byte>> blocks;
+    std::shared_ptr<std::byte[]> blocks;
+    size_t block_bytes = 0;
     size_t skip = 0;
     uint64_t elems = 0;
 
-    size_t wire_bytes() const { return blocks ? blocks->size() : bytes; }
+    size_t wire_bytes() const { return blocks ? block_bytes : bytes; }
     std::span<std::byte> landing() const {
-      if (blocks) return {blocks->data(), blocks->size()};
+      if (blocks) return {blocks.get(), block_bytes};
       return {op->buffer->memory.data() + byte_offset, bytes};
     }
   };
@@ -76,6 +78,10 @@ struct Client::Impl {
   // Host parameter buffers when no Device was given: reused, so that a fetch does not page
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
+  // The covering blocks fetches of a block-quantized serving copy land in (FetchPiece::blocks):
+  // reused, as host_params, rather than a fresh buffer per piece. Acquired by the threads that
+  // fetch, released by the progress thread when a piece completes (StagingPool's own lock).
+  StagingPool quant_blocks{size_t{64} << 20};
   bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
   // One-sided fetches of published versions (fetch_rma and WorkerOptions::direct_fetch): made
   // at ConnectShards, once the session tokens are known, while the progress thread already
@@ -279,7 +285,7 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
   if (s.ok() && piece.blocks) {
     // Every Device's buffers are host memory (the CUDA backend's are pinned staging slots, which
     // it copies to the GPU afterwards): dequantized on the CPU with the SIMD codec.
-    DequantizeRange(ServingQuantFormat(job.serving_dtype), *piece.blocks, piece.skip, piece.elems,
+    DequantizeRange(ServingQuantFormat(job.serving_dtype), piece.landing(), piece.skip, piece.elems,
                     DequantTarget::kF32, piece.op->buffer->memory.data() + piece.byte_offset);
   }
   EndRequest(metrics::kFetch, piece.start);
@@ -640,7 +646,8 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
                         p.chunk,
                         wire.offset};
     if (IsBlockQuantized(served)) {
-      fp.blocks = std::make_shared<std::vector<std::byte>>(wire.bytes);
+      fp.blocks = impl_->quant_blocks.Acquire(wire.bytes);  // every byte is written by the fetch
+      fp.block_bytes = wire.bytes;
       fp.skip = wire.skip;
       fp.elems = p.length;
     }
