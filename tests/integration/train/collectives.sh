@@ -28,6 +28,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 world=$2
 shift 2
+here=$(cd "$(dirname "$0")" && pwd)
 shards=${SHARDS:-2}
 runs=${RUNS:-all}
 steps=${STEPS:-8}
@@ -51,59 +52,27 @@ run() {  # name reduction fetch-strategy [extra zps-train flags...]
 run A server-sum direct
 run B pre-reduced bandwidth-centric
 if [[ $runs == scale ]]; then
-  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/worker0.$steps.out")
-  [[ -n $params ]] || fail "no parameter count in rank 0's output"
-  model_bytes=$((params * 4))
-  want_pre=$((model_bytes * (steps + 1)))          # initial values + 1x per step
-  want_sum=$((model_bytes * (world * steps + 1)))  # initial values + WORLD x per step
-  [[ $(cat "$work/B/push") -eq $want_pre ]] || fail "pre-reduced ingress $(cat "$work/B/push") != $want_pre"
-  [[ $(cat "$work/A/push") -eq $want_sum ]] || fail "server-sum ingress $(cat "$work/A/push") != $want_sum"
-  echo "ingress per step: pre-reduced $((($(cat "$work/B/push") - model_bytes) / steps)) B (1x the" \
-       "model's $model_bytes B), server-sum $((($(cat "$work/A/push") - model_bytes) / steps)) B ($world x)"
-  eval_bytes=$((params * 2 * 2))  # rank 0's held-out evaluations at start and end (bf16, direct)
-  direct=$(( $(cat "$work/A/fetch") - eval_bytes ))
-  bw=$(( $(cat "$work/B/fetch") - eval_bytes ))
-  python3 - "$direct" "$bw" "$world" "$params" "$steps" <<'PY' || fail "egress"
-import sys
-d, b, w, p, s = map(int, sys.argv[1:])
-print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {d / b:.4f} (want {w}); "
-      f"per step: {b / s / (p * 2):.3f}x and {d / s / (p * 2):.3f}x the bf16 model (with the prefetch "
-      f"of step {s}, which the run never uses)")
-sys.exit(0 if abs(d / b - w) < 1e-9 else 1)
-PY
-  python3 - "$work/A/worker0.$steps.out" "$work/B/worker0.$steps.out" <<'PY' || fail "server-sum and pre-reduced disagree"
-import re, sys
-def losses(path):
-    out = []
-    for line in open(path):
-        m = re.match(r"step\s+\d+\s+loss (\S+)", line)
-        if m: out.append(float(m.group(1)))
-        m = re.match(r"held-out loss (\S+) -> (\S+)", line)
-        if m: out += [float(m.group(1)), float(m.group(2))]
-    return out
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert len(a) == len(b) and a, (a, b)
-worst = max(abs(x - y) for x, y in zip(a, b))
-print(f"server-sum vs pre-reduced: {len(a)} losses, largest difference {worst:.2e} (tolerance 2e-3)")
-sys.exit(0 if worst <= 2e-3 else 1)
-PY
-  echo "PASS"
-  exit 0
-fi
-run C pre-reduced bandwidth-centric
-run D pre-reduced direct
-run E server-sum bandwidth-centric
-run F pre-reduced direct --bucket-bytes 0
-
-[[ $(wc -l < "$work/A/final.crc") -ge 4 ]] || fail "expected CRCs of at least 4 chunks"
-diff "$work/B/final.crc" "$work/C/final.crc" > /dev/null || fail "pre-reduced runs B and C differ (not deterministic)"
-diff "$work/B/final.crc" "$work/D/final.crc" > /dev/null || fail "bandwidth-centric (B) and direct (D) fetch differ"
-diff "$work/A/final.crc" "$work/E/final.crc" > /dev/null || fail "bandwidth-centric (E) and direct (A) fetch differ"
-echo "determinism: B = C, B = D, A = E (every chunk's CRC)"
-if diff "$work/A/final.crc" "$work/B/final.crc" > /dev/null; then
-  echo "server-sum (A) and pre-reduced (B) end bit-identical at world $world"
+  pre_runs=(B)     # pre-reduced: ingress 1x
+  bw_run=B         # bandwidth-centric: egress 1x (A, direct: WORLD x)
+  agree_runs=(B)   # losses within the tolerance of A's
 else
-  echo "server-sum (A) and pre-reduced (B) differ in $(diff "$work/A/final.crc" "$work/B/final.crc" | grep -c '^<') chunks' bits at world $world (summation order)"
+  run C pre-reduced bandwidth-centric
+  run D pre-reduced direct
+  run E server-sum bandwidth-centric
+  run F pre-reduced direct --bucket-bytes 0
+  [[ $(wc -l < "$work/A/final.crc") -ge 4 ]] || fail "expected CRCs of at least 4 chunks"
+  diff "$work/B/final.crc" "$work/C/final.crc" > /dev/null || fail "pre-reduced runs B and C differ (not deterministic)"
+  diff "$work/B/final.crc" "$work/D/final.crc" > /dev/null || fail "bandwidth-centric (B) and direct (D) fetch differ"
+  diff "$work/A/final.crc" "$work/E/final.crc" > /dev/null || fail "bandwidth-centric (E) and direct (A) fetch differ"
+  echo "determinism: B = C, B = D, A = E (every chunk's CRC)"
+  if diff "$work/A/final.crc" "$work/B/final.crc" > /dev/null; then
+    echo "server-sum (A) and pre-reduced (B) end bit-identical at world $world"
+  else
+    echo "server-sum (A) and pre-reduced (B) differ in $(diff "$work/A/final.crc" "$work/B/final.crc" | grep -c '^<') chunks' bits at world $world (summation order)"
+  fi
+  pre_runs=(D F)
+  bw_run=E
+  agree_runs=(B F)
 fi
 
 params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/worker0.$steps.out")
@@ -111,37 +80,27 @@ params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/A/worker0.$steps.o
 model_bytes=$((params * 4))
 want_pre=$((model_bytes * (steps + 1)))          # initial values + 1x per step
 want_sum=$((model_bytes * (world * steps + 1)))  # initial values + WORLD x per step
-[[ $(cat "$work/D/push") -eq $want_pre ]] || fail "pre-reduced ingress $(cat "$work/D/push") != $want_pre"
-[[ $(cat "$work/F/push") -eq $want_pre ]] || fail "pre-reduced (per parameter) ingress $(cat "$work/F/push") != $want_pre"
+for r in "${pre_runs[@]}"; do
+  [[ $(cat "$work/$r/push") -eq $want_pre ]] || fail "pre-reduced ingress ($r) $(cat "$work/$r/push") != $want_pre"
+done
 [[ $(cat "$work/A/push") -eq $want_sum ]] || fail "server-sum ingress $(cat "$work/A/push") != $want_sum"
-echo "ingress per step: pre-reduced $((($(cat "$work/D/push") - model_bytes) / steps)) B (1x the" \
-     "model's $model_bytes B), server-sum $((($(cat "$work/A/push") - model_bytes) / steps)) B"
+echo "ingress per step: pre-reduced $((($(cat "$work/${pre_runs[0]}/push") - model_bytes) / steps)) B (1x the" \
+     "model's $model_bytes B), server-sum $((($(cat "$work/A/push") - model_bytes) / steps)) B ($world x)"
 
 eval_bytes=$((params * 2 * 2))  # rank 0's held-out evaluations at start and end (bf16, direct)
 direct=$(( $(cat "$work/A/fetch") - eval_bytes ))
-bw=$(( $(cat "$work/E/fetch") - eval_bytes ))
-python3 - "$direct" "$bw" "$world" <<'PY' || fail "egress ratio"
+bw=$(( $(cat "$work/$bw_run/fetch") - eval_bytes ))
+python3 - "$direct" "$bw" "$world" "$params" "$steps" <<'PY' || fail "egress ratio"
 import sys
-d, b, w = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-ratio = d / b
-print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {ratio:.4f} (want {w})")
-sys.exit(0 if abs(ratio - w) < 1e-9 else 1)
+d, b, w, p, s = map(int, sys.argv[1:])
+print(f"egress over training: direct {d} B, bandwidth-centric {b} B, ratio {d / b:.4f} (want {w}); "
+      f"per step: {b / s / (p * 2):.3f}x and {d / s / (p * 2):.3f}x the bf16 model (with the prefetch "
+      f"of step {s}, which the run never uses)")
+sys.exit(0 if abs(d / b - w) < 1e-9 else 1)
 PY
 
-python3 - "$work/A/worker0.$steps.out" "$work/B/worker0.$steps.out" "$work/F/worker0.$steps.out" <<'PY' || fail "server-sum and pre-reduced disagree"
-import re, sys
-def losses(path):
-    out = []
-    for line in open(path):
-        m = re.match(r"step\s+\d+\s+loss (\S+)", line)
-        if m: out.append(float(m.group(1)))
-        m = re.match(r"held-out loss (\S+) -> (\S+)", line)
-        if m: out += [float(m.group(1)), float(m.group(2))]
-    return out
-a, b, f = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[3])
-assert len(a) == len(b) == len(f) and a, (a, b, f)
-worst = max(max(abs(x - y) for x, y in zip(a, b)), max(abs(x - y) for x, y in zip(a, f)))
-print(f"server-sum vs pre-reduced (bucketed and per parameter): {len(a)} losses, largest difference {worst:.2e} (tolerance 2e-3)")
-sys.exit(0 if worst <= 2e-3 else 1)
-PY
+agree=()
+for r in "${agree_runs[@]}"; do agree+=("$r=$work/$r/worker0.$steps.out"); done
+python3 "$here/losses.py" agree 2e-3 "server-sum (A) vs pre-reduced (${agree_runs[*]})" \
+  A="$work/A/worker0.$steps.out" "${agree[@]}" || fail "server-sum and pre-reduced disagree"
 echo "PASS"
