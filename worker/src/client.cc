@@ -205,6 +205,16 @@ struct Client::Impl {
   }
 
   Status SetupUcx();
+  // The header of a message from a shard, or nullopt once a malformed one (`what`: "fetch
+  // reply") is counted as a protocol error and logged.
+  template <typename Header>
+  std::optional<Header> DecodeHeader(ucx::AmMessage& m, const char* what) {
+    auto h = Header::Decode(m.header());
+    if (h.ok()) return std::move(*h);
+    pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "malformed " << what << ": " << h.status().ToString();
+    return std::nullopt;
+  }
   void OnFetchReply(ucx::AmMessage& m);
   void OnFetchRmaReply(ucx::AmMessage& m);
   void OnServingNotice(ucx::AmMessage& m);
@@ -293,12 +303,8 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
 }
 
 void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
-  auto h = msg::FetchReplyHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::FetchReplyHeader>(m, "fetch reply");
+  if (!h) return;
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
@@ -317,12 +323,8 @@ void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
 }
 
 void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
-  auto h = msg::FetchRmaReplyHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::FetchRmaReplyHeader>(m, "fetch reply");
+  if (!h) return;
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) {
@@ -349,12 +351,8 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
 }
 
 void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
-  auto h = msg::ServingNoticeHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed serving notice: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::ServingNoticeHeader>(m, "serving notice");
+  if (!h) return;
   ServingDirectory* d = Directory();
   if (d == nullptr) return;  // fetches ask every time (or not connected yet): nothing to learn
   // The shard is named by its session token (each shard issued its own).
@@ -414,12 +412,8 @@ Status Client::Impl::SetupUcx() {
   ZPS_RETURN_IF_ERROR(
       ucx->SetAmHandler(msg::kAmServingNotice, [this](ucx::AmMessage& m) { OnServingNotice(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
-    auto h = msg::PushReplyHeader::Decode(m.header());
-    if (!h.ok()) {
-      pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "malformed push reply: " << h.status().ToString();
-      return;
-    }
+    auto h = DecodeHeader<msg::PushReplyHeader>(m, "push reply");
+    if (!h) return;
     FinishPush(h->request, msg::StatusFromWire(h->code, h->message), /*replied=*/true);
   }));
   return ucx->Start();
