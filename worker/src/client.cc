@@ -237,6 +237,18 @@ struct Client::Impl {
     return InvalidArgument("micro-batch " + std::to_string(micro) + " of a job with " +
                            std::to_string(job.accumulation_steps) + " micro-batches a step");
   }
+  // A gradient of `param` pushed as `bytes` bytes already in the job's grad dtype (`what`: "raw",
+  // "shared"). Errors: InvalidArgument (micro-batch, a block-quantized job, the length),
+  // OutOfRange (the parameter).
+  Status CheckBytesGrad(uint32_t param, size_t bytes, uint32_t micro, const char* what) const {
+    ZPS_RETURN_IF_ERROR(CheckMicro(micro));
+    if (param >= layout->num_params()) return OutOfRange("parameter id " + std::to_string(param));
+    if (IsBlockQuantized(job.grad_dtype)) return QuantizedRefused();
+    if (bytes != layout->param_numel(param) * DTypeSize(job.grad_dtype)) {
+      return InvalidArgument(std::string(what) + " gradient has the wrong byte length");
+    }
+    return Status::Ok();
+  }
   // A push staging buffer: from the RMA arena when pushes go by RMA and it has room, else from
   // the heap pool. `in_arena` says which.
   std::shared_ptr<std::byte[]> AcquireStaging(size_t bytes, bool* in_arena) {
@@ -756,14 +768,8 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
 
 Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
                            uint32_t micro) {
-  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
-  const Layout& l = *impl_->layout;
-  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  ZPS_RETURN_IF_ERROR(impl_->CheckBytesGrad(param, grad.size(), micro, "raw"));
   const DType dt = impl_->job.grad_dtype;
-  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
-  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
-    return InvalidArgument("raw gradient has the wrong byte length");
-  }
   bool in_arena = false;
   auto data = impl_->AcquireStaging(grad.size(), &in_arena);
   StreamCopy({data.get(), grad.size()}, grad);
@@ -778,14 +784,8 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
 
 Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                               std::shared_ptr<const void> owner, uint32_t micro) {
-  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
-  const Layout& l = *impl_->layout;
-  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  ZPS_RETURN_IF_ERROR(impl_->CheckBytesGrad(param, grad.size(), micro, "shared"));
   const DType dt = impl_->job.grad_dtype;
-  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
-  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
-    return InvalidArgument("shared gradient has the wrong byte length");
-  }
   const bool in_arena = impl_->push_arena != nullptr &&
                         impl_->push_arena->region().Contains(grad.data(), grad.size());
   return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena, micro);
