@@ -74,11 +74,16 @@
 # DIR/shardI.log, and each worker's output goes to DIR/worker<rank>.<steps>.{out,err}. The caller
 # may set `job_world` (the number of workers, default 2), `job_log_every` (their --log-every,
 # default 10) and `job_op_timeout` (their --op-timeout in seconds, default 60).
+#   start_loopback_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
+#       Starts shard ORDINAL of SHARDS on 127.0.0.1:port[ORDINAL] (start_server, logging to
+#       DIR/shardORDINAL.log, with the token in $work/token, UCX over tcp, one optimizer thread,
+#       no /metrics, and the coordinator at port[0] for ordinals other than 0), with FLAGS after
+#       those (a later flag wins); CRASH as in start_server ("" for none). Its pid goes to
+#       shard_pid[ORDINAL] (and $server_pid). The shard every script here starts (recovery.sh,
+#       mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
 #   start_job_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
-#       Starts shard ORDINAL of SHARDS (start_server with the token in $work/token, a checkpoint
-#       every 10 steps, UCX over tcp, one optimizer thread, a 60 s step timeout, no /metrics,
-#       and the coordinator at port[0] for ordinals other than 0), with FLAGS after those (a later
-#       flag wins); CRASH as in start_server ("" for none). Its pid goes to shard_pid[ORDINAL].
+#       start_loopback_shard with its data in DIR/sORDINAL, a checkpoint every 10 steps and a
+#       60 s step timeout, then FLAGS.
 #   start_job_workers DIR SHARDS STEPS [FLAGS...]
 #       Starts ranks 0..job_world-1 (zps-train --mode worker, `model`, --print-crcs) up to
 #       STEPS, with FLAGS after those. Their pids go to $worker_pids and $pids.
@@ -86,8 +91,8 @@
 #       Waits up to 180 s for each worker in $worker_pids and reaps it (join_pids), then empties
 #       $worker_pids. Returns 1 if one failed or was still running.
 #   stop_job_shards SHARDS
-#       SIGTERMs shards 0..SHARDS-1 (each writes its shutdown checkpoint) and reaps them (30 s
-#       each). Returns 1 if one did not exit.
+#       SIGTERMs shards 0..SHARDS-1 (one with durable state writes its shutdown checkpoint) and
+#       reaps them (30 s each). Returns 1 if one did not exit.
 #   finish_job DIR SHARDS STEPS
 #       join_job_workers, then stop_job_shards. Returns 1, after the logs' tails, if a worker
 #       failed or a shard did not exit; else writes worker 0's chunk_crc lines to DIR/final.crc.
@@ -96,11 +101,11 @@
 #   metric PORT NAME
 #       Prints the value of the metric NAME on http://127.0.0.1:PORT/metrics, as an integer.
 #   run_metered_job DIR SHARDS STEPS [FLAGS...]
-#       A job of its own: new ports, SHARDS shards (start_job_shard, each with /metrics on a
-#       port of its own), the workers (start_job_workers with FLAGS); once the workers are done,
-#       writes the shards' summed zps_push_bytes_total (their ingress) to DIR/push and
-#       zps_fetch_bytes_total (their egress) to DIR/fetch; then finish_job. Returns 1, after the
-#       logs' tails, if a worker failed or a shard did not exit.
+#       A job of its own: new ports, SHARDS shards without durable state (start_loopback_shard,
+#       each with /metrics on a port of its own), the workers (start_job_workers with FLAGS);
+#       once the workers are done, writes the shards' summed zps_push_bytes_total (their
+#       ingress) to DIR/push and zps_fetch_bytes_total (their egress) to DIR/fetch; then
+#       finish_job. Returns 1, after the logs' tails, if a worker failed or a shard did not exit.
 #   stores DIR SHARDS
 #       Prints the checkpoint stores DIR/s0/checkpoints,...,DIR/s<SHARDS-1>/checkpoints.
 #   export_model DIR SHARDS OUT
@@ -217,16 +222,22 @@ scenarios_done() {  # pass message
   echo "PASS: $1"
 }
 
-start_job_shard() {  # dir ordinal shards crash-spec [flags...]
+start_loopback_shard() {  # dir ordinal shards crash-spec [flags...]
   local dir=$1 i=$2 n=$3 crash=$4
   shift 4
   local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
-              --token-file "$work/token" --data-dir "$dir/s$i" --checkpoint-every 10
-              --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
+              --token-file "$work/token" --metrics-port 0 --ucx-tls tcp --threads 1)
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
   start_server "$dir/shard$i.log" "$crash" "${args[@]}" "$@"
   # shellcheck disable=SC2004  # shard_pid is the caller's associative array
   shard_pid[$i]=$server_pid
+}
+
+start_job_shard() {  # dir ordinal shards crash-spec [flags...]
+  local dir=$1 i=$2 n=$3 crash=$4
+  shift 4
+  start_loopback_shard "$dir" "$i" "$n" "$crash" --data-dir "$dir/s$i" --checkpoint-every 10 \
+    --step-timeout 60 "$@"
 }
 
 start_job_workers() {  # dir shards steps [flags...]
@@ -293,7 +304,7 @@ run_metered_job() {  # dir shards steps [flags...]
   mkdir -p "$dir"
   port=()
   for ((i = 0; i < n; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
-  for ((i = 0; i < n; i++)); do start_job_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}"; done
+  for ((i = 0; i < n; i++)); do start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}"; done
   start_job_workers "$dir" "$n" "$steps" "$@"
   if ! join_job_workers; then
     stop_job_shards "$n" || true
