@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Helpers shared by the multi-process shell tests in tests/integration/ (recovery, worker_death,
-# collectives, flood, netns, bit_identity, reshard, scale). Sourced, never executed:
+# collectives, quantized_grads, quantized_weights, flood, netns, bit_identity, reshard, scale).
+# Sourced, never executed:
 #
 #   set -euo pipefail
 #   # shellcheck source=SCRIPTDIR/../lib.sh
@@ -66,26 +67,45 @@
 #       If $failures is not 0, prints "FAIL: <failures> scenario(s)" and exits 1; otherwise
 #       prints "PASS: MESSAGE".
 #
-# Jobs of two zps-train workers on N zps-server shards (reshard.sh, scale.sh). The caller sets
-# `model` (the job's zps-train flags, an array), `port` (each ordinal's control port; port[0] is
-# the coordinator's) and `declare -A shard_pid`; each shard I keeps its data in DIR/sI and logs
-# to DIR/shardI.log, and both workers' output goes to DIR/worker<rank>.<steps>.{out,err}.
+# Jobs of zps-train workers on N zps-server shards (reshard.sh, scale.sh, and through
+# run_metered_job collectives.sh and quantized_*.sh). The caller sets `model` (the job's zps-train
+# flags, an array, with --world-size), `port` (each ordinal's control port; port[0] is the
+# coordinator's) and `declare -A shard_pid`; each shard I keeps its data in DIR/sI and logs to
+# DIR/shardI.log, and each worker's output goes to DIR/worker<rank>.<steps>.{out,err}. The caller
+# may set `job_world` (the number of workers, default 2), `job_log_every` (their --log-every,
+# default 10) and `job_op_timeout` (their --op-timeout in seconds, default 60).
+#   start_loopback_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
+#       Starts shard ORDINAL of SHARDS on 127.0.0.1:port[ORDINAL] (start_server, logging to
+#       DIR/shardORDINAL.log, with the token in $work/token, UCX over tcp, one optimizer thread,
+#       no /metrics, and the coordinator at port[0] for ordinals other than 0), with FLAGS after
+#       those (a later flag wins); CRASH as in start_server ("" for none). Its pid goes to
+#       shard_pid[ORDINAL] (and $server_pid). The shard every script here starts (recovery.sh,
+#       mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
 #   start_job_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
-#       Starts shard ORDINAL of SHARDS (start_server with the token in $work/token, a checkpoint
-#       every 10 steps, UCX over tcp, one optimizer thread, a 60 s step timeout, and the
-#       coordinator at port[0] for ordinals other than 0), with FLAGS after those; CRASH as in
-#       start_server ("" for none). Its pid goes to shard_pid[ORDINAL].
-#   start_job_workers DIR SHARDS STEPS
-#       Starts ranks 0 and 1 (zps-train --mode worker, `model`, --print-crcs) up to STEPS, with
-#       an operation timeout of $job_op_timeout seconds (default 60). Their pids go to
-#       $worker_pids and $pids.
+#       start_loopback_shard with its data in DIR/sORDINAL, a checkpoint every 10 steps and a
+#       60 s step timeout, then FLAGS.
+#   start_job_workers DIR SHARDS STEPS [FLAGS...]
+#       Starts ranks 0..job_world-1 (zps-train --mode worker, `model`, --print-crcs) up to
+#       STEPS, with FLAGS after those. Their pids go to $worker_pids and $pids.
+#   join_job_workers
+#       Waits up to 180 s for each worker in $worker_pids and reaps it (join_pids), then empties
+#       $worker_pids. Returns 1 if one failed or was still running.
+#   stop_job_shards SHARDS
+#       SIGTERMs shards 0..SHARDS-1 (one with durable state writes its shutdown checkpoint) and
+#       reaps them (30 s each). Returns 1 if one did not exit.
 #   finish_job DIR SHARDS STEPS
-#       Waits up to 180 s for each worker in $worker_pids, then SIGTERMs shards 0..SHARDS-1 (each
-#       writes its shutdown checkpoint) and reaps them (30 s each). Returns 1, after the logs'
-#       tails, if a worker failed or a shard did not exit; else writes worker 0's chunk_crc lines
-#       to DIR/final.crc.
+#       join_job_workers, then stop_job_shards. Returns 1, after the logs' tails, if a worker
+#       failed or a shard did not exit; else writes worker 0's chunk_crc lines to DIR/final.crc.
 #   run_job DIR SHARDS STEPS
 #       start_job_workers, then finish_job (the shards already started).
+#   metric PORT NAME
+#       Prints the value of the metric NAME on http://127.0.0.1:PORT/metrics, as an integer.
+#   run_metered_job DIR SHARDS STEPS [FLAGS...]
+#       A job of its own: new ports, SHARDS shards without durable state (start_loopback_shard,
+#       each with /metrics on a port of its own), the workers (start_job_workers with FLAGS);
+#       once the workers are done, writes the shards' summed zps_push_bytes_total (their
+#       ingress) to DIR/push and zps_fetch_bytes_total (their egress) to DIR/fetch; then
+#       finish_job. Returns 1, after the logs' tails, if a worker failed or a shard did not exit.
 #   stores DIR SHARDS
 #       Prints the checkpoint stores DIR/s0/checkpoints,...,DIR/s<SHARDS-1>/checkpoints.
 #   export_model DIR SHARDS OUT
@@ -202,43 +222,68 @@ scenarios_done() {  # pass message
   echo "PASS: $1"
 }
 
-start_job_shard() {  # dir ordinal shards crash-spec [flags...]
+start_loopback_shard() {  # dir ordinal shards crash-spec [flags...]
   local dir=$1 i=$2 n=$3 crash=$4
   shift 4
   local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
-              --token-file "$work/token" --data-dir "$dir/s$i" --checkpoint-every 10
-              --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
+              --token-file "$work/token" --metrics-port 0 --ucx-tls tcp --threads 1)
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
   start_server "$dir/shard$i.log" "$crash" "${args[@]}" "$@"
   # shellcheck disable=SC2004  # shard_pid is the caller's associative array
   shard_pid[$i]=$server_pid
 }
 
-start_job_workers() {  # dir shards steps
+start_job_shard() {  # dir ordinal shards crash-spec [flags...]
+  local dir=$1 i=$2 n=$3 crash=$4
+  shift 4
+  start_loopback_shard "$dir" "$i" "$n" "$crash" --data-dir "$dir/s$i" --checkpoint-every 10 \
+    --step-timeout 60 "$@"
+}
+
+start_job_workers() {  # dir shards steps [flags...]
   local dir=$1 n=$2 steps=$3 r
+  shift 3
   worker_pids=()
-  for r in 0 1; do
+  for ((r = 0; r < ${job_world:-2}; r++)); do
     # shellcheck disable=SC2154  # model is the caller's
     "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
       --rank "$r" --shards "$n" --steps "$steps" "${model[@]}" --ucx-tls tcp \
-      --op-timeout "${job_op_timeout:-60}" --log-every 10 --print-crcs \
+      --op-timeout "${job_op_timeout:-60}" --log-every "${job_log_every:-10}" --print-crcs "$@" \
       > "$dir/worker$r.$steps.out" 2> "$dir/worker$r.$steps.err" &
     worker_pids+=($!)
     pids+=($!)
   done
 }
 
-finish_job() {  # dir shards steps
-  local dir=$1 n=$2 steps=$3 i ok=0
-  join_pids 180 "${worker_pids[@]}" || ok=1
+join_job_workers() {
+  local rc=0
+  join_pids 180 "${worker_pids[@]}" || rc=1
+  worker_pids=()
+  return "$rc"
+}
+
+stop_job_shards() {  # shards
+  local n=$1 i rc=0
   for ((i = 0; i < n; i++)); do kill -TERM "${shard_pid[$i]}" 2>/dev/null || true; done
   for ((i = 0; i < n; i++)); do
-    wait_exit "${shard_pid[$i]}" 30 || ok=1
+    wait_exit "${shard_pid[$i]}" 30 || rc=1
     wait "${shard_pid[$i]}" 2>/dev/null || true
   done
+  return "$rc"
+}
+
+# Says that the job of DIR failed, with the tails of its workers' errors and its shards' logs.
+job_failed() {  # dir shards steps
+  echo "(the job of $2 shards to step $3 failed)"
+  dump_logs 12 "$1"/worker*."$3".err "$1"/shard*.log
+}
+
+finish_job() {  # dir shards steps
+  local dir=$1 n=$2 steps=$3 ok=0
+  join_job_workers || ok=1
+  stop_job_shards "$n" || ok=1
   if [[ $ok -ne 0 ]]; then
-    echo "(the job of $n shards to step $steps failed)"
-    dump_logs 12 "$dir"/worker*."$steps".err "$dir"/shard*.log
+    job_failed "$@"
     return 1
   fi
   grep '^chunk_crc' "$dir/worker0.$steps.out" > "$dir/final.crc" || true
@@ -247,6 +292,32 @@ finish_job() {  # dir shards steps
 run_job() {  # dir shards steps
   start_job_workers "$@"
   finish_job "$@"
+}
+
+metric() {  # port name
+  curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
+}
+
+run_metered_job() {  # dir shards steps [flags...]
+  local dir=$1 n=$2 steps=$3 i push=0 fetch=0 mport=()
+  shift 3
+  mkdir -p "$dir"
+  port=()
+  for ((i = 0; i < n; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
+  for ((i = 0; i < n; i++)); do start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}"; done
+  start_job_workers "$dir" "$n" "$steps" "$@"
+  if ! join_job_workers; then
+    stop_job_shards "$n" || true
+    job_failed "$dir" "$n" "$steps"
+    return 1
+  fi
+  for ((i = 0; i < n; i++)); do
+    push=$((push + $(metric "${mport[$i]}" zps_push_bytes_total)))
+    fetch=$((fetch + $(metric "${mport[$i]}" zps_fetch_bytes_total)))
+  done
+  echo "$push" > "$dir/push"
+  echo "$fetch" > "$dir/fetch"
+  finish_job "$dir" "$n" "$steps"
 }
 
 stores() {  # dir shards

@@ -1,6 +1,8 @@
 """Shared helpers for the zps.torch tests: real embedded clusters of real zps-server processes."""
 
 import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 torch.set_num_threads(int(os.environ.get("ZPS_TEST_TORCH_THREADS", "1")))
 
 import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
+from zps.cluster import server_binary  # noqa: E402
 
 
 def base_config(**zps_keys):
@@ -30,3 +33,18 @@ def train(engine, batches, loss_fn):
         engine.step()
         losses.append(loss.item())
     return losses
+
+
+def zps_ckpt(*args):
+    """Runs the zps-ckpt beside the zps-server the clusters run with `args` (str() of each);
+    returns its stdout. A failure fails the test with its stderr."""
+    ckpt = pathlib.Path(server_binary()).with_name("zps-ckpt")
+    r = subprocess.run([str(ckpt), *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def checkpoint_stores(engine):
+    """The checkpoint stores of the engine's embedded cluster, as zps-ckpt's --data-dir takes
+    them."""
+    return ",".join(str(d / "checkpoints") for d in engine.cluster.data_dirs())

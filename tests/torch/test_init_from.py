@@ -16,9 +16,9 @@ import torch.nn.functional as F
 import zps._native
 import zps.torch as zt
 import zps.torch.engine as engine_mod
-from zps.cluster import LocalCluster, server_binary
+from zps.cluster import LocalCluster
 from zps.torch.export import read_safetensors
-from conftest import base_config
+from conftest import base_config, checkpoint_stores, zps_ckpt
 from torchrun_args import torchrun_command
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -46,13 +46,6 @@ def _batches(n):
 
 def _loss(out, y):
     return F.cross_entropy(out.reshape(-1, 50), y.reshape(-1))
-
-
-def _ckpt(*args):
-    ckpt = pathlib.Path(server_binary()).with_name("zps-ckpt")
-    r = subprocess.run([str(ckpt), *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 def write_safetensors(path, tensors, dtypes=None):
@@ -87,12 +80,12 @@ def exports(tmp_path_factory):
             engine.backward(_loss(engine(x), y))
             engine.step()
         assert engine.last_checkpoint_step == 3
-        dirs = ",".join(str(d / "checkpoints") for d in engine.cluster.data_dirs())
+        dirs = checkpoint_stores(engine)
         out = {"file": tmp / "model.safetensors", "bf16": tmp / "model-bf16.safetensors",
                "sharded": tmp / "sharded"}
-        _ckpt("export", "--data-dir", dirs, "--out", out["file"])
-        _ckpt("export", "--data-dir", dirs, "--out", out["bf16"], "--dtype", "bf16")
-        printed = _ckpt("export", "--data-dir", dirs, "--out", out["sharded"],
+        zps_ckpt("export", "--data-dir", dirs, "--out", out["file"])
+        zps_ckpt("export", "--data-dir", dirs, "--out", out["bf16"], "--dtype", "bf16")
+        printed = zps_ckpt("export", "--data-dir", dirs, "--out", out["sharded"],
                         "--max-shard-size", "4KB")
         assert "in 3 files" in printed, printed
     return out

@@ -5,12 +5,10 @@ does, and repeats bit for bit (with gradient accumulation too)."""
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import zps.torch as zt
 from zps.torch import config as zconfig
-from conftest import base_config
+import quantized_job
 
 torch.set_num_threads(2)
 
@@ -36,48 +34,15 @@ def test_bad_or_contradicting_quantized_grads_are_named():
                       "zps": {"quantized_grads": "off"}})
 
 
-class Net(nn.Module):
-    # 2 shards of 4096-element chunks: parameters split across chunks and shards, pieces shorter
-    # than a 2048-element block and longer.
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 96)
-        self.b = nn.Linear(96, 64)
-
-    def forward(self, x):
-        return self.b(F.gelu(self.a(x)))
-
-
-def _batches(n):
-    # A fixed teacher, so that the loss falls over the steps.
-    g = torch.Generator().manual_seed(5)
-    teacher = torch.randn(64, 64, generator=g) / 8
-    out = []
-    for _ in range(n):
-        x = torch.randn(16, 64, generator=g)
-        out.append((x, torch.tanh(x @ teacher)))
-    return out
-
-
 def _run(steps, accumulation=1, quantized=None):
-    cfg = base_config(shards=2, chunk_elems=4096, serving_dtype="fp32")
-    cfg["optimizer"]["params"]["lr"] = 3e-3
+    cfg = quantized_job.config(serving_dtype="fp32")
     cfg["gradient_accumulation_steps"] = accumulation
     if quantized == "int8":
         cfg["zero_optimization"] = {"stage": 3, "zero_quantized_gradients": True}
     elif quantized:
         cfg["zps"]["quantized_grads"] = quantized
-    torch.manual_seed(0)
-    model = Net()
-    losses = []
-    with zt.initialize(model, cfg) as engine:
-        assert engine.job["shard"]["grad_dtype"] == (f"{quantized}-block" if quantized else "fp32")
-        for x, y in _batches(steps * accumulation):
-            loss = F.mse_loss(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-        state = {k: v.clone() for k, v in engine.state_dict().items()}
+    job, losses, state, _ = quantized_job.run(cfg, steps * accumulation)
+    assert job["shard"]["grad_dtype"] == (f"{quantized}-block" if quantized else "fp32")
     return losses, state
 
 

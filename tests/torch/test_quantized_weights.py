@@ -6,12 +6,10 @@ the fp32 job's bytes."""
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import zps.torch as zt
 from zps.torch import config as zconfig
-from conftest import base_config
+import quantized_job
 
 torch.set_num_threads(2)
 
@@ -24,48 +22,14 @@ def test_zero_quantized_weights_means_int8_blocks():
         zconfig.load({**on, "zps": {"serving_dtype": "bf16"}})
 
 
-class Net(nn.Module):
-    # 2 shards of 4096-element chunks: parameters split across chunks and shards, pieces that
-    # start inside a 256-element block and pieces shorter than one.
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 96)
-        self.b = nn.Linear(96, 64)
-
-    def forward(self, x):
-        return self.b(F.gelu(self.a(x)))
-
-
-def _batches(n):
-    # A fixed teacher, so that the loss falls over the steps.
-    g = torch.Generator().manual_seed(5)
-    teacher = torch.randn(64, 64, generator=g) / 8
-    out = []
-    for _ in range(n):
-        x = torch.randn(16, 64, generator=g)
-        out.append((x, torch.tanh(x @ teacher)))
-    return out
-
-
 def _run(steps, quantized):
     if quantized:
-        cfg = base_config(shards=2, chunk_elems=4096)
+        cfg = quantized_job.config()
         cfg["zero_optimization"] = {"stage": 3, "zero_quantized_weights": True}
     else:
-        cfg = base_config(shards=2, chunk_elems=4096, serving_dtype="fp32")
-    cfg["optimizer"]["params"]["lr"] = 3e-3
-    torch.manual_seed(0)
-    model = Net()
-    losses = []
-    with zt.initialize(model, cfg) as engine:
-        assert engine.job["shard"]["serving_dtype"] == ("int8-block" if quantized else "fp32")
-        for x, y in _batches(steps):
-            loss = F.mse_loss(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-        fetched = engine.client.stats().fetched_bytes  # the bytes fetch replies carried
-        state = {k: v.clone() for k, v in engine.state_dict().items()}
+        cfg = quantized_job.config(serving_dtype="fp32")
+    job, losses, state, fetched = quantized_job.run(cfg, steps)
+    assert job["shard"]["serving_dtype"] == ("int8-block" if quantized else "fp32")
     return losses, state, fetched
 
 

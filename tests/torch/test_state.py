@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import zps.torch as zt
 from zps.cluster import LocalCluster
 from zps.torch.params import storage_bytes
-from conftest import base_config
+from conftest import base_config, checkpoint_stores, zps_ckpt
 
 
 class Net(nn.Module):
@@ -95,10 +95,7 @@ def test_resumed_job_takes_the_servers_values(tmp_path):
 
 
 def test_checkpoint_then_export_loads_into_the_unwrapped_model(tmp_path):
-    import pathlib
-    import subprocess
     from zps.torch.export import state_dict_from_export
-    from zps.cluster import server_binary
     torch.manual_seed(0)
     model = Net()
     cfg = base_config(serving_dtype="fp32", shards=2, data_dir=str(tmp_path / "cluster"))
@@ -111,11 +108,8 @@ def test_checkpoint_then_export_loads_into_the_unwrapped_model(tmp_path):
             if i == 2:
                 assert info["checkpoint"] and engine.last_checkpoint_step == 3
         at_end = engine.state_dict()
-        dirs = [str(d / "checkpoints") for d in engine.cluster.data_dirs()]
-        ckpt = pathlib.Path(server_binary()).with_name("zps-ckpt")
         out = tmp_path / "model.safetensors"
-        subprocess.run([str(ckpt), "export", "--data-dir", ",".join(dirs), "--out", str(out),
-                        "--step", "3"], check=True, capture_output=True)
+        zps_ckpt("export", "--data-dir", checkpoint_stores(engine), "--out", out, "--step", 3)
     plain = Net()
     plain.load_state_dict(state_dict_from_export(plain, out))
     assert plain.head.weight is plain.embed.weight

@@ -3,8 +3,6 @@ DeepSpeed's bf16.bf16_optimizer_states) and the one it refuses (bf16_master_weig
 and, for every state dtype, a job that trains, checkpoints, exports fp32 masters with zps-ckpt
 and repeats bit for bit."""
 
-import pathlib
-import subprocess
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import torch.nn.functional as F
 
 import zps.torch as zt
 from zps.torch import config as zconfig
-from conftest import base_config
+from conftest import base_config, checkpoint_stores, zps_ckpt
 
 STATE_DTYPES = ["fp32", "bf16", "int8"]
 
@@ -83,7 +81,6 @@ def _train(engine, batches, checkpoint_at=-1):
 
 @pytest.mark.parametrize("dtype", STATE_DTYPES)
 def test_state_dtype_trains_checkpoints_and_exports(dtype, tmp_path):
-    from zps.cluster import server_binary
     from zps.torch.export import state_dict_from_export
     torch.manual_seed(0)
     model = Net()
@@ -91,11 +88,8 @@ def test_state_dtype_trains_checkpoints_and_exports(dtype, tmp_path):
         assert engine.job["optimizer"]["state_dtype"] == dtype
         _train(engine, _batches(4), checkpoint_at=2)
         assert engine.last_checkpoint_step == 3
-        dirs = [str(d / "checkpoints") for d in engine.cluster.data_dirs()]
-        ckpt = pathlib.Path(server_binary()).with_name("zps-ckpt")
         out = tmp_path / "model.safetensors"
-        subprocess.run([str(ckpt), "export", "--data-dir", ",".join(dirs), "--out", str(out),
-                        "--step", "3"], check=True, capture_output=True)
+        zps_ckpt("export", "--data-dir", checkpoint_stores(engine), "--out", out, "--step", 3)
     plain = Net()
     plain.load_state_dict(state_dict_from_export(plain, out))
     # The same three steps again, on one shard without a checkpoint: the same fp32 masters.

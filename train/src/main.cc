@@ -105,6 +105,17 @@ void PrintHistogram(int rank, const char* what, const metrics::Histogram& h,
   std::printf("%s\n", line.c_str());
 }
 
+// The --corpus data as rank `rank` of the job's world reads it. Both modes build their loader
+// here: the reference trains on the batches the workers train on.
+Result<std::unique_ptr<DataLoader>> MakeLoader(const TrainOptions& o, int rank) {
+  ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
+  DataOptions d = o.data;
+  d.seq_len = o.model.seq_len;
+  d.rank = rank;
+  d.world = o.world_size;
+  return DataLoader::Create(std::move(corpus), d);
+}
+
 // ---- reference mode: the whole job in this process ------------------------------------------
 
 Status RunReference(const TrainOptions& o) {
@@ -126,11 +137,8 @@ Status RunReference(const TrainOptions& o) {
   ro.grad_error_feedback = o.grad_error_feedback;
   ro.inject_overflow_step = o.inject_overflow_step;
   ZPS_ASSIGN_OR_RETURN(auto trainer, ReferenceTrainer::Create(o.model, ro, nullptr));
-  ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
-  DataOptions d = o.data;
-  d.seq_len = o.model.seq_len;
-  d.world = o.world_size;
-  ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
+  ZPS_ASSIGN_OR_RETURN(auto loader, MakeLoader(o, 0));  // every rank's batches (BatchForRank)
+  const DataOptions& d = loader->options();
   std::vector<std::vector<uint8_t>> batches(o.world_size,
                                             std::vector<uint8_t>(loader->batch_bytes()));
   // The held-out loss on the windows rank 0 evaluates in worker mode, so the two modes print
@@ -282,12 +290,8 @@ Status RunWorker(const TrainOptions& o) {
   wo.op_timeout = std::chrono::seconds(o.op_timeout_s);
   wo.grad_error_feedback = o.grad_error_feedback;
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
-  ZPS_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(o.corpus));
-  DataOptions d = o.data;
-  d.seq_len = o.model.seq_len;
-  d.rank = o.rank;
-  d.world = o.world_size;
-  ZPS_ASSIGN_OR_RETURN(auto loader, DataLoader::Create(corpus, d));
+  ZPS_ASSIGN_OR_RETURN(auto loader, MakeLoader(o, o.rank));
+  const DataOptions& d = loader->options();
   const bool lead = o.rank == 0;
 
   if (o.fetch_strategy != "direct" && o.fetch_strategy != "bandwidth-centric") {
@@ -602,31 +606,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.job = std::move(*job);
-  if (!o.quantized_grads.empty()) {
-    std::string bad;
-    if (o.quantized_grads != "int8" && o.quantized_grads != "int4") {
-      bad = "--quantized-grads must be int8 or int4, not '" + o.quantized_grads + "'";
-    } else if (!o.grad_dtype.empty()) {
-      bad = "--quantized-grads and --grad-dtype both set the push dtype: give one";
-    }
-    if (!bad.empty()) {
-      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
-      return 2;
-    }
-    o.job["shard"]["grad_dtype"] = o.quantized_grads + "-block";  // the DType's name
-  }
-  if (!o.quantized_weights.empty()) {
-    std::string bad;
-    if (o.quantized_weights != "int8") {
-      bad = "--quantized-weights must be int8; got '" + o.quantized_weights + "'";
-    } else if (!o.serving_dtype.empty()) {
-      bad = "--quantized-weights and --serving-dtype both set the serving copy: give one";
-    }
-    if (!bad.empty()) {
-      std::fprintf(stderr, "zps-train: %s\n", bad.c_str());
-      return 2;
-    }
-    o.job["shard"]["serving_dtype"] = "int8-block";  // the DType's name
+  if (Status q = ApplyQuantizedFlags(&o); !q.ok()) {
+    std::fprintf(stderr, "zps-train: %s\n", q.message().c_str());
+    return 2;
   }
   auto level = log::ParseLevel(o.log_level);
   if (!level.ok()) {

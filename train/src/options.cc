@@ -1,7 +1,10 @@
 #include "zps/train/options.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace zps::train {
 
@@ -153,6 +156,53 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
             &o->work_dir);
   AddModelFlags(flags, &o->model);
   AddDataFlags(flags, &o->data, &o->corpus);
+}
+
+Status ApplyQuantizedFlags(TrainOptions* o) {
+  // A block-quantized choice of a job field that a plain dtype flag also sets.
+  struct QuantizedFlag {
+    std::string_view flag;                  // the quantized flag, e.g. "quantized-grads"
+    const std::string& value;               // its value ("" = not given)
+    std::vector<std::string_view> formats;  // the values it takes
+    std::string_view must_be;     // the message's words between "--<flag>" and the bad value
+    std::string_view plain_flag;  // the plain dtype flag of the same field
+    const std::string& plain;     // its value ("" = not given)
+    std::string_view sets;        // what both set, in the message
+    const char* field;            // the field under "shard" in the job
+  };
+  const QuantizedFlag flags[] = {
+      {"quantized-grads",
+       o->quantized_grads,
+       {"int8", "int4"},
+       "must be int8 or int4, not",
+       "grad-dtype",
+       o->grad_dtype,
+       "the push dtype",
+       "grad_dtype"},
+      {"quantized-weights",
+       o->quantized_weights,
+       {"int8"},
+       "must be int8; got",
+       "serving-dtype",
+       o->serving_dtype,
+       "the serving copy",
+       "serving_dtype"},
+  };
+  for (const QuantizedFlag& q : flags) {
+    if (q.value.empty()) continue;
+    const std::string flag(q.flag);
+    if (std::find(q.formats.begin(), q.formats.end(), q.value) == q.formats.end()) {
+      return InvalidArgument("--" + flag + " " + std::string(q.must_be) + " '" + q.value + "'");
+    }
+    if (!q.plain.empty()) {
+      return InvalidArgument("--" + flag + " and --" + std::string(q.plain_flag) + " both set " +
+                             std::string(q.sets) + ": give one");
+    }
+  }
+  for (const QuantizedFlag& q : flags) {
+    if (!q.value.empty()) o->job["shard"][q.field] = q.value + "-block";  // the DType's name
+  }
+  return Status::Ok();
 }
 
 }  // namespace zps::train

@@ -79,12 +79,10 @@ Status CheckedCollectives::Agree(const CollectiveOp& op) {
   return Status::Ok();
 }
 
-Status CheckedCollectives::ReduceScatter(uint32_t id, std::span<float> inout) {
-  if (!broken_.ok()) return broken_;
-  const CollectiveOp op{CollectiveOp::Kind::kReduceScatter, id, inout.size()};
+Status CheckedCollectives::Run(const CollectiveOp& op, const std::function<Status()>& call) {
   Status s = world_size() == 1 ? Status::Ok() : Agree(op);
   if (s.ok()) {
-    s = inner_->ReduceScatter(inout);
+    s = call();
     if (!s.ok()) s = Describe(op, s);
   }
   ++seq_;
@@ -95,6 +93,12 @@ Status CheckedCollectives::ReduceScatter(uint32_t id, std::span<float> inout) {
   return s;
 }
 
+Status CheckedCollectives::ReduceScatter(uint32_t id, std::span<float> inout) {
+  if (!broken_.ok()) return broken_;
+  return Run({CollectiveOp::Kind::kReduceScatter, id, inout.size()},
+             [&] { return inner_->ReduceScatter(inout); });
+}
+
 Status CheckedCollectives::AllGather(uint32_t id, std::span<std::byte> inout, size_t block_bytes) {
   if (!broken_.ok()) return broken_;
   if (inout.size() != block_bytes * world_size()) {
@@ -102,18 +106,8 @@ Status CheckedCollectives::AllGather(uint32_t id, std::span<std::byte> inout, si
                            std::to_string(world_size()) + " blocks of " +
                            std::to_string(block_bytes));
   }
-  const CollectiveOp op{CollectiveOp::Kind::kAllGather, id, block_bytes};
-  Status s = world_size() == 1 ? Status::Ok() : Agree(op);
-  if (s.ok()) {
-    s = inner_->AllGather(inout, block_bytes);
-    if (!s.ok()) s = Describe(op, s);
-  }
-  ++seq_;
-  if (!s.ok()) {
-    ZPS_LOG(ERROR) << s.ToString();
-    broken_ = s;
-  }
-  return s;
+  return Run({CollectiveOp::Kind::kAllGather, id, block_bytes},
+             [&] { return inner_->AllGather(inout, block_bytes); });
 }
 
 }  // namespace zps::worker

@@ -39,16 +39,18 @@ struct Client::Impl {
     Clock::time_point start;
     uint32_t chunk = 0;        // for the serving directory (FetchRma replies)
     uint64_t wire_offset = 0;  // the piece's first byte in the chunk's serving copy
-    // Quantized weights: the piece's covering blocks land here (wire_bytes of them) and are
+    // Quantized weights: the piece's covering blocks land in `blocks` (block_bytes of them, in a
+    // buffer from Impl::quant_blocks, which gets it back when the piece goes) and are
     // dequantized into the buffer at byte_offset, from element `skip` of the first block, when
     // the piece completes. Null otherwise: the bytes land in the buffer itself.
-    std::shared_ptr<std::vector<std::byte>> blocks;
+    std::shared_ptr<std::byte[]> blocks;
+    size_t block_bytes = 0;
     size_t skip = 0;
     uint64_t elems = 0;
 
-    size_t wire_bytes() const { return blocks ? blocks->size() : bytes; }
+    size_t wire_bytes() const { return blocks ? block_bytes : bytes; }
     std::span<std::byte> landing() const {
-      if (blocks) return {blocks->data(), blocks->size()};
+      if (blocks) return {blocks.get(), block_bytes};
       return {op->buffer->memory.data() + byte_offset, bytes};
     }
   };
@@ -76,6 +78,10 @@ struct Client::Impl {
   // Host parameter buffers when no Device was given: reused, so that a fetch does not page
   // fault its way through fresh memory (a 64 MiB buffer is a fresh mmap every time otherwise).
   StagingPool host_params;
+  // The covering blocks fetches of a block-quantized serving copy land in (FetchPiece::blocks):
+  // reused, as host_params, rather than a fresh buffer per piece. Acquired by the threads that
+  // fetch, released by the progress thread when a piece completes (StagingPool's own lock).
+  StagingPool quant_blocks{size_t{64} << 20};
   bool fetch_rma = false;  // set at SetupUcx: ask for kAmFetchRma (reply with address + rkey)
   // One-sided fetches of published versions (fetch_rma and WorkerOptions::direct_fetch): made
   // at ConnectShards, once the session tokens are known, while the progress thread already
@@ -199,6 +205,16 @@ struct Client::Impl {
   }
 
   Status SetupUcx();
+  // The header of a message from a shard, or nullopt once a malformed one (`what`: "fetch
+  // reply") is counted as a protocol error and logged.
+  template <typename Header>
+  std::optional<Header> DecodeHeader(ucx::AmMessage& m, const char* what) {
+    auto h = Header::Decode(m.header());
+    if (h.ok()) return std::move(*h);
+    pm.ProtocolError("invalid_argument");
+    ZPS_LOG(WARNING) << "malformed " << what << ": " << h.status().ToString();
+    return std::nullopt;
+  }
   void OnFetchReply(ucx::AmMessage& m);
   void OnFetchRmaReply(ucx::AmMessage& m);
   void OnServingNotice(ucx::AmMessage& m);
@@ -220,6 +236,18 @@ struct Client::Impl {
     if (micro < job.accumulation_steps) return Status::Ok();
     return InvalidArgument("micro-batch " + std::to_string(micro) + " of a job with " +
                            std::to_string(job.accumulation_steps) + " micro-batches a step");
+  }
+  // A gradient of `param` pushed as `bytes` bytes already in the job's grad dtype (`what`: "raw",
+  // "shared"). Errors: InvalidArgument (micro-batch, a block-quantized job, the length),
+  // OutOfRange (the parameter).
+  Status CheckBytesGrad(uint32_t param, size_t bytes, uint32_t micro, const char* what) const {
+    ZPS_RETURN_IF_ERROR(CheckMicro(micro));
+    if (param >= layout->num_params()) return OutOfRange("parameter id " + std::to_string(param));
+    if (IsBlockQuantized(job.grad_dtype)) return QuantizedRefused();
+    if (bytes != layout->param_numel(param) * DTypeSize(job.grad_dtype)) {
+      return InvalidArgument(std::string(what) + " gradient has the wrong byte length");
+    }
+    return Status::Ok();
   }
   // A push staging buffer: from the RMA arena when pushes go by RMA and it has room, else from
   // the heap pool. `in_arena` says which.
@@ -279,7 +307,7 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
   if (s.ok() && piece.blocks) {
     // Every Device's buffers are host memory (the CUDA backend's are pinned staging slots, which
     // it copies to the GPU afterwards): dequantized on the CPU with the SIMD codec.
-    DequantizeRange(ServingQuantFormat(job.serving_dtype), *piece.blocks, piece.skip, piece.elems,
+    DequantizeRange(ServingQuantFormat(job.serving_dtype), piece.landing(), piece.skip, piece.elems,
                     DequantTarget::kF32, piece.op->buffer->memory.data() + piece.byte_offset);
   }
   EndRequest(metrics::kFetch, piece.start);
@@ -287,12 +315,8 @@ void Client::Impl::FinishFetch(const FetchPiece& piece, const Status& s, int64_t
 }
 
 void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
-  auto h = msg::FetchReplyHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::FetchReplyHeader>(m, "fetch reply");
+  if (!h) return;
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) return FinishFetch(*piece, msg::StatusFromWire(h->code, h->message), -1);
@@ -311,12 +335,8 @@ void Client::Impl::OnFetchReply(ucx::AmMessage& m) {
 }
 
 void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
-  auto h = msg::FetchRmaReplyHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed fetch reply: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::FetchRmaReplyHeader>(m, "fetch reply");
+  if (!h) return;
   auto piece = TakeFetch(h->request);
   if (!piece) return;  // timed out or failed already
   if (h->code != 0) {
@@ -343,12 +363,8 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
 }
 
 void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
-  auto h = msg::ServingNoticeHeader::Decode(m.header());
-  if (!h.ok()) {
-    pm.ProtocolError("invalid_argument");
-    ZPS_LOG(WARNING) << "malformed serving notice: " << h.status().ToString();
-    return;
-  }
+  auto h = DecodeHeader<msg::ServingNoticeHeader>(m, "serving notice");
+  if (!h) return;
   ServingDirectory* d = Directory();
   if (d == nullptr) return;  // fetches ask every time (or not connected yet): nothing to learn
   // The shard is named by its session token (each shard issued its own).
@@ -408,12 +424,8 @@ Status Client::Impl::SetupUcx() {
   ZPS_RETURN_IF_ERROR(
       ucx->SetAmHandler(msg::kAmServingNotice, [this](ucx::AmMessage& m) { OnServingNotice(m); }));
   ZPS_RETURN_IF_ERROR(ucx->SetAmHandler(msg::kAmPushReply, [this](ucx::AmMessage& m) {
-    auto h = msg::PushReplyHeader::Decode(m.header());
-    if (!h.ok()) {
-      pm.ProtocolError("invalid_argument");
-      ZPS_LOG(WARNING) << "malformed push reply: " << h.status().ToString();
-      return;
-    }
+    auto h = DecodeHeader<msg::PushReplyHeader>(m, "push reply");
+    if (!h) return;
     FinishPush(h->request, msg::StatusFromWire(h->code, h->message), /*replied=*/true);
   }));
   return ucx->Start();
@@ -640,7 +652,8 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
                         p.chunk,
                         wire.offset};
     if (IsBlockQuantized(served)) {
-      fp.blocks = std::make_shared<std::vector<std::byte>>(wire.bytes);
+      fp.blocks = impl_->quant_blocks.Acquire(wire.bytes);  // every byte is written by the fetch
+      fp.block_bytes = wire.bytes;
       fp.skip = wire.skip;
       fp.elems = p.length;
     }
@@ -755,14 +768,8 @@ Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::by
 
 Status Client::PushGradRaw(uint32_t param, int64_t step, std::span<const std::byte> grad,
                            uint32_t micro) {
-  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
-  const Layout& l = *impl_->layout;
-  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  ZPS_RETURN_IF_ERROR(impl_->CheckBytesGrad(param, grad.size(), micro, "raw"));
   const DType dt = impl_->job.grad_dtype;
-  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
-  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
-    return InvalidArgument("raw gradient has the wrong byte length");
-  }
   bool in_arena = false;
   auto data = impl_->AcquireStaging(grad.size(), &in_arena);
   StreamCopy({data.get(), grad.size()}, grad);
@@ -777,14 +784,8 @@ Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std:
 
 Status Client::PushGradShared(uint32_t param, int64_t step, std::span<const std::byte> grad,
                               std::shared_ptr<const void> owner, uint32_t micro) {
-  ZPS_RETURN_IF_ERROR(impl_->CheckMicro(micro));
-  const Layout& l = *impl_->layout;
-  if (param >= l.num_params()) return OutOfRange("parameter id " + std::to_string(param));
+  ZPS_RETURN_IF_ERROR(impl_->CheckBytesGrad(param, grad.size(), micro, "shared"));
   const DType dt = impl_->job.grad_dtype;
-  if (IsBlockQuantized(dt)) return impl_->QuantizedRefused();
-  if (grad.size() != l.param_numel(param) * DTypeSize(dt)) {
-    return InvalidArgument("shared gradient has the wrong byte length");
-  }
   const bool in_arena = impl_->push_arena != nullptr &&
                         impl_->push_arena->region().Contains(grad.data(), grad.size());
   return impl_->SendPush(param, step, dt, grad.data(), std::move(owner), in_arena, micro);

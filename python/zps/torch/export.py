@@ -1,41 +1,29 @@
 """Reading what `zps-ckpt export` writes (a safetensors file keyed by the layout's parameter
 names, which are the module's own names: the first name of a tied parameter) back into a plain
-model's state_dict. A small reader of the safetensors format (8-byte little-endian header length,
-a JSON header, the raw tensors): no dependency beyond torch."""
-
-import json
-import struct
+model's state_dict. The file's header is read and checked by init_from's reader
+(weights.read_header): no dependency beyond torch."""
 
 import torch
 
 from zps._errors import ZpsError
-
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "F64": torch.float64}
+from zps.torch.weights import _TORCH, read_header
 
 
 def read_safetensors(path):
-    """{name: tensor} of a safetensors file. Raises ZpsError (DATA_LOSS) for a malformed file."""
+    """{name: tensor} of a safetensors file, in the header's order. Raises ZpsError: NOT_FOUND
+    (no file), DATA_LOSS (malformed or truncated, as weights.read_header checks it, or a dtype
+    torch does not hold)."""
+    tensors = read_header(path)
     with open(path, "rb") as f:
         raw = f.read()
-    if len(raw) < 8:
-        raise ZpsError("DATA_LOSS", f"{path}: too short for safetensors")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if 8 + n > len(raw):
-        raise ZpsError("DATA_LOSS", f"{path}: header length {n} past the end")
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
     out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(meta["dtype"])
-        begin, end = meta["data_offsets"]
-        if dtype is None or end > len(data) or begin > end:
-            raise ZpsError("DATA_LOSS", f"{path}: bad entry {name}")
-        t = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype) if end > begin else \
-            torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(meta["shape"])
+    for name, t in tensors.items():
+        dtype = _TORCH.get(t.dtype)
+        if dtype is None:
+            raise ZpsError("DATA_LOSS", f"{path}: {name} is {t.dtype}, which torch does not hold")
+        data = bytearray(raw[t.offset:t.offset + t.nbytes])
+        flat = torch.frombuffer(data, dtype=dtype) if t.nbytes else torch.empty(0, dtype=dtype)
+        out[name] = flat.reshape(t.shape)
     return out
 
 

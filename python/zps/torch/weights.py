@@ -126,9 +126,9 @@ def read_header(path) -> dict[str, Tensor]:
                 raise _data_loss(path, f"header length {n} does not fit the file ({size} bytes)")
             raw = f.read(n)
     except FileNotFoundError:
-        raise ZpsError("NOT_FOUND", f"init_from: no file {path}") from None
+        raise ZpsError("NOT_FOUND", f"no file {path}") from None
     except OSError as e:
-        raise ZpsError("IO_ERROR", f"init_from: {path}: {e}") from None
+        raise ZpsError("IO_ERROR", f"{path}: {e}") from None
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:

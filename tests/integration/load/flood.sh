@@ -32,6 +32,7 @@ model=(--steps "$steps" --d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-l
        --chunk-elems 8192 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
        --log-every 1000000 --ucx-tls tcp --op-timeout 120 --max-recoveries 0 "$@")
 work_init load-test-token
+declare -A shard_pid
 scrape() {  # port file: the shard's protocol error counters, "kind value" per line
   curl -sf "http://127.0.0.1:$1/metrics" |
     sed -n 's/^zps_protocol_errors_total{kind="\([a-z_]*\)"} \([0-9.e+]*\)$/\1 \2/p' > "$2"
@@ -48,15 +49,13 @@ grep '^reference:' "$work/ref.out"
 run() {  # name: flood or quiet, then maybe a digit
   local name=$1 dir="$work/$1" kind=${1//[0-9]/}
   mkdir -p "$dir"
-  local cport=() mport=() spids=() wpids=() targets=""
-  for ((i = 0; i < shards; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
+  local mport=() spids=() wpids=() targets=""
+  port=()
+  for ((i = 0; i < shards; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
   for ((i = 0; i < shards; i++)); do
-    local args=(--ordinal "$i" --shards "$shards" --port "${cport[$i]}" --bind 127.0.0.1
-                --token-file "$work/token" --metrics-port "${mport[$i]}" --ucx-tls tcp --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${cport[0]}")
-    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
-    spids+=($!); pids+=($!)
-    targets+="${targets:+,}127.0.0.1:${cport[$i]}"
+    start_loopback_shard "$dir" "$i" "$shards" "" --metrics-port "${mport[$i]}"
+    spids+=("$server_pid")
+    targets+="${targets:+,}127.0.0.1:${port[$i]}"
   done
   for ((i = 0; i < shards; i++)); do  # metrics up: the counters before anything happened
     for ((t = 0; t < 300; t++)); do
@@ -69,7 +68,7 @@ run() {  # name: flood or quiet, then maybe a digit
   for ((r = 0; r < world; r++)); do
     local extra=(--print-latency)
     [[ $r -eq 0 ]] && extra+=(--print-crcs)
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
+    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
       --rank "$r" "${model[@]}" "${extra[@]}" > "$dir/rank$r.out" 2> "$dir/rank$r.err" &
     wpids+=($!); pids+=($!)
   done

@@ -27,6 +27,7 @@ model=(--steps 12 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 -
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05
        --reduction pre-reduced)
 work_init mismatch-token
+declare -A shard_pid
 
 reference_crcs "${model[@]}"
 
@@ -36,21 +37,15 @@ scenario() {  # name skip-spec op-timeout-s
   local name=$1 skip=$2 op_timeout=$3
   local dir=$work/$name
   mkdir -p "$dir"
-  local port0 port1
-  port0=$(free_port); port1=$(free_port)
+  port=("$(free_port)" "$(free_port)")
   local sp=() i
   for i in 0 1; do
-    local p=$port0
-    [[ $i -eq 1 ]] && p=$port1
-    local args=(--ordinal "$i" --shards 2 --port "$p" --bind 127.0.0.1 --token-file "$work/token"
-                --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:$port0")
-    start_server "$dir/shard$i.log" "" "${args[@]}"
+    start_loopback_shard "$dir" "$i" 2 "" --step-timeout 60
     sp+=("$server_pid")
   done
   # --op-timeout 30: a mismatch is found at once by the descriptor exchange; waiting this long
   # anywhere would be a hang, and the 60 s below would catch it.
-  local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
+  local wargs=(--mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token"
                "${model[@]}" --bucket-bytes 0 --ucx-tls tcp --op-timeout "$op_timeout"
                --log-every 1 --print-crcs)
   "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &

@@ -48,14 +48,9 @@ reference_crcs "${model[@]}"
 declare -A shard_pid
 start_shard() {  # dir ordinal crash-spec
   local dir=$1 i=$2 crash=$3
-  local args=(--ordinal "$i" --shards 2 --port "${port[$i]}" --bind 127.0.0.1
-              --token-file "$work/token" --data-dir "$dir/shard$i" --checkpoint-every 5
-              --metrics-port 0 --ucx-tls tcp --step-timeout 60 --threads 1)
-  [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
-  # shellcheck disable=SC2206  # word splitting of the extra flags is intended
-  [[ -n ${ZPS_RECOVERY_SHARD_ARGS:-} ]] && args+=(${ZPS_RECOVERY_SHARD_ARGS})
-  start_server "$dir/shard$i.log" "$crash" "${args[@]}"
-  shard_pid[$i]=$server_pid
+  # shellcheck disable=SC2086  # word splitting of the extra flags is intended
+  start_loopback_shard "$dir" "$i" 2 "$crash" --data-dir "$dir/shard$i" --checkpoint-every 5 \
+    --step-timeout 60 ${ZPS_RECOVERY_SHARD_ARGS:-}
 }
 
 # The whole job's recovery, in order, for a failed scenario: the coordinator's (shard 0's)

@@ -44,6 +44,7 @@ tls=${ZPS_WD_TLS:-tcp}
 model=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 work_init worker-death-token
+declare -A shard_pid
 
 reference_crcs "${model[@]}"
 
@@ -57,22 +58,17 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   [[ " ${extra[*]} " == *" pre-reduced "* ]] && pre=1
   local dir=$work/$name
   mkdir -p "$dir"
-  local port0 port1
-  port0=$(free_port); port1=$(free_port)
+  port=("$(free_port)" "$(free_port)")
   local sp=()
   local i
   for i in 0 1; do
-    local p=$port0 timeout=60
-    [[ $i -eq 1 ]] && p=$port1
+    local timeout=60
     # The lost rank: the coordinator shard's step timeout decides (shard 1 waits longer).
     if [[ $restart -eq 0 ]]; then timeout=$(( i == 0 ? 8 : 60 )); fi
-    local args=(--ordinal "$i" --shards 2 --port "$p" --bind 127.0.0.1 --token-file "$work/token"
-                --metrics-port 0 --ucx-tls "$tls" --step-timeout "$timeout" --threads 1)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:$port0")
-    "$bin/zps-server" "${args[@]}" > "$dir/shard$i.log" 2>&1 &
-    sp+=($!); pids+=($!)
+    start_loopback_shard "$dir" "$i" 2 "" --ucx-tls "$tls" --step-timeout "$timeout"
+    sp+=("$server_pid")
   done
-  local wargs=(--mode worker --endpoint "127.0.0.1:$port0" --token-file "$work/token"
+  local wargs=(--mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token"
                "${model[@]}" "${extra[@]}" --ucx-tls "$tls" --op-timeout 30 --log-every 1 --print-crcs)
   "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
   local w0=$!; pids+=($w0)

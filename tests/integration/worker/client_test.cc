@@ -137,6 +137,17 @@ TEST_F(ClientTest, ArgumentErrorsAreReturnedAndTheClientGoesOn) {
   EXPECT_THAT(client_->PushGrad(0, 0, short_grad), StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(client_->PushGrad(0, 0, Values(0, Grad), /*micro=*/1),
               StatusIs(Code::kInvalidArgument));  // accumulation_steps is 1
+  // Gradients already in the job's dtype (fp32 here), copied or not.
+  const std::vector<std::byte> raw(Numel(0) * 4), short_raw(Numel(0) * 4 - 1);
+  EXPECT_THAT(client_->PushGradRaw(params, 0, raw), StatusIs(Code::kOutOfRange));
+  EXPECT_THAT(client_->PushGradRaw(0, 0, short_raw),
+              StatusIs(Code::kInvalidArgument, "raw gradient has the wrong byte length"));
+  EXPECT_THAT(client_->PushGradRaw(0, 0, raw, /*micro=*/1), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(client_->PushGradShared(params, 0, raw, nullptr), StatusIs(Code::kOutOfRange));
+  EXPECT_THAT(client_->PushGradShared(0, 0, short_raw, nullptr),
+              StatusIs(Code::kInvalidArgument, "shared gradient has the wrong byte length"));
+  EXPECT_THAT(client_->PushGradShared(0, 0, raw, nullptr, /*micro=*/1),
+              StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(client_->Fetch(params, 0).status(), StatusIs(Code::kOutOfRange));
   EXPECT_THAT(client_->FetchAsync(0, Numel(0), 1, 0).Wait(client_->op_timeout()).status(),
               StatusIs(Code::kOutOfRange));

@@ -2,7 +2,8 @@
 // pushes arrive in a narrow dtype with an fp32 job fed the widened values
 // (shard_state_grad16_test.cc, shard_state_quantized_grads_test.cc): the case table's row, a
 // 1-shard layout with a frozen parameter, the job of a case, its contributor slots, pushes through
-// BeginPush/FinishPush, the initial values, and the comparison of two shards' chunk CRCs.
+// BeginPush/FinishPush and the initial values; the comparison of two shards' chunk CRCs is
+// state_crcs.h's.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "state_crcs.h"
 #include "zps/common/grad_quant.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
@@ -118,17 +120,6 @@ inline std::vector<ParamPiece> TrainedPieces(const Layout& layout) {
     for (const Piece& piece : *pieces) out.push_back({p, piece});
   }
   return out;
-}
-
-/// Every chunk of `s` has the CRC (master, m, v, serving copy) of the same chunk of `ref`.
-inline void ExpectSameChunkCrcs(ShardState& s, ShardState& ref, const std::string& where) {
-  for (uint32_t id : s.chunk_ids()) {
-    auto a = s.ChunkCrc(id);
-    auto b = ref.ChunkCrc(id);
-    ASSERT_THAT(a, IsOk());
-    ASSERT_THAT(b, IsOk());
-    EXPECT_EQ(*a, *b) << "chunk " << id << " " << where;
-  }
 }
 
 }  // namespace zps::server::testing

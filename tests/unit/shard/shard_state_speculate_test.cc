@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "shard/snapshot_manager.h"
+#include "state_crcs.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
 #include "zps/testing/status_matchers.h"
@@ -106,15 +107,9 @@ void Commit(ShardState& s, const CommitOrder& order, std::optional<CommitOrder> 
   ASSERT_THAT(s.ApplyCommit(order, next), IsOk());
 }
 
+// The same bits after `step`.
 void ExpectSame(const ShardState& a, const ShardState& b, int64_t step) {
-  for (uint32_t c : a.chunk_ids()) {
-    auto x = a.ChunkCrc(c);
-    auto y = b.ChunkCrc(c);
-    ASSERT_THAT(x, IsOk());
-    ASSERT_THAT(y, IsOk());
-    EXPECT_EQ(*x, *y) << "chunk " << c << " after step " << step;
-  }
-  EXPECT_EQ(a.StateCrc(), b.StateCrc()) << "after step " << step;
+  testing::ExpectSameState(a, b, "after step " + std::to_string(step));
 }
 
 constexpr double kDivisor = 4.0;  // world 2 x accumulation 2

@@ -1,6 +1,10 @@
 #include "zps/train/options.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "zps/testing/status_matchers.h"
 
@@ -29,6 +33,64 @@ TEST(OptionsTest, FlagsFillConfig) {
   AddModelFlags(bad, &mc2);
   const char* argv2[] = {"t", "--model-seed=-1"};
   EXPECT_FALSE(bad.Parse(2, argv2).ok());
+}
+
+// zps-train's options after parsing `args` (zps-train's own flags, as its main() registers them)
+// and setting o.job, before ApplyQuantizedFlags.
+TrainOptions Parsed(std::vector<const char*> args) {
+  TrainOptions o;
+  Flags flags("t", "test");
+  JobFlags job(&flags);
+  AddTrainFlags(flags, job, &o);
+  args.insert(args.begin(), "t");
+  EXPECT_THAT(flags.Parse(static_cast<int>(args.size()), args.data()), IsOk());
+  auto json = job.Json();
+  EXPECT_THAT(json.status(), IsOk());
+  if (json.ok()) o.job = *json;
+  return o;
+}
+
+TEST(OptionsTest, QuantizedFlagsSetTheirBlockDTypes) {
+  TrainOptions none = Parsed({"--grad-dtype=bf16"});
+  const nlohmann::json before = none.job;
+  ASSERT_THAT(ApplyQuantizedFlags(&none), IsOk());
+  EXPECT_EQ(none.job, before);
+
+  TrainOptions both = Parsed({"--quantized-grads=int4", "--quantized-weights=int8"});
+  ASSERT_THAT(ApplyQuantizedFlags(&both), IsOk());
+  EXPECT_EQ(both.job["shard"]["grad_dtype"], "int4-block");
+  EXPECT_EQ(both.job["shard"]["serving_dtype"], "int8-block");
+
+  TrainOptions grads = Parsed({"--quantized-grads=int8"});
+  ASSERT_THAT(ApplyQuantizedFlags(&grads), IsOk());
+  EXPECT_EQ(grads.job["shard"]["grad_dtype"], "int8-block");
+  EXPECT_FALSE(grads.job["shard"].contains("serving_dtype"));
+}
+
+TEST(OptionsTest, BadOrContradictingQuantizedFlagsAreNamed) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{"--quantized-grads=int2"}, "--quantized-grads must be int8 or int4, not 'int2'"},
+      {{"--quantized-grads=int4", "--grad-dtype=bf16"},
+       "--quantized-grads and --grad-dtype both set the push dtype: give one"},
+      {{"--quantized-weights=int4"}, "--quantized-weights must be int8; got 'int4'"},
+      {{"--quantized-weights=int8", "--serving-dtype=fp32"},
+       "--quantized-weights and --serving-dtype both set the serving copy: give one"},
+      // A good flag beside a bad one: the bad one is named, and the job is left as it was.
+      {{"--quantized-grads=int8", "--quantized-weights=fp8"},
+       "--quantized-weights must be int8; got 'fp8'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    TrainOptions o = Parsed(c.args);
+    const nlohmann::json before = o.job;
+    EXPECT_THAT(ApplyQuantizedFlags(&o),
+                StatusIs(Code::kInvalidArgument, ::testing::Eq(std::string(c.message))));
+    EXPECT_EQ(o.job, before);
+  }
 }
 
 }  // namespace

@@ -41,8 +41,8 @@ struct TrainOptions {
   double weight_decay = 0.0;        // Default: 0.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Defaults: Adam's.
   double max_grad_norm = 1.0;                     // Default: 1.0 (0 = no clipping).
-  // Default: "" = off. int8: the serving copy is int8 blocks (issue 27, item 1); reference mode
-  // only so far (the shards do not serve one yet).
+  // Default: "" = off. int8: the serving copy is int8 blocks (shard.serving_dtype int8-block;
+  // ApplyQuantizedFlags).
   std::string quantized_weights;
 
   // The servers' lr schedule (docs/optimizer.md): none, WarmupLR (warmup_min_lr 0 ->
@@ -59,7 +59,8 @@ struct TrainOptions {
   std::string state_dtype = "fp32";      // Default: fp32. The shards' moments: fp32, bf16, int8.
   std::string reduction = "server-sum";  // Default: server-sum.
 
-  // Quantized gradients: "" = off, int8 or int4 (shard.grad_dtype int8-block / int4-block).
+  // Quantized gradients: "" = off, int8 or int4 (shard.grad_dtype int8-block / int4-block;
+  // ApplyQuantizedFlags).
   std::string quantized_grads;             // Default: "" (off).
   bool grad_error_feedback = true;         // Default: true. false: testing, no error feedback.
   int64_t reference_checkpoint_every = 0;  // Default: 0. Reference mode: the shards' cadence.
@@ -102,5 +103,14 @@ struct TrainOptions {
 /// BuildJob completes), the others, and the model's and the data's (AddModelFlags, AddDataFlags).
 /// After Flags::Parse, o->job is to be set from job.Json().
 void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o);
+
+/// Folds --quantized-grads and --quantized-weights, once o->job is set, into its
+/// shard.grad_dtype and shard.serving_dtype (the flag's value and "-block": int8-block,
+/// int4-block). Each is a block-quantized choice of a field that a plain dtype flag
+/// (--grad-dtype, --serving-dtype) also sets. Errors: InvalidArgument, the message naming the
+/// flag, for a value that is not one of its formats (--quantized-grads: int8 or int4;
+/// --quantized-weights: int8) and for both flags of one field given. On error o->job is as it
+/// was.
+Status ApplyQuantizedFlags(TrainOptions* o);
 
 }  // namespace zps::train

@@ -68,6 +68,9 @@ class CheckedCollectives {
   uint64_t ops() const { return seq_; }
 
  private:
+  // Agrees on `op` with the other ranks, then runs `call` (the inner collective); counts the
+  // operation either way, and on an error logs it and keeps it (broken_).
+  Status Run(const CollectiveOp& op, const std::function<Status()>& call);
   Status Agree(const CollectiveOp& op);
   Status Describe(const CollectiveOp& op, Status s) const;
   std::string Name(const CollectiveOp& op) const;
