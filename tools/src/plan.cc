@@ -89,6 +89,20 @@ double ElementBytes(Format f, uint64_t block) {
   return 0;
 }
 
+double WindowElementBytes(Format fetch) {
+  switch (fetch) {
+    case Format::kFp32:
+    case Format::kInt8:
+    case Format::kInt4:
+      return static_cast<double>(DTypeSize(DType::kF32));
+    case Format::kFp16:
+      return static_cast<double>(DTypeSize(DType::kF16));
+    case Format::kBf16:
+      return static_cast<double>(DTypeSize(DType::kBF16));
+  }
+  return 0;
+}
+
 Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block) {
   double moment = 0;
   switch (state) {
@@ -137,8 +151,10 @@ Result<Plan> MakePlan(const PlanInput& in) {
   p.fetch_bytes = ElementBytes(in.fetch, in.weight_block);
   p.grad_bytes = ElementBytes(in.grad, in.grad_block);
   ZPS_ASSIGN_OR_RETURN(p.state_bytes, StateBytesPerParam(in.state, in.fetch, in.weight_block));
-  // Forward and backward share one fetch when the whole model fits in the live window.
-  p.fetch_passes = P * p.fetch_bytes <= in.worker_live_bytes ? 1 : 2;
+  p.window_bytes = WindowElementBytes(in.fetch);
+  // Forward and backward share one fetch when the whole model, as the worker holds it, fits in
+  // the live window.
+  p.fetch_passes = P * p.window_bytes <= in.worker_live_bytes ? 1 : 2;
   const double f = p.fetch_bytes * p.fetch_passes, g = p.grad_bytes;
   constexpr double kFp32 = 4;  // the collectives reduce fp32 gradients
 
@@ -187,8 +203,8 @@ Result<Plan> MakePlan(const PlanInput& in) {
   p.shard_ram_bytes = resident + n * serving + p.shard_grad_bytes;
 
   // Memory per worker.
-  p.worker_window_bytes = std::min(in.worker_live_bytes, P * p.fetch_bytes) +
-                          std::min(in.prefetch_bytes, P * p.fetch_bytes);
+  p.worker_window_bytes = std::min(in.worker_live_bytes, P * p.window_bytes) +
+                          std::min(in.prefetch_bytes, P * p.window_bytes);
   if (in.pre_reduced) {
     const double bucket = std::min(in.bucket_bytes, P * kFp32);
     p.worker_bucket_bytes = bucket + bucket / W;

@@ -168,6 +168,29 @@ TEST(Plan, QuantizedWeightsAndGradientsUseTheirOwnBlocks) {
   EXPECT_DOUBLE_EQ(p.t_network, 0.01625);              // the shards' 2.03125e6 B out at 125e6 B/s
 }
 
+// An int8 fetch is 1.015625 B on the wire but 4 B in the live window: the worker dequantizes it
+// into fp32 (Client::serving_dtype), and the window (zps-train's --max-live-bytes) counts that.
+TEST(Plan, QuantizedFetchesFillTheWindowInFp32) {
+  PlanInput in = Testbed();
+  in.params = 300e6;  // 304.7e6 B of int8 on the wire, 1.2e9 B of fp32 in the window
+  in.fetch = Format::kInt8;
+  in.grad = Format::kInt4;
+  Plan p = Value(MakePlan(in));
+  EXPECT_EQ(WindowElementBytes(Format::kInt8), 4);
+  EXPECT_EQ(WindowElementBytes(Format::kInt4), 4);
+  EXPECT_EQ(WindowElementBytes(Format::kBf16), 2);
+  EXPECT_EQ(p.fetch_passes, 2);  // 1.2e9 > 1 GiB = 1,073,741,824: forward, then backward again
+  EXPECT_DOUBLE_EQ(p.shard_out, 1.21875e9);       // 4 workers x 150e6 x 1.015625 B x 2 passes
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 609.375e6);  // 300e6 x 1.015625 B x 2 passes
+  // The window's 1 GiB and the prefetch's 256 MiB, both full of fp32.
+  EXPECT_DOUBLE_EQ(p.worker_window_bytes, 1073741824.0 + 268435456.0);
+  // bf16 fetches of the same model: 600e6 B fit the window, one pass.
+  in.fetch = Format::kBf16;
+  p = Value(MakePlan(in));
+  EXPECT_EQ(p.fetch_passes, 1);
+  EXPECT_DOUBLE_EQ(p.worker_window_bytes, 600e6 + 268435456.0);
+}
+
 TEST(Plan, ComputeFromTokens) {
   PlanInput in;
   in.params = 7e9;

@@ -5,7 +5,9 @@
 //   - every worker (one per GPU) fetches the whole model in the fetch dtype `passes` times a step
 //     (1 when the model fits in the worker's live window, as forward and backward then share one
 //     fetch; 2 otherwise: forward, then backward again), directly from the shards; with the
-//     bandwidth-centric strategy each fetches 1/W of it and the workers all-gather the rest;
+//     bandwidth-centric strategy each fetches 1/W of it and the workers all-gather the rest. The
+//     window holds what the worker made of the fetch: the fetch format itself for fp32/fp16/bf16,
+//     but fp32 for an int8/int4 fetch, which the worker dequantizes (Client::serving_dtype);
 //   - server-sum: every worker pushes its whole gradient; pre-reduced: the workers
 //     reduce-scatter the fp32 gradient and each pushes its 1/W slice;
 //   - the shards update their 1/S of the state after the commit (sync mode): the optimizer pass,
@@ -40,6 +42,9 @@ std::string_view FormatName(Format f);
 /// Bytes one element takes, scales included: DTypeSize for fp32/fp16/bf16, 1 (int8) or 0.5
 /// (int4) plus 4 bytes of fp32 scale per `block` elements.
 double ElementBytes(Format f, uint64_t block);
+/// Bytes one fetched element takes in a worker's live window: the format's size for fp32, fp16
+/// and bf16; 4 for int8 and int4, which the worker dequantizes into fp32.
+double WindowElementBytes(Format fetch);
 
 /// Bytes per parameter of the shard's optimizer state with moments in `state` and a serving
 /// copy in `serving`: fp32 master (4) + m + v + serving. fp32 moments with a bf16 copy: 14;
@@ -82,20 +87,21 @@ struct LinkBytes {
 };
 
 struct Plan {
-  int workers = 0;         // nodes x gpus_per_node
-  int shards = 0;          // resolved
-  int shard_hosts = 0;     // hosts the shards run on
-  int fetch_passes = 0;    // 1 or 2
-  double fetch_bytes = 0;  // per element fetched
-  double grad_bytes = 0;   // per element pushed
-  double state_bytes = 0;  // per parameter in the shard's state (serving copy included)
+  int workers = 0;          // nodes x gpus_per_node
+  int shards = 0;           // resolved
+  int shard_hosts = 0;      // hosts the shards run on
+  int fetch_passes = 0;     // 1 or 2
+  double fetch_bytes = 0;   // per element fetched
+  double window_bytes = 0;  // per element fetched, in the worker's live window (dequantized)
+  double grad_bytes = 0;    // per element pushed
+  double state_bytes = 0;   // per parameter in the shard's state (serving copy included)
   // Memory per shard.
   double shard_state_bytes = 0;  // master + moments + serving copy of its 1/S
   double shard_grad_bytes = 0;   // gradient slots (not budgeted: always RAM)
   double shard_ram_bytes = 0;    // state in RAM + gradient slots
   double shard_nvme_bytes = 0;   // master + moments over shard_ram_bytes, spilled
   // Memory per worker (host RAM; the live window may be GPU memory for CUDA parameters).
-  double worker_window_bytes = 0;    // live window + prefetch
+  double worker_window_bytes = 0;    // live window + prefetch, as the worker holds them
   double worker_bucket_bytes = 0;    // pre-reduced: the fp32 bucket and its reduced slice
   double worker_residual_bytes = 0;  // quantized gradients: the fp32 error-feedback residual
   // Bytes per step.
