@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "zps/testing/status_matchers.h"
 
 namespace zps::plan {
@@ -189,6 +192,54 @@ TEST(Plan, QuantizedFetchesFillTheWindowInFp32) {
   p = Value(MakePlan(in));
   EXPECT_EQ(p.fetch_passes, 1);
   EXPECT_DOUBLE_EQ(p.worker_window_bytes, 600e6 + 268435456.0);
+}
+
+// With the model's tensors the quantized bytes are the pieces' own, short blocks and shared
+// blocks included. Tensors of 300 and 5,000 elements, chunks of 4,096, aligned to 64: t0 is
+// [0, 300) of chunk 0; t1 starts at 320 and is [320, 4096) of chunk 0 (3,776) and [0, 1224) of
+// chunk 1, which is 1,224 elements long.
+TEST(Plan, QuantizedBytesFromTheTensorsPieces) {
+  PlanInput in = Testbed();
+  in.params = 0;
+  in.tensors = {300, 5000};
+  in.chunk_elems = 4096;
+  in.fetch = Format::kInt8;  // blocks of 256: 260 B each (4 B scale + 256 codes)
+  in.grad = Format::kInt4;   // blocks of 2048: 1028 B each (4 B scale + 1024 codes)
+  Plan p = Value(MakePlan(in));
+  // Push, each piece on its own: t0 4 + 150 = 154; t1 (1028 + 4 + 864) + (4 + 612) = 2512.
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2666);
+  // Fetch, the covering blocks: t0 blocks 0-1 = 520; t1 blocks 1-15 of chunk 0 = 15 x 260 (block
+  // 1 is fetched again: it holds t0's end and t1's start) and chunk 1's 4 full blocks and its
+  // 200-element last one, 4 x 260 + 204.
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 520 + 3900 + 1244);
+  EXPECT_DOUBLE_EQ(p.shard_in, 5332);    // 4 workers x 2666 / 2 shards
+  EXPECT_DOUBLE_EQ(p.shard_out, 11328);  // 4 workers x 5664 / 2 shards
+  // From the parameter count alone: 5,300 x (0.5 + 4 / 2048) and 5,300 x (1 + 4 / 256).
+  in.tensors.clear();
+  in.params = 5300;
+  p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2660.3515625);
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 5382.8125);
+  // 16-bit formats: the pieces add nothing, the same bytes either way.
+  in.tensors = {300, 5000};
+  in.params = 5300;  // may be given too, if it is the sum
+  in.fetch = in.grad = Format::kBf16;
+  p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 10600);
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 10600);
+  in.params = 5301;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument, HasSubstr("sum")));
+}
+
+TEST(PlanFormats, TensorList) {
+  EXPECT_EQ(Value(ParseTensorList("[4096, [64, 3], [2, 2, 2]]")),
+            (std::vector<uint64_t>{4096, 192, 8}));
+  EXPECT_THAT(ParseTensorList("[]"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("{\"a\": 1}"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("[1, 0]"), StatusIs(Code::kInvalidArgument, HasSubstr("[1]")));
+  EXPECT_THAT(ParseTensorList("[[3, -1]]"), StatusIs(Code::kInvalidArgument, HasSubstr("[0]")));
+  EXPECT_THAT(ParseTensorList("[1.5]"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("not json"), StatusIs(Code::kInvalidArgument));
 }
 
 TEST(Plan, ComputeFromTokens) {
