@@ -8,6 +8,7 @@
 # counters) and zps-plan's prediction of both, at each rate and with the links unlimited.
 #
 #   scripts/bench-network.sh        # defaults: RATES="100 1000 10000" STEPS=8 ROUNDS=1 MODES=all
+#   RATES=0 MODES="bf16-bf16 int8-bf16 bf16-int4 int8-int4" scripts/bench-network.sh  # unlimited
 #   RATES="200 1000" STEPS=6 scripts/bench-network.sh --d-model 256
 #   MODES="bf16-bf16 int8-int4" ROUNDS=3 RATES="1000 10000" scripts/bench-network.sh \
 #     --d-model 1024 --d-ff 4096
@@ -17,13 +18,14 @@
 # int8-int4; "all" is every one zps-train has. ROUNDS repeats the whole set: round by round,
 # rate by rate, the modes interleaved (bf16, quantized, bf16, quantized, ... on a shared machine
 # each pair meets about the same load), every row with the load average before and after it.
+# A rate of 0 runs the modes with the links unlimited only (no calibration pairs, no plan).
 #
 # Extra arguments go to every zps-train run (after the model below, so they override it: the
 # model's size is --d-model / --d-ff / --n-layers / --seq-len / --batch). The link's own figure
 # at each rate comes from ucx_perftest (tag_bw, 4 MiB messages, UCX tcp, the transport zps uses
 # here) between a worker host and a shard host, in the same run.
 #
-# Calibration of the prediction (zps-plan --json, printed beside each row):
+# Calibration of the prediction (zps-plan --json with the model's --tensors, beside each row):
 #   --compute-s      the same mode's step time with the links unlimited, measured right before
 #                    the limited run (it holds the forward, backward, optimizer pass and every
 #                    other per-step cost on this CPU), so --optimizer-rate is set out of the way;
@@ -122,10 +124,35 @@ run=0
 round=0
 declare -A unlimited_s=()
 # Rank 0 evaluates at the start and the end unless --eval-windows is 0 (the last one given wins).
+# The last value the model's arguments give a zps-train option (later ones override; options
+# are taken as two words, "--d-model 512").
+model_arg() {
+  local v="" i
+  for ((i = 0; i < ${#model[@]} - 1; i++)); do
+    [[ ${model[i]} == "--$1" ]] && v=${model[i + 1]}
+  done
+  echo "$v"
+}
 evals=2
-for ((i = 0; i < ${#model[@]} - 1; i++)); do
-  [[ ${model[i]} == --eval-windows ]] && { [[ ${model[i + 1]} == 0 ]] && evals=0 || evals=2; }
-done
+[[ $(model_arg eval-windows) == 0 ]] && evals=0
+# The model's tensors, for zps-plan --tensors (its quantized bytes are then the layout's pieces',
+# exact), as zps-train registers them (Specs, train/src/model.cc; vocab 256, byte-level).
+# zps-plan refuses them unless their sum is the parameter count rank 0 prints, so a drift between
+# this list and the model shows as a "# zps-plan:" line, and the plan falls back to --params.
+chunk_elems=$(model_arg chunk-elems)
+[[ -n $chunk_elems ]] ||
+  chunk_elems=$(sed -nE '/--chunk-elems=/{n;s/.*default: ([0-9]+)\).*/\1/p}' <<< "$help")
+python3 - "$(model_arg d-model)" "$(model_arg d-ff)" "$(model_arg n-layers)" \
+  "$(model_arg seq-len)" > "$work/tensors.json" <<'PY'
+import json, sys
+D, F, L, T = (int(x) for x in sys.argv[1:5])
+V = 256
+t = [[V, D], [T, D]]
+for _ in range(L):
+    t += [[D], [D], [D, 3 * D], [3 * D], [D, D], [D], [D], [D], [D, F], [F], [F, D], [D]]
+t += [[D], [D], [D, V]]
+print(json.dumps(t))
+PY
 results=$work/results.jsonl
 : > "$results"
 
@@ -177,10 +204,16 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
     local eff
     eff=$(python3 -c "import sys; print(min(1.0, max(0.01, float(sys.argv[1]) / float(sys.argv[2]))))" \
       "${link:-$rate}" "$rate")
+    local plan_args=(--params "$params" --nodes "$WORLD" --gpus-per-node 1 --shards "$SHARDS"
+      --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")"
+      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15)
     # shellcheck disable=SC2086  # plan_opts is a list of words
-    plan=$("$bin/zps-plan" --params "$params" --nodes "$WORLD" --gpus-per-node 1 \
-      --shards "$SHARDS" --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")" \
-      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15 $plan_opts --json)
+    if ! plan=$("$bin/zps-plan" "${plan_args[@]}" --tensors "$work/tensors.json" \
+                --chunk-elems "$chunk_elems" $plan_opts --json); then
+      echo "# zps-plan: the tensors do not make the model; planning from --params alone" >&2
+      # shellcheck disable=SC2086
+      plan=$("$bin/zps-plan" "${plan_args[@]}" $plan_opts --json)
+    fi
   fi
   python3 - "$name" "$rate" "${link:-0}" "$STEPS" "$params" "$push" "$fetch" "$step_s" \
     "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" "$evals" "$round" \
@@ -218,6 +251,12 @@ shape_all() { for h in "${hosts[@]}"; do testbed_shape "$h" "$1" "$DELAY_MS"; do
 unshape_all() { for h in "${hosts[@]}"; do testbed_unshape "$h"; done; }
 for ((round = 1; round <= ROUNDS; round++)); do
   for rate in $RATES; do
+    if [[ $rate == 0 ]]; then  # the links unlimited alone: the modes' CPU cost side by side
+      unshape_all
+      echo "# round $round, links unlimited; load $(cut -d' ' -f1-3 /proc/loadavg)"
+      for m in "${modes[@]}"; do one_run 0 "" "$m"; done
+      continue
+    fi
     shape_all "$rate"
     link=$(link_figure)
     echo "# round $round, rate $rate Mbit/s: ucx_perftest w0 -> s0 ${link:-?} Mbit/s; delay applied: $tb_delay_applied; load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -251,15 +290,17 @@ for r in rows:
           f'| {t:.3f} | {lo:.3f} .. {hi:.3f} | {t / lo:.2f}, {t / hi:.2f} | '
           f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
           f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
-# Each mode against the first mode of the same round and rate (the pairs met the same load).
+# Each mode against the first mode's run just before it at the same rate (the pair met about
+# the same load from the machine's other processes).
 print()
-first = {}
+ref = {}
 for r in rows:
     k = (r["round"], r["rate_mbit"])
-    if k not in first:
-        first[k] = r
-    elif r["mode"] != first[k]["mode"]:
-        print(f'# round {k[0]}, {"unlimited" if k[1] == 0 else str(k[1]) + " Mbit/s"}: '
-              f'{first[k]["mode"]} {first[k]["s_per_step"]:.3f} s / {r["mode"]} '
-              f'{r["s_per_step"]:.3f} s = {first[k]["s_per_step"] / r["s_per_step"]:.2f}x')
+    if r["mode"] == rows[0]["mode"]:
+        ref[k] = r
+    elif k in ref:
+        f = ref[k]
+        rate = "unlimited" if k[1] == 0 else f"{k[1]} Mbit/s"
+        print(f'# round {k[0]}, {rate}: {f["mode"]} {f["s_per_step"]:.3f} s / {r["mode"]} '
+              f'{r["s_per_step"]:.3f} s = {f["s_per_step"] / r["s_per_step"]:.2f}x')
 PY
