@@ -47,9 +47,10 @@ bin=$(cd "$BUILD_DIR/bin" && pwd)
 for p in zps-train zps-server zps-plan; do
   [[ -x $bin/$p ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 done
-# The main job's model (4 blocks, 4 heads) twice as wide, with few tokens a step: on a CPU
-# worker its step costs about as much per parameter as the link does at 1 Gbit/s. No held-out
-# evaluation: it would fetch the whole model twice outside the steps.
+# The main job's model (4 blocks, 4 heads) twice as wide, with few tokens a step. On a 2-core
+# machine no width lets the 1 Gbit/s link dominate: the job's step costs 5-16x per parameter
+# what the link does (docs/benchmarks.md, "Slow network"). No held-out evaluation: it would
+# fetch the whole model twice outside the steps.
 model=(--d-model 256 --n-layers 4 --n-heads 4 --d-ff 1024 --seq-len 16 --batch 1
        --eval-windows 0 --steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS"
        --log-every 100000 --ucx-tls tcp --op-timeout 600 "$@")
@@ -123,7 +124,6 @@ link_figure() {
 run=0
 round=0
 declare -A unlimited_s=()
-# Rank 0 evaluates at the start and the end unless --eval-windows is 0 (the last one given wins).
 # The last value the model's arguments give a zps-train option (later ones override; options
 # are taken as two words, "--d-model 512").
 model_arg() {
@@ -133,6 +133,7 @@ model_arg() {
   done
   echo "$v"
 }
+# Rank 0 evaluates at the start and the end unless --eval-windows is 0.
 evals=2
 [[ $(model_arg eval-windows) == 0 ]] && evals=0
 # The model's tensors, for zps-plan --tensors (its quantized bytes are then the layout's pieces',
