@@ -97,6 +97,9 @@ Result<std::vector<uint64_t>> ParseTensorList(std::string_view json) {
           return InvalidArgument("tensors[" + std::to_string(i) +
                                  "]: a dimension is not a positive integer");
         }
+        if (n > kMaxTotalElems / d.get<uint64_t>()) {
+          return InvalidArgument("tensors[" + std::to_string(i) + "]: more than 2^40 elements");
+        }
         n *= d.get<uint64_t>();
       }
     } else {

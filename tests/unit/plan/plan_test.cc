@@ -239,6 +239,13 @@ TEST(PlanFormats, TensorList) {
   EXPECT_THAT(ParseTensorList("[1, 0]"), StatusIs(Code::kInvalidArgument, HasSubstr("[1]")));
   EXPECT_THAT(ParseTensorList("[[3, -1]]"), StatusIs(Code::kInvalidArgument, HasSubstr("[0]")));
   EXPECT_THAT(ParseTensorList("[1.5]"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("[[1048576, 1048576, 2]]"),  // 2^41 elements
+              StatusIs(Code::kInvalidArgument, HasSubstr("2^40")));
+  // A count the layout cannot hold is refused by the plan, not wrapped around.
+  PlanInput in = Testbed();
+  in.params = 0;
+  in.tensors = {uint64_t{1} << 41};
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(ParseTensorList("not json"), StatusIs(Code::kInvalidArgument));
 }
 

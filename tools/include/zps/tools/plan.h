@@ -62,8 +62,8 @@ Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block);
 
 /// The element counts of a model's tensors, in the order the job registers them, from a JSON
 /// array whose items are element counts (`4096`) or shapes (`[64, 64]`). Errors:
-/// InvalidArgument for text that is not such an array, an empty one, or a count or dimension
-/// that is not a positive integer.
+/// InvalidArgument for text that is not such an array, an empty one, a count or dimension that
+/// is not a positive integer, or a shape of more than 2^40 elements (kMaxTotalElems).
 Result<std::vector<uint64_t>> ParseTensorList(std::string_view json);
 
 struct PlanInput {
