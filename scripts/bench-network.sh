@@ -1,32 +1,45 @@
 #!/usr/bin/env bash
 # zps-train on the slow-network testbed (tests/integration/netns/testbed.sh): 2 shards and 4
 # workers, each a host in its own network namespace behind one bridge, every host's link limited
-# with tc to RATE Mbit/s each way. For every mode zps-train has (bf16 / fp32 serving, 16 / 32-bit
-# gradients, server-sum / pre-reduced; int8 / int4 quantized weights and gradients where
-# zps-train has --quantized-weights / --quantized-grads, else those rows are skipped) it prints
-# the step time, the shards' bytes per step (their zps_fetch/push_bytes_total counters) and
-# zps-plan's prediction of both, at each rate and with the links unlimited.
+# with tc to RATE Mbit/s each way. For each mode in MODES (bf16 / fp32 serving, 16 / 32-bit
+# gradients, server-sum / pre-reduced; int8 quantized weights and int8 / int4 quantized
+# gradients where zps-train has --quantized-weights / --quantized-grads, else those modes are
+# skipped) it prints the step time, the shards' bytes per step (their zps_fetch/push_bytes_total
+# counters) and zps-plan's prediction of both, at each rate and with the links unlimited.
 #
-#   scripts/bench-network.sh        # defaults: RATES="100 1000 10000" STEPS=8 DELAY_MS=0.1
+#   scripts/bench-network.sh        # defaults: RATES="100 1000 10000" STEPS=8 ROUNDS=1 MODES=all
+#   RATES=0 MODES="bf16-bf16 int8-bf16 bf16-int4 int8-int4" scripts/bench-network.sh  # unlimited
 #   RATES="200 1000" STEPS=6 scripts/bench-network.sh --d-model 256
+#   MODES="bf16-bf16 int8-int4" ROUNDS=3 RATES="1000 10000" scripts/bench-network.sh \
+#     --d-model 1024 --d-ff 4096
 #
-# Extra arguments go to every zps-train run (after the model below, so they override it). The
-# link's own figure at each rate comes from ucx_perftest (tag_bw, 4 MiB messages, UCX tcp, the
-# transport zps uses here) between a worker host and a shard host, in the same run.
+# MODES names the modes to run, in the order given (fetch-grads[-pre]): bf16-fp32, bf16-bf16,
+# fp32-fp32, bf16-fp32-pre, bf16-bf16-pre, int8-bf16, bf16-int8, bf16-int4, int8-int8,
+# int8-int4; "all" is every one zps-train has. ROUNDS repeats the whole set: round by round,
+# rate by rate, the modes interleaved (bf16, quantized, bf16, quantized, ... on a shared machine
+# each pair meets about the same load), every row with the load average before and after it.
+# A rate of 0 runs the modes with the links unlimited only (no calibration pairs, no plan).
 #
-# Calibration of the prediction (zps-plan --json, printed beside each row):
+# Extra arguments go to every zps-train run (after the model below, so they override it: the
+# model's size is --d-model / --d-ff / --n-layers / --seq-len / --batch). The link's own figure
+# at each rate comes from ucx_perftest (tag_bw, 4 MiB messages, UCX tcp, the transport zps uses
+# here) between a worker host and a shard host, in the same run.
+#
+# Calibration of the prediction (zps-plan --json with the model's --tensors, beside each row):
 #   --compute-s      the same mode's step time with the links unlimited, measured right before
 #                    the limited run (it holds the forward, backward, optimizer pass and every
 #                    other per-step cost on this CPU), so --optimizer-rate is set out of the way;
 #   --link-efficiency  ucx_perftest's figure at that rate over the rate (at most 1).
 # Needs root (ip netns, tc); exits 77 where namespaces cannot be made. Prints JSON lines, then a
-# Markdown table.
+# Markdown table and, per rate, each mode's step time over the first mode's in the same round.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 BUILD_DIR=${BUILD_DIR:-build}
 RATES=${RATES:-100 1000 10000}
 STEPS=${STEPS:-8}
+ROUNDS=${ROUNDS:-1}
+MODES=${MODES:-all}
 DELAY_MS=${DELAY_MS:-0.1}
 WORLD=4
 SHARDS=2
@@ -34,11 +47,13 @@ bin=$(cd "$BUILD_DIR/bin" && pwd)
 for p in zps-train zps-server zps-plan; do
   [[ -x $bin/$p ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 done
-# The main job's model (4 blocks, 4 heads) twice as wide, with few tokens a step: on a CPU
-# worker its step costs about as much per parameter as the link does at 1 Gbit/s.
+# The main job's model (4 blocks, 4 heads) twice as wide, with few tokens a step. On a 2-core
+# machine no width lets the 1 Gbit/s link dominate: the job's step costs 5-16x per parameter
+# what the link does (docs/benchmarks.md, "Slow network"). No held-out evaluation: it would
+# fetch the whole model twice outside the steps.
 model=(--d-model 256 --n-layers 4 --n-heads 4 --d-ff 1024 --seq-len 16 --batch 1
-       --steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS" --log-every 100000
-       --ucx-tls tcp --op-timeout 600 "$@")
+       --eval-windows 0 --steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS"
+       --log-every 100000 --ucx-tls tcp --op-timeout 600 "$@")
 # shellcheck source=tests/integration/lib.sh
 source tests/integration/lib.sh
 # shellcheck source=tests/integration/netns/testbed.sh
@@ -52,28 +67,35 @@ testbed_wait_reachable w0 s0
 
 help=$("$bin/zps-train" --help 2>&1 || true)
 has() { grep -q -- "--$1" <<< "$help"; }
-# name | zps-train options | zps-plan options
-modes=(
-  "bf16 fetch, fp32 grads, server-sum|--serving-dtype bf16 --grad-dtype fp32 --reduction server-sum|--fetch bf16 --grad fp32"
-  "bf16 fetch, bf16 grads, server-sum|--serving-dtype bf16 --grad-dtype bf16 --reduction server-sum|--fetch bf16 --grad bf16"
-  "fp32 fetch, fp32 grads, server-sum|--serving-dtype fp32 --grad-dtype fp32 --reduction server-sum|--fetch fp32 --grad fp32"
-  "bf16 fetch, fp32 grads, pre-reduced|--serving-dtype bf16 --grad-dtype fp32 --reduction pre-reduced|--fetch bf16 --grad fp32 --reduction pre-reduced"
-  "bf16 fetch, bf16 grads, pre-reduced|--serving-dtype bf16 --grad-dtype bf16 --reduction pre-reduced|--fetch bf16 --grad bf16 --reduction pre-reduced"
+# key | name | zps-train options | zps-plan options | what zps-train must have
+catalog=(
+  "bf16-fp32|bf16 fetch, fp32 grads, server-sum|--serving-dtype bf16 --grad-dtype fp32 --reduction server-sum|--fetch bf16 --grad fp32|"
+  "bf16-bf16|bf16 fetch, bf16 grads, server-sum|--serving-dtype bf16 --grad-dtype bf16 --reduction server-sum|--fetch bf16 --grad bf16|"
+  "fp32-fp32|fp32 fetch, fp32 grads, server-sum|--serving-dtype fp32 --grad-dtype fp32 --reduction server-sum|--fetch fp32 --grad fp32|"
+  "bf16-fp32-pre|bf16 fetch, fp32 grads, pre-reduced|--serving-dtype bf16 --grad-dtype fp32 --reduction pre-reduced|--fetch bf16 --grad fp32 --reduction pre-reduced|"
+  "bf16-bf16-pre|bf16 fetch, bf16 grads, pre-reduced|--serving-dtype bf16 --grad-dtype bf16 --reduction pre-reduced|--fetch bf16 --grad bf16 --reduction pre-reduced|"
+  "int8-bf16|int8 fetch, bf16 grads, server-sum|--quantized-weights int8 --grad-dtype bf16 --reduction server-sum|--fetch int8 --grad bf16|quantized-weights"
+  "bf16-int8|bf16 fetch, int8 grads, server-sum|--serving-dtype bf16 --quantized-grads int8 --reduction server-sum|--fetch bf16 --grad int8|quantized-grads"
+  "bf16-int4|bf16 fetch, int4 grads, server-sum|--serving-dtype bf16 --quantized-grads int4 --reduction server-sum|--fetch bf16 --grad int4|quantized-grads"
+  "int8-int8|int8 fetch, int8 grads, server-sum|--quantized-weights int8 --quantized-grads int8 --reduction server-sum|--fetch int8 --grad int8|quantized-weights quantized-grads"
+  "int8-int4|int8 fetch, int4 grads, server-sum|--quantized-weights int8 --quantized-grads int4 --reduction server-sum|--fetch int8 --grad int4|quantized-weights quantized-grads"
 )
-if has quantized-weights; then
-  modes+=("int8 fetch, bf16 grads, server-sum|--quantized-weights int8 --grad-dtype bf16|--fetch int8 --grad bf16")
-else
-  echo "# skipped: int8 weights (zps-train has no --quantized-weights)"
-fi
-if has quantized-grads; then
-  modes+=("bf16 fetch, int8 grads, server-sum|--quantized-grads int8|--fetch bf16 --grad int8"
-          "bf16 fetch, int4 grads, server-sum|--quantized-grads int4|--fetch bf16 --grad int4")
-  if has quantized-weights; then
-    modes+=("int8 fetch, int4 grads, server-sum|--quantized-weights int8 --quantized-grads int4|--fetch int8 --grad int4")
+keys=()
+for entry in "${catalog[@]}"; do keys+=("${entry%%|*}"); done
+[[ $MODES == all ]] || read -r -a keys <<< "$MODES"
+modes=()
+for key in "${keys[@]}"; do
+  entry=$(printf '%s\n' "${catalog[@]}" | grep "^$key|") || { echo "unknown mode '$key'" >&2; exit 2; }
+  IFS='|' read -r _ name train_opts plan_opts needs <<< "$entry"
+  missing=""
+  for n in $needs; do has "$n" || missing+=" --$n"; done
+  if [[ -n $missing ]]; then
+    echo "# skipped: $name (zps-train has no$missing)"
+    continue
   fi
-else
-  echo "# skipped: int8 / int4 gradients (zps-train has no --quantized-grads)"
-fi
+  modes+=("$name|$train_opts|$plan_opts")
+done
+[[ ${#modes[@]} -gt 0 ]] || { echo "no mode to run" >&2; exit 2; }
 
 metric() {  # shard metric
   testbed_exec "s$1" python3 -c '
@@ -100,7 +122,38 @@ link_figure() {
 }
 
 run=0
+round=0
 declare -A unlimited_s=()
+# The last value the model's arguments give a zps-train option (later ones override; options
+# are taken as two words, "--d-model 512").
+model_arg() {
+  local v="" i
+  for ((i = 0; i < ${#model[@]} - 1; i++)); do
+    [[ ${model[i]} == "--$1" ]] && v=${model[i + 1]}
+  done
+  echo "$v"
+}
+# Rank 0 evaluates at the start and the end unless --eval-windows is 0.
+evals=2
+[[ $(model_arg eval-windows) == 0 ]] && evals=0
+# The model's tensors, for zps-plan --tensors (its quantized bytes are then the layout's pieces',
+# exact), as zps-train registers them (Specs, train/src/model.cc; vocab 256, byte-level).
+# zps-plan refuses them unless their sum is the parameter count rank 0 prints, so a drift between
+# this list and the model shows as a "# zps-plan:" line, and the plan falls back to --params.
+chunk_elems=$(model_arg chunk-elems)
+[[ -n $chunk_elems ]] ||
+  chunk_elems=$(sed -nE '/--chunk-elems=/{n;s/.*default: ([0-9]+)\).*/\1/p}' <<< "$help")
+python3 - "$(model_arg d-model)" "$(model_arg d-ff)" "$(model_arg n-layers)" \
+  "$(model_arg seq-len)" > "$work/tensors.json" <<'PY'
+import json, sys
+D, F, L, T = (int(x) for x in sys.argv[1:5])
+V = 256
+t = [[V, D], [T, D]]
+for _ in range(L):
+    t += [[D], [D], [D, 3 * D], [3 * D], [D, D], [D], [D], [D], [D, F], [F], [F, D], [D]]
+t += [[D], [D], [D, V]]
+print(json.dumps(t))
+PY
 results=$work/results.jsonl
 : > "$results"
 
@@ -112,7 +165,8 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
   local cport=$((7100 + run)) dir=$work/run$run
   mport=$((9100 + run))
   mkdir -p "$dir"
-  local sp=() i r
+  local sp=() i r load0
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
   for ((i = 0; i < SHARDS; i++)); do
     local args=(--ordinal "$i" --shards "$SHARDS" --port "$cport" --bind "${tb_addr[s$i]}"
                 --advertise-host "${tb_addr[s$i]}" --token-file "$work/token"
@@ -151,25 +205,37 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
     local eff
     eff=$(python3 -c "import sys; print(min(1.0, max(0.01, float(sys.argv[1]) / float(sys.argv[2]))))" \
       "${link:-$rate}" "$rate")
+    local plan_args=(--params "$params" --nodes "$WORLD" --gpus-per-node 1 --shards "$SHARDS"
+      --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")"
+      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15)
     # shellcheck disable=SC2086  # plan_opts is a list of words
-    plan=$("$bin/zps-plan" --params "$params" --nodes "$WORLD" --gpus-per-node 1 \
-      --shards "$SHARDS" --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")" \
-      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15 $plan_opts --json)
+    if ! plan=$("$bin/zps-plan" "${plan_args[@]}" --tensors "$work/tensors.json" \
+                --chunk-elems "$chunk_elems" $plan_opts --json); then
+      echo "# zps-plan: the tensors do not make the model; planning from --params alone" >&2
+      # shellcheck disable=SC2086
+      plan=$("$bin/zps-plan" "${plan_args[@]}" $plan_opts --json)
+    fi
   fi
   python3 - "$name" "$rate" "${link:-0}" "$STEPS" "$params" "$push" "$fetch" "$step_s" \
-    "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" <<'PY' | tee -a "$results"
+    "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" "$evals" "$round" \
+    "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' | tee -a "$results"
 import json, sys
 name, rate, link, steps, params, push, fetch, step_s, opts, plan = sys.argv[1:11]
 steps, params, push, fetch = int(steps), int(params), int(push), int(fetch)
-serving = 4 if "--serving-dtype fp32" in opts else 2
-# Less rank 0's initial values (fp32) and its two evaluations (direct fetches, serving dtype).
+evals = int(sys.argv[12])
+# Bytes an element of the serving copy: an int8 copy has one fp32 scale per 256 elements
+# (kWeightQuantBlock); an evaluation fetches the whole model once in it.
+serving = 4 if "--serving-dtype fp32" in opts else 1 + 4 / 256 if "--quantized-weights" in opts else 2
+# Less rank 0's initial values (fp32) and its evaluations (direct fetches, serving copy).
 ingress = (push - params * 4) / steps
-egress = (fetch - 2 * params * serving) / steps
+egress = (fetch - evals * params * serving) / steps
 plan = json.loads(plan)
-row = {"mode": name, "rate_mbit": int(rate), "link_mbit_ucx_perftest": int(link),
+row = {"mode": name, "round": int(sys.argv[13]), "rate_mbit": int(rate),
+       "link_mbit_ucx_perftest": int(link),
        "calibration_s_per_step": float(sys.argv[11]) if sys.argv[11] else None,
        "params": params, "s_per_step": float(step_s),
-       "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress)}
+       "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress),
+       "load_before": sys.argv[14], "load_after": sys.argv[15]}
 if plan:
     row.update({"plan_t_lower": plan["t_lower"], "plan_t_upper": plan["t_upper"],
                 "plan_t_network": plan["t_network"],
@@ -184,33 +250,58 @@ echo "# zps-train ${model[*]}"
 echo "# tc: tbf per host each way; delay ${DELAY_MS} ms where netem exists"
 shape_all() { for h in "${hosts[@]}"; do testbed_shape "$h" "$1" "$DELAY_MS"; done; }
 unshape_all() { for h in "${hosts[@]}"; do testbed_unshape "$h"; done; }
-for rate in $RATES; do
-  shape_all "$rate"
-  link=$(link_figure)
-  echo "# rate $rate Mbit/s: ucx_perftest w0 -> s0 ${link:-?} Mbit/s; delay applied: $tb_delay_applied"
-  for m in "${modes[@]}"; do
-    # The calibration run (links unlimited) right before the limited one, so that both meet
-    # the same load from the machine's other processes.
-    unshape_all
-    one_run 0 "" "$m"
+for ((round = 1; round <= ROUNDS; round++)); do
+  for rate in $RATES; do
+    if [[ $rate == 0 ]]; then  # the links unlimited alone: the modes' CPU cost side by side
+      unshape_all
+      echo "# round $round, links unlimited; load $(cut -d' ' -f1-3 /proc/loadavg)"
+      for m in "${modes[@]}"; do one_run 0 "" "$m"; done
+      continue
+    fi
     shape_all "$rate"
-    one_run "$rate" "$link" "$m"
+    link=$(link_figure)
+    echo "# round $round, rate $rate Mbit/s: ucx_perftest w0 -> s0 ${link:-?} Mbit/s; delay applied: $tb_delay_applied; load $(cut -d' ' -f1-3 /proc/loadavg)"
+    for m in "${modes[@]}"; do
+      # The calibration run (links unlimited) right before the limited one, so that both meet
+      # the same load from the machine's other processes.
+      unshape_all
+      one_run 0 "" "$m"
+      shape_all "$rate"
+      one_run "$rate" "$link" "$m"
+    done
   done
 done
+echo "# done; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| link (ucx_perftest) | mode | s/step unlimited | s/step | plan lower .. upper "
-      "| shard in / step | plan | shard out / step | plan |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| round | link (ucx_perftest) | mode | load before / after | s/step unlimited | s/step "
+      "| plan lower .. upper | measured / lower, upper | shard in / step | plan "
+      "| shard out / step | plan |")
+print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     if r["rate_mbit"] == 0:
         continue  # the calibration runs: in the next row's "unlimited" column
     link = f'{r["rate_mbit"]} Mbit/s ({r["link_mbit_ucx_perftest"]})'
-    print(f'| {link} | {r["mode"]} | {r["calibration_s_per_step"]:.3f} | {r["s_per_step"]:.3f} | '
-          f'{r["plan_t_lower"]:.3f} .. {r["plan_t_upper"]:.3f} | '
+    lo, hi, t = r["plan_t_lower"], r["plan_t_upper"], r["s_per_step"]
+    load = f'{r["load_before"].split()[0]} / {r["load_after"].split()[0]}'
+    print(f'| {r["round"]} | {link} | {r["mode"]} | {load} | {r["calibration_s_per_step"]:.3f} '
+          f'| {t:.3f} | {lo:.3f} .. {hi:.3f} | {t / lo:.2f}, {t / hi:.2f} | '
           f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
           f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
+# Each mode against the first mode's run just before it at the same rate (the pair met about
+# the same load from the machine's other processes).
+print()
+ref = {}
+for r in rows:
+    k = (r["round"], r["rate_mbit"])
+    if r["mode"] == rows[0]["mode"]:
+        ref[k] = r
+    elif k in ref:
+        f = ref[k]
+        rate = "unlimited" if k[1] == 0 else f"{k[1]} Mbit/s"
+        print(f'# round {k[0]}, {rate}: {f["mode"]} {f["s_per_step"]:.3f} s / {r["mode"]} '
+              f'{r["s_per_step"]:.3f} s = {f["s_per_step"] / r["s_per_step"]:.2f}x')
 PY

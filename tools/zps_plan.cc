@@ -3,10 +3,13 @@
 //
 //   zps-plan --params 70e9 --nodes 8 --gpus-per-node 8 --link-gbps 100
 //   zps-plan --params 7e9 --nodes 1 --grad bf16 --pre-reduced --json
+//   zps-plan --tensors model.json --nodes 4 --gpus-per-node 1 --fetch int8 --grad int4
 //
 // The measured constants (link efficiency, optimizer rate, compute time) can come from a JSON
 // --config file as any other option; docs/scaling.md describes the model and its assumptions.
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "zps/common/config.h"
@@ -61,6 +64,18 @@ int main(int argc, char** argv) {
                "byte) + the serving copy in the fetch format: 14, 10 or 8 bytes a parameter "
                "with bf16 fetches. docs/scaling.md describes the model.");
   AddCount(f, "params", "parameters of the model (e.g. 70e9)", &in.params);
+  std::string tensors_file;
+  f.Add("tensors",
+        "a JSON file: the model's tensors in registration order, each an element count or a "
+        "shape ([[256, 512], 512, ...]); the quantized bytes are then those of the layout's "
+        "pieces, exact, and --params is their sum",
+        &tensors_file);
+  int64_t chunk_elems = static_cast<int64_t>(in.chunk_elems);
+  int64_t align_elems = in.align_elems;
+  f.Add("chunk-elems", "with --tensors: elements per chunk (zps-train's --chunk-elems)",
+        &chunk_elems, 1, int64_t{1} << 40);
+  f.Add("align-elems", "with --tensors: each tensor's alignment in elements (the job's)",
+        &align_elems, 1, int64_t{1} << 30);
   f.Add("nodes", "worker hosts", &in.nodes, 1, 1 << 20);
   f.Add("gpus-per-node", "workers (ranks, one per GPU) per worker host", &in.gpus_per_node, 1,
         1024);
@@ -105,6 +120,27 @@ int main(int argc, char** argv) {
   }
   if (*parsed == zps::ParseOutcome::kHelpShown) return 0;
   in.colocated = !separate;
+  in.chunk_elems = static_cast<uint64_t>(chunk_elems);
+  in.align_elems = static_cast<uint32_t>(align_elems);
+  if (!tensors_file.empty()) {
+    std::ifstream file(tensors_file);
+    std::stringstream text;
+    text << file.rdbuf();
+    if (!file) {
+      std::fprintf(stderr, "zps-plan: cannot read --tensors %s\n", tensors_file.c_str());
+      return 2;
+    }
+    auto tensors = zps::plan::ParseTensorList(text.str());
+    if (!tensors.ok()) {
+      std::fprintf(stderr, "zps-plan: %s: %s\n", tensors_file.c_str(),
+                   tensors.status().ToString().c_str());
+      return 2;
+    }
+    in.tensors = std::move(*tensors);
+    if (in.params == 0) {
+      for (uint64_t n : in.tensors) in.params += static_cast<double>(n);
+    }
+  }
   in.weight_block = static_cast<uint64_t>(weight_block);
   in.grad_block = static_cast<uint64_t>(grad_block);
   if (reduction != "server-sum" && reduction != "pre-reduced") {

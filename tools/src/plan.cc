@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "zps/common/dtype.h"
+#include "zps/common/layout.h"
+#include "zps/common/serving_quant.h"
 
 namespace zps::plan {
 namespace {
@@ -31,7 +35,81 @@ std::string Seconds(double s) {
   return b;
 }
 
+// Bits of a quantized format, 0 for the others.
+uint8_t QuantBits(Format f) { return f == Format::kInt8 ? 8 : f == Format::kInt4 ? 4 : 0; }
+
+// Bytes one fetch and one push of the whole model move, summed over the layout's pieces as the
+// workers send them (plan.h says why this is exact where ElementBytes is an average).
+struct ModelBytes {
+  double fetch = 0;
+  double push = 0;
+};
+
+Result<ModelBytes> PieceBytes(const PlanInput& in, uint32_t shards) {
+  std::vector<ParamSpec> specs;
+  specs.reserve(in.tensors.size());
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    specs.push_back({"t" + std::to_string(i), {static_cast<int64_t>(in.tensors[i])}});
+  }
+  ZPS_ASSIGN_OR_RETURN(Layout layout,
+                       Layout::Build(std::move(specs), {in.chunk_elems, in.align_elems, shards}));
+  const uint8_t fetch_bits = QuantBits(in.fetch), grad_bits = QuantBits(in.grad);
+  const QuantFormat wf{fetch_bits, static_cast<uint32_t>(in.weight_block)};
+  const QuantFormat gf{grad_bits, static_cast<uint32_t>(in.grad_block)};
+  const double fetch_elem = ElementBytes(in.fetch, in.weight_block);
+  const double grad_elem = ElementBytes(in.grad, in.grad_block);
+  ModelBytes b;
+  for (uint32_t p = 0; p < layout.num_params(); ++p) {
+    ZPS_ASSIGN_OR_RETURN(auto pieces, layout.Pieces(p, 0, layout.param_numel(p)));
+    for (const Piece& piece : pieces) {
+      b.fetch += fetch_bits != 0
+                     ? static_cast<double>(QuantizedCovering(wf, layout.chunk_size(piece.chunk),
+                                                             piece.chunk_offset,
+                                                             piece.chunk_offset + piece.length)
+                                               .bytes)
+                     : static_cast<double>(piece.length) * fetch_elem;
+      b.push += grad_bits != 0 ? static_cast<double>(QuantizedBytes(gf, piece.length))
+                               : static_cast<double>(piece.length) * grad_elem;
+    }
+  }
+  return b;
+}
+
 }  // namespace
+
+Result<std::vector<uint64_t>> ParseTensorList(std::string_view json) {
+  using Json = nlohmann::json;
+  Json doc = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_array() || doc.empty()) {
+    return InvalidArgument("tensors: expected a non-empty JSON array of element counts or shapes");
+  }
+  auto positive = [](const Json& v) { return v.is_number_integer() && v.get<int64_t>() > 0; };
+  std::vector<uint64_t> out;
+  out.reserve(doc.size());
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const Json& t = doc[i];
+    uint64_t n = 1;
+    if (positive(t)) {
+      n = t.get<uint64_t>();
+    } else if (t.is_array() && !t.empty()) {
+      for (const Json& d : t) {
+        if (!positive(d)) {
+          return InvalidArgument("tensors[" + std::to_string(i) +
+                                 "]: a dimension is not a positive integer");
+        }
+        if (n > kMaxTotalElems / d.get<uint64_t>()) {
+          return InvalidArgument("tensors[" + std::to_string(i) + "]: more than 2^40 elements");
+        }
+        n *= d.get<uint64_t>();
+      }
+    } else {
+      return InvalidArgument("tensors[" + std::to_string(i) +
+                             "]: not a positive element count or a shape");
+    }
+    out.push_back(n);
+  }
+  return out;
+}
 
 Result<Format> ParseFormat(std::string_view text) {
   if (text == "int8") return Format::kInt8;
@@ -89,6 +167,20 @@ double ElementBytes(Format f, uint64_t block) {
   return 0;
 }
 
+double WindowElementBytes(Format fetch) {
+  switch (fetch) {
+    case Format::kFp32:
+    case Format::kInt8:
+    case Format::kInt4:
+      return static_cast<double>(DTypeSize(DType::kF32));
+    case Format::kFp16:
+      return static_cast<double>(DTypeSize(DType::kF16));
+    case Format::kBf16:
+      return static_cast<double>(DTypeSize(DType::kBF16));
+  }
+  return 0;
+}
+
 Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block) {
   double moment = 0;
   switch (state) {
@@ -109,7 +201,17 @@ Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block) 
   return master + 2 * moment + ElementBytes(serving, block);
 }
 
-Result<Plan> MakePlan(const PlanInput& in) {
+Result<Plan> MakePlan(const PlanInput& input) {
+  PlanInput in = input;
+  if (!in.tensors.empty()) {
+    double sum = 0;
+    for (uint64_t n : in.tensors) sum += static_cast<double>(n);
+    if (in.params > 0 && in.params != sum) {
+      return InvalidArgument("--params " + std::to_string(in.params) +
+                             " differs from the tensors' sum " + std::to_string(sum));
+    }
+    in.params = sum;
+  }
   if (!(in.params > 0)) return InvalidArgument("--params must be > 0");
   if (in.nodes < 1 || in.gpus_per_node < 1) {
     return InvalidArgument("--nodes and --gpus-per-node must be >= 1");
@@ -136,15 +238,25 @@ Result<Plan> MakePlan(const PlanInput& in) {
   const double W = p.workers, S = p.shards, N = in.nodes, G = in.gpus_per_node;
   p.fetch_bytes = ElementBytes(in.fetch, in.weight_block);
   p.grad_bytes = ElementBytes(in.grad, in.grad_block);
+  // One fetch and one push of the whole model.
+  ModelBytes model{P * p.fetch_bytes, P * p.grad_bytes};
+  if (!in.tensors.empty()) {
+    ZPS_ASSIGN_OR_RETURN(model, PieceBytes(in, static_cast<uint32_t>(p.shards)));
+    p.fetch_bytes = model.fetch / P;  // the pieces' average
+    p.grad_bytes = model.push / P;
+  }
   ZPS_ASSIGN_OR_RETURN(p.state_bytes, StateBytesPerParam(in.state, in.fetch, in.weight_block));
-  // Forward and backward share one fetch when the whole model fits in the live window.
-  p.fetch_passes = P * p.fetch_bytes <= in.worker_live_bytes ? 1 : 2;
+  p.window_bytes = WindowElementBytes(in.fetch);
+  // Forward and backward share one fetch when the whole model, as the worker holds it, fits in
+  // the live window.
+  p.fetch_passes = P * p.window_bytes <= in.worker_live_bytes ? 1 : 2;
   const double f = p.fetch_bytes * p.fetch_passes, g = p.grad_bytes;
+  const double fetch_all = model.fetch * p.fetch_passes, push_all = model.push;
   constexpr double kFp32 = 4;  // the collectives reduce fp32 gradients
 
   // One rank: what it exchanges with the shards, and with the other ranks.
-  const double from_shards = in.bandwidth_centric ? P / W * f : P * f;
-  const double to_shards = in.pre_reduced ? P / W * g : P * g;
+  const double from_shards = in.bandwidth_centric ? fetch_all / W : fetch_all;
+  const double to_shards = in.pre_reduced ? push_all / W : push_all;
   double coll_out = 0, coll_in = 0;  // per rank
   if (in.bandwidth_centric) {
     coll_out += (W - 1) / W * P * f;  // all-gather of the fetched slices
@@ -159,8 +271,8 @@ Result<Plan> MakePlan(const PlanInput& in) {
   // what one rank's edge does. One host alone: the collectives never leave it.
   const double coll_host_out = N > 1 ? coll_out : 0, coll_host_in = N > 1 ? coll_in : 0;
 
-  p.shard_in = in.pre_reduced ? P / S * g : W * P / S * g;
-  p.shard_out = in.bandwidth_centric ? P / S * f : W * P / S * f;
+  p.shard_in = in.pre_reduced ? push_all / S : W * push_all / S;
+  p.shard_out = in.bandwidth_centric ? fetch_all / S : W * fetch_all / S;
   if (in.colocated) {
     // Shards spread evenly over the nodes: 1/N of a node's shard traffic stays on the node.
     const double remote = (N - 1) / N, per_node = S / N;
@@ -187,8 +299,8 @@ Result<Plan> MakePlan(const PlanInput& in) {
   p.shard_ram_bytes = resident + n * serving + p.shard_grad_bytes;
 
   // Memory per worker.
-  p.worker_window_bytes = std::min(in.worker_live_bytes, P * p.fetch_bytes) +
-                          std::min(in.prefetch_bytes, P * p.fetch_bytes);
+  p.worker_window_bytes = std::min(in.worker_live_bytes, P * p.window_bytes) +
+                          std::min(in.prefetch_bytes, P * p.window_bytes);
   if (in.pre_reduced) {
     const double bucket = std::min(in.bucket_bytes, P * kFp32);
     p.worker_bucket_bytes = bucket + bucket / W;
@@ -232,6 +344,10 @@ std::string FormatPlan(const PlanInput& in, const Plan& p) {
   line("model: %.3g parameters; %d workers (%d nodes x %d GPUs), %d shards on %s\n", in.params,
        p.workers, in.nodes, in.gpus_per_node, p.shards,
        in.colocated ? "the worker nodes" : "their own hosts");
+  if (!in.tensors.empty()) {
+    line("tensors: %zu, in chunks of %llu elements (bytes per step summed over their pieces)\n",
+         in.tensors.size(), static_cast<unsigned long long>(in.chunk_elems));
+  }
   line(
       "modes: fetch %s (%.3g B/param, %d pass%s), grads %s (%.3g B/param), state %s "
       "(%.3g B/param), %s, %s fetches\n",

@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "zps/testing/status_matchers.h"
 
 namespace zps::plan {
@@ -166,6 +169,84 @@ TEST(Plan, QuantizedWeightsAndGradientsUseTheirOwnBlocks) {
   EXPECT_DOUBLE_EQ(p.shard_state_bytes, 6.5078125e6);  // 0.5e6 x 13.015625
   EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 3.00390625e6);  // 0.5e6 x (4 x 0.501953125 + 4)
   EXPECT_DOUBLE_EQ(p.t_network, 0.01625);              // the shards' 2.03125e6 B out at 125e6 B/s
+}
+
+// An int8 fetch is 1.015625 B on the wire but 4 B in the live window: the worker dequantizes it
+// into fp32 (Client::serving_dtype), and the window (zps-train's --max-live-bytes) counts that.
+TEST(Plan, QuantizedFetchesFillTheWindowInFp32) {
+  PlanInput in = Testbed();
+  in.params = 300e6;  // 304.7e6 B of int8 on the wire, 1.2e9 B of fp32 in the window
+  in.fetch = Format::kInt8;
+  in.grad = Format::kInt4;
+  Plan p = Value(MakePlan(in));
+  EXPECT_EQ(WindowElementBytes(Format::kInt8), 4);
+  EXPECT_EQ(WindowElementBytes(Format::kInt4), 4);
+  EXPECT_EQ(WindowElementBytes(Format::kBf16), 2);
+  EXPECT_EQ(p.fetch_passes, 2);  // 1.2e9 > 1 GiB = 1,073,741,824: forward, then backward again
+  EXPECT_DOUBLE_EQ(p.shard_out, 1.21875e9);       // 4 workers x 150e6 x 1.015625 B x 2 passes
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 609.375e6);  // 300e6 x 1.015625 B x 2 passes
+  // The window's 1 GiB and the prefetch's 256 MiB, both full of fp32.
+  EXPECT_DOUBLE_EQ(p.worker_window_bytes, 1073741824.0 + 268435456.0);
+  // bf16 fetches of the same model: 600e6 B fit the window, one pass.
+  in.fetch = Format::kBf16;
+  p = Value(MakePlan(in));
+  EXPECT_EQ(p.fetch_passes, 1);
+  EXPECT_DOUBLE_EQ(p.worker_window_bytes, 600e6 + 268435456.0);
+}
+
+// With the model's tensors the quantized bytes are the pieces' own, short blocks and shared
+// blocks included. Tensors of 300 and 5,000 elements, chunks of 4,096, aligned to 64: t0 is
+// [0, 300) of chunk 0; t1 starts at 320 and is [320, 4096) of chunk 0 (3,776) and [0, 1224) of
+// chunk 1, which is 1,224 elements long.
+TEST(Plan, QuantizedBytesFromTheTensorsPieces) {
+  PlanInput in = Testbed();
+  in.params = 0;
+  in.tensors = {300, 5000};
+  in.chunk_elems = 4096;
+  in.fetch = Format::kInt8;  // blocks of 256: 260 B each (4 B scale + 256 codes)
+  in.grad = Format::kInt4;   // blocks of 2048: 1028 B each (4 B scale + 1024 codes)
+  Plan p = Value(MakePlan(in));
+  // Push, each piece on its own: t0 4 + 150 = 154; t1 (1028 + 4 + 864) + (4 + 612) = 2512.
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2666);
+  // Fetch, the covering blocks: t0 blocks 0-1 = 520; t1 blocks 1-15 of chunk 0 = 15 x 260 (block
+  // 1 is fetched again: it holds t0's end and t1's start) and chunk 1's 4 full blocks and its
+  // 200-element last one, 4 x 260 + 204.
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 520 + 3900 + 1244);
+  EXPECT_DOUBLE_EQ(p.shard_in, 5332);    // 4 workers x 2666 / 2 shards
+  EXPECT_DOUBLE_EQ(p.shard_out, 11328);  // 4 workers x 5664 / 2 shards
+  // From the parameter count alone: 5,300 x (0.5 + 4 / 2048) and 5,300 x (1 + 4 / 256).
+  in.tensors.clear();
+  in.params = 5300;
+  p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2660.3515625);
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 5382.8125);
+  // 16-bit formats: the pieces add nothing, the same bytes either way.
+  in.tensors = {300, 5000};
+  in.params = 5300;  // may be given too, if it is the sum
+  in.fetch = in.grad = Format::kBf16;
+  p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 10600);
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 10600);
+  in.params = 5301;
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument, HasSubstr("sum")));
+}
+
+TEST(PlanFormats, TensorList) {
+  EXPECT_EQ(Value(ParseTensorList("[4096, [64, 3], [2, 2, 2]]")),
+            (std::vector<uint64_t>{4096, 192, 8}));
+  EXPECT_THAT(ParseTensorList("[]"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("{\"a\": 1}"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("[1, 0]"), StatusIs(Code::kInvalidArgument, HasSubstr("[1]")));
+  EXPECT_THAT(ParseTensorList("[[3, -1]]"), StatusIs(Code::kInvalidArgument, HasSubstr("[0]")));
+  EXPECT_THAT(ParseTensorList("[1.5]"), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("[[1048576, 1048576, 2]]"),  // 2^41 elements
+              StatusIs(Code::kInvalidArgument, HasSubstr("2^40")));
+  // A count the layout cannot hold is refused by the plan, not wrapped around.
+  PlanInput in = Testbed();
+  in.params = 0;
+  in.tensors = {uint64_t{1} << 41};
+  EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(ParseTensorList("not json"), StatusIs(Code::kInvalidArgument));
 }
 
 TEST(Plan, ComputeFromTokens) {

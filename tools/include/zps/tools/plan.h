@@ -5,7 +5,9 @@
 //   - every worker (one per GPU) fetches the whole model in the fetch dtype `passes` times a step
 //     (1 when the model fits in the worker's live window, as forward and backward then share one
 //     fetch; 2 otherwise: forward, then backward again), directly from the shards; with the
-//     bandwidth-centric strategy each fetches 1/W of it and the workers all-gather the rest;
+//     bandwidth-centric strategy each fetches 1/W of it and the workers all-gather the rest. The
+//     window holds what the worker made of the fetch: the fetch format itself for fp32/fp16/bf16,
+//     but fp32 for an int8/int4 fetch, which the worker dequantizes (Client::serving_dtype);
 //   - server-sum: every worker pushes its whole gradient; pre-reduced: the workers
 //     reduce-scatter the fp32 gradient and each pushes its 1/W slice;
 //   - the shards update their 1/S of the state after the commit (sync mode): the optimizer pass,
@@ -16,7 +18,14 @@
 //
 // Per-element sizes come from the code where it has them (DTypeSize for fp32/fp16/bf16; the
 // shard's state is an fp32 master, two moments and the serving copy, as ChunkLayout keeps it);
-// the int8/int4 block-quantized formats carry one fp32 scale per block.
+// the int8/int4 block-quantized formats carry one fp32 scale per block. Given only a parameter
+// count, a quantized fetch or push is taken as that many elements in whole blocks. Given the
+// model's tensors (PlanInput::tensors), the bytes of one fetch and one push of the whole model
+// are those of its pieces (layout.h: each tensor's runs inside the chunks of the flat space), as
+// the workers move them: a push piece is quantized on its own, with a short last block
+// (grad_quant.h), and a fetch of a piece carries the serving copy's blocks that cover it
+// (serving_quant.h), so the scales of short blocks and the blocks a piece shares with its
+// neighbours are counted, and the bytes equal the shards' counters.
 //
 // Thread-safety: pure functions over values.
 #pragma once
@@ -24,6 +33,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zps/common/block_quant.h"
 #include "zps/common/grad_quant.h"
@@ -40,6 +50,9 @@ std::string_view FormatName(Format f);
 /// Bytes one element takes, scales included: DTypeSize for fp32/fp16/bf16, 1 (int8) or 0.5
 /// (int4) plus 4 bytes of fp32 scale per `block` elements.
 double ElementBytes(Format f, uint64_t block);
+/// Bytes one fetched element takes in a worker's live window: the format's size for fp32, fp16
+/// and bf16; 4 for int8 and int4, which the worker dequantizes into fp32.
+double WindowElementBytes(Format fetch);
 
 /// Bytes per parameter of the shard's optimizer state with moments in `state` and a serving
 /// copy in `serving`: fp32 master (4) + m + v + serving. fp32 moments with a bf16 copy: 14;
@@ -47,19 +60,30 @@ double ElementBytes(Format f, uint64_t block);
 /// InvalidArgument for a state format other than fp32, bf16 or int8.
 Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block);
 
+/// The element counts of a model's tensors, in the order the job registers them, from a JSON
+/// array whose items are element counts (`4096`) or shapes (`[64, 64]`). Errors:
+/// InvalidArgument for text that is not such an array, an empty one, a count or dimension that
+/// is not a positive integer, or a shape of more than 2^40 elements (kMaxTotalElems).
+Result<std::vector<uint64_t>> ParseTensorList(std::string_view json);
+
 struct PlanInput {
-  double params = 0;             // Default: 0 (required). Parameters of the model.
-  int nodes = 1;                 // Default: 1. Worker hosts.
-  int gpus_per_node = 8;         // Default: 8. Workers (ranks) per worker host.
-  int shards = 0;                // Default: 0 = one per node.
-  bool colocated = true;         // Default: true. Shards on the worker hosts (else own hosts).
-  double link_gbps = 100;        // Default: 100 Gbit/s each way per host.
-  double link_efficiency = 0.9;  // Default: 0.9 of the line rate is payload.
-  double nvme_gbytes_s = 0;      // Default: 0 = no NVMe. GB/s per host (read or write).
-  double shard_ram_bytes = 0;    // Default: 0 = unlimited. RAM per shard for master + moments.
-  Format fetch = Format::kBf16;  // Default: bf16. What workers fetch (the serving copy).
-  Format grad = Format::kFp32;   // Default: fp32. What workers push.
-  Format state = Format::kFp32;  // Default: fp32. The optimizer's moments.
+  double params = 0;  // Default: 0 (required unless `tensors` is given). Parameters of the model.
+  // The model's tensors (element counts, in registration order); when given, `params` is their
+  // sum (or must equal it) and the quantized bytes are those of the layout's pieces.
+  std::vector<uint64_t> tensors;  // Default: empty = only `params` is known.
+  uint64_t chunk_elems = 262144;  // Default: 256 Ki (zps-train's --chunk-elems).
+  uint32_t align_elems = 64;      // Default: 64 (the job's align_elems).
+  int nodes = 1;                  // Default: 1. Worker hosts.
+  int gpus_per_node = 8;          // Default: 8. Workers (ranks) per worker host.
+  int shards = 0;                 // Default: 0 = one per node.
+  bool colocated = true;          // Default: true. Shards on the worker hosts (else own hosts).
+  double link_gbps = 100;         // Default: 100 Gbit/s each way per host.
+  double link_efficiency = 0.9;   // Default: 0.9 of the line rate is payload.
+  double nvme_gbytes_s = 0;       // Default: 0 = no NVMe. GB/s per host (read or write).
+  double shard_ram_bytes = 0;     // Default: 0 = unlimited. RAM per shard for master + moments.
+  Format fetch = Format::kBf16;   // Default: bf16. What workers fetch (the serving copy).
+  Format grad = Format::kFp32;    // Default: fp32. What workers push.
+  Format state = Format::kFp32;   // Default: fp32. The optimizer's moments.
   // Elements per fp32 scale of int8/int4 blocks, as the job uses them: the serving copy's blocks
   // (kWeightQuantBlock, 256) and the gradient pushes' (kGradQuantBlock, 2048).
   uint64_t weight_block = kWeightQuantBlock;  // Default: 256.
@@ -82,20 +106,21 @@ struct LinkBytes {
 };
 
 struct Plan {
-  int workers = 0;         // nodes x gpus_per_node
-  int shards = 0;          // resolved
-  int shard_hosts = 0;     // hosts the shards run on
-  int fetch_passes = 0;    // 1 or 2
-  double fetch_bytes = 0;  // per element fetched
-  double grad_bytes = 0;   // per element pushed
-  double state_bytes = 0;  // per parameter in the shard's state (serving copy included)
+  int workers = 0;          // nodes x gpus_per_node
+  int shards = 0;           // resolved
+  int shard_hosts = 0;      // hosts the shards run on
+  int fetch_passes = 0;     // 1 or 2
+  double fetch_bytes = 0;   // per element fetched
+  double window_bytes = 0;  // per element fetched, in the worker's live window (dequantized)
+  double grad_bytes = 0;    // per element pushed
+  double state_bytes = 0;   // per parameter in the shard's state (serving copy included)
   // Memory per shard.
   double shard_state_bytes = 0;  // master + moments + serving copy of its 1/S
   double shard_grad_bytes = 0;   // gradient slots (not budgeted: always RAM)
   double shard_ram_bytes = 0;    // state in RAM + gradient slots
   double shard_nvme_bytes = 0;   // master + moments over shard_ram_bytes, spilled
   // Memory per worker (host RAM; the live window may be GPU memory for CUDA parameters).
-  double worker_window_bytes = 0;    // live window + prefetch
+  double worker_window_bytes = 0;    // live window + prefetch, as the worker holds them
   double worker_bucket_bytes = 0;    // pre-reduced: the fp32 bucket and its reduced slice
   double worker_residual_bytes = 0;  // quantized gradients: the fp32 error-feedback residual
   // Bytes per step.
@@ -114,8 +139,10 @@ struct Plan {
 };
 
 /// Computes the plan. Errors: InvalidArgument for a non-positive params, nodes, gpus or link
-/// rate, a negative constant, more shards than parameters, or a state format the shard cannot
-/// keep (StateBytesPerParam).
+/// rate, a negative constant, more shards than parameters, a state format the shard cannot
+/// keep (StateBytesPerParam), params that differ from the tensors' sum, or tensors that make no
+/// layout (Layout::Build: a chunk size that is not a multiple of the alignment, too many
+/// chunks).
 Result<Plan> MakePlan(const PlanInput& in);
 
 /// A human-readable report: the inputs that matter, memory, bytes per link and the step time.
