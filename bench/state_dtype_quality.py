@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Training quality per optimizer state dtype: the shards' Adam moments stored as fp32, bf16
-(stochastic rounding) or int8 (blockwise, dynamic map), the fp32 master the same in all three.
+"""Training quality per optimizer state dtype: the shards' Adam moments stored as fp32, bf16 (m
+rounded to nearest, v stochastically) or int8 (blockwise, dynamic map), the fp32 master the same
+in all three.
 scripts/bench-quality.sh drives the three sub-commands; each writes or reads rows of one CSV,
 
     model,dtype,step,train_loss,heldout_loss
 
 where `step` counts the updates done: a train loss at step n is the loss of the n-th batch (on
 the weights after n - 1 updates), a held-out loss at step n is measured after n updates, and a
-field not measured at that step is empty.
+field not measured at that step is empty. The dtype `bf16-sr` names rows kept from runs of the
+earlier bf16 method (m and v both stochastically rounded); parse and plot accept it, beside the
+current bf16.
 
   torch   trains through zps.torch (an embedded local cluster, `zps.state_dtype` in the config)
           the TransformerEncoder LM of examples/train_lm.py (its default config: AdamW lr 3e-3,
@@ -37,8 +40,11 @@ import re
 import sys
 
 FIELDS = ["model", "dtype", "step", "train_loss", "heldout_loss"]
-DTYPES = ["fp32", "bf16", "int8"]
-BANDS = {"bf16": 0.005, "int8": 0.01}  # relative to fp32 state's final held-out loss
+# bf16-sr: bf16 state as it was before m was rounded to nearest (m and v both stochastically
+# rounded), the dtype name under which the runs measured with that method are kept.
+DTYPES = ["fp32", "bf16", "bf16-sr", "int8"]
+BANDS = {"bf16": 0.005, "bf16-sr": 0.005, "int8": 0.01}  # relative to fp32's final held-out loss
+LEGEND = {"bf16-sr": "bf16, m and v stochastic (earlier)"}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
@@ -268,8 +274,8 @@ def cmd_plot(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = {"fp32": "tab:blue", "bf16": "tab:orange", "int8": "tab:green"}
-    styles = {"fp32": "-", "bf16": "--", "int8": ":"}
+    colors = {"fp32": "tab:blue", "bf16": "tab:orange", "bf16-sr": "tab:red", "int8": "tab:green"}
+    styles = {"fp32": "-", "bf16": "--", "bf16-sr": "-.", "int8": ":"}
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False)
     for ax, m in zip(axes[0], models):
         step, fin = summary[m]
@@ -280,7 +286,8 @@ def cmd_plot(args):
             tr = moving_mean(d["train"], max(1, len(d["train"]) // 40))
             ax.plot([s for s, _ in tr], [v for _, v in tr], color=colors[dt], alpha=0.3,
                     linewidth=1, linestyle=styles[dt])
-            label = f"{dt}: held-out {fin[dt]:.4f}" if dt in fin else dt
+            name = LEGEND.get(dt, dt)
+            label = f"{name}: held-out {fin[dt]:.4f}" if dt in fin else name
             if dt != "fp32" and dt in fin and "fp32" in fin:
                 label += f" ({(fin[dt] - fin['fp32']) / fin['fp32']:+.2%})"
             ax.plot([s for s, _ in d["held"]], [v for _, v in d["held"]], color=colors[dt],

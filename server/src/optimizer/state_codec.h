@@ -1,8 +1,9 @@
-// state_codec.h — the packed moment formats of zps/server/optimizer.h, element by element: the
-// bf16 stochastic rounding and its counter-based random bits, and the int8 dynamic quantization
-// map. The scalar kernel uses these functions as they are; the vector kernels compute the same
-// integer and IEEE single operations lane by lane (no FMA, no approximate instructions), so every
-// ISA packs every element to the same bits. Tests check the kernels against this file.
+// state_codec.h — the packed moment formats of zps/server/optimizer.h, element by element: bf16
+// (m rounded to nearest, v's stochastic rounding and its counter-based random bits), and the int8
+// dynamic quantization map. The scalar kernel uses these functions as they are; the vector kernels
+// compute the same integer and IEEE single operations lane by lane (no FMA, no approximate
+// instructions), so every ISA packs every element to the same bits. Tests check the kernels against
+// this file.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +14,20 @@
 
 namespace zps::server::internal {
 
-// ---- bf16 with stochastic rounding --------------------------------------------------------------
+// ---- bf16: m rounded to nearest, v with stochastic rounding ------------------------------------
+//
+// m (and SGD's buffer) is stored as FloatToBf16(m) (zps/common/dtype.h: round to nearest, ties to
+// even, the serving copy's conversion; NaN stays a quiet NaN), v as Bf16Stochastic(v, bits) with
+// the high 16 bits of SrBits. Why the two differ: a moment is an average with factor b, and a
+// deterministic rounding's error, at most half an ulp a step, is carried on with weight b, so it
+// can add up to half an ulp / (1 - b). For m (b1 = 0.9) that is 5 ulps, 2-4% of |m| at worst,
+// and far less when the gradient's noise makes successive errors differ in sign; for v
+// (b2 = 0.999) it is 500 ulps, more than v itself: an update (1 - b2) x (g^2 - v) below half an
+// ulp rounds back to the old v, and v stalls, rising from 0 towards g^2 it stops between a fifth
+// and a third of the way (optimizer_bf16_sr_test.cc). Stochastic rounding makes v's stored value
+// unbiased. It is not used for m because its noise (rms an ulp x sqrt(1/6) a step, against an
+// ulp x sqrt(1/12) for round-to-nearest) measurably slowed zps-train's LM (docs/benchmarks.md,
+// "Why bf16 state lags on zps-train's LM").
 
 /// murmur3's 32-bit finaliser: a bijection whose every output bit depends on every input bit.
 constexpr uint32_t Fmix32(uint32_t h) {
@@ -33,10 +47,11 @@ constexpr uint32_t SrKey(int64_t step, uint32_t hi) {
 }
 
 /// 32 random bits for the element at `index` of the layout's flat space in a step whose key for
-/// index >> 32 is `key`: the low 16 round m (or SGD's buffer), the high 16 round v.
+/// index >> 32 is `key`; the high 16 (`>> kBf16VShift`) round v, the low 16 are not used.
 constexpr uint32_t SrBits(uint32_t key, uint64_t index) {
   return Fmix32(static_cast<uint32_t>(index) ^ key);
 }
+inline constexpr int kBf16VShift = 16;
 
 /// x rounded to bf16 stochastically: up (in magnitude) with probability equal to the discarded
 /// fraction of an ulp, given 16 uniform bits `r16`. NaN becomes the quiet NaN 0x7fc0 (adding to

@@ -200,7 +200,7 @@ TEST(OptimizerState, Int8ErrorIsWithinTheMap) {
   for (size_t i = 0; i < n; ++i) EXPECT_GT(back[i], 0.0f) << i;
 }
 
-// bf16 stochastic rounding: unbiased (the mean of many roundings of one value is that value,
+// bf16 v's stochastic rounding: unbiased (the mean of many roundings of one value is that value,
 // well inside the ulp), and the bits depend on the element's index and the step only.
 TEST(OptimizerState, Bf16StochasticRoundingIsUnbiased) {
   const float x = 1.0f + 0x1p-10f;  // a quarter of a bf16 ulp above 1
@@ -338,12 +338,12 @@ TEST(OptimizerState, RunsInSeveralCallsEqualOneCall) {
     EXPECT_EQ(a.m, b.m);
     EXPECT_EQ(a.v, b.v);
     EXPECT_EQ(a.out, b.out);
-    if (sd == StateDType::kBF16) {  // and another first index draws other bits
+    if (sd == StateDType::kBF16) {  // and another first index draws other bits for v
       Packed c2 = MakePacked(sd, n, 8);
       up.first_index = first + 64;
       up.out16 = c2.out;
       ASSERT_THAT((*opt)->Update(c2.state(), {g.data(), DType::kF32, n}, up), IsOk());
-      EXPECT_NE(a.m, c2.m);
+      EXPECT_NE(a.v, c2.v);
     }
   }
 }
