@@ -14,7 +14,9 @@
 // int8 one about 1. The manifest records the dtype; a reader hands back the packed bytes, and
 // the shard refuses to restore a checkpoint of another dtype (ShardCheckpoints::Restore).
 // Every value carries a CRC32C over its key and payload, checked on every read (DataLoss).
-// Large values go to integrated BlobDB blob files.
+// Large values go to integrated BlobDB blob files. A copied checkpoint (CopyChunk, PutStored:
+// resharding) is written instead as one table file per chunk, moved into the database
+// (IngestExternalFile) with its values inline; readers see no difference.
 //
 // Crash consistency: data is written without the WAL; Commit() flushes the memtables (the data is
 // then in synced SST/blob files) and only then writes ONE synced WriteBatch that puts the manifest
@@ -194,8 +196,8 @@ class CheckpointWriter {
   /// is the source checkpoint's (CheckpointReader::EncodedManifest) and `values` are every
   /// value of the chunk (CheckpointReader::ReadStored). Each value's CRC is checked and its key
   /// must name this writer's step and `chunk`. Errors: as CopyChunk, and DataLoss for a value
-  /// that fails its CRC, a key of another step or chunk, a manifest that does not decode, or no
-  /// values at all.
+  /// that fails its CRC, a key of another step or chunk, keys not in ascending order (as
+  /// ReadStored hands them out), a manifest that does not decode, or no values at all.
   Status PutStored(std::span<const std::byte> manifest, uint32_t chunk,
                    std::span<const StoredValue> values);
 
@@ -218,9 +220,9 @@ class CheckpointWriter {
   // Checks that `chunk` of the source manifest may be copied here and returns its entry.
   Result<ChunkEntry> CheckCopy(const internal::Manifest& src, uint32_t chunk,
                                const std::string& where);
-  // Writes one framed value verbatim (batched; `flush` writes what is batched).
-  Status PutFramed(std::string_view key, std::string_view value);
-  Status FlushFramed();
+  // Where the values of `chunk` copied by CopyChunk or PutStored are written before they are
+  // moved into the store (detail::TableFile).
+  std::string TablePath(uint32_t chunk) const;
   // Copies the framed values of `chunk` (every kind and slice) verbatim, checking each CRC.
   Status CopyValues(const CheckpointReader& from, uint32_t chunk);
   void Abort();
