@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "ckpt_test_util.h"
@@ -338,6 +339,10 @@ TEST(ReshardOnline, PutStoredRefusesACorruptValueAndAnotherChunksKey) {
     auto w = (*store)->BeginCheckpoint(20);
     EXPECT_THAT(w, IsOk());
     Status s = (*w)->PutStored((*reader)->EncodedManifest(), chunk, v);
+    // A refused copy leaves no table file behind.
+    for (const auto& e : fs::directory_iterator(dir.sub("b") + "/x")) {
+      EXPECT_FALSE(e.path().filename().string().starts_with("copy-")) << e.path();
+    }
     w->reset();
     store->reset();
     fs::remove_all(dir.sub("b") + "/x");
@@ -355,7 +360,35 @@ TEST(ReshardOnline, PutStoredRefusesACorruptValueAndAnotherChunksKey) {
   ASSERT_FALSE(other.empty());
   EXPECT_THAT(attempt(other), StatusIs(Code::kDataLoss));
   EXPECT_THAT(attempt({}), StatusIs(Code::kDataLoss));
+  // Values out of key order (a table file takes them ascending only).
+  ASSERT_GE(values.size(), 2u);
+  auto swapped = values;
+  std::swap(swapped[0], swapped[1]);
+  EXPECT_THAT(attempt(swapped), StatusIs(Code::kDataLoss));
   EXPECT_THAT(attempt(values), IsOk());
+}
+
+TEST(ReshardCopy, AWritableOpenRemovesATableFileACrashLeftBehind) {
+  TempDir dir;
+  const std::string store_dir = dir.sub("s");
+  {
+    auto store = CheckpointStore::Open(store_dir, Small());
+    ASSERT_THAT(store, IsOk());
+  }
+  // What a copy killed before its table file was moved in leaves (CheckpointWriter::CopyChunk).
+  const std::string left = store_dir + "/copy-20-0.sst";
+  std::FILE* f = std::fopen(left.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("half a table", f);
+  std::fclose(f);
+  {
+    auto ro = CheckpointStore::Open(store_dir, ReadOnly());
+    ASSERT_THAT(ro, IsOk());
+  }
+  EXPECT_TRUE(fs::exists(left)) << "a read-only open changes nothing";
+  auto store = CheckpointStore::Open(store_dir, Small());
+  ASSERT_THAT(store, IsOk());
+  EXPECT_FALSE(fs::exists(left));
 }
 
 }  // namespace
