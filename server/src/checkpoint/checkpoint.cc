@@ -744,18 +744,61 @@ std::pair<std::string, std::string> ChunkKeyRange(int64_t step, uint32_t chunk) 
 }
 }  // namespace
 
-std::string CheckpointWriter::TablePath(uint32_t chunk) const {
-  return store_->dir() + "/" + std::string(kTablePrefix) + std::to_string(step_) + "-" +
-         std::to_string(chunk) + ".sst";
+class CheckpointWriter::CopySink {
+ public:
+  CopySink(Db* db, rocksdb::WriteBatch* batch, uint64_t batch_bytes,
+           std::unique_ptr<detail::TableFile> table)
+      : db_(db), batch_(batch), batch_bytes_(batch_bytes), table_(std::move(table)) {
+    batch_->Clear();
+  }
+  ~CopySink() { batch_->Clear(); }
+  CopySink(const CopySink&) = delete;
+  CopySink& operator=(const CopySink&) = delete;
+
+  // Keys ascending (a table file takes no other order).
+  Status Put(std::string_view key, std::string_view value) {
+    if (table_) return table_->Put(key, value);
+    ZPS_RETURN_IF_ERROR(FromRocks(batch_->Put(rocksdb::Slice(key.data(), key.size()),
+                                              rocksdb::Slice(value.data(), value.size())),
+                                  "batch put"));
+    if (batch_->GetDataSize() < batch_bytes_) return Status::Ok();
+    return WriteBatch();
+  }
+  Status Finish() { return table_ ? table_->Ingest() : WriteBatch(); }
+
+ private:
+  Status WriteBatch() {
+    Status s = Status::Ok();
+    // No WAL: Commit() flushes before the manifest makes anything visible.
+    if (batch_->Count() > 0) s = db_->Write(*batch_, false, true, "checkpoint data");
+    batch_->Clear();
+    return s;
+  }
+  Db* db_;
+  rocksdb::WriteBatch* batch_;
+  uint64_t batch_bytes_;
+  std::unique_ptr<detail::TableFile> table_;
+};
+
+Result<std::unique_ptr<CheckpointWriter::CopySink>> CheckpointWriter::OpenCopy(uint32_t chunk) {
+  std::unique_ptr<detail::TableFile> table;
+  if (store_->options_.ingest_copies) {
+    ZPS_ASSIGN_OR_RETURN(
+        table,
+        detail::TableFile::Create(
+            store_->db_.get(), store_->dir() + "/" + std::string(kTablePrefix) +
+                                   std::to_string(step_) + "-" + std::to_string(chunk) + ".sst"));
+  }
+  return std::make_unique<CopySink>(store_->db_.get(), batches_[0].get(),
+                                    store_->options_.slice_bytes, std::move(table));
 }
 
 Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk) {
   // The key holds the step, chunk, kind and slice, none of them the shard: a value is stored
   // under the same key in the new store, and its framed bytes (CRC included) stay valid. The
-  // values come in key order, so they go into a table file that is moved into the store whole
-  // (no write batch, memtable or flush: each byte is copied once on the way).
+  // values come in key order, as a table file takes them (CheckpointOptions::ingest_copies).
   auto [begin, end] = ChunkKeyRange(step_, chunk);
-  ZPS_ASSIGN_OR_RETURN(auto table, detail::TableFile::Create(store_->db_.get(), TablePath(chunk)));
+  ZPS_ASSIGN_OR_RETURN(auto sink, OpenCopy(chunk));
   uint64_t payload = 0;
   ZPS_RETURN_IF_ERROR(from.store_->db_->ForEach(
       begin, end, from.snapshot_->get(),
@@ -766,13 +809,13 @@ Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk
                                         from.store_->dir() + ", chunk " + std::to_string(chunk));
         }
         payload += p->size();
-        return table->Put(key, value);
+        return sink->Put(key, value);
       }));
   if (payload == 0) {
     return DataLoss("checkpoint " + std::to_string(step_) + " in " + from.store_->dir() +
                     ": no value stored for chunk " + std::to_string(chunk));
   }
-  ZPS_RETURN_IF_ERROR(table->Ingest());
+  ZPS_RETURN_IF_ERROR(sink->Finish());
   bytes_ += payload;
   return Status::Ok();
 }
@@ -798,8 +841,7 @@ Status CheckpointWriter::PutStored(std::span<const std::byte> manifest, uint32_t
     if (values.empty()) {
       return DataLoss(where + ": no value stored for chunk " + std::to_string(chunk));
     }
-    ZPS_ASSIGN_OR_RETURN(auto table,
-                         detail::TableFile::Create(store_->db_.get(), TablePath(chunk)));
+    ZPS_ASSIGN_OR_RETURN(auto sink, OpenCopy(chunk));
     for (size_t i = 0; i < values.size(); ++i) {
       const StoredValue& v = values[i];
       if (v.key < begin || v.key >= end) {
@@ -813,12 +855,12 @@ Status CheckpointWriter::PutStored(std::span<const std::byte> manifest, uint32_t
       auto p = detail::Unframe(v.key, v.value);
       if (!p.ok()) return p.status().WithContext(where + ", chunk " + std::to_string(chunk));
       payload += p->size();
-      ZPS_RETURN_IF_ERROR(table->Put(v.key, v.value));
+      ZPS_RETURN_IF_ERROR(sink->Put(v.key, v.value));
     }
     if (payload == 0) {
       return DataLoss(where + ": no value stored for chunk " + std::to_string(chunk));
     }
-    return table->Ingest();
+    return sink->Finish();
   };
   Status s = put();
   if (!s.ok()) {

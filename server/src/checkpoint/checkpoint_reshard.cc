@@ -289,9 +289,10 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
   auto write = [&]() -> Status {
     CheckpointOptions wo;
     wo.write_threads = 1;  // CopyChunk writes from the calling thread
-    // Several stores fill at once: smaller and fewer memtables each than a shard's (64 MiB x 8)
-    // keep the memory they take (and its first-touch page faults, a quarter of the CPU time
-    // with the defaults) bounded, while 3 of 4 still flush as the 4th fills.
+    // Each output is written front to back by one thread, so its chunks go in as table files
+    // (no memtable or flush: measured in docs/benchmarks.md, "Resharding (offline)"). The
+    // memtables hold only the catalog and the commit record: small ones do.
+    wo.ingest_copies = true;
     wo.write_buffer_bytes = 16ull << 20;
     wo.max_write_buffers = 4;
     wo.direct_writes = o.direct_writes;
