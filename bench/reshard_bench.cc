@@ -45,7 +45,8 @@ struct Options {
   int64_t chunk_elems = 4 << 20;  // Default: 4 Mi elements (48 MiB of state per chunk)
   int from = 2;                   // Default: 2 input shards
   int to = 3;                     // Default: 3 output shards
-  bool direct_io = false;         // Default: false
+  bool direct_io = false;         // Default: false (O_DIRECT writes too)
+  bool buffered_reads = false;    // Default: false (O_DIRECT reads, as zps-ckpt reshard)
   bool online = false;            // Default: false (zps-ckpt reshard's path)
   bool json = false;              // Default: false
 };
@@ -147,7 +148,9 @@ int Run(int argc, char** argv) {
   flags.Add("chunk-elems", "elements per chunk", &o.chunk_elems, 1024, int64_t{1} << 30);
   flags.Add("from", "input shards", &o.from, 1, 4096);
   flags.Add("to", "output shards", &o.to, 1, 4096);
-  flags.Add("direct-io", "O_DIRECT reads of the inputs and writes of the outputs", &o.direct_io);
+  flags.Add("direct-io", "O_DIRECT writes of the outputs too", &o.direct_io);
+  flags.Add("buffered-reads", "read the inputs through the page cache (default: O_DIRECT)",
+            &o.buffered_reads);
   flags.Add("online",
             "the online path (ReshardAtStart on a thread per new shard, over loopback) instead "
             "of zps-ckpt reshard's",
@@ -168,7 +171,8 @@ int Run(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
   server::ReshardOptions r;
-  r.direct_io = o.direct_io;
+  r.direct_writes = o.direct_io;
+  r.direct_reads = !o.buffered_reads;
   for (int s = 0; s < o.from; ++s)
     r.inputs.push_back(root + "/in/s" + std::to_string(s) + "/checkpoints");
   for (int s = 0; s < o.to; ++s)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include "checkpoint_codec.h"
 #include "checkpoint_db.h"
@@ -31,6 +32,9 @@ constexpr uint32_t kManifestFormatStateDType = 2;
 constexpr uint32_t kStateChunk = 0xffffffffu;
 enum Kind : uint8_t { kMaster = 0, kM = 1, kV = 2, kState = 3 };
 constexpr size_t kMaxCatalogName = 64;
+// Table files of copied values (CopyChunk, PutStored) before they are moved into the store;
+// RocksDB ignores the name, and a writable Open removes those a crash left behind.
+constexpr std::string_view kTablePrefix = "copy-";
 
 std::string CatalogKey(std::string_view name) { return "c" + std::string(name); }
 std::string StepKey(char prefix, int64_t step) {
@@ -211,6 +215,16 @@ Status CheckpointStore::CheckWritable() const {
 }
 
 Status CheckpointStore::CleanUpIntents() {
+  // Table files of a copy that a crash interrupted before they were moved in.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(kTablePrefix) && name.ends_with(".sst")) {
+      ZPS_LOG(WARNING) << "checkpoint store " << dir() << ": removing " << name
+                       << " (a copy never moved in)";
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
   ZPS_ASSIGN_OR_RETURN(auto intents, db_->Scan("p", "q"));
   if (intents.empty()) return Status::Ok();
   rocksdb::WriteBatch batch;
@@ -730,31 +744,63 @@ std::pair<std::string, std::string> ChunkKeyRange(int64_t step, uint32_t chunk) 
 }
 }  // namespace
 
-Status CheckpointWriter::PutFramed(std::string_view key, std::string_view value) {
-  rocksdb::WriteBatch& batch = *batches_[0];
-  ZPS_RETURN_IF_ERROR(FromRocks(
-      batch.Put(rocksdb::Slice(key.data(), key.size()), rocksdb::Slice(value.data(), value.size())),
-      "batch put"));
-  if (batch.GetDataSize() < store_->options_.slice_bytes) return Status::Ok();
-  return FlushFramed();
-}
+class CheckpointWriter::CopySink {
+ public:
+  CopySink(Db* db, rocksdb::WriteBatch* batch, uint64_t batch_bytes,
+           std::unique_ptr<detail::TableFile> table)
+      : db_(db), batch_(batch), batch_bytes_(batch_bytes), table_(std::move(table)) {
+    batch_->Clear();
+  }
+  ~CopySink() { batch_->Clear(); }
+  CopySink(const CopySink&) = delete;
+  CopySink& operator=(const CopySink&) = delete;
 
-Status CheckpointWriter::FlushFramed() {
-  rocksdb::WriteBatch& batch = *batches_[0];
-  Status s = Status::Ok();
-  // No WAL: Commit() flushes before the manifest makes anything visible.
-  if (batch.Count() > 0) s = store_->db_->Write(batch, false, true, "checkpoint data");
-  batch.Clear();
-  return s;
+  // Keys ascending (a table file takes no other order).
+  Status Put(std::string_view key, std::string_view value) {
+    if (table_) return table_->Put(key, value);
+    ZPS_RETURN_IF_ERROR(FromRocks(batch_->Put(rocksdb::Slice(key.data(), key.size()),
+                                              rocksdb::Slice(value.data(), value.size())),
+                                  "batch put"));
+    if (batch_->GetDataSize() < batch_bytes_) return Status::Ok();
+    return WriteBatch();
+  }
+  Status Finish() { return table_ ? table_->Ingest() : WriteBatch(); }
+
+ private:
+  Status WriteBatch() {
+    Status s = Status::Ok();
+    // No WAL: Commit() flushes before the manifest makes anything visible.
+    if (batch_->Count() > 0) s = db_->Write(*batch_, false, true, "checkpoint data");
+    batch_->Clear();
+    return s;
+  }
+  Db* db_;
+  rocksdb::WriteBatch* batch_;
+  uint64_t batch_bytes_;
+  std::unique_ptr<detail::TableFile> table_;
+};
+
+Result<std::unique_ptr<CheckpointWriter::CopySink>> CheckpointWriter::OpenCopy(uint32_t chunk) {
+  std::unique_ptr<detail::TableFile> table;
+  if (store_->options_.ingest_copies) {
+    ZPS_ASSIGN_OR_RETURN(
+        table,
+        detail::TableFile::Create(
+            store_->db_.get(), store_->dir() + "/" + std::string(kTablePrefix) +
+                                   std::to_string(step_) + "-" + std::to_string(chunk) + ".sst"));
+  }
+  return std::make_unique<CopySink>(store_->db_.get(), batches_[0].get(),
+                                    store_->options_.slice_bytes, std::move(table));
 }
 
 Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk) {
   // The key holds the step, chunk, kind and slice, none of them the shard: a value is stored
-  // under the same key in the new store, and its framed bytes (CRC included) stay valid.
+  // under the same key in the new store, and its framed bytes (CRC included) stay valid. The
+  // values come in key order, as a table file takes them (CheckpointOptions::ingest_copies).
   auto [begin, end] = ChunkKeyRange(step_, chunk);
-  batches_[0]->Clear();
+  ZPS_ASSIGN_OR_RETURN(auto sink, OpenCopy(chunk));
   uint64_t payload = 0;
-  Status s = from.store_->db_->ForEach(
+  ZPS_RETURN_IF_ERROR(from.store_->db_->ForEach(
       begin, end, from.snapshot_->get(),
       [&](std::string_view key, std::string_view value) -> Status {
         auto p = detail::Unframe(key, value);
@@ -763,15 +809,13 @@ Status CheckpointWriter::CopyValues(const CheckpointReader& from, uint32_t chunk
                                         from.store_->dir() + ", chunk " + std::to_string(chunk));
         }
         payload += p->size();
-        return PutFramed(key, value);
-      });
-  if (s.ok()) s = FlushFramed();
-  batches_[0]->Clear();
-  ZPS_RETURN_IF_ERROR(s);
+        return sink->Put(key, value);
+      }));
   if (payload == 0) {
     return DataLoss("checkpoint " + std::to_string(step_) + " in " + from.store_->dir() +
                     ": no value stored for chunk " + std::to_string(chunk));
   }
+  ZPS_RETURN_IF_ERROR(sink->Finish());
   bytes_ += payload;
   return Status::Ok();
 }
@@ -794,25 +838,31 @@ Status CheckpointWriter::PutStored(std::span<const std::byte> manifest, uint32_t
   const std::string& end = range.second;
   uint64_t payload = 0;
   auto put = [&]() -> Status {
-    batches_[0]->Clear();
-    for (const auto& v : values) {
+    if (values.empty()) {
+      return DataLoss(where + ": no value stored for chunk " + std::to_string(chunk));
+    }
+    ZPS_ASSIGN_OR_RETURN(auto sink, OpenCopy(chunk));
+    for (size_t i = 0; i < values.size(); ++i) {
+      const StoredValue& v = values[i];
       if (v.key < begin || v.key >= end) {
         return DataLoss(where + ": a value for chunk " + std::to_string(chunk) +
                         " has a key of another step or chunk");
       }
+      if (i > 0 && v.key <= values[i - 1].key) {
+        return DataLoss(where + ": the values for chunk " + std::to_string(chunk) +
+                        " are not in key order");
+      }
       auto p = detail::Unframe(v.key, v.value);
       if (!p.ok()) return p.status().WithContext(where + ", chunk " + std::to_string(chunk));
       payload += p->size();
-      ZPS_RETURN_IF_ERROR(PutFramed(v.key, v.value));
+      ZPS_RETURN_IF_ERROR(sink->Put(v.key, v.value));
     }
-    ZPS_RETURN_IF_ERROR(FlushFramed());
     if (payload == 0) {
       return DataLoss(where + ": no value stored for chunk " + std::to_string(chunk));
     }
-    return Status::Ok();
+    return sink->Finish();
   };
   Status s = put();
-  batches_[0]->Clear();
   if (!s.ok()) {
     state_ = State::kFailed;
     return s;

@@ -4,11 +4,13 @@
 #include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+#include <rocksdb/sst_file_writer.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "zps/common/crc32c.h"
@@ -283,6 +285,61 @@ uint64_t Db::LiveBytes() {
   db_->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &sst);
   db_->GetIntProperty(rocksdb::DB::Properties::kLiveBlobFileSize, &blob);
   return sst + blob;
+}
+
+namespace {
+// The table file writer's buffer: less than a tensor slice (4 MiB by default).
+constexpr size_t kTableWriteBuffer = 1 << 20;
+}  // namespace
+
+Result<std::unique_ptr<TableFile>> TableFile::Create(Db* db, std::string path) {
+  if (db->read_only()) {
+    return FailedPrecondition("checkpoint store " + db->dir() + " is open read-only");
+  }
+  auto out = std::unique_ptr<TableFile>(new TableFile());
+  out->db_ = db;
+  out->path_ = std::move(path);
+  // The database's own options: no compression, its Env (and so its faults in tests), and
+  // direct writes when the store has them. Buffered, the writer's buffer is kept below a value's
+  // size, so that a block of one 4 MiB value goes from the table builder to the file without a
+  // copy into the buffer first (measured: docs/benchmarks.md, "Resharding (offline)"). Without
+  // invalidate_page_cache: it would drop the file's whole page cache every MiB written;
+  // bytes_per_sync already writes back as the file grows.
+  rocksdb::Options options = db->raw()->GetOptions();
+  if (!options.use_direct_io_for_flush_and_compaction) {
+    options.writable_file_max_buffer_size =
+        std::min<size_t>(options.writable_file_max_buffer_size, kTableWriteBuffer);
+  }
+  out->writer_ = std::make_unique<rocksdb::SstFileWriter>(rocksdb::EnvOptions(options), options,
+                                                          db->raw()->DefaultColumnFamily(),
+                                                          /*invalidate_page_cache=*/false);
+  ZPS_RETURN_IF_ERROR(FromRocks(out->writer_->Open(out->path_), "create " + out->path_));
+  return out;
+}
+
+TableFile::~TableFile() {
+  if (ingested_) return;
+  writer_.reset();
+  std::error_code ec;
+  std::filesystem::remove(path_, ec);
+}
+
+Status TableFile::Put(std::string_view key, std::string_view value) {
+  return FromRocks(writer_->Put(rocksdb::Slice(key.data(), key.size()),
+                                rocksdb::Slice(value.data(), value.size())),
+                   "write " + path_);
+}
+
+Status TableFile::Ingest() {
+  ZPS_RETURN_IF_ERROR(FromRocks(writer_->Finish(), "finish " + path_));  // synced
+  rocksdb::IngestExternalFileOptions io;
+  io.move_files = true;           // a hard link: the bytes are written once
+  io.write_global_seqno = false;  // the file stays as written (its seqno is in the MANIFEST)
+  io.verify_checksums_before_ingest = false;  // just written; values carry their own CRC
+  ZPS_RETURN_IF_ERROR(
+      FromRocks(db_->raw()->IngestExternalFile({path_}, io), "ingest into " + db_->dir()));
+  ingested_ = true;
+  return Status::Ok();
 }
 
 Snapshot::Snapshot(Db* db) : db_(db), snap_(db->raw()->GetSnapshot()) {}

@@ -22,6 +22,7 @@ class DB;
 class Status;
 class WriteBatch;
 class Snapshot;
+class SstFileWriter;
 }  // namespace rocksdb
 
 namespace zps::server::detail {
@@ -90,6 +91,37 @@ class Db {
   bool read_only_ = false;
   std::shared_ptr<void> keep_alive_;  // objects the options point at (rate limiter, ...)
   std::unique_ptr<rocksdb::DB, Closer> db_;
+};
+
+/// A table (SST) file of framed values, written beside the database and then moved into it
+/// (IngestExternalFile): the values skip the write batch, the memtable and the flush. For values
+/// copied in key order (resharding), which a shard's checkpoint writes are not. Until ingested the
+/// file is the caller's: it is removed when the TableFile is destroyed. Not thread-safe.
+///
+/// Values stay inline in the table (no blob files): a store whose copied checkpoint is read by
+/// Get and iterators alike, and a later compaction of a deleted step drops them.
+class TableFile {
+ public:
+  /// Starts `path` (in the database's directory, named so that RocksDB ignores it). Errors: as
+  /// FromRocks (IoError, ResourceExhausted).
+  static Result<std::unique_ptr<TableFile>> Create(Db* db, std::string path);
+  ~TableFile();
+  TableFile(const TableFile&) = delete;
+  TableFile& operator=(const TableFile&) = delete;
+
+  /// Appends one value; keys must ascend strictly. Errors: InvalidArgument (order),
+  /// ResourceExhausted (disk full), IoError.
+  Status Put(std::string_view key, std::string_view value);
+  /// Finishes and syncs the file and moves it into the database, at the lowest level it fits
+  /// (nothing is rewritten). Errors: InvalidArgument (no values), ResourceExhausted, IoError.
+  Status Ingest();
+
+ private:
+  TableFile() = default;
+  Db* db_ = nullptr;
+  std::string path_;
+  bool ingested_ = false;
+  std::unique_ptr<rocksdb::SstFileWriter> writer_;
 };
 
 /// RAII over a rocksdb snapshot.

@@ -14,7 +14,10 @@
 // int8 one about 1. The manifest records the dtype; a reader hands back the packed bytes, and
 // the shard refuses to restore a checkpoint of another dtype (ShardCheckpoints::Restore).
 // Every value carries a CRC32C over its key and payload, checked on every read (DataLoss).
-// Large values go to integrated BlobDB blob files.
+// Large values go to integrated BlobDB blob files. A copied checkpoint (CopyChunk, PutStored:
+// resharding) in a store opened with ingest_copies is written instead as one table file per
+// chunk, moved into the database (IngestExternalFile) with its values inline; readers see no
+// difference.
 //
 // Crash consistency: data is written without the WAL; Commit() flushes the memtables (the data is
 // then in synced SST/blob files) and only then writes ONE synced WriteBatch that puts the manifest
@@ -81,10 +84,15 @@ struct CheckpointOptions {
   int write_threads = 2;                      // Default: 2 — threads that frame and insert a
                                               // chunk's slices at once (1..64; includes the
                                               // caller of AddChunk).
-  bool create_if_missing = true;              // Default: true.
-  bool read_only = false;                     // Default: false — true for inspect/export
-                                              // (works beside a live writer; sees state at
-                                              // open). Writing calls return FailedPrecondition.
+  /// Default: false. true: the values CopyChunk and PutStored copy go into the store as one
+  /// table file per chunk, moved in whole (IngestExternalFile), instead of through write
+  /// batches, the memtables and their flush: each byte is copied fewer times, on the calling
+  /// thread (zps-ckpt reshard's outputs; docs/checkpoints.md, "Changing the shard count").
+  bool ingest_copies = false;
+  bool create_if_missing = true;  // Default: true.
+  bool read_only = false;         // Default: false — true for inspect/export
+                                  // (works beside a live writer; sees state at
+                                  // open). Writing calls return FailedPrecondition.
   /// Default: false. true: the store's own threads (write_threads helpers, and RocksDB's
   /// flush and compaction pools of its Env, process-wide) run at the lowest CPU priority, for a
   /// checkpoint written in the background beside training: they then take the CPU the step
@@ -194,8 +202,8 @@ class CheckpointWriter {
   /// is the source checkpoint's (CheckpointReader::EncodedManifest) and `values` are every
   /// value of the chunk (CheckpointReader::ReadStored). Each value's CRC is checked and its key
   /// must name this writer's step and `chunk`. Errors: as CopyChunk, and DataLoss for a value
-  /// that fails its CRC, a key of another step or chunk, a manifest that does not decode, or no
-  /// values at all.
+  /// that fails its CRC, a key of another step or chunk, keys not in ascending order (as
+  /// ReadStored hands them out), a manifest that does not decode, or no values at all.
   Status PutStored(std::span<const std::byte> manifest, uint32_t chunk,
                    std::span<const StoredValue> values);
 
@@ -218,9 +226,10 @@ class CheckpointWriter {
   // Checks that `chunk` of the source manifest may be copied here and returns its entry.
   Result<ChunkEntry> CheckCopy(const internal::Manifest& src, uint32_t chunk,
                                const std::string& where);
-  // Writes one framed value verbatim (batched; `flush` writes what is batched).
-  Status PutFramed(std::string_view key, std::string_view value);
-  Status FlushFramed();
+  // The copied values of one chunk on their way into the store (CopyChunk, PutStored): a table
+  // file moved in whole with options().ingest_copies, write batches without the WAL otherwise.
+  class CopySink;
+  Result<std::unique_ptr<CopySink>> OpenCopy(uint32_t chunk);
   // Copies the framed values of `chunk` (every kind and slice) verbatim, checking each CRC.
   Status CopyValues(const CheckpointReader& from, uint32_t chunk);
   void Abort();

@@ -49,9 +49,13 @@ struct ReshardOptions {
   uint32_t accumulation_steps = 0;
   /// Default: 4 — output stores written at once.
   uint32_t threads = 4;
-  /// Default: false. O_DIRECT reads of the inputs and writes of the outputs (the filesystems
-  /// must support it; tmpfs does not): no page-cache copy either way.
-  bool direct_io = false;
+  /// Default: true. The inputs are read with O_DIRECT: each value is read once, and filling the
+  /// page cache with it would cost the kernel a copy and its CPU for nothing. An input on a
+  /// filesystem without O_DIRECT (tmpfs before Linux 6.6) is read through the page cache.
+  bool direct_reads = true;
+  /// Default: false. O_DIRECT writes of the outputs (the filesystem must support it). Slower
+  /// than buffered writes where measured: each table file is written one buffer at a time.
+  bool direct_writes = false;
 };
 
 struct ReshardStats {
