@@ -17,17 +17,13 @@
 #include <vector>
 
 #include "zps/server/optimizer.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 // Sizes chosen to exercise padding (not multiples of 1024) and multi-piece records.
 // Repeated four times (32 chunks, ~35 MB of state) so the data outweighs the pipeline buffers.

@@ -11,17 +11,13 @@
 #include <cstring>
 #include <string>
 
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 TEST(ErrnoError, DiskFullIsResourceExhaustedOtherwiseIoError) {
   EXPECT_EQ(ErrnoError("write x", ENOSPC).code(), Code::kResourceExhausted);

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "zps/server/shard_state.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -28,12 +29,7 @@ Layout SixteenChunks() {
   return *l;
 }
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 // A few serving copies fit in RAM beside the staging buffers; the rest spill.
 std::unique_ptr<ShardState> Make(const Layout& layout) {

@@ -17,6 +17,7 @@
 #include "zps/common/serving_quant.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -35,12 +36,7 @@ Layout QuantLayout() {
   return *l;
 }
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 enum class Where { kRamSync, kRamSpeculative, kSpilled };
 

@@ -18,6 +18,7 @@
 #include "state_crcs.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -50,12 +51,7 @@ ShardJob Job(UpdateMode mode) {
   return job;
 }
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 // Which chunks PushAll pushes: all; all but the layout's last chunk; that chunk only.
 enum class Chunks { kAll, kAllButLast, kLastOnly };

@@ -20,17 +20,13 @@
 #include "state_crcs.h"
 #include "zps/server/nvme.h"
 #include "zps/server/shard_state.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 // 1 shard, 14 chunks of 4096 elements; parameters of odd sizes so chunks have padding.
 Layout BigLayout() {

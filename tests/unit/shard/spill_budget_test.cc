@@ -11,17 +11,13 @@
 #include <string>
 
 #include "zps/server/shard_state.h"
+#include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-std::string SpillDir() {
-  const char* d = std::getenv("ZPS_TEST_SPILL_DIR");
-  std::string dir = d != nullptr ? d : ::testing::TempDir();
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+using zps::testing::SpillDir;
 
 // 2 shards of 8 chunks of at most 1024 elements each (the last one shorter), so that a budget of
 // the pipeline's 5 buffers spills.
