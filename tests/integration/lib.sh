@@ -106,6 +106,18 @@
 #       once the workers are done, writes the shards' summed zps_push_bytes_total (their
 #       ingress) to DIR/push and zps_fetch_bytes_total (their egress) to DIR/fetch; then
 #       finish_job. Returns 1, after the logs' tails, if a worker failed or a shard did not exit.
+#
+# Scripts that compare run_metered_job runs of one job, each on fresh shards (collectives.sh,
+# quantized_grads.sh, quantized_weights.sh):
+#   metered_init TOKEN WORLD SHARDS STEPS [ZPS_TRAIN_FLAGS...]
+#       work_init TOKEN; sets `world`, `shards` and `steps`, `model` to --world-size WORLD and
+#       the flags, `job_world` to WORLD and `job_log_every` to 1 (every step's loss logged);
+#       declares `shard_pid`.
+#   metered_run NAME [FLAGS...]
+#       run_metered_job of $work/NAME ($shards shards, $steps steps, FLAGS to the workers); a
+#       failed one fails the test (fail). Prints "== NAME (FLAGS): shard ingress P B, egress
+#       F B" ("== NAME: ..." without FLAGS) and worker 0's step, held-out, summary and prefetch
+#       lines, indented.
 #   stores DIR SHARDS
 #       Prints the checkpoint stores DIR/s0/checkpoints,...,DIR/s<SHARDS-1>/checkpoints.
 #   export_model DIR SHARDS OUT
@@ -318,6 +330,24 @@ run_metered_job() {  # dir shards steps [flags...]
   echo "$push" > "$dir/push"
   echo "$fetch" > "$dir/fetch"
   finish_job "$dir" "$n" "$steps"
+}
+
+metered_init() {  # token world shards steps [zps-train flags...]
+  work_init "$1"
+  world=$2 shards=$3 steps=$4
+  shift 4
+  model=(--world-size "$world" "$@")
+  declare -gA shard_pid=()
+  job_world=$world
+  job_log_every=1
+}
+
+metered_run() {  # name [flags...]
+  local name=$1 dir="$work/$1"
+  shift
+  run_metered_job "$dir" "$shards" "$steps" "$@" || fail "run $name ($*) failed"
+  echo "== $name${*:+ ($*)}: shard ingress $(cat "$dir/push") B, egress $(cat "$dir/fetch") B"
+  grep -E '^(step|held-out|summary|prefetch)' "$dir/worker0.$steps.out" | sed 's/^/   /'
 }
 
 stores() {  # dir shards
