@@ -112,7 +112,8 @@
 #       Prints the value of the metric NAME on http://127.0.0.1:PORT/metrics, as an integer.
 #   start_metered_shards DIR SHARDS
 #       New ports (`port`) and SHARDS shards without durable state (start_loopback_shard), each
-#       with /metrics on a port of its own (`mport`).
+#       with /metrics on a port of its own (`mport`), and the flags in the caller's
+#       `job_shard_flags` array (none unless set) after those.
 #   run_metered_job DIR SHARDS STEPS [FLAGS...]
 #       A job of its own: start_metered_shards, the workers (start_job_workers with FLAGS);
 #       once the workers are done, writes the shards' summed zps_push_bytes_total (their
@@ -346,7 +347,8 @@ start_metered_shards() {  # dir shards
   mport=()
   for ((i = 0; i < n; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
   for ((i = 0; i < n; i++)); do
-    start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}"
+    # shellcheck disable=SC2154  # job_shard_flags is the caller's (unset: none)
+    start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}" "${job_shard_flags[@]}"
   done
 }
 
