@@ -5,23 +5,17 @@
 #include <cmath>
 #include <cstring>
 
+#include "job_spec_base.h"
 #include "zps/server/job.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-JobSpec Base() {
-  auto l = Layout::Build({{"a", {100}}, {"b", {30}}, {"c", {7, 9}}},
-                         {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-  EXPECT_THAT(l, IsOk());
-  JobSpec j{*l, {}, {}, {}};
-  j.shard.world_size = 2;
-  return j;
-}
+using testing::BaseJobSpec;
 
 JobSpec Full() {
-  JobSpec j = Base();
+  JobSpec j = BaseJobSpec();
   j.shard.serving_dtype = DType::kF32;
   j.shard.accumulation_steps = 4;
   j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
@@ -43,7 +37,7 @@ uint32_t VersionOf(const std::vector<std::byte>& b) {
 }
 
 TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
-  const JobSpec j = Base();
+  const JobSpec j = BaseJobSpec();
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 1u);
   auto back = JobSpec::Deserialize(bytes);
@@ -63,7 +57,7 @@ TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Serialize(), bytes);
   EXPECT_EQ(back->Hash(), j.Hash());
-  EXPECT_NE(Base().Hash(), j.Hash());
+  EXPECT_NE(BaseJobSpec().Hash(), j.Hash());
   EXPECT_EQ(back->shard.serving_dtype, DType::kF32);
   EXPECT_EQ(back->shard.accumulation_steps, 4u);
   EXPECT_EQ(back->shard.param_groups, j.shard.param_groups);
@@ -97,7 +91,7 @@ TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
 // optimizer.state_dtype rides in optimizer record version 2, which only job spec version 4
 // carries: an fp32-state spec keeps its bytes and hash, a compact one is version 4.
 TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
-  for (JobSpec j : {Base(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), Full()}) {
     const auto fp32_bytes = j.Serialize();
     EXPECT_LE(VersionOf(fp32_bytes), 2u);
     for (StateDType sd : {StateDType::kBF16, StateDType::kInt8}) {
@@ -122,7 +116,7 @@ TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
 }
 
 TEST(JobSpec, SpeculativeUpdateEncodesAsVersion3AndRoundTrips) {
-  for (JobSpec j : {Base(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), Full()}) {
     const uint64_t sync_hash = j.Hash();
     j.shard.update_mode = UpdateMode::kSpeculative;
     const auto bytes = j.Serialize();
