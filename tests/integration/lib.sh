@@ -70,21 +70,21 @@
 #
 # Jobs of zps-train workers on N zps-server shards (reshard.sh, scale.sh, through run_metered_job
 # collectives.sh and quantized_*.sh; the workers of recovery.sh, mismatch.sh, worker_death.sh and
-# flood.sh). The caller sets `model` (the job's zps-train
-# flags, an array, with --world-size), `port` (each ordinal's control port; port[0] is the
-# coordinator's) and `declare -A shard_pid`; each shard I keeps its data in DIR/sI and logs to
-# DIR/shardI.log, and each worker's output goes to DIR/worker<rank>.<steps>.{out,err}. The caller
+# flood.sh). The caller sets `model` (the job's zps-train flags, an array, with --world-size),
+# `port` (each ordinal's control port; port[0] is the coordinator's) and `declare -A shard_pid`;
+# each shard I keeps its data in DIR/sI and logs to DIR/shardI.log, and each worker's output goes
+# to DIR/worker<rank>.<steps>.{out,err}. The caller
 # may set `job_world` (the number of workers, default 2), `job_log_every` (their --log-every,
 # default 10), `job_op_timeout` (their --op-timeout in seconds, default 60), `job_join_timeout`
 # (how long join_job_workers waits for each, in seconds, default 180; 0: no limit) and `job_tls`
 # (the shards' and workers' --ucx-tls, default tcp).
 #   start_loopback_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
 #       Starts shard ORDINAL of SHARDS on 127.0.0.1:port[ORDINAL] (start_server, logging to
-#       DIR/shardORDINAL.log, with the token in $work/token, UCX over $job_tls, one optimizer thread,
-#       no /metrics, and the coordinator at port[0] for ordinals other than 0), with FLAGS after
-#       those (a later flag wins); CRASH as in start_server ("" for none). Its pid goes to
-#       shard_pid[ORDINAL] (and $server_pid). The shard every script here starts (recovery.sh,
-#       mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
+#       DIR/shardORDINAL.log, with the token in $work/token, UCX over $job_tls, one optimizer
+#       thread, no /metrics, and the coordinator at port[0] for ordinals other than 0), with
+#       FLAGS after those (a later flag wins); CRASH as in start_server ("" for none). Its pid
+#       goes to shard_pid[ORDINAL] (and $server_pid). The shard every script here starts
+#       (recovery.sh, mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
 #   start_job_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
 #       start_loopback_shard with its data in DIR/sORDINAL, a checkpoint every 10 steps and a
 #       60 s step timeout, then FLAGS.
