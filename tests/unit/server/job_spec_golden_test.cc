@@ -22,23 +22,13 @@ std::vector<std::byte> FromHex(std::string_view hex) {
 }
 
 using testing::BaseJobSpec;
+using testing::SurfaceJobSpec;
 
 // Every field away from its default.
 JobSpec Rich() {
-  JobSpec j = BaseJobSpec();
+  JobSpec j = SurfaceJobSpec();
   j.shard.mode = ReductionMode::kPreReduced;
   j.shard.grad_dtype = DType::kBF16;
-  j.shard.serving_dtype = DType::kF32;
-  j.shard.accumulation_steps = 4;
-  j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
-  j.shard.param_group = {0, 1, 1};
-  j.shard.frozen = {0, 0, 1};
-  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupCosineLR;
-  j.shard.lr_schedule.total_num_steps = 1000;
-  j.shard.lr_schedule.warmup_num_steps = 50;
-  j.shard.lr_schedule.warmup_min_ratio = 0.05;
-  j.shard.lr_schedule.cos_min_ratio = 0.001;
-  j.shard.lr_schedule.warmup_type = WarmupType::kLinear;
   j.optimizer.kind = OptimizerKind::kSgd;
   j.optimizer.lr = 0.25f;
   j.optimizer.momentum = 0.5f;

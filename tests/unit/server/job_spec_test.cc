@@ -13,22 +13,7 @@ namespace zps::server {
 namespace {
 
 using testing::BaseJobSpec;
-
-JobSpec Full() {
-  JobSpec j = BaseJobSpec();
-  j.shard.serving_dtype = DType::kF32;
-  j.shard.accumulation_steps = 4;
-  j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
-  j.shard.param_group = {0, 1, 1};
-  j.shard.frozen = {0, 0, 1};
-  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupCosineLR;
-  j.shard.lr_schedule.total_num_steps = 1000;
-  j.shard.lr_schedule.warmup_num_steps = 50;
-  j.shard.lr_schedule.warmup_min_ratio = 0.05;
-  j.shard.lr_schedule.cos_min_ratio = 0.001;
-  j.shard.lr_schedule.warmup_type = WarmupType::kLinear;
-  return j;
-}
+using testing::SurfaceJobSpec;
 
 uint32_t VersionOf(const std::vector<std::byte>& b) {
   uint32_t v;
@@ -49,7 +34,7 @@ TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
 }
 
 TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
-  const JobSpec j = Full();
+  const JobSpec j = SurfaceJobSpec();
   ASSERT_THAT(j.Validate(), IsOk());
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 2u);
@@ -77,7 +62,7 @@ TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
 }
 
 TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
-  auto bytes = Full().Serialize();
+  auto bytes = SurfaceJobSpec().Serialize();
   for (size_t cut : {size_t{1}, size_t{9}, size_t{40}}) {
     std::vector<std::byte> b(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(cut));
     EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument) << cut;
@@ -91,7 +76,7 @@ TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
 // optimizer.state_dtype rides in optimizer record version 2, which only job spec version 4
 // carries: an fp32-state spec keeps its bytes and hash, a compact one is version 4.
 TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
-  for (JobSpec j : {BaseJobSpec(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), SurfaceJobSpec()}) {
     const auto fp32_bytes = j.Serialize();
     EXPECT_LE(VersionOf(fp32_bytes), 2u);
     for (StateDType sd : {StateDType::kBF16, StateDType::kInt8}) {
@@ -116,7 +101,7 @@ TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
 }
 
 TEST(JobSpec, SpeculativeUpdateEncodesAsVersion3AndRoundTrips) {
-  for (JobSpec j : {BaseJobSpec(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), SurfaceJobSpec()}) {
     const uint64_t sync_hash = j.Hash();
     j.shard.update_mode = UpdateMode::kSpeculative;
     const auto bytes = j.Serialize();
@@ -155,45 +140,45 @@ TEST(JobSpec, Int8StateNeedsBlockAlignedParameters) {
 }
 
 TEST(JobSpec, ValidationNamesTheField) {
-  JobSpec j = Full();
+  JobSpec j = SurfaceJobSpec();
   j.shard.accumulation_steps = 0;
   ExpectInvalid(j, "accumulation_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.accumulation_steps = 2000;
   ExpectInvalid(j, "accumulation_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups[1].lr = -1.0f;
   ExpectInvalid(j, "param_groups[1].lr");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups[0].weight_decay = std::nanf("");
   ExpectInvalid(j, "param_groups[0].weight_decay");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_group = {0, 1};  // 3 parameters
   ExpectInvalid(j, "param_group");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_group = {0, 2, 1};  // 2 groups
   ExpectInvalid(j, "param_group[1]");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups.clear();
   ExpectInvalid(j, "param_group");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.frozen = {0, 0};
   ExpectInvalid(j, "frozen");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.frozen = {0, 3, 0};
   ExpectInvalid(j, "frozen[1]");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.lr_schedule.total_num_steps = 0;
   ExpectInvalid(j, "total_num_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.lr_schedule.kind = LrScheduleKind::kWarmupLR;
   j.shard.lr_schedule.warmup_max_lr = 200.0;  // adamw: 200 * 0.01 > 1
   ExpectInvalid(j, "lr * weight_decay");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.world_size = 0;
   ExpectInvalid(j, "world_size");
   // fp32 serving is valid; an unknown dtype byte is not.
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.serving_dtype = static_cast<DType>(7);
   EXPECT_EQ(j.Validate().code(), Code::kInvalidArgument);
 }
