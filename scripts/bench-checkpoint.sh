@@ -9,6 +9,8 @@
 # sequential O_DIRECT io_uring 1 MiB x 16 pattern built in.
 # Uses SIZE of disk at a time and removes everything it wrote.
 set -euo pipefail
+# shellcheck source=scripts/lib/disk-bench.sh
+source "$(dirname "$0")/lib/disk-bench.sh"
 dir=${1:-${TMPDIR:-/tmp}}
 size=${2:-2G}
 shift $(( $# > 2 ? 2 : $# ))
@@ -30,9 +32,7 @@ fio_bw() {  # $1 = write|read; prints MB/s
   local rw=$1 field
   if [[ $ref == disk ]]; then echo "${disk_bw[$rw]}"; return; fi
   [[ $rw == write ]] && field=48 || field=7
-  fio --name="$rw" --filename="$work/fio.tmp" --size="$size" --bs=1M --rw="$rw" --direct=1 \
-      --ioengine=io_uring --iodepth=16 --output-format=terse 2>/dev/null |
-    awk -F';' -v f="$field" '{printf "%.0f\n", $f * 1024 / 1e6}'
+  fio_seq "$rw" "$work/fio.tmp" "$size" | awk -F';' -v f="$field" '{printf "%.0f\n", $f * 1024 / 1e6}'
 }
 
 echo "dir $dir, size $size, $(nproc) CPUs, reference: $([[ $ref == fio ]] && fio --version || echo 'zps-bench disk')"
@@ -47,7 +47,6 @@ for ((i = 0; i < rounds; i++)); do
   zr+=("$(sed -E 's/.*"read_gbps":([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.0f", $1 * 1000}')")
   echo "round $i: $ref write ${fw[-1]} MB/s, read ${fr[-1]} MB/s | checkpoint write ${zw[-1]} MB/s, read ${zr[-1]} MB/s"
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 mfw=$(median "${fw[@]}") mfr=$(median "${fr[@]}") mzw=$(median "${zw[@]}") mzr=$(median "${zr[@]}")
 echo "median: $ref write $mfw MB/s, read $mfr MB/s; checkpoint write $mzw MB/s, read $mzr MB/s"
 awk -v a="$mzw" -v b="$mfw" -v c="$mzr" -v d="$mfr" -v r="$ref" 'BEGIN {

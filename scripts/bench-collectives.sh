@@ -13,15 +13,18 @@
 # ratio (extra arguments go to the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=tests/integration/lib.sh
+source tests/integration/lib.sh
 BUILD_DIR=${BUILD_DIR:-build}
 WORLD=${WORLD:-4}
+combos=("server-sum direct" "pre-reduced direct" "server-sum bandwidth-centric" "pre-reduced bandwidth-centric")
 if [[ ${PART:-} == moe ]]; then
   echo "# zps.torch divergent MoE: $WORLD ranks on $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  for combo in "server-sum direct" "pre-reduced direct" "server-sum bandwidth-centric" "pre-reduced bandwidth-centric"; do
+  for combo in "${combos[@]}"; do
     read -r red fs <<< "$combo"
-    port=$(PYTHONPATH=python python3 -m zps.ports)
+    rdzv_port=$(free_port)
     PYTHONPATH=python ZPS_BUILD_DIR=$BUILD_DIR ZPS_LOG_LEVEL=warning /usr/bin/python3 \
-      -m torch.distributed.run --nnodes=1 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" \
+      -m torch.distributed.run --nnodes=1 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$rdzv_port" \
       --nproc_per_node="$WORLD" --redirects 2 --tee 2 bench/torch_divergent.py \
       --reduction "$red" --fetch-strategy "$fs" "$@" 2>/dev/null | grep -o '{"bench".*'
   done
@@ -31,53 +34,26 @@ SHARDS=${SHARDS:-2}
 STEPS=${STEPS:-20}
 bin=$BUILD_DIR/bin
 [[ -x $bin/zps-train && -x $bin/zps-bench ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
-model=(--steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS" --log-every 100000 --ucx-tls tcp "$@")
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
-echo "bench-collectives-token" > "$work/token"
-# A free port below the ephemeral range (python/zps/ports.py: why not port 0).
-zps_python=$(cd "$(dirname "${BASH_SOURCE[0]}")/../python" && pwd)
-free_port() { PYTHONPATH="$zps_python" python3 -m zps.ports; }
-metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'; }
-
-cport=() mport=() spids=()
-start_shards() {
-  spids=()
-  for ((i = 0; i < SHARDS; i++)); do cport[$i]=$(free_port); mport[$i]=$(free_port); done
-  for ((i = 0; i < SHARDS; i++)); do
-    local args=(--ordinal "$i" --shards "$SHARDS" --port "${cport[$i]}" --bind 127.0.0.1
-                --token-file "$work/token" --metrics-port "${mport[$i]}" --ucx-tls tcp
-                --log-level warning)
-    [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${cport[0]}")
-    "$bin/zps-server" "${args[@]}" > "$work/shard$i.log" 2>&1 &
-    spids+=($!); pids+=($!)
-  done
-}
-stop_shards() { for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
+work_init bench-collectives-token
+declare -A shard_pid
+job_world=$WORLD
+job_log_every=100000
+job_op_timeout=300        # zps-train's default
+job_join_timeout=0        # a run takes as long as it takes
+job_shard_flags=(--threads 0 --log-level warning)  # zps-server's optimizer threads: one per CPU
+model=(--steps "$STEPS" --world-size "$WORLD" --shards "$SHARDS" --log-every "$job_log_every"
+       --ucx-tls tcp "$@")
 
 echo "# zps-train collectives: $WORLD ranks x $SHARDS shards on $(nproc) cores ($(uname -m)), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# options: ${model[*]}"
 params=""
-for combo in "server-sum direct" "pre-reduced direct" "server-sum bandwidth-centric" "pre-reduced bandwidth-centric"; do
+for combo in "${combos[@]}"; do
   read -r red fs <<< "$combo"
-  start_shards
-  w=()
-  for ((r = 0; r < WORLD; r++)); do
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
-      --rank "$r" --reduction "$red" --fetch-strategy "$fs" "${model[@]}" > "$work/rank$r.out" 2>&1 &
-    w+=($!); pids+=($!)
-  done
-  for p in "${w[@]}"; do wait "$p" || { cat "$work"/rank*.out; exit 1; }; done
-  push=0 fetch=0
-  for ((i = 0; i < SHARDS; i++)); do
-    push=$((push + $(metric "${mport[$i]}" zps_push_bytes_total)))
-    fetch=$((fetch + $(metric "${mport[$i]}" zps_fetch_bytes_total)))
-  done
-  stop_shards
-  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$work/rank0.out")
-  step_s=$(sed -nE 's/^summary: .* ([0-9.]+)s\/step.*/\1/p' "$work/rank0.out")
+  dir=$work/$red.$fs
+  run_metered_job "$dir" "$SHARDS" "$STEPS" --reduction "$red" --fetch-strategy "$fs" || exit 1
+  push=$(cat "$dir/push") fetch=$(cat "$dir/fetch")
+  params=$(awk '/^rank 0: [0-9]+ parameters/ {print $3}' "$dir/worker0.$STEPS.out")
+  step_s=$(sed -nE 's/^summary: .* ([0-9.]+)s\/step.*/\1/p' "$dir/worker0.$STEPS.out")
   python3 - "$red" "$fs" "$WORLD" "$STEPS" "$params" "$push" "$fetch" "$step_s" <<'PY'
 import json, sys
 red, fs, world, steps, params, push, fetch, step_s = sys.argv[1:]
@@ -93,7 +69,7 @@ print(json.dumps({"reduction": red, "fetch_strategy": fs, "world": world, "s_per
 PY
 done
 
-start_shards
-"$bin/zps-bench" collectives --endpoint "127.0.0.1:${cport[0]}" --token-file "$work/token" \
+start_metered_shards "$work/bench" "$SHARDS"
+"$bin/zps-bench" collectives --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
   --world "$WORLD" --bytes "$((params * 4))" --iters 10
-stop_shards
+stop_job_shards "$SHARDS" || true

@@ -13,6 +13,8 @@
 # PATHS (default "offline online"; "offline" skips the online path).
 # Uses about 2 x SIZE of disk at a time and removes everything it wrote.
 set -euo pipefail
+# shellcheck source=scripts/lib/disk-bench.sh
+source "$(dirname "$0")/lib/disk-bench.sh"
 dir=${1:-${TMPDIR:-/tmp}}
 size=${2:-2G}
 shift $(( $# > 2 ? 2 : $# ))
@@ -26,9 +28,7 @@ trap 'rm -rf "$work"' EXIT
 fio_s() {  # $1 = write|read; prints seconds
   local rw=$1 field
   [[ $rw == write ]] && field=50 || field=9  # terse v3: the job's runtime in ms
-  fio --name="$rw" --filename="$work/fio.tmp" --size="$size" --bs=1M --rw="$rw" --direct=1 \
-      --ioengine=io_uring --iodepth=16 --output-format=terse 2>/dev/null |
-    awk -F';' -v f="$field" '{printf "%.3f\n", $f / 1000}'
+  fio_seq "$rw" "$work/fio.tmp" "$size" | awk -F';' -v f="$field" '{printf "%.3f\n", $f / 1000}'
 }
 
 echo "dir $dir, size $size, $(nproc) CPUs, $(fio --version), load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -52,7 +52,6 @@ for ((i = 0; i < rounds; i++)); do
     echo "round $i: $p reshard $t s ($line)"
   done
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 mref=$(median "${ref[@]}")
 for p in "${paths[@]}"; do
   # shellcheck disable=SC2086

@@ -11,6 +11,8 @@
 #   scripts/bench-spill.sh [DIR]     # env: BUILD_DIR (build), ZPS_BENCH (a zps-bench binary),
 #                                    #      PARAMS (256M), BUDGET (320MiB), ROUNDS (2)
 set -euo pipefail
+# shellcheck source=scripts/lib/disk-bench.sh
+source "$(dirname "$0")/lib/disk-bench.sh"
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 build=${BUILD_DIR:-$root/build}
 dir=${1:-/var/tmp}
@@ -26,10 +28,9 @@ fi
 df -h "$dir" | tail -1
 
 fio_bw() {  # rw -> MB/s (10^6 B/s)
-  fio --name="$1" --filename="$work/fio.tmp" --size=2G --bs=1M --rw="$1" --direct=1 \
-      --ioengine=io_uring --iodepth=16 --output-format=json |
-    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
-k='write' if '$1'=='write' else 'read'; print('%.1f' % (j[k]['bw_bytes']/1e6))"
+  local field=7
+  [[ $1 == write ]] && field=48  # terse v3: the bandwidth in KiB/s
+  fio_seq "$1" "$work/fio.tmp" 2G | awk -F';' -v f="$field" '{printf "%.1f\n", $f * 1024 / 1e6}'
 }
 
 fw=(); fr=(); zw=(); zr=(); zo=()
@@ -44,7 +45,6 @@ for ((i = 1; i <= rounds; ++i)); do
   zr+=("$(sed -E 's/.*spill_read_MBps=([0-9.]+).*/\1/' <<<"$res")")
   zo+=("$(sed -E 's/.*optimizer_Mparams=([0-9.]+).*/\1/' <<<"$res")")
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 mfw=$(median "${fw[@]}"); mfr=$(median "${fr[@]}"); mzw=$(median "${zw[@]}"); mzr=$(median "${zr[@]}")
 echo
 printf '%-10s %12s %12s %8s %8s\n' "" "fio MB/s" "zps MB/s" "ratio" "target"

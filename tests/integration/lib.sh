@@ -44,9 +44,10 @@
 #       Returns 0 once PID is gone (kill -0 fails), 1 if it is still running after TIMEOUT_S
 #       seconds. Does not reap it (the caller's `wait` does) and does not kill it.
 #   join_pids TIMEOUT_S PID...
-#       For each PID in turn: wait_exit up to TIMEOUT_S seconds (each PID its own timeout); one
-#       still running then is SIGKILLed; then `wait` reaps it. Returns 1 if any PID timed out or
-#       exited non-zero, else 0. Every PID is reaped either way.
+#       For each PID in turn: wait_exit up to TIMEOUT_S seconds (each PID its own timeout; 0: no
+#       limit); one still running then is SIGKILLed; then `wait` reaps it. Sets `joined_rcs` to
+#       each PID's exit status, in order ("timeout" for one that was SIGKILLed). Returns 1 if any
+#       PID timed out or exited non-zero, else 0. Every PID is reaped either way.
 #   wait_grep FILE ERE TIMEOUT_S [POLL_S]
 #       Returns 0 as soon as `grep -qE ERE FILE` matches, 1 if it has not after TIMEOUT_S seconds;
 #       looks every POLL_S seconds (default $lib_poll_s).
@@ -67,29 +68,38 @@
 #       If $failures is not 0, prints "FAIL: <failures> scenario(s)" and exits 1; otherwise
 #       prints "PASS: MESSAGE".
 #
-# Jobs of zps-train workers on N zps-server shards (reshard.sh, scale.sh, and through
-# run_metered_job collectives.sh and quantized_*.sh). The caller sets `model` (the job's zps-train
-# flags, an array, with --world-size), `port` (each ordinal's control port; port[0] is the
-# coordinator's) and `declare -A shard_pid`; each shard I keeps its data in DIR/sI and logs to
-# DIR/shardI.log, and each worker's output goes to DIR/worker<rank>.<steps>.{out,err}. The caller
+# Jobs of zps-train workers on N zps-server shards (reshard.sh, scale.sh, through run_metered_job
+# collectives.sh and quantized_*.sh; the workers of recovery.sh, mismatch.sh, worker_death.sh and
+# flood.sh). The caller sets `model` (the job's zps-train flags, an array, with --world-size),
+# `port` (each ordinal's control port; port[0] is the coordinator's) and `declare -A shard_pid`;
+# each shard I keeps its data in DIR/sI and logs to DIR/shardI.log, and each worker's output goes
+# to DIR/worker<rank>.<steps>.{out,err}. The caller
 # may set `job_world` (the number of workers, default 2), `job_log_every` (their --log-every,
-# default 10) and `job_op_timeout` (their --op-timeout in seconds, default 60).
+# default 10), `job_op_timeout` (their --op-timeout in seconds, default 60), `job_join_timeout`
+# (how long join_job_workers waits for each, in seconds, default 180; 0: no limit) and `job_tls`
+# (the shards' and workers' --ucx-tls, default tcp).
 #   start_loopback_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
 #       Starts shard ORDINAL of SHARDS on 127.0.0.1:port[ORDINAL] (start_server, logging to
-#       DIR/shardORDINAL.log, with the token in $work/token, UCX over tcp, one optimizer thread,
-#       no /metrics, and the coordinator at port[0] for ordinals other than 0), with FLAGS after
-#       those (a later flag wins); CRASH as in start_server ("" for none). Its pid goes to
-#       shard_pid[ORDINAL] (and $server_pid). The shard every script here starts (recovery.sh,
-#       mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
+#       DIR/shardORDINAL.log, with the token in $work/token, UCX over $job_tls, one optimizer
+#       thread, no /metrics, and the coordinator at port[0] for ordinals other than 0), with
+#       FLAGS after those (a later flag wins); CRASH as in start_server ("" for none). Its pid
+#       goes to shard_pid[ORDINAL] (and $server_pid). The shard every script here starts
+#       (recovery.sh, mismatch.sh, worker_death.sh and flood.sh too, with flags of their own).
 #   start_job_shard DIR ORDINAL SHARDS CRASH [FLAGS...]
 #       start_loopback_shard with its data in DIR/sORDINAL, a checkpoint every 10 steps and a
 #       60 s step timeout, then FLAGS.
+#   start_job_worker OUT RANK SHARDS STEPS [FLAGS...]
+#       Starts rank RANK (zps-train --mode worker against the coordinator at port[0], `model`,
+#       --print-crcs) up to STEPS, with FLAGS after those, its output in OUT.out and OUT.err. Its
+#       pid goes to $worker_pid, $worker_pids and $pids. The caller's environment reaches it:
+#       `ZPS_TEST_CRASH_AT=worker-push:12 start_job_worker ...` starts the rank with a kill point.
 #   start_job_workers DIR SHARDS STEPS [FLAGS...]
-#       Starts ranks 0..job_world-1 (zps-train --mode worker, `model`, --print-crcs) up to
-#       STEPS, with FLAGS after those. Their pids go to $worker_pids and $pids.
+#       Empties $worker_pids and starts ranks 0..job_world-1 (start_job_worker, output in
+#       DIR/worker<rank>.<steps>).
 #   join_job_workers
-#       Waits up to 180 s for each worker in $worker_pids and reaps it (join_pids), then empties
-#       $worker_pids. Returns 1 if one failed or was still running.
+#       Waits up to $job_join_timeout s for each worker in $worker_pids and reaps it (join_pids,
+#       which leaves their exit statuses in $joined_rcs), then empties $worker_pids. Returns 1 if
+#       one failed or was still running.
 #   stop_job_shards SHARDS
 #       SIGTERMs shards 0..SHARDS-1 (one with durable state writes its shutdown checkpoint) and
 #       reaps them (30 s each). Returns 1 if one did not exit.
@@ -100,12 +110,27 @@
 #       start_job_workers, then finish_job (the shards already started).
 #   metric PORT NAME
 #       Prints the value of the metric NAME on http://127.0.0.1:PORT/metrics, as an integer.
+#   start_metered_shards DIR SHARDS
+#       New ports (`port`) and SHARDS shards without durable state (start_loopback_shard), each
+#       with /metrics on a port of its own (`mport`), and the flags in the caller's
+#       `job_shard_flags` array (none unless set) after those.
 #   run_metered_job DIR SHARDS STEPS [FLAGS...]
-#       A job of its own: new ports, SHARDS shards without durable state (start_loopback_shard,
-#       each with /metrics on a port of its own), the workers (start_job_workers with FLAGS);
+#       A job of its own: start_metered_shards, the workers (start_job_workers with FLAGS);
 #       once the workers are done, writes the shards' summed zps_push_bytes_total (their
 #       ingress) to DIR/push and zps_fetch_bytes_total (their egress) to DIR/fetch; then
 #       finish_job. Returns 1, after the logs' tails, if a worker failed or a shard did not exit.
+#
+# Scripts that compare run_metered_job runs of one job, each on fresh shards (collectives.sh,
+# quantized_grads.sh, quantized_weights.sh):
+#   metered_init TOKEN WORLD SHARDS STEPS [ZPS_TRAIN_FLAGS...]
+#       work_init TOKEN; sets `world`, `shards` and `steps`, `model` to --world-size WORLD and
+#       the flags, `job_world` to WORLD and `job_log_every` to 1 (every step's loss logged);
+#       declares `shard_pid`.
+#   metered_run NAME [FLAGS...]
+#       run_metered_job of $work/NAME ($shards shards, $steps steps, FLAGS to the workers); a
+#       failed one fails the test (fail). Prints "== NAME (FLAGS): shard ingress P B, egress
+#       F B" ("== NAME: ..." without FLAGS) and worker 0's step, held-out, summary and prefetch
+#       lines, indented.
 #   stores DIR SHARDS
 #       Prints the checkpoint stores DIR/s0/checkpoints,...,DIR/s<SHARDS-1>/checkpoints.
 #   export_model DIR SHARDS OUT
@@ -178,11 +203,21 @@ wait_exit() {  # pid timeout_s
 }
 
 join_pids() {  # timeout_s pid...
-  local timeout=$1 p rc=0
+  local timeout=$1 p s rc=0
   shift
+  joined_rcs=()
   for p in "$@"; do
-    if ! wait_exit "$p" "$timeout"; then rc=1; kill -9 "$p" 2>/dev/null || true; fi
-    wait "$p" 2>/dev/null || rc=1
+    if [[ $timeout -ne 0 ]] && ! wait_exit "$p" "$timeout"; then
+      kill -9 "$p" 2>/dev/null || true
+      wait "$p" 2>/dev/null || true
+      joined_rcs+=(timeout)
+      rc=1
+      continue
+    fi
+    s=0
+    wait "$p" 2>/dev/null || s=$?
+    joined_rcs+=("$s")
+    [[ $s -eq 0 ]] || rc=1
   done
   return "$rc"
 }
@@ -226,7 +261,7 @@ start_loopback_shard() {  # dir ordinal shards crash-spec [flags...]
   local dir=$1 i=$2 n=$3 crash=$4
   shift 4
   local args=(--ordinal "$i" --shards "$n" --port "${port[$i]}" --bind 127.0.0.1
-              --token-file "$work/token" --metrics-port 0 --ucx-tls tcp --threads 1)
+              --token-file "$work/token" --metrics-port 0 --ucx-tls "${job_tls:-tcp}" --threads 1)
   [[ $i -ne 0 ]] && args+=(--coordinator "127.0.0.1:${port[0]}")
   start_server "$dir/shard$i.log" "$crash" "${args[@]}" "$@"
   # shellcheck disable=SC2004  # shard_pid is the caller's associative array
@@ -240,24 +275,31 @@ start_job_shard() {  # dir ordinal shards crash-spec [flags...]
     --step-timeout 60 "$@"
 }
 
+start_job_worker() {  # out rank shards steps [flags...]
+  local out=$1 r=$2 n=$3 steps=$4
+  shift 4
+  # shellcheck disable=SC2154  # model is the caller's
+  "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
+    --rank "$r" --shards "$n" --steps "$steps" "${model[@]}" --ucx-tls "${job_tls:-tcp}" \
+    --op-timeout "${job_op_timeout:-60}" --log-every "${job_log_every:-10}" --print-crcs "$@" \
+    > "$out.out" 2> "$out.err" &
+  worker_pid=$!
+  worker_pids+=("$worker_pid")
+  pids+=("$worker_pid")
+}
+
 start_job_workers() {  # dir shards steps [flags...]
   local dir=$1 n=$2 steps=$3 r
   shift 3
   worker_pids=()
   for ((r = 0; r < ${job_world:-2}; r++)); do
-    # shellcheck disable=SC2154  # model is the caller's
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
-      --rank "$r" --shards "$n" --steps "$steps" "${model[@]}" --ucx-tls tcp \
-      --op-timeout "${job_op_timeout:-60}" --log-every "${job_log_every:-10}" --print-crcs "$@" \
-      > "$dir/worker$r.$steps.out" 2> "$dir/worker$r.$steps.err" &
-    worker_pids+=($!)
-    pids+=($!)
+    start_job_worker "$dir/worker$r.$steps" "$r" "$n" "$steps" "$@"
   done
 }
 
 join_job_workers() {
   local rc=0
-  join_pids 180 "${worker_pids[@]}" || rc=1
+  join_pids "${job_join_timeout:-180}" "${worker_pids[@]}" || rc=1
   worker_pids=()
   return "$rc"
 }
@@ -298,13 +340,22 @@ metric() {  # port name
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {printf "%.0f\n", $2}'
 }
 
-run_metered_job() {  # dir shards steps [flags...]
-  local dir=$1 n=$2 steps=$3 i push=0 fetch=0 mport=()
-  shift 3
+start_metered_shards() {  # dir shards
+  local dir=$1 n=$2 i
   mkdir -p "$dir"
   port=()
+  mport=()
   for ((i = 0; i < n; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
-  for ((i = 0; i < n; i++)); do start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}"; done
+  for ((i = 0; i < n; i++)); do
+    # shellcheck disable=SC2154  # job_shard_flags is the caller's (unset: none)
+    start_loopback_shard "$dir" "$i" "$n" "" --metrics-port "${mport[$i]}" "${job_shard_flags[@]}"
+  done
+}
+
+run_metered_job() {  # dir shards steps [flags...]
+  local dir=$1 n=$2 steps=$3 i push=0 fetch=0
+  shift 3
+  start_metered_shards "$dir" "$n"
   start_job_workers "$dir" "$n" "$steps" "$@"
   if ! join_job_workers; then
     stop_job_shards "$n" || true
@@ -318,6 +369,24 @@ run_metered_job() {  # dir shards steps [flags...]
   echo "$push" > "$dir/push"
   echo "$fetch" > "$dir/fetch"
   finish_job "$dir" "$n" "$steps"
+}
+
+metered_init() {  # token world shards steps [zps-train flags...]
+  work_init "$1"
+  world=$2 shards=$3 steps=$4
+  shift 4
+  model=(--world-size "$world" "$@")
+  declare -gA shard_pid=()
+  job_world=$world
+  job_log_every=1
+}
+
+metered_run() {  # name [flags...]
+  local name=$1 dir="$work/$1"
+  shift
+  run_metered_job "$dir" "$shards" "$steps" "$@" || fail "run $name ($*) failed"
+  echo "== $name${*:+ ($*)}: shard ingress $(cat "$dir/push") B, egress $(cat "$dir/fetch") B"
+  grep -E '^(step|held-out|summary|prefetch)' "$dir/worker0.$steps.out" | sed 's/^/   /'
 }
 
 stores() {  # dir shards

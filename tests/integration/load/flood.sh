@@ -30,9 +30,13 @@ runs=${RUNS:-flood}
 # A tiny model: the flood and 16 workers share 2 cores with the shards.
 model=(--steps "$steps" --d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size "$world" --shards "$shards" --max-grad-norm 0.05
-       --log-every 1000000 --ucx-tls tcp --op-timeout 120 --max-recoveries 0 "$@")
+       --max-recoveries 0 "$@")
 work_init load-test-token
 declare -A shard_pid
+job_world=$world
+job_log_every=1000000
+job_op_timeout=120
+job_join_timeout=0  # the job's length is the run's (scripts/bench-load.sh: 200 steps)
 scrape() {  # port file: the shard's protocol error counters, "kind value" per line
   curl -sf "http://127.0.0.1:$1/metrics" |
     sed -n 's/^zps_protocol_errors_total{kind="\([a-z_]*\)"} \([0-9.e+]*\)$/\1 \2/p' > "$2"
@@ -48,15 +52,9 @@ grep '^reference:' "$work/ref.out"
 
 run() {  # name: flood or quiet, then maybe a digit
   local name=$1 dir="$work/$1" kind=${1//[0-9]/}
-  mkdir -p "$dir"
-  local mport=() spids=() wpids=() targets=""
-  port=()
-  for ((i = 0; i < shards; i++)); do port[i]=$(free_port); mport[i]=$(free_port); done
-  for ((i = 0; i < shards; i++)); do
-    start_loopback_shard "$dir" "$i" "$shards" "" --metrics-port "${mport[$i]}"
-    spids+=("$server_pid")
-    targets+="${targets:+,}127.0.0.1:${port[$i]}"
-  done
+  local targets=""
+  start_metered_shards "$dir" "$shards"
+  for ((i = 0; i < shards; i++)); do targets+="${targets:+,}127.0.0.1:${port[$i]}"; done
   for ((i = 0; i < shards; i++)); do  # metrics up: the counters before anything happened
     for ((t = 0; t < 300; t++)); do
       scrape "${mport[$i]}" "$dir/before$i" 2>/dev/null && [[ -s $dir/before$i ]] && break
@@ -65,20 +63,14 @@ run() {  # name: flood or quiet, then maybe a digit
     [[ -s $dir/before$i ]] || fail "shard $i's /metrics did not come up"
   done
   local t0=$SECONDS fpid=""
-  for ((r = 0; r < world; r++)); do
-    local extra=(--print-latency)
-    [[ $r -eq 0 ]] && extra+=(--print-crcs)
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
-      --rank "$r" "${model[@]}" "${extra[@]}" > "$dir/rank$r.out" 2> "$dir/rank$r.err" &
-    wpids+=($!); pids+=($!)
-  done
+  start_job_workers "$dir" "$shards" "$steps" --print-latency  # rank 0 prints the CRCs
   if [[ $kind == flood ]]; then
     "$bin/zps-flood" --targets "$targets" --token-file "$work/token" ${FLOOD_ARGS:-} \
       > "$dir/flood.out" 2> "$dir/flood.err" &
     fpid=$!; pids+=($!)
   fi
   local failed=0
-  for p in "${wpids[@]}"; do wait "$p" || failed=1; done
+  join_job_workers || failed=1
   local train_s=$((SECONDS - t0))
   # The counters as the last worker finished: what arrived while the job trained.
   for ((i = 0; i < shards; i++)); do scrape "${mport[$i]}" "$dir/during$i" || true; done
@@ -90,32 +82,32 @@ run() {  # name: flood or quiet, then maybe a digit
     wait "$fpid" || frc=$?
   fi
   for ((i = 0; i < shards; i++)); do
-    kill -0 "${spids[$i]}" 2>/dev/null || { tail -20 "$dir/shard$i.log"; fail "shard $i died during run $name"; }
+    kill -0 "${shard_pid[$i]}" 2>/dev/null || { tail -20 "$dir/shard$i.log"; fail "shard $i died during run $name"; }
     scrape "${mport[$i]}" "$dir/after$i" || fail "shard $i's /metrics stopped answering"
   done
-  for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${shard_pid[@]}"; do kill "$p" 2>/dev/null || true; done
   local src=0
-  for p in "${spids[@]}"; do wait "$p" || src=1; done
+  for p in "${shard_pid[@]}"; do wait "$p" || src=1; done
   if [[ $failed -ne 0 ]]; then
-    dump_logs 5 "$dir"/rank*.err "$dir"/shard*.log
+    dump_logs 5 "$dir"/worker*.err "$dir"/shard*.log
     fail "run $name: a worker failed"
   fi
   [[ $src -eq 0 ]] || fail "run $name: a shard did not exit cleanly on SIGTERM"
   echo "== $name: $world workers x $shards shards, $steps steps in ${train_s}s"
   # Every step committed on every rank: no rank re-joined (a failed step), none logged an error.
-  if grep -l 're-joining\|error\|FAIL' "$dir"/rank*.err; then fail "run $name: a worker reported an error"; fi
+  if grep -l 're-joining\|error\|FAIL' "$dir"/worker*.err; then fail "run $name: a worker reported an error"; fi
   if grep '^E ' "$dir"/shard*.log; then fail "run $name: a shard logged an error"; fi
   for ((r = 0; r < world; r++)); do
-    [[ $(grep -c '^latency ' "$dir/rank$r.out") -eq 3 ]] || fail "rank $r printed no latency"
-    c=$(awk '$1 == "latency" && $3 == "step" {print $4}' "$dir/rank$r.out")
+    [[ $(grep -c '^latency ' "$dir/worker$r.$steps.out") -eq 3 ]] || fail "rank $r printed no latency"
+    c=$(awk '$1 == "latency" && $3 == "step" {print $4}' "$dir/worker$r.$steps.out")
     [[ $c -eq $steps ]] || fail "rank $r committed $c of $steps steps"
   done
-  grep '^summary' "$dir/rank0.out" | sed 's/^/   /'
-  grep '^chunk_crc' "$dir/rank0.out" > "$dir/crc"
+  grep '^summary' "$dir/worker0.$steps.out" | sed 's/^/   /'
+  grep '^chunk_crc' "$dir/worker0.$steps.out" > "$dir/crc"
   diff "$work/ref.crc" "$dir/crc" > /dev/null ||
     fail "run $name: the final state differs from the in-process reference"
   echo "   final state: $(wc -l < "$dir/crc") chunks bit-identical to the in-process reference"
-  cat "$dir"/rank*.out | python3 "$(dirname "$0")/latency.py" "$name"
+  cat "$dir"/worker*.out | python3 "$(dirname "$0")/latency.py" "$name"
   # file-before file-after kind: sets delta_v. Not called in $(...), so that a missing series
   # fails the test (fail exits) instead of a subshell.
   delta() {

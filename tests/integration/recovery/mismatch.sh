@@ -23,11 +23,14 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
-model=(--steps 12 --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+steps=12
+model=(--steps "$steps" --d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05
        --reduction pre-reduced)
 work_init mismatch-token
 declare -A shard_pid
+job_log_every=1
+job_join_timeout=60  # a mismatch is found at once; a worker still running then hangs
 
 reference_crcs "${model[@]}"
 
@@ -38,31 +41,20 @@ scenario() {  # name skip-spec op-timeout-s
   local dir=$work/$name
   mkdir -p "$dir"
   port=("$(free_port)" "$(free_port)")
-  local sp=() i
-  for i in 0 1; do
-    start_loopback_shard "$dir" "$i" 2 "" --step-timeout 60
-    sp+=("$server_pid")
-  done
+  local i
+  for i in 0 1; do start_loopback_shard "$dir" "$i" 2 "" --step-timeout 60; done
   # --op-timeout 30: a mismatch is found at once by the descriptor exchange; waiting this long
-  # anywhere would be a hang, and the 60 s below would catch it.
-  local wargs=(--mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token"
-               "${model[@]}" --bucket-bytes 0 --ucx-tls tcp --op-timeout "$op_timeout"
-               --log-every 1 --print-crcs)
-  "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
-  local w0=$!; pids+=($w0)
-  ZPS_TEST_SKIP_BUCKET=$skip "$bin/zps-train" "${wargs[@]}" --rank 1 \
-    > "$dir/worker1.out" 2> "$dir/worker1.err" &
-  local w1=$!; pids+=($w1)
-  local rc=() w
-  for w in "$w0" "$w1"; do
-    if ! wait_exit "$w" 60; then
-      scenario_fail "$name" "a worker still runs 60 s after it started (a hang)"; dump "$dir"; return
-    fi
-    local r=0
-    wait "$w" 2>/dev/null || r=$?
-    rc+=("$r")
-  done
-  kill -TERM "${sp[@]}" 2>/dev/null || true
+  # anywhere would be a hang, and the job_join_timeout (60 s) would catch it.
+  job_op_timeout=$op_timeout
+  worker_pids=()
+  start_job_worker "$dir/worker0" 0 2 "$steps" --bucket-bytes 0
+  ZPS_TEST_SKIP_BUCKET=$skip start_job_worker "$dir/worker1" 1 2 "$steps" --bucket-bytes 0
+  join_job_workers || true
+  local rc=("${joined_rcs[@]}")
+  if [[ " ${rc[*]} " == *" timeout "* ]]; then
+    scenario_fail "$name" "a worker still runs 60 s after it started (a hang)"; dump "$dir"; return
+  fi
+  kill -TERM "${shard_pid[@]}" 2>/dev/null || true
   local bucket=${skip%@*}
   if ! grep -q "ZPS_TEST_SKIP_BUCKET: skipping the reduce-scatter of bucket $bucket" "$dir/worker1.err"; then
     scenario_fail "$name" "rank 1 did not skip bucket $bucket"; dump "$dir"; return

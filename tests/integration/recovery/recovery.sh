@@ -31,7 +31,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
-model=(--steps 30 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+steps=30
+model=(--steps "$steps" --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 # shellcheck disable=SC2206  # word splitting of the extra flags is intended
 [[ -n ${ZPS_RECOVERY_MODEL_ARGS:-} ]] && model+=(${ZPS_RECOVERY_MODEL_ARGS})
@@ -42,6 +43,9 @@ unmount_all() {
 work_init recovery-test-token
 on_cleanup unmount_all
 lib_poll_s=0.02  # wait_exit
+job_op_timeout=20
+job_log_every=1
+job_join_timeout=120
 
 reference_crcs "${model[@]}"
 
@@ -132,19 +136,13 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   for i in 0 1; do
     if [[ $i -eq $victim ]]; then start_shard "$dir" "$i" "$crash"; else start_shard "$dir" "$i" ""; fi
   done
-  local w=()
-  for r in 0 1; do
-    "$bin/zps-train" --mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
-      --rank "$r" "${model[@]}" --ucx-tls tcp --op-timeout 20 --log-every 1 --print-crcs \
-      > "$dir/worker$r.out" 2> "$dir/worker$r.err" &
-    w+=($!)
-    pids+=($!)
-  done
+  start_job_workers "$dir" 2 "$steps"
+  local out=$dir/worker0.$steps.out  # rank 0's steps, recovery line and CRCs
   if [[ $spec == sigterm:* ]]; then
     # On-demand checkpoint (zps-ckpt save), then a clean stop of both shards (SIGTERM: each
     # writes a shutdown checkpoint), then both restart from their --data-dir.
     local at=${spec#sigterm:}
-    wait_grep "$dir/worker0.out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
+    wait_grep "$out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
     if ! "$bin/zps-ckpt" save --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token" \
          --timeout 30 > "$dir/save.out" 2>&1; then
       scenario_fail "$name" "zps-ckpt save: $(cat "$dir/save.out")"; return
@@ -158,21 +156,21 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     victim=1
   elif [[ $spec == timing:* ]]; then
     local at=${spec#timing:}
-    wait_grep "$dir/worker0.out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
+    wait_grep "$out" "^step +$at " 60 0.01 || { scenario_fail "$name" "step $at never reached"; return; }
     kill -9 "${shard_pid[$victim]}"
     # The workers may have run past step $at before the kill landed (a loaded machine), so the
     # newest checkpoint may be later than the one before $at: accept every multiple of 5 from
     # 15 up to the step worker 0 had printed by then (plus one period, for a print that lags
     # its step's commit).
     local last
-    last=$(grep -Eo '^step +[0-9]+ ' "$dir/worker0.out" | tail -n 1 | grep -Eo '[0-9]+')
-    local steps=15 s
-    for ((s = 20; s <= ${last:-$at} + 5; s += 5)); do steps+="|$s"; done
-    expect_resume[$name]=$steps
+    last=$(grep -Eo '^step +[0-9]+ ' "$out" | tail -n 1 | grep -Eo '[0-9]+')
+    local accept=15 s
+    for ((s = 20; s <= ${last:-$at} + 5; s += 5)); do accept+="|$s"; done
+    expect_resume[$name]=$accept
   fi
   if ! wait_exit "${shard_pid[$victim]}" 60; then
     scenario_fail "$name" "shard $victim did not die at $spec"
-    dump_logs 12 "$dir"/worker0.out "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
+    dump_logs 12 "$out" "$dir"/worker*.err "$dir"/shard0.log "$dir"/shard1.log
     recovery_timeline "$dir"
     return
   fi
@@ -191,13 +189,13 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
   fi
   start_shard "$dir" "$victim" ""
   local ok=1
-  join_pids 120 "${w[@]}" || ok=0
+  join_job_workers || ok=0
   kill -TERM "${shard_pid[0]}" "${shard_pid[1]}" 2>/dev/null || true
   wait_exit "${shard_pid[0]}" 20 || true
   wait_exit "${shard_pid[1]}" 20 || true
-  grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
+  grep '^chunk_crc' "$out" > "$dir/dist.crc" || true
   local resumed
-  resumed=$(grep -m1 '^recovery:' "$dir/worker0.out" || true)
+  resumed=$(grep -m1 '^recovery:' "$out" || true)
   local rec_ms="?"
   if [[ $resumed =~ unix_ms\ ([0-9]+) ]]; then rec_ms=$(( BASH_REMATCH[1] - t_kill )); fi
   if [[ ${ZPS_RECOVERY_SHARD_ARGS:-} == *memory-budget* ]]; then  # the state must really spill
@@ -226,7 +224,7 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     echo "PASS $name: shard $victim killed at $spec; ${resumed#recovery: }; recovery time (kill -> first resumed step) ${rec_ms} ms; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
     scenario_fail "$name" "shard $victim killed at $spec (workers ok=$ok, resumed='${resumed}')"
-    dump_logs 12 "$dir"/worker0.err "$dir"/worker1.err "$dir"/shard0.log "$dir"/shard1.log
+    dump_logs 12 "$dir"/worker*.err "$dir"/shard0.log "$dir"/shard1.log
     recovery_timeline "$dir"
     diff "$work/ref.crc" "$dir/dist.crc" | head -5 || true
   fi

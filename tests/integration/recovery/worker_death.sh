@@ -40,11 +40,14 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
-tls=${ZPS_WD_TLS:-tcp}
-model=(--steps 24 --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
+steps=24
+model=(--steps "$steps" --d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
        --chunk-elems 8192 --world-size 2 --shards 2 --max-grad-norm 0.05)
 work_init worker-death-token
 declare -A shard_pid
+job_tls=${ZPS_WD_TLS:-tcp}
+job_op_timeout=30
+job_log_every=1
 
 reference_crcs "${model[@]}"
 
@@ -59,22 +62,17 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   local dir=$work/$name
   mkdir -p "$dir"
   port=("$(free_port)" "$(free_port)")
-  local sp=()
   local i
   for i in 0 1; do
     local timeout=60
     # The lost rank: the coordinator shard's step timeout decides (shard 1 waits longer).
     if [[ $restart -eq 0 ]]; then timeout=$(( i == 0 ? 8 : 60 )); fi
-    start_loopback_shard "$dir" "$i" 2 "" --ucx-tls "$tls" --step-timeout "$timeout"
-    sp+=("$server_pid")
+    start_loopback_shard "$dir" "$i" 2 "" --step-timeout "$timeout"
   done
-  local wargs=(--mode worker --endpoint "127.0.0.1:${port[0]}" --token-file "$work/token"
-               "${model[@]}" "${extra[@]}" --ucx-tls "$tls" --op-timeout 30 --log-every 1 --print-crcs)
-  "$bin/zps-train" "${wargs[@]}" --rank 0 > "$dir/worker0.out" 2> "$dir/worker0.err" &
-  local w0=$!; pids+=($w0)
-  ZPS_TEST_CRASH_AT=$point "$bin/zps-train" "${wargs[@]}" --rank 1 \
-    > "$dir/worker1.out" 2> "$dir/worker1.err" &
-  local w1=$!; pids+=($w1)
+  start_job_worker "$dir/worker0" 0 2 "$steps" "${extra[@]}"
+  local w0=$worker_pid
+  ZPS_TEST_CRASH_AT=$point start_job_worker "$dir/worker1" 1 2 "$steps" "${extra[@]}"
+  local w1=$worker_pid
   if ! wait_exit "$w1" 60; then scenario_fail "$name" "rank 1 did not die at $point"; dump "$dir"; return; fi
   wait "$w1" 2>/dev/null || true
   if ! grep -q "ZPS_TEST_CRASH_AT=$point: killing this process" "$dir/worker1.err"; then
@@ -83,11 +81,10 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
   local t_kill
   t_kill=$(date +%s)
   if [[ $restart -eq 1 ]]; then
-    "$bin/zps-train" "${wargs[@]}" --rank 1 > "$dir/worker1b.out" 2> "$dir/worker1b.err" &
-    local w1b=$!; pids+=($w1b)
+    start_job_worker "$dir/worker1b" 1 2 "$steps" "${extra[@]}"
     local ok=1
-    join_pids 120 "$w0" "$w1b" || ok=0
-    kill -TERM "${sp[@]}" 2>/dev/null || true
+    join_pids 120 "$w0" "$worker_pid" || ok=0
+    kill -TERM "${shard_pid[@]}" 2>/dev/null || true
     grep '^chunk_crc' "$dir/worker0.out" > "$dir/dist.crc" || true
     local joined
     joined=$(sed -nE 's/.*joined the job at step ([0-9]+).*/\1/p' "$dir/worker1b.err" | head -1)
@@ -134,13 +131,13 @@ scenario() {  # name crash-point restart(1|0) [extra zps-train args...]
       scenario_fail "$name" "not bit-identical to the reference"; diff "$work/ref.crc" "$dir/dist.crc" | head -5
       dump "$dir"; return
     fi
-    echo "PASS $name ($tls): rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
+    echo "PASS $name ($job_tls): rank 1 killed at $point, restarted, re-joined at step $joined; $(wc -l < "$dir/dist.crc") chunks bit-identical"
   else
     if ! wait_exit "$w0" 40; then scenario_fail "$name" "rank 0 still running 40 s after rank 1 died"; dump "$dir"; return; fi
     local rc=0
     wait "$w0" 2>/dev/null || rc=$?
     local took=$(( $(date +%s) - t_kill ))
-    kill -TERM "${sp[@]}" 2>/dev/null || true
+    kill -TERM "${shard_pid[@]}" 2>/dev/null || true
     if [[ $rc -eq 0 ]]; then scenario_fail "$name" "rank 0 exited 0 without rank 1"; dump "$dir"; return; fi
     if ! grep -q "rank 1 never pushed the step" "$dir/shard0.log"; then
       scenario_fail "$name" "shard 0's error does not name rank 1"; dump "$dir"; return

@@ -26,27 +26,14 @@ set -euo pipefail
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
-world=$2
-shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-shards=${SHARDS:-2}
 runs=${RUNS:-all}
-steps=${STEPS:-8}
-model=(--d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4
-       --chunk-elems 8192 --world-size "$world" --max-grad-norm 0.05 "$@")
-work_init collectives-test-token
-declare -A shard_pid
-job_world=$world
-job_log_every=1
+metered_init collectives-test-token "$2" "${SHARDS:-2}" "${STEPS:-8}" --d-model 32 --n-layers 2 \
+  --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --chunk-elems 8192 --max-grad-norm 0.05 "${@:3}"
+echo "world $world, $shards shards"
 
 run() {  # name reduction fetch-strategy [extra zps-train flags...]
-  local name=$1 red=$2 fs=$3 dir="$work/$1"
-  shift 3
-  run_metered_job "$dir" "$shards" "$steps" --reduction "$red" --fetch-strategy "$fs" "$@" ||
-    fail "run $name ($red, $fs) failed"
-  echo "== $name ($red, $fs, world $world, $shards shards): shard ingress $(cat "$dir/push") B," \
-       "egress $(cat "$dir/fetch") B"
-  grep -E '^(step|held-out|summary|prefetch)' "$dir/worker0.$steps.out" | sed 's/^/   /'
+  metered_run "$1" --reduction "$2" --fetch-strategy "$3" "${@:4}"
 }
 
 run A server-sum direct

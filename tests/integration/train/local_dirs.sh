@@ -20,38 +20,41 @@ tiny=(--d-model 32 --n-layers 4 --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --s
 spill=(--chunk-elems 2048 --shard-memory-budget 168KiB)
 work_init
 
-cluster_dir_of() {  # output file: the directory the run printed
-  sed -n 's/.*(logs in \(.*\))$/\1/p' "$1" | head -1
+# Runs the tiny job in local mode with its state spilled, and ARGS, its output in OUT; sets `dir`
+# to the cluster directory the run printed. The caller's environment reaches zps-train.
+spill_run() {  # out [zps-train args...]
+  local out=$1
+  shift
+  "$bin/zps-train" --mode local "${tiny[@]}" "${spill[@]}" "$@" > "$out"
+  dir=$(sed -n 's/.*(logs in \(.*\))$/\1/p' "$out" | head -1)
+}
+
+# The shards remove their spill files as they stop; their logs say where they were.
+spilled_into_dir() {  # shard
+  grep -q "spill files [0-9]* + 0 bytes in $dir/shard-$1-data/spill " "$dir/shard-$1.log" \
+    || fail "shard $1 did not spill into $dir"
 }
 
 case $scenario in
   dirs)
     mkdir -p "$work/tmp" "$work/env" "$work/flag"
     echo "== TMPDIR"
-    TMPDIR=$work/tmp ZPS_KEEP_CLUSTER_LOGS=1 "$bin/zps-train" --mode local "${tiny[@]}" \
-      "${spill[@]}" > "$work/a.out"
-    dir=$(cluster_dir_of "$work/a.out")
+    TMPDIR=$work/tmp ZPS_KEEP_CLUSTER_LOGS=1 spill_run "$work/a.out"
     [[ $dir == "$work/tmp/zps-local-"* && -d $dir ]] || fail "TMPDIR not followed: '$dir'"
-    # The shards remove their spill files as they stop; their logs say where they were.
-    grep -q "spill files [0-9]* + 0 bytes in $dir/shard-0-data/spill " "$dir/shard-0.log" \
-      || fail "shard 0 did not spill into $dir"
+    spilled_into_dir 0
     echo "ok: $dir"
 
     echo "== ZPS_WORK_DIR over TMPDIR"
-    TMPDIR=$work/tmp ZPS_WORK_DIR=$work/env "$bin/zps-train" --mode local "${tiny[@]}" \
-      "${spill[@]}" > "$work/b.out"
-    dir=$(cluster_dir_of "$work/b.out")
+    TMPDIR=$work/tmp ZPS_WORK_DIR=$work/env spill_run "$work/b.out"
     [[ $dir == "$work/env/zps-local-"* ]] || fail "ZPS_WORK_DIR not followed: '$dir'"
     [[ ! -e $dir ]] || fail "a clean run left $dir behind"
     echo "ok: $dir (removed after the clean run)"
 
     echo "== --work-dir over ZPS_WORK_DIR"
-    TMPDIR=$work/tmp ZPS_WORK_DIR=$work/env ZPS_KEEP_CLUSTER_LOGS=1 "$bin/zps-train" \
-      --mode local "${tiny[@]}" "${spill[@]}" --work-dir "$work/flag" > "$work/c.out"
-    dir=$(cluster_dir_of "$work/c.out")
+    TMPDIR=$work/tmp ZPS_WORK_DIR=$work/env ZPS_KEEP_CLUSTER_LOGS=1 spill_run "$work/c.out" \
+      --work-dir "$work/flag"
     [[ $dir == "$work/flag/zps-local-"* && -d $dir ]] || fail "--work-dir not followed: '$dir'"
-    grep -q "spill files [0-9]* + 0 bytes in $dir/shard-1-data/spill " "$dir/shard-1.log" \
-      || fail "shard 1 did not spill into $dir"
+    spilled_into_dir 1
     echo "ok: $dir"
 
     echo "== a missing --work-dir"

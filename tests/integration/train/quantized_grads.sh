@@ -21,22 +21,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
-world=2
-shards=2
-steps=${STEPS:-8}
-model=(--d-model 64 --n-layers 2 --n-heads 2 --d-ff 256 --seq-len 32 --batch 4
-       --chunk-elems 16384 --world-size "$world" --max-grad-norm 0.05 "$@")
-work_init quantized-grads-test-token
-declare -A shard_pid
-job_world=$world
-job_log_every=1
+metered_init quantized-grads-test-token 2 2 "${STEPS:-8}" --d-model 64 --n-layers 2 --n-heads 2 \
+  --d-ff 256 --seq-len 32 --batch 4 --chunk-elems 16384 --max-grad-norm 0.05 "$@"
 
 run() {  # name reduction [extra zps-train flags...]
-  local name=$1 red=$2 dir="$work/$1"
-  shift 2
-  run_metered_job "$dir" "$shards" "$steps" --reduction "$red" "$@" || fail "run $name ($red $*) failed"
-  echo "== $name ($red $*): shard ingress $(cat "$dir/push") B"
-  grep -E '^(step|held-out|summary)' "$dir/worker0.$steps.out" | sed 's/^/   /'
+  metered_run "$1" --reduction "$2" "${@:3}"
 }
 
 run H server-sum --grad-dtype bf16

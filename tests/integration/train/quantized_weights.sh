@@ -19,30 +19,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bin=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
-world=2
-shards=2
-steps=${STEPS:-5}
 # zps-train's default model shape: a smaller one has so many parameters of 64 to 256 elements,
 # each fetched as whole 256-element blocks, that its int8 egress is 0.527x of bf16's (measured
 # with d_model 64, 2 layers); at this shape it is the format's 1 + 4/256 bytes an element.
-model=(--d-model 128 --n-layers 4 --n-heads 4 --d-ff 512 --seq-len 32 --batch 4
-       --chunk-elems 262144 --world-size "$world" --max-grad-norm 0.05 "$@")
-work_init quantized-weights-test-token
-declare -A shard_pid
-job_world=$world
-job_log_every=1
+metered_init quantized-weights-test-token 2 2 "${STEPS:-5}" --d-model 128 --n-layers 4 --n-heads 4 \
+  --d-ff 512 --seq-len 32 --batch 4 --chunk-elems 262144 --max-grad-norm 0.05 "$@"
 
-run() {  # name [extra zps-train flags...]
-  local name=$1 dir="$work/$1"
-  shift
-  run_metered_job "$dir" "$shards" "$steps" "$@" || fail "run $name ($*) failed"
-  echo "== $name ($*): shard egress $(cat "$dir/fetch") B"
-  grep -E '^(held-out|summary)' "$dir/worker0.$steps.out" | sed 's/^/   /'
-}
-
-run B
-run Q --quantized-weights int8
-run QB --quantized-weights int8 --fetch-strategy bandwidth-centric
+metered_run B
+metered_run Q --quantized-weights int8
+metered_run QB --quantized-weights int8 --fetch-strategy bandwidth-centric
 
 python3 - "$steps" "$work" "${QUANT_MAXW:-0.52}" <<'PY' || fail "bytes"
 import sys

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "job_spec_base.h"
 #include "zps/server/job.h"
 #include "zps/testing/status_matchers.h"
 
@@ -20,31 +21,14 @@ std::vector<std::byte> FromHex(std::string_view hex) {
   return out;
 }
 
-JobSpec Base() {
-  auto l = Layout::Build({{"a", {100}}, {"b", {30}}, {"c", {7, 9}}},
-                         {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-  EXPECT_THAT(l, IsOk());
-  JobSpec j{*l, {}, {}, {}};
-  j.shard.world_size = 2;
-  return j;
-}
+using testing::BaseJobSpec;
+using testing::SurfaceJobSpec;
 
 // Every field away from its default.
 JobSpec Rich() {
-  JobSpec j = Base();
+  JobSpec j = SurfaceJobSpec();
   j.shard.mode = ReductionMode::kPreReduced;
   j.shard.grad_dtype = DType::kBF16;
-  j.shard.serving_dtype = DType::kF32;
-  j.shard.accumulation_steps = 4;
-  j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
-  j.shard.param_group = {0, 1, 1};
-  j.shard.frozen = {0, 0, 1};
-  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupCosineLR;
-  j.shard.lr_schedule.total_num_steps = 1000;
-  j.shard.lr_schedule.warmup_num_steps = 50;
-  j.shard.lr_schedule.warmup_min_ratio = 0.05;
-  j.shard.lr_schedule.cos_min_ratio = 0.001;
-  j.shard.lr_schedule.warmup_type = WarmupType::kLinear;
   j.optimizer.kind = OptimizerKind::kSgd;
   j.optimizer.lr = 0.25f;
   j.optimizer.momentum = 0.5f;
@@ -82,13 +66,13 @@ void ExpectSameSpec(const JobSpec& a, const JobSpec& b) {
 
 TEST(JobSpecGolden, OldBytesDecodeTheSameAndEncodeTheSame) {
   const Golden cases[] = {
-      {"version 1", Base(), 0x2deaa5be312aa541ull,
+      {"version 1", BaseJobSpec(), 0x2deaa5be312aa541ull,
        "4a53505a010000004e0000004c53505a010000008000000000000000400000000200000003000000"
        "01000000610164000000000000000100000062011e00000000000000010000006302070000000000"
        "0000090000000000000000020000000002270000005a4f505401001b00016f12833a6666663f77be"
        "7f3f77cc2b3200000000010000000000a9320bdb0000000000000000000000000000f03f00000000"
        "000000f0400000000000000040e803000000000000000000000000f03f"},
-      {"version 3 without version 2 fields", Speculative(Base()), 0x6661c34ce7eac440ull,
+      {"version 3 without version 2 fields", Speculative(BaseJobSpec()), 0x6661c34ce7eac440ull,
        "4a53505a030000004e0000004c53505a010000008000000000000000400000000200000003000000"
        "01000000610164000000000000000100000062011e00000000000000010000006302070000000000"
        "0000090000000000000000020000000002270000005a4f505401001b00016f12833a6666663f77be"

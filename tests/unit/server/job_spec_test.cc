@@ -5,36 +5,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "job_spec_base.h"
 #include "zps/server/job.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-JobSpec Base() {
-  auto l = Layout::Build({{"a", {100}}, {"b", {30}}, {"c", {7, 9}}},
-                         {.chunk_elems = 128, .align_elems = 64, .num_shards = 2});
-  EXPECT_THAT(l, IsOk());
-  JobSpec j{*l, {}, {}, {}};
-  j.shard.world_size = 2;
-  return j;
-}
-
-JobSpec Full() {
-  JobSpec j = Base();
-  j.shard.serving_dtype = DType::kF32;
-  j.shard.accumulation_steps = 4;
-  j.shard.param_groups = {{1e-3f, 0.01f}, {5e-4f, 0.0f}};
-  j.shard.param_group = {0, 1, 1};
-  j.shard.frozen = {0, 0, 1};
-  j.shard.lr_schedule.kind = LrScheduleKind::kWarmupCosineLR;
-  j.shard.lr_schedule.total_num_steps = 1000;
-  j.shard.lr_schedule.warmup_num_steps = 50;
-  j.shard.lr_schedule.warmup_min_ratio = 0.05;
-  j.shard.lr_schedule.cos_min_ratio = 0.001;
-  j.shard.lr_schedule.warmup_type = WarmupType::kLinear;
-  return j;
-}
+using testing::BaseJobSpec;
+using testing::SurfaceJobSpec;
 
 uint32_t VersionOf(const std::vector<std::byte>& b) {
   uint32_t v;
@@ -43,7 +22,7 @@ uint32_t VersionOf(const std::vector<std::byte>& b) {
 }
 
 TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
-  const JobSpec j = Base();
+  const JobSpec j = BaseJobSpec();
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 1u);
   auto back = JobSpec::Deserialize(bytes);
@@ -55,7 +34,7 @@ TEST(JobSpec, DefaultsEncodeAsVersion1AndRoundTrip) {
 }
 
 TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
-  const JobSpec j = Full();
+  const JobSpec j = SurfaceJobSpec();
   ASSERT_THAT(j.Validate(), IsOk());
   const auto bytes = j.Serialize();
   EXPECT_EQ(VersionOf(bytes), 2u);
@@ -63,7 +42,7 @@ TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->Serialize(), bytes);
   EXPECT_EQ(back->Hash(), j.Hash());
-  EXPECT_NE(Base().Hash(), j.Hash());
+  EXPECT_NE(BaseJobSpec().Hash(), j.Hash());
   EXPECT_EQ(back->shard.serving_dtype, DType::kF32);
   EXPECT_EQ(back->shard.accumulation_steps, 4u);
   EXPECT_EQ(back->shard.param_groups, j.shard.param_groups);
@@ -83,7 +62,7 @@ TEST(JobSpec, NewFieldsEncodeAsVersion2AndRoundTrip) {
 }
 
 TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
-  auto bytes = Full().Serialize();
+  auto bytes = SurfaceJobSpec().Serialize();
   for (size_t cut : {size_t{1}, size_t{9}, size_t{40}}) {
     std::vector<std::byte> b(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(cut));
     EXPECT_EQ(JobSpec::Deserialize(b).status().code(), Code::kInvalidArgument) << cut;
@@ -97,7 +76,7 @@ TEST(JobSpec, TruncatedOrUnknownVersionIsRejected) {
 // optimizer.state_dtype rides in optimizer record version 2, which only job spec version 4
 // carries: an fp32-state spec keeps its bytes and hash, a compact one is version 4.
 TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
-  for (JobSpec j : {Base(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), SurfaceJobSpec()}) {
     const auto fp32_bytes = j.Serialize();
     EXPECT_LE(VersionOf(fp32_bytes), 2u);
     for (StateDType sd : {StateDType::kBF16, StateDType::kInt8}) {
@@ -122,7 +101,7 @@ TEST(JobSpec, StateDtypeEncodesAsVersion4AndRoundTrips) {
 }
 
 TEST(JobSpec, SpeculativeUpdateEncodesAsVersion3AndRoundTrips) {
-  for (JobSpec j : {Base(), Full()}) {
+  for (JobSpec j : {BaseJobSpec(), SurfaceJobSpec()}) {
     const uint64_t sync_hash = j.Hash();
     j.shard.update_mode = UpdateMode::kSpeculative;
     const auto bytes = j.Serialize();
@@ -161,45 +140,45 @@ TEST(JobSpec, Int8StateNeedsBlockAlignedParameters) {
 }
 
 TEST(JobSpec, ValidationNamesTheField) {
-  JobSpec j = Full();
+  JobSpec j = SurfaceJobSpec();
   j.shard.accumulation_steps = 0;
   ExpectInvalid(j, "accumulation_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.accumulation_steps = 2000;
   ExpectInvalid(j, "accumulation_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups[1].lr = -1.0f;
   ExpectInvalid(j, "param_groups[1].lr");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups[0].weight_decay = std::nanf("");
   ExpectInvalid(j, "param_groups[0].weight_decay");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_group = {0, 1};  // 3 parameters
   ExpectInvalid(j, "param_group");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_group = {0, 2, 1};  // 2 groups
   ExpectInvalid(j, "param_group[1]");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.param_groups.clear();
   ExpectInvalid(j, "param_group");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.frozen = {0, 0};
   ExpectInvalid(j, "frozen");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.frozen = {0, 3, 0};
   ExpectInvalid(j, "frozen[1]");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.lr_schedule.total_num_steps = 0;
   ExpectInvalid(j, "total_num_steps");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.lr_schedule.kind = LrScheduleKind::kWarmupLR;
   j.shard.lr_schedule.warmup_max_lr = 200.0;  // adamw: 200 * 0.01 > 1
   ExpectInvalid(j, "lr * weight_decay");
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.world_size = 0;
   ExpectInvalid(j, "world_size");
   // fp32 serving is valid; an unknown dtype byte is not.
-  j = Full();
+  j = SurfaceJobSpec();
   j.shard.serving_dtype = static_cast<DType>(7);
   EXPECT_EQ(j.Validate().code(), Code::kInvalidArgument);
 }

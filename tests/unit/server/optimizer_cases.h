@@ -1,13 +1,22 @@
 // The optimizer configurations the kernel tests run (optimizer_test.cc against a double-precision
 // reference, optimizer_golden_test.cc against stored CRCs): every kind, with and without bias
-// correction, L2 against decoupled decay, plain, momentum and Nesterov SGD.
+// correction, L2 against decoupled decay, plain, momentum and Nesterov SGD; the inputs' random
+// stream (Rng) and the skip where the machine has no ISA to run (ZPS_GET_ISA_OR_SKIP).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
+#include "zps/common/cpu.h"
 #include "zps/server/optimizer.h"
+
+// Declares `const Isa var`, the ISA the kernels run with here (ActiveIsa), or skips the test.
+#define ZPS_GET_ISA_OR_SKIP(var)                                            \
+  auto var##_result = ActiveIsa();                                          \
+  if (!var##_result.ok()) GTEST_SKIP() << var##_result.status().ToString(); \
+  const Isa var = *var##_result
 
 namespace zps::server::test_cases {
 
@@ -17,6 +26,19 @@ inline std::span<std::byte> Bytes(std::vector<float>& f) { return Bytes(std::spa
 inline std::span<const std::byte> Bytes(const std::vector<float>& f) {
   return std::as_bytes(std::span<const float>(f));
 }
+
+// splitmix64, turned into floats with exact integer-to-float steps.
+struct Rng {
+  uint64_t x;
+  uint64_t Next() {  // splitmix64
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1) with 24 random bits: every step is exact in fp32.
+  float Sym() { return static_cast<float>(Next() >> 40) * 0x1p-23f - 1.0f; }
+};
 
 struct Case {
   const char* name;

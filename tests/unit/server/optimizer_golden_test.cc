@@ -182,17 +182,7 @@ constexpr GoldenStats kGoldenStats[] = {
 constexpr size_t kN = 4099;
 constexpr size_t kOff = 1;
 
-struct Rng {
-  uint64_t x;
-  uint64_t Next() {  // splitmix64
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1) with 24 random bits: every step is exact in fp32.
-  float Sym() { return static_cast<float>(Next() >> 40) * 0x1p-23f - 1.0f; }
-};
+using test_cases::Rng;
 
 struct Inputs {
   std::vector<float> p, m, v, g32, out32;

@@ -24,24 +24,9 @@ namespace {
 
 using test_cases::Case;
 using test_cases::Cases;
-
-#define ZPS_GET_ISA_OR_SKIP(var)                                            \
-  auto var##_result = ActiveIsa();                                          \
-  if (!var##_result.ok()) GTEST_SKIP() << var##_result.status().ToString(); \
-  const Isa var = *var##_result
+using test_cases::Rng;
 
 constexpr StateDType kCompact[] = {StateDType::kBF16, StateDType::kInt8};
-
-struct Rng {
-  uint64_t x;
-  uint64_t Next() {  // splitmix64
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float Sym() { return static_cast<float>(Next() >> 40) * 0x1p-23f - 1.0f; }
-};
 
 // A chunk's state in one state dtype: fp32 master, packed m and v, a bf16 serving copy.
 struct Packed {

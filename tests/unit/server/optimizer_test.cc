@@ -39,11 +39,6 @@ constexpr double kTolP = 1e-6;
 constexpr double kTolUpdate = 1e-5;
 constexpr double kTolStats = 1e-12;
 
-#define ZPS_GET_ISA_OR_SKIP(var)                                            \
-  auto var##_result = ActiveIsa();                                          \
-  if (!var##_result.ok()) GTEST_SKIP() << var##_result.status().ToString(); \
-  const Isa var = *var##_result
-
 struct State {
   std::vector<float> p, m, v;
   std::vector<uint16_t> g16;  // grads as fp16/bf16 bits

@@ -1,22 +1,21 @@
 // grad_slot_fixture.h — the jobs and pushes of the gradient-slot tests that compare a job whose
 // pushes arrive in a narrow dtype with an fp32 job fed the widened values
 // (shard_state_grad16_test.cc, shard_state_quantized_grads_test.cc): the case table's row, a
-// 1-shard layout with a frozen parameter, the job of a case, its contributor slots, pushes through
-// BeginPush/FinishPush and the initial values; the comparison of two shards' chunk CRCs is
+// 1-shard layout with a frozen parameter, the job of a case, its contributor slots and the
+// initial values; a push is shard_steps.h's, the comparison of two shards' chunk CRCs
 // state_crcs.h's.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "shard_steps.h"
 #include "state_crcs.h"
-#include "zps/common/grad_quant.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
 
@@ -71,17 +70,6 @@ inline ShardJob GradSlotJob(const GradSlotCase& c, DType grad) {
 /// micro-batches).
 inline uint32_t GradSlots(const GradSlotCase& c) {
   return (c.mode == ReductionMode::kServerSum ? c.world : 1) * c.accum;
-}
-
-/// One push of `data` (PushBytes(r.dtype, r.length) bytes) through BeginPush and FinishPush.
-/// INTERNAL where the ticket's destination is of another size.
-inline Status Push(ShardState& s, const PushRequest& r, const void* data) {
-  ZPS_ASSIGN_OR_RETURN(PushTicket t, s.BeginPush(r));
-  if (t.destination().size() != PushBytes(r.dtype, r.length)) {
-    return Internal("destination of " + std::to_string(t.destination().size()) + " bytes");
-  }
-  std::memcpy(t.destination().data(), data, t.destination().size());
-  return s.FinishPush(std::move(t), Status::Ok());
 }
 
 /// Pushes the same initial values, drawn from N(0, 0.5) with `rng`, as fp32 into every state.

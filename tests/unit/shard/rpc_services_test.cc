@@ -11,14 +11,15 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_service.h"
 #include "shard/shard_queries.h"
+#include "shard_steps.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
 namespace {
 
-using testing::ElementsAre;
-using testing::HasSubstr;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 // Chunks of 128 elements over 2 shards: shard 0 owns chunks 0 (p0[0..128)) and 2 (p1).
 class ShardQueriesTest : public ::testing::Test {
@@ -37,10 +38,7 @@ class ShardQueriesTest : public ::testing::Test {
     std::vector<float> v(128);
     std::iota(v.begin(), v.end(), 1.0f);
     for (auto [chunk, n] : {std::pair<uint32_t, uint64_t>{0, 128}, {2, 50}}) {
-      auto t = st_->BeginPush({kInitStep, chunk, 0, n, 0, DType::kF32});
-      ASSERT_THAT(t, IsOk());
-      std::memcpy(t->destination().data(), v.data(), t->destination().size());
-      ASSERT_THAT(st_->FinishPush(std::move(*t), Status::Ok()), IsOk());
+      ASSERT_THAT(testing::Push(*st_, {kInitStep, chunk, 0, n, 0, DType::kF32}, v.data()), IsOk());
     }
     ASSERT_EQ(st_->version(), 0);
   }
@@ -129,7 +127,7 @@ TEST(CoordinatorService, JoinWithABadSpecNamesIt) {
   bool answered = false;
   s.Join({}, join, [&](const Result<msg::JoinReply>& r) {
     answered = true;
-    EXPECT_THAT(r, testing::Not(IsOk()));
+    EXPECT_THAT(r, ::testing::Not(IsOk()));
     if (!r.ok()) {
       EXPECT_THAT(r.status().message(), HasSubstr("job spec"));
     }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "shard_steps.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
@@ -47,11 +48,8 @@ std::unique_ptr<ShardState> Make(const Layout& layout) {
 
 void PushInit(ShardState& s, const Layout& layout) {
   for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
-    auto t = s.BeginPush({kInitStep, c, 0, kChunk, 0, DType::kF32});
-    ASSERT_THAT(t, IsOk());
     std::vector<float> v(kChunk, 1.0f + static_cast<float>(c));
-    std::memcpy(t->destination().data(), v.data(), t->destination().size());
-    ASSERT_THAT(s.FinishPush(std::move(*t), Status::Ok()), IsOk());
+    ASSERT_THAT(testing::Push(s, {kInitStep, c, 0, kChunk, 0, DType::kF32}, v.data()), IsOk());
   }
 }
 

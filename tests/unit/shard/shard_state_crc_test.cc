@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "shard_steps.h"
 #include "zps/server/nvme.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
@@ -93,12 +94,12 @@ void PushStep(const Layout& layout, ShardState& s, int64_t step, uint32_t ranks,
     ASSERT_THAT(pieces, IsOk());
     for (const Piece& piece : *pieces) {
       for (uint32_t r = 0; r < ranks; ++r) {
-        auto t = s.BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32});
-        ASSERT_THAT(t, IsOk());
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
-        std::memcpy(t->destination().data(), v.data(), t->destination().size());
-        ASSERT_THAT(s.FinishPush(std::move(*t), Status::Ok()), IsOk());
+        ASSERT_THAT(
+            testing::Push(s, {step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32},
+                          v.data()),
+            IsOk());
       }
     }
   }

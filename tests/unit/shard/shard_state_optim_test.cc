@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "shard_steps.h"
 #include "zps/server/lr_schedule.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
@@ -33,12 +34,7 @@ std::vector<float> Values(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-Status Push(ShardState& s, const PushRequest& r, const float* data) {
-  auto t = s.BeginPush(r);
-  if (!t.ok()) return t.status();
-  std::memcpy(t->destination().data(), data, t->destination().size());
-  return s.FinishPush(std::move(*t), Status::Ok());
-}
+using testing::Push;
 
 // Initial values of both parameters (rank 0, micro 0); returns the chunk's master.
 std::vector<float> InitTwo(ShardState& s) {

@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 
+#include "shard_steps.h"
 #include "zps/common/serving_quant.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
@@ -85,11 +86,7 @@ Result<std::vector<std::byte>> Fetch(ShardState& s, uint32_t chunk, uint64_t off
   return bytes;
 }
 
-Status Push(ShardState& s, const PushRequest& r, const float* data) {
-  ZPS_ASSIGN_OR_RETURN(PushTicket t, s.BeginPush(r));
-  std::memcpy(t.destination().data(), data, t.destination().size());
-  return s.FinishPush(std::move(t), Status::Ok());
-}
+using testing::Push;
 
 // Every piece of every parameter fetched from `q` is the covering blocks of QuantizeBlocks of
 // the chunk's master, which `f` (fp32 serving) gives whole.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "shard/snapshot_manager.h"
+#include "shard_steps.h"
 #include "state_crcs.h"
 #include "zps/server/shard_state.h"
 #include "zps/server/step_commit.h"
@@ -76,32 +77,19 @@ void PushAll(const Layout& layout, std::vector<ShardState*> states, int64_t step
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
         for (ShardState* s : states) {
-          auto t = s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length,
-                                 step == kInitStep ? 0 : r, DType::kF32});
-          ASSERT_THAT(t, IsOk());
-          std::memcpy(t->destination().data(), v.data(), t->destination().size());
-          ASSERT_THAT(s->FinishPush(std::move(*t), Status::Ok()), IsOk());
+          ASSERT_THAT(testing::Push(*s,
+                                    {step, piece.chunk, piece.chunk_offset, piece.length,
+                                     step == kInitStep ? 0 : r, DType::kF32},
+                                    v.data()),
+                      IsOk());
         }
       }
     }
   }
 }
 
-// Waits until the speculation thread has speculated `n` chunks of the step in progress.
-void WaitSpeculated(const ShardState& s, uint32_t n) {
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (s.speculation_stats().in_flight < n && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_EQ(s.speculation_stats().in_flight, n);
-}
-
-void Commit(ShardState& s, const CommitOrder& order, std::optional<CommitOrder> next) {
-  ASSERT_THAT(s.WaitForGradients(order.step, 1000ms), IsOk());
-  auto rep = s.ReduceStep(order.step);
-  ASSERT_THAT(rep, IsOk());
-  ASSERT_THAT(s.ApplyCommit(order, next), IsOk());
-}
+using testing::Commit;
+using testing::WaitSpeculated;
 
 // The same bits after `step`.
 void ExpectSame(const ShardState& a, const ShardState& b, int64_t step) {

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "shard_steps.h"
 #include "state_crcs.h"
 #include "zps/server/nvme.h"
 #include "zps/server/shard_state.h"
@@ -74,11 +75,10 @@ void PushAll(const Layout& layout, ShardState& a, ShardState& b, int64_t step, u
         std::vector<float> v(piece.length);
         for (auto& x : v) x = dist(rng);
         for (ShardState* s : {&a, &b}) {
-          auto t =
-              s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32});
-          ASSERT_THAT(t, IsOk());
-          std::memcpy(t->destination().data(), v.data(), t->destination().size());
-          ASSERT_THAT(s->FinishPush(std::move(*t), Status::Ok()), IsOk());
+          ASSERT_THAT(testing::Push(
+                          *s, {step, piece.chunk, piece.chunk_offset, piece.length, r, DType::kF32},
+                          v.data()),
+                      IsOk());
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "shard_steps.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -27,12 +28,7 @@ class ShardStateTest : public ::testing::Test {
     ASSERT_THAT(s, IsOk());
     shard_ = std::move(*s);
   }
-  Status Push(const PushRequest& r, const void* data) {
-    auto t = shard_->BeginPush(r);
-    if (!t.ok()) return t.status();
-    std::memcpy(t->destination().data(), data, t->destination().size());
-    return shard_->FinishPush(std::move(*t), Status::Ok());
-  }
+  Status Push(const PushRequest& r, const void* data) { return testing::Push(*shard_, r, data); }
   // Initialises the shard-0 chunks: chunk 0 = p0[0..128), chunk 2 = p1.
   void Init() {
     std::vector<float> v(128);
@@ -122,10 +118,7 @@ TEST(ShardStateServingAllocator, ServesFromTheGivenMemory) {
   EXPECT_EQ(asked, 256u + 128u);  // chunk 0: 128 bf16; chunk 2 (the last): 64 bf16
   std::vector<float> v(128, 2.0f);
   for (auto [chunk, n] : {std::pair<uint32_t, uint64_t>{0, 128}, {2, 50}}) {
-    auto t = (*s)->BeginPush({kInitStep, chunk, 0, n, 0, DType::kF32});
-    ASSERT_THAT(t, IsOk());
-    std::memcpy(t->destination().data(), v.data(), t->destination().size());
-    ASSERT_THAT((*s)->FinishPush(std::move(*t), Status::Ok()), IsOk());
+    ASSERT_THAT(testing::Push(**s, {kInitStep, chunk, 0, n, 0, DType::kF32}, v.data()), IsOk());
   }
   const std::byte* where = nullptr;
   (*s)->Fetch({2, 1, 4, 0}, [&](const Status& st, int64_t, std::span<const std::byte> d,

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "shard_steps.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/status_matchers.h"
 
@@ -46,29 +47,17 @@ void PushAll(const Layout& layout, const std::vector<ShardState*>& states, int64
       std::vector<float> v(piece.length);
       for (auto& x : v) x = dist(rng);
       for (ShardState* s : states) {
-        auto t =
-            s->BeginPush({step, piece.chunk, piece.chunk_offset, piece.length, 0, DType::kF32});
-        ASSERT_THAT(t, IsOk());
-        std::memcpy(t->destination().data(), v.data(), t->destination().size());
-        ASSERT_THAT(s->FinishPush(std::move(*t), Status::Ok()), IsOk());
+        ASSERT_THAT(
+            testing::Push(*s, {step, piece.chunk, piece.chunk_offset, piece.length, 0, DType::kF32},
+                          v.data()),
+            IsOk());
       }
     }
   }
 }
 
-void WaitSpeculated(const ShardState& s, uint32_t n) {
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (s.speculation_stats().in_flight < n && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_EQ(s.speculation_stats().in_flight, n);
-}
-
-void Commit(ShardState& s, const CommitOrder& order, std::optional<CommitOrder> next) {
-  ASSERT_THAT(s.WaitForGradients(order.step, 1000ms), IsOk());
-  ASSERT_THAT(s.ReduceStep(order.step), IsOk());
-  ASSERT_THAT(s.ApplyCommit(order, next), IsOk());
-}
+using testing::Commit;
+using testing::WaitSpeculated;
 
 TEST(UpdatePolicyTest, SyncIgnoresArmingAndReportsNothing) {
   const Layout layout = FourChunks();

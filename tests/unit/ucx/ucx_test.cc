@@ -96,6 +96,7 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
   }
 
   void TearDown() override {
+    ReleaseB();
     if (a_) a_->Stop();
     if (b_) b_->Stop();
     a_.reset();
@@ -126,6 +127,28 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(reply->rendezvous, size > 65536);
   }
 
+  // Holds B's progress thread in a task until ReleaseB (or TearDown), so that A's rendezvous
+  // sends to B cannot finish.
+  [[nodiscard]] bool StallB() {
+    b_released_.store(false);
+    return b_->Post([this] {
+      while (!b_released_.load()) std::this_thread::sleep_for(1ms);
+    });
+  }
+  void ReleaseB() { b_released_.store(true); }
+
+  // Sends `n` rendezvous messages of 1 MiB (bytes from `seed`) from A to B's sink, completing
+  // into `done`, and gives them 50 ms to reach B.
+  void SendRendezvousToSink(int n, uint32_t seed, Completions& done) {
+    auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, seed));
+    SendOptions o;
+    o.force_rendezvous = true;
+    for (int i = 0; i < n; ++i) {
+      a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, done.Callback(), o);
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+
   std::unique_ptr<Context> ctx_a_, ctx_b_;
   std::unique_ptr<Worker> a_, b_;
   Endpoint ep_;
@@ -135,6 +158,7 @@ class UcxPairTest : public ::testing::TestWithParam<std::string> {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Received>> replies_;
   Status ep_error_;
+  std::atomic<bool> b_released_{true};
 };
 
 TEST_P(UcxPairTest, AddressIsNonEmptyAndStatusConverts) {
@@ -254,18 +278,9 @@ TEST_P(UcxPairTest, StopCompletesPendingOperations) {
   // directions (the same state in every run; a wireup reply still pending towards the stalled
   // peer took another path through UCX's teardown).
   EchoRoundTrip(1 << 20, true);
-  std::atomic<bool> release{false};
-  ASSERT_TRUE(b_->Post([&] {
-    while (!release.load()) std::this_thread::sleep_for(1ms);
-  }));
-  auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 5));
+  ASSERT_TRUE(StallB());
   Completions done;
-  SendOptions o;
-  o.force_rendezvous = true;
-  for (int i = 0; i < 4; ++i) {
-    a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, done.Callback(), o);
-  }
-  std::this_thread::sleep_for(50ms);
+  SendRendezvousToSink(4, 5, done);
   auto start = std::chrono::steady_clock::now();
   a_->Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
@@ -276,7 +291,7 @@ TEST_P(UcxPairTest, StopCompletesPendingOperations) {
   a_->SendAm(ep_, kSink, {}, {}, nullptr, late.Callback());
   ASSERT_TRUE(late.WaitFor(1, 1s));
   EXPECT_EQ(late.statuses()[0].code(), Code::kCancelled);
-  release.store(true);
+  ReleaseB();
 }
 
 TEST_P(UcxPairTest, FailCompletesPendingOperations) {
@@ -284,18 +299,9 @@ TEST_P(UcxPairTest, FailCompletesPendingOperations) {
   // rendezvous sends wait on a stalled peer: they complete with the given reason. (Wireup
   // first, as in StopCompletesPendingOperations.)
   EchoRoundTrip(1 << 20, true);
-  std::atomic<bool> release{false};
-  ASSERT_TRUE(b_->Post([&] {
-    while (!release.load()) std::this_thread::sleep_for(1ms);
-  }));
-  auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 5));
+  ASSERT_TRUE(StallB());
   Completions done;
-  SendOptions o;
-  o.force_rendezvous = true;
-  for (int i = 0; i < 4; ++i) {
-    a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, done.Callback(), o);
-  }
-  std::this_thread::sleep_for(50ms);
+  SendRendezvousToSink(4, 5, done);
   a_->Fail(ep_, Unavailable("control plane to peer lost"));
   ASSERT_TRUE(done.WaitFor(4, 2s));
   for (auto& s : done.statuses()) {
@@ -310,25 +316,16 @@ TEST_P(UcxPairTest, FailCompletesPendingOperations) {
   a_->SendAm(ep_, kSink, {}, {}, nullptr, late.Callback());
   ASSERT_TRUE(late.WaitFor(1));
   EXPECT_EQ(late.statuses()[0].code(), Code::kUnavailable);
-  release.store(true);
+  ReleaseB();
   std::this_thread::sleep_for(100ms);  // let B process the orphaned requests before teardown
 }
 
 TEST_P(UcxPairTest, FailDuringGracefulCloseCompletesIt) {
   // A graceful Close waits for its flush, which a stalled peer never answers; declaring the
   // endpoint failed must finish the close and the pending sends.
-  std::atomic<bool> release{false};
-  ASSERT_TRUE(b_->Post([&] {
-    while (!release.load()) std::this_thread::sleep_for(1ms);
-  }));
-  auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 9));
+  ASSERT_TRUE(StallB());
   Completions sends;
-  SendOptions o;
-  o.force_rendezvous = true;
-  for (int i = 0; i < 2; ++i) {
-    a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, sends.Callback(), o);
-  }
-  std::this_thread::sleep_for(50ms);
+  SendRendezvousToSink(2, 9, sends);
   Completions closed;
   a_->Close(ep_, closed.Callback());
   std::this_thread::sleep_for(100ms);
@@ -337,7 +334,7 @@ TEST_P(UcxPairTest, FailDuringGracefulCloseCompletesIt) {
   ASSERT_TRUE(closed.WaitFor(1, 2s));
   ASSERT_TRUE(sends.WaitFor(2, 2s));
   for (auto& s : sends.statuses()) EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
-  release.store(true);
+  ReleaseB();
   std::this_thread::sleep_for(100ms);
 }
 
@@ -346,24 +343,15 @@ TEST_P(UcxPairTest, RemoteWorkerDestroyedFailsPendingSends) {
     GTEST_SKIP() << "UCX 1.13 shared memory has no peer-failure handling: see UcxProcessTest "
                     "(peer pid check) and FailCompletesPendingOperations";
   }
-  std::atomic<bool> release{false};
-  ASSERT_TRUE(b_->Post([&] {
-    while (!release.load()) std::this_thread::sleep_for(1ms);
-  }));
-  auto payload = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 5));
+  ASSERT_TRUE(StallB());
   Completions done;
-  SendOptions o;
-  o.force_rendezvous = true;
-  for (int i = 0; i < 8; ++i) {
-    a_->SendAm(ep_, kSink, MakeHeader(*payload, 0), *payload, payload, done.Callback(), o);
-  }
-  std::this_thread::sleep_for(50ms);
+  SendRendezvousToSink(8, 5, done);
   std::thread destroy([&] {
     b_->Stop();
     b_.reset();
   });
   std::this_thread::sleep_for(10ms);
-  release.store(true);
+  ReleaseB();
   destroy.join();
   ASSERT_TRUE(done.WaitFor(8));
   for (auto& s : done.statuses()) EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
