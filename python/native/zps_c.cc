@@ -506,7 +506,7 @@ int zps_dequantize_blocks(const void* blocks, uint64_t bytes, uint32_t bits, uin
     if ((blocks == nullptr && bytes > 0) || (dst == nullptr && elems > 0)) {
       return zps::InvalidArgument("null argument");
     }
-    if (bits > 255 || block > UINT32_MAX) return zps::InvalidArgument("bad block format");
+    if (bits > 255) return zps::InvalidArgument("bad block format");
     const zps::QuantFormat f{static_cast<uint8_t>(bits), block};
     ZPS_RETURN_IF_ERROR(zps::ValidateQuantFormat(f));
     ZPS_ASSIGN_OR_RETURN(zps::DType to, DTypeOf(dst_dtype));
