@@ -110,8 +110,8 @@ class QuantSource : public ParamSource {
     auto b = Buffer(param, begin, version, kWire, QuantizedPiecesBytes(*pieces));
     auto lp = *layout_.Pieces(param, begin, length);
     for (size_t i = 0; i < lp.size(); ++i) {
-      const QuantRange r = ServingRange(kWire, layout_.chunk_size(lp[i].chunk),
-                                        lp[i].chunk_offset, lp[i].length);
+      const QuantRange r =
+          ServingRange(kWire, layout_.chunk_size(lp[i].chunk), lp[i].chunk_offset, lp[i].length);
       std::memcpy(b->memory.data() + (*pieces)[i].offset, copies_[lp[i].chunk].data() + r.offset,
                   r.bytes);
     }
