@@ -518,9 +518,14 @@ int zps_dequantize_blocks(const void* blocks, uint64_t bytes, uint32_t bits, uin
     }
     auto* raw = const_cast<std::byte*>(static_cast<const std::byte*>(blocks));
     b.memory = zps::worker::DeviceBuffer(raw, bytes, [](std::byte*) {});  // not owned
-    // The records the run covers (the buffer may hold more after them).
-    const uint64_t covering = (skip + elems + block - 1) / block * zps::QuantizedBlockStride(f);
-    if (elems > 0) b.pieces.push_back({elems, skip, 0, std::min<uint64_t>(bytes, covering)});
+    // The records the run covers: from the one that holds element `skip` (the buffer may hold
+    // more before and after them).
+    const uint64_t stride = zps::QuantizedBlockStride(f);
+    const uint64_t offset = std::min<uint64_t>(skip / block * stride, bytes);
+    const uint64_t covering = (skip % block + elems + block - 1) / block * stride;
+    if (elems > 0) {
+      b.pieces.push_back({elems, skip % block, offset, std::min(bytes - offset, covering)});
+    }
     zps::Status s = zps::worker::DequantizeBuffer(b, to, dst);
     if (s.code() == zps::Code::kDataLoss) return zps::InvalidArgument(s.message());
     return s;

@@ -22,6 +22,7 @@ import torch
 
 from zps import _native
 from zps._errors import ZpsError
+from zps.torch import dequant
 from zps.torch.dequant import dequantize_blocks, dequantize_pieces
 import quantized_job
 
@@ -80,6 +81,17 @@ def test_torch_ops_give_the_c_codecs_bits(device, dtype, n, skip, elems):
         out = torch.full((elems,), 7.0, dtype=dtype, device=device)
         dequantize_blocks(records.to(device), BLOCK, skip, out)
         _assert_same_bits(out.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_of_blocks_give_the_same_bits(device, monkeypatch):
+    """A large parameter is dequantized a batch of blocks at a time (a bounded temporary)."""
+    monkeypatch.setattr(dequant, "BATCH_BLOCKS", 2)
+    records = _records(7 * 256 + 9, 3)
+    for skip, elems in [(0, 7 * 256 + 9), (100, 7 * 256 - 91), (600, 3), (511, 2)]:
+        out = torch.empty(elems, dtype=torch.bfloat16, device=device)
+        dequantize_blocks(records.to(device), BLOCK, skip, out)
+        _assert_same_bits(out.cpu(), _c_dequant(records, skip, elems, torch.bfloat16))
 
 
 @pytest.mark.parametrize("device", DEVICES)

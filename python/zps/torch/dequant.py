@@ -18,6 +18,26 @@ from __future__ import annotations
 import torch
 
 SCALE_BYTES = 4
+# Blocks dequantized at a time: bounds the fp32 temporary on the device (64 MiB at 256-element
+# blocks) whatever the parameter's size.
+BATCH_BLOCKS = 65536
+
+
+def _block_values(records: torch.Tensor, block: int, first: int, end: int) -> torch.Tensor:
+    """The fp32 values of blocks [first, end) of the records (the last block possibly short)."""
+    stride = SCALE_BYTES + block
+    full = records.numel() // stride
+    parts = []
+    if first < min(end, full):
+        recs = records[first * stride: min(end, full) * stride].view(-1, stride)
+        scales = recs[:, :SCALE_BYTES].contiguous().view(torch.float32)   # (blocks, 1)
+        parts.append(recs[:, SCALE_BYTES:].view(torch.int8).to(torch.float32).mul_(scales)
+                     .reshape(-1))
+    if end > full:  # the short last record: 4 + its elements bytes
+        rec = records[full * stride:]
+        scale = rec[:SCALE_BYTES].contiguous().view(torch.float32)
+        parts.append(rec[SCALE_BYTES:].view(torch.int8).to(torch.float32).mul_(scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def dequantize_blocks(records: torch.Tensor, block: int, skip: int, out: torch.Tensor) -> None:
@@ -27,22 +47,19 @@ def dequantize_blocks(records: torch.Tensor, block: int, skip: int, out: torch.T
     records' device), rounded to out's dtype."""
     stride = SCALE_BYTES + block
     full = records.numel() // stride
-    tail = records.numel() - full * stride  # a short last record: 4 + its elements bytes
-    values = []
-    if full:
-        recs = records[: full * stride].view(full, stride)
-        scales = recs[:, :SCALE_BYTES].contiguous().view(torch.float32)   # (full, 1)
-        values.append(recs[:, SCALE_BYTES:].view(torch.int8).to(torch.float32).mul_(scales)
-                      .reshape(-1))
-    if tail:
-        rec = records[full * stride:]
-        scale = rec[:SCALE_BYTES].contiguous().view(torch.float32)
-        values.append(rec[SCALE_BYTES:].view(torch.int8).to(torch.float32).mul_(scale))
-    flat = values[0] if len(values) == 1 else torch.cat(values)
+    tail = records.numel() - full * stride
+    held = full * block + (tail - SCALE_BYTES if tail else 0)
     n = out.numel()
-    if skip + n > flat.numel():
-        raise ValueError(f"{n} elements from {skip} do not lie in {flat.numel()} quantized ones")
-    out.copy_(flat[skip: skip + n])
+    if tail and tail <= SCALE_BYTES or skip + n > held:
+        raise ValueError(f"{n} elements from {skip} do not lie in {held} quantized ones")
+    if n == 0:
+        return
+    last = (skip + n - 1) // block + 1
+    for first in range(skip // block, last, BATCH_BLOCKS):
+        end = min(first + BATCH_BLOCKS, last)
+        lo, hi = max(skip, first * block), min(skip + n, end * block)   # stream elements
+        values = _block_values(records, block, first, end)
+        out[lo - skip: hi - skip].copy_(values[lo - first * block: hi - first * block])
 
 
 def dequantize_pieces(data: torch.Tensor, pieces, block: int, out: torch.Tensor) -> None:
