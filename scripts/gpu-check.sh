@@ -12,8 +12,9 @@
 #      backend (pinned UCX-registered slots, copy stream) beside cudaMemcpyAsync from pinned
 #      memory (the ceiling) in the same run; pushes device -> server beside pushes from host
 #      memory (cuda.jsonl);
-#   2. the GPU ctest program (test_worker_cuda_gpu, when bundled) and a zps.torch CUDA test that
-#      checks the backend carried the bytes (cuda_info);
+#   2. the GPU ctest program (test_worker_cuda_gpu, when bundled), a zps.torch CUDA test that
+#      checks the backend carried the bytes (cuda_info), and test_device_dequant.py: quantized
+#      weights dequantized by torch ops on the GPU, bit for bit against the CPU SIMD codec;
 #   3. the TransformerEncoder LM (examples/train_lm.py) on CUDA through zps (embedded 2-shard
 #      cluster on loopback, the CUDA backend) and with plain torch holding the whole model on
 #      the GPU, for two model sizes: tokens/s and the ratio (lm.jsonl).
@@ -193,6 +194,9 @@ if $py -c 'import pytest' 2>/dev/null; then
   echo "== tests/torch/test_cuda.py (the CUDA backend against host staging)"
   (cd tests/torch && timeout 180 $py -m pytest -q -p no:cacheprovider test_cuda.py -rs) |
     tail -8 || echo "test_cuda.py: FAILED"
+  echo "== tests/torch/test_device_dequant.py (quantized weights dequantized on the GPU)"
+  (cd tests/torch && timeout 180 $py -m pytest -q -p no:cacheprovider test_device_dequant.py -rs) |
+    tail -8 || echo "test_device_dequant.py: FAILED"
 fi
 
 echo "== zps.torch CUDA test"

@@ -33,6 +33,7 @@ Result<ConnectOptions> OptionsFromJson(std::string_view json) {
   ZPS_RETURN_IF_ERROR(f.Number("cuda_slot_bytes", &o.cuda_slot_bytes, 4096, 1e12));
   ZPS_RETURN_IF_ERROR(f.Number("cuda_slots", &o.cuda_slots, 1, 1 << 20));
   ZPS_RETURN_IF_ERROR(f.String("collectives", &o.collectives));
+  ZPS_RETURN_IF_ERROR(f.Bool("keep_quantized", &o.prefetch.keep_quantized));
   if (o.collectives != "auto" && o.collectives != "gloo" && o.collectives != "nccl") {
     return f.Bad("collectives", "auto, gloo or nccl");
   }

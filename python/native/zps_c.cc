@@ -20,6 +20,7 @@
 #include "zps/common/logging.h"
 #include "zps/common/messages.h"
 #include "zps/common/rpc.h"
+#include "zps/common/serving_quant.h"
 #include "zps/common/spill_budget.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/worker/bucket_reducer.h"
@@ -27,6 +28,7 @@
 #include "zps/worker/collectives.h"
 #include "zps/worker/gloo_collectives.h"
 #include "zps/worker/prefetcher.h"
+#include "zps/worker/quantized_pieces.h"
 #if ZPS_C_WITH_CUDA
 #include "zps/worker/cuda_backend.h"
 #include "zps/worker/nccl_collectives.h"
@@ -50,7 +52,8 @@ struct zps_client {
   zps::Mutex mu;  // serialises the prefetcher and `held` (one training thread drives them)
   std::unique_ptr<zps::worker::Prefetcher> prefetcher PT_GUARDED_BY(mu);
   std::map<uint32_t, std::shared_ptr<const zps::worker::ParamBuffer>> held
-      GUARDED_BY(mu);  // by zps_acquire
+      GUARDED_BY(mu);           // by zps_acquire and zps_acquire_quantized
+  bool keep_quantized = false;  // options.keep_quantized with quantized weights
 };
 
 namespace {
@@ -82,6 +85,25 @@ int Guard(Fn&& fn) {
 zps::Status NeedClient(const zps_client* c) {
   if (c == nullptr || !c->client) return zps::InvalidArgument("null zps_client");
   return zps::Status::Ok();
+}
+
+// The buffers handed out as they are (zps_acquire, zps_fetch_to_device) must hold values.
+zps::Status NeedDequantized(const zps_client* c) {
+  if (!c->keep_quantized) return zps::Status::Ok();
+  return zps::FailedPrecondition(
+      "options.keep_quantized: parameters are handed out quantized (zps_acquire_quantized) or "
+      "dequantized on the CPU (zps_fetch_into)");
+}
+
+// Acquires `param` from the prefetcher and holds it until zps_release.
+zps::Result<std::shared_ptr<const zps::worker::ParamBuffer>> Hold(zps_client* c, uint32_t param)
+    REQUIRES(c->mu) {
+  if (c->held.count(param)) {
+    return zps::FailedPrecondition("parameter " + std::to_string(param) + " is already acquired");
+  }
+  ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire({&param, 1}));
+  c->held[param] = buffers[0];
+  return buffers[0];
 }
 
 zps::Result<zps::DType> DTypeOf(int32_t v) {
@@ -317,6 +339,8 @@ int zps_connect(const char* options_json, const char* job_json, zps_client** out
                                            },
                                            ro));
     }
+    c->keep_quantized =
+        opts.prefetch.keep_quantized && zps::IsBlockQuantized(job.shard.serving_dtype);
     c->prefetcher = std::make_unique<zps::worker::Prefetcher>(c->client.get(), opts.prefetch);
     *out = c.release();
     return zps::Status::Ok();
@@ -346,6 +370,11 @@ int zps_job_info_get(zps_client* c, zps_job_info* out) {
     info.serving_dtype = static_cast<int32_t>(c->client->serving_dtype());  // what fetches hold
     info.grad_dtype = static_cast<int32_t>(job.grad_dtype);
     info.job_hash = job.job_hash;
+    if (zps::IsBlockQuantized(job.serving_dtype)) {
+      const zps::QuantFormat f = zps::ServingQuantFormat(job.serving_dtype);
+      info.quant_bits = f.bits;
+      info.quant_block = f.block;
+    }
     *out = info;
     return zps::Status::Ok();
   });
@@ -366,6 +395,7 @@ int zps_stats_get(zps_client* c, zps_stats* out) {
     s.prefetches = ps.prefetches;
     s.trace_rebuilds = ps.trace_rebuilds;
     s.wait_ns = static_cast<uint64_t>(ps.wait.count());
+    s.gather_bytes = ps.gather_bytes;
     *out = s;
     return zps::Status::Ok();
   });
@@ -412,12 +442,17 @@ int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, void* const* ds
     zps::MutexLock lock(&c->mu);
     std::span<const uint32_t> id_span(ids, n);
     ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire(id_span));
-    for (size_t i = 0; i < n; ++i) {
+    zps::Status s;
+    for (size_t i = 0; i < n && s.ok(); ++i) {
       const auto& b = *buffers[i];
-      Convert(b.memory.data(), b.dtype, dst[i], to[i], c->client->layout().param_numel(ids[i]));
+      if (zps::IsBlockQuantized(b.dtype)) {  // keep_quantized: the SIMD codec, into dst's dtype
+        s = zps::worker::DequantizeBuffer(b, to[i], dst[i]);
+      } else {
+        Convert(b.memory.data(), b.dtype, dst[i], to[i], c->client->layout().param_numel(ids[i]));
+      }
     }
     c->prefetcher->Release(id_span);
-    return zps::Status::Ok();
+    return s;
   });
 }
 
@@ -425,15 +460,75 @@ int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* byte
   return Guard([&]() -> zps::Status {
     ZPS_RETURN_IF_ERROR(NeedClient(c));
     if (data == nullptr || bytes == nullptr) return zps::InvalidArgument("null argument");
+    ZPS_RETURN_IF_ERROR(NeedDequantized(c));
     zps::MutexLock lock(&c->mu);
-    if (c->held.count(param)) {
-      return zps::FailedPrecondition("parameter " + std::to_string(param) + " is already acquired");
-    }
-    ZPS_ASSIGN_OR_RETURN(auto buffers, c->prefetcher->Acquire({&param, 1}));
-    c->held[param] = buffers[0];
-    *data = buffers[0]->memory.data();
-    *bytes = buffers[0]->memory.size();
+    ZPS_ASSIGN_OR_RETURN(auto buffer, Hold(c, param));
+    *data = buffer->memory.data();
+    *bytes = buffer->memory.size();
     return zps::Status::Ok();
+  });
+}
+
+int zps_acquire_quantized(zps_client* c, uint32_t param, const void** data, uint64_t* bytes,
+                          zps_quant_piece* pieces, size_t cap, size_t* n) {
+  return Guard([&]() -> zps::Status {
+    ZPS_RETURN_IF_ERROR(NeedClient(c));
+    if (data == nullptr || bytes == nullptr || n == nullptr || (pieces == nullptr && cap > 0)) {
+      return zps::InvalidArgument("null argument");
+    }
+    if (!c->keep_quantized) {
+      return zps::FailedPrecondition(
+          "zps_acquire_quantized needs options.keep_quantized and quantized weights");
+    }
+    zps::MutexLock lock(&c->mu);
+    ZPS_ASSIGN_OR_RETURN(auto buffer, Hold(c, param));
+    if (buffer->pieces.size() > cap) {
+      c->held.erase(param);
+      c->prefetcher->Release({&param, 1});
+      return zps::OutOfRange("parameter " + std::to_string(param) + " has " +
+                             std::to_string(buffer->pieces.size()) + " pieces, more than " +
+                             std::to_string(cap));
+    }
+    *data = buffer->memory.data();
+    *bytes = buffer->memory.size();
+    for (size_t i = 0; i < buffer->pieces.size(); ++i) {
+      const auto& p = buffer->pieces[i];
+      pieces[i] = {p.elems, p.skip, p.offset, p.bytes};
+    }
+    *n = buffer->pieces.size();
+    return zps::Status::Ok();
+  });
+}
+
+int zps_dequantize_blocks(const void* blocks, uint64_t bytes, uint32_t bits, uint32_t block,
+                          uint64_t skip, uint64_t elems, int32_t dst_dtype, void* dst) {
+  return Guard([&]() -> zps::Status {
+    if ((blocks == nullptr && bytes > 0) || (dst == nullptr && elems > 0)) {
+      return zps::InvalidArgument("null argument");
+    }
+    if (bits > 255) return zps::InvalidArgument("bad block format");
+    const zps::QuantFormat f{static_cast<uint8_t>(bits), block};
+    ZPS_RETURN_IF_ERROR(zps::ValidateQuantFormat(f));
+    ZPS_ASSIGN_OR_RETURN(zps::DType to, DTypeOf(dst_dtype));
+    zps::worker::ParamBuffer b;
+    b.dtype = bits == 8 ? zps::DType::kI8Block : zps::DType::kI4Block;
+    if (zps::ServingQuantFormat(b.dtype).block != block) {
+      return zps::InvalidArgument("block must be " +
+                                  std::to_string(zps::ServingQuantFormat(b.dtype).block));
+    }
+    auto* raw = const_cast<std::byte*>(static_cast<const std::byte*>(blocks));
+    b.memory = zps::worker::DeviceBuffer(raw, bytes, [](std::byte*) {});  // not owned
+    // The records the run covers: from the one that holds element `skip` (the buffer may hold
+    // more before and after them).
+    const uint64_t stride = zps::QuantizedBlockStride(f);
+    const uint64_t offset = std::min<uint64_t>(skip / block * stride, bytes);
+    const uint64_t covering = (skip % block + elems + block - 1) / block * stride;
+    if (elems > 0) {
+      b.pieces.push_back({elems, skip % block, offset, std::min(bytes - offset, covering)});
+    }
+    zps::Status s = zps::worker::DequantizeBuffer(b, to, dst);
+    if (s.code() == zps::Code::kDataLoss) return zps::InvalidArgument(s.message());
+    return s;
   });
 }
 
@@ -602,6 +697,7 @@ int zps_fetch_to_device(zps_client* c, const uint32_t* ids, size_t n, void* cons
   return Guard([&]() -> zps::Status {
 #if ZPS_C_WITH_CUDA
     ZPS_RETURN_IF_ERROR(NeedCuda(c));
+    ZPS_RETURN_IF_ERROR(NeedDequantized(c));
     if (n == 0) return zps::Status::Ok();
     if (ids == nullptr || dst == nullptr) return zps::InvalidArgument("null argument");
     for (size_t i = 0; i < n; ++i) {

@@ -29,8 +29,9 @@ extern "C" {
 #endif
 
 /* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs; 4:
- * zps_check_memory_budget. */
-#define ZPS_C_API_VERSION 4
+ * zps_check_memory_budget; 5: quantized weights handed out as fetched (zps_acquire_quantized,
+ * zps_dequantize_blocks, zps_job_info.quant_bits/quant_block, zps_stats.gather_bytes). */
+#define ZPS_C_API_VERSION 5
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))
@@ -53,7 +54,23 @@ typedef struct zps_job_info {
   int32_t serving_dtype; /* ZPS_DTYPE_* */
   int32_t grad_dtype;
   uint64_t job_hash;
+  /* Quantized weights: the shards' block format (code bits, 8; elements per block), 0 and 0
+   * otherwise. */
+  uint32_t quant_bits;
+  uint32_t quant_block;
 } zps_job_info;
+
+/* A run of a quantized parameter's elements (zps_acquire_quantized): `elems` elements that start
+ * `skip` elements into the first of the block records at bytes [offset, offset + bytes) of the
+ * buffer. Each record is a little-endian fp32 scale followed by quant_block int8 codes (the last
+ * record of a chunk may be short: 4 + its elements bytes); value = float(code) * scale
+ * (common/include/zps/common/block_quant.h). Pieces follow each other in element order. */
+typedef struct zps_quant_piece {
+  uint64_t elems;
+  uint64_t skip;
+  uint64_t offset;
+  uint64_t bytes;
+} zps_quant_piece;
 
 typedef struct zps_commit_info {
   int64_t step;
@@ -74,7 +91,9 @@ typedef struct zps_stats {
   uint64_t hits; /* acquires already fetched or in flight */
   uint64_t prefetches;
   uint64_t trace_rebuilds;
-  uint64_t wait_ns; /* time spent waiting for fetches */
+  uint64_t wait_ns;      /* time spent waiting for fetches */
+  uint64_t gather_bytes; /* bandwidth-centric: bytes this rank's parameter all-gathers carried
+                            (world x each rank's block) */
 } zps_stats;
 
 ZPS_C_EXPORT int zps_c_api_version(void);
@@ -86,9 +105,12 @@ ZPS_C_EXPORT const char* zps_code_name(int code);
 /* Builds the job from `job_json` (docs/pytorch.md, "The job description"), connects to the
  * coordinator named in `options_json` ({"endpoint", "token", "rank", "ucx_tls", "op_timeout_ms",
  * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes", "reduction", "fetch_strategy",
- * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives"}), joins (rank 0
- * registers the job) and connects to every shard. Unknown keys are InvalidArgument. Errors: as
- * zps::worker::Client::Connect. */
+ * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives",
+ * "keep_quantized"}), joins (rank 0 registers the job) and connects to every shard. Unknown keys
+ * are InvalidArgument. "keep_quantized": true (quantized weights only; default false) keeps
+ * fetched parameters as the shards' block records: zps_acquire_quantized hands them out,
+ * zps_fetch_into dequantizes them on the CPU, and zps_acquire and zps_fetch_to_device refuse
+ * (FAILED_PRECONDITION). Errors: as zps::worker::Client::Connect. */
 ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
 /* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid.
  */
@@ -131,6 +153,23 @@ ZPS_C_EXPORT int zps_fetch_into(zps_client* c, const uint32_t* ids, size_t n, vo
  * zps_release(c, param). */
 ZPS_C_EXPORT int zps_acquire(zps_client* c, uint32_t param, const void** data, uint64_t* bytes);
 ZPS_C_EXPORT int zps_release(zps_client* c, uint32_t param);
+/* With options.keep_quantized: as zps_acquire, but hands out the quantized buffer as fetched
+ * (*bytes bytes of block records at *data; host memory, pinned with the CUDA backend) and its
+ * pieces (up to `cap` into `pieces`, their count into *n), for the caller to dequantize, e.g. on
+ * the parameter's GPU (zps.torch). Valid until zps_release(c, param). Errors: as zps_acquire;
+ * FAILED_PRECONDITION (not keep_quantized, or the job's weights are not quantized);
+ * OUT_OF_RANGE (more than cap pieces). */
+ZPS_C_EXPORT int zps_acquire_quantized(zps_client* c, uint32_t param, const void** data,
+                                       uint64_t* bytes, zps_quant_piece* pieces, size_t cap,
+                                       size_t* n);
+/* The CPU dequantization zps_fetch_into applies (SIMD, block_quant.h): `elems` elements that
+ * start `skip` elements into the first of the block records in blocks[0, bytes) (int8 codes when
+ * bits is 8, int4 when 4; `block` elements a block) into dst as dst_dtype (ZPS_DTYPE_*). The
+ * reference the device path is checked against. Errors: INVALID_ARGUMENT (format, dtype, or a
+ * run that does not lie inside the records held). */
+ZPS_C_EXPORT int zps_dequantize_blocks(const void* blocks, uint64_t bytes, uint32_t bits,
+                                       uint32_t block, uint64_t skip, uint64_t elems,
+                                       int32_t dst_dtype, void* dst);
 
 /* Sends the fp32 gradient of `param` for `step` (numel elements) as micro-batch `micro` of this
  * rank (0 unless the job accumulates). Copies before returning; completion through zps_flush.

@@ -16,7 +16,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 4
+API_VERSION = 5
 
 
 class JobInfo(ctypes.Structure):
@@ -24,7 +24,8 @@ class JobInfo(ctypes.Structure):
                 ("world_size", ctypes.c_uint32), ("rank", ctypes.c_uint32),
                 ("num_params", ctypes.c_uint32), ("num_shards", ctypes.c_uint32),
                 ("serving_dtype", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
-                ("job_hash", ctypes.c_uint64)]
+                ("job_hash", ctypes.c_uint64), ("quant_bits", ctypes.c_uint32),
+                ("quant_block", ctypes.c_uint32)]
 
 
 class CommitInfo(ctypes.Structure):
@@ -37,7 +38,11 @@ class CommitInfo(ctypes.Structure):
 class Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "fetched_bytes", "pushed_bytes", "live_bytes", "acquires", "hits", "prefetches",
-        "trace_rebuilds", "wait_ns")]
+        "trace_rebuilds", "wait_ns", "gather_bytes")]
+
+
+class QuantPiece(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("elems", "skip", "offset", "bytes")]
 
 
 def _repo_root():
@@ -89,6 +94,11 @@ def lib():
                                    ctypes.POINTER(c_p), ctypes.POINTER(ctypes.c_int32)]),
         "zps_acquire": (c_int, [c_p, c_u32, ctypes.POINTER(c_p), ctypes.POINTER(c_u64)]),
         "zps_release": (c_int, [c_p, c_u32]),
+        "zps_acquire_quantized": (c_int, [c_p, c_u32, ctypes.POINTER(c_p), ctypes.POINTER(c_u64),
+                                          ctypes.POINTER(QuantPiece), ctypes.c_size_t,
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+        "zps_dequantize_blocks": (c_int, [c_p, c_u64, c_u32, c_u32, c_u64, c_u64, ctypes.c_int32,
+                                          c_p]),
         "zps_push_grad": (c_int, [c_p, c_u32, c_i64, c_p, c_u64, c_u32]),
         "zps_flush": (c_int, [c_p]),
         "zps_await_pushes_below": (c_int, [c_p, c_u64]),
@@ -147,6 +157,12 @@ def check_memory_budget(job_json, memory_budget):
     """Raises the shard's own RESOURCE_EXHAUSTED advice when a shard of the job could not start
     with `memory_budget` bytes (zps_check_memory_budget); before any shard starts."""
     check(lib().zps_check_memory_budget(job_json.encode(), memory_budget))
+
+
+def dequantize_blocks(ptr, nbytes, bits, block, skip, elems, dtype, dst):
+    """The C library's CPU (SIMD) dequantization of block records at `ptr` (zps_dequantize_blocks):
+    `elems` elements from `skip` into `dst` as `dtype` (F32, F16, BF16)."""
+    check(lib().zps_dequantize_blocks(ptr, nbytes, bits, block, skip, elems, dtype, dst))
 
 
 def job_hash(job_json):
@@ -280,6 +296,24 @@ class Client:
         data, size = ctypes.c_void_p(), ctypes.c_uint64()
         self._run(self._L.zps_acquire, param, ctypes.byref(data), ctypes.byref(size))
         return data.value, size.value
+
+    def acquire_quantized(self, param):
+        """With options keep_quantized: (ptr, nbytes, pieces), the parameter's block records as
+        fetched and its pieces [(elems, skip, offset, bytes)], valid until release(param)."""
+        data, size, n = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
+        cap = 64
+        while True:
+            pieces = (QuantPiece * cap)()
+            try:
+                self._run(self._L.zps_acquire_quantized, param, ctypes.byref(data),
+                          ctypes.byref(size), pieces, cap, ctypes.byref(n))
+                break
+            except ZpsError as e:
+                if e.code != "OUT_OF_RANGE" or cap >= 1 << 20:
+                    raise
+                cap *= 16
+        return data.value, size.value, [(p.elems, p.skip, p.offset, p.bytes)
+                                         for p in pieces[:n.value]]
 
     def release(self, param):
         self._run(self._L.zps_release, param)

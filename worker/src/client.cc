@@ -22,6 +22,7 @@
 #include "zps/common/stream_copy.h"
 #include "zps/common/thread_annotations.h"
 #include "zps/common/ucx.h"
+#include "zps/worker/quantized_pieces.h"
 
 namespace zps::worker {
 
@@ -592,11 +593,24 @@ FetchOp Client::FetchAsync(uint32_t param, int64_t min_version) {
 }
 
 FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version) {
+  return StartFetch(param, begin, length, min_version, /*quantized=*/false);
+}
+
+FetchOp Client::FetchQuantizedAsync(uint32_t param, uint64_t begin, uint64_t length,
+                                    int64_t min_version) {
+  if (!IsBlockQuantized(impl_->job.serving_dtype)) {
+    return ParamSource::FetchQuantizedAsync(param, begin, length, min_version);
+  }
+  return StartFetch(param, begin, length, min_version, /*quantized=*/true);
+}
+
+FetchOp Client::StartFetch(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version,
+                           bool quantized) {
   auto st = std::make_shared<FetchOp::State>();
   st->buffer = std::make_shared<ParamBuffer>();
   st->buffer->param = param;
   st->buffer->begin = begin;
-  st->buffer->dtype = serving_dtype();
+  st->buffer->dtype = quantized ? impl_->job.serving_dtype : serving_dtype();
   if (length == 0) {          // an empty slice (a rank beyond a small parameter's last element)
     MutexLock lock(&st->mu);  // not shared yet; for the analysis
     if (param >= impl_->layout->num_params() || begin > impl_->layout->param_numel(param)) {
@@ -616,7 +630,17 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
   }
   const DType served = impl_->job.serving_dtype;
   const size_t esize = DTypeSize(st->buffer->dtype);
-  const size_t bytes = length * esize;
+  size_t bytes = length * esize;
+  if (quantized) {
+    auto qp = QuantizedPieces(*impl_->layout, served, param, begin, length);
+    if (!qp.ok()) {
+      MutexLock lock(&st->mu);  // not shared yet; for the analysis
+      st->error = qp.status();
+      return FetchOp(st);
+    }
+    st->buffer->pieces = std::move(*qp);
+    bytes = QuantizedPiecesBytes(st->buffer->pieces);
+  }
   if (impl_->device == nullptr) {
     auto mem = impl_->host_params.Acquire(bytes);
     std::byte* raw = mem.get();
@@ -638,7 +662,8 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
     st->remaining = pieces->size();
     for (const Piece& p : *pieces) st->waiting.push_back(impl_->layout->shard_of_chunk(p.chunk));
   }
-  for (const Piece& p : *pieces) {
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    const Piece& p = (*pieces)[i];
     const uint32_t shard = impl_->layout->shard_of_chunk(p.chunk);
     const uint64_t req = impl_->next_request++;
     impl_->pm.inflight[metrics::kFetch].Inc();
@@ -651,7 +676,10 @@ FetchOp Client::FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int6
                         Impl::Clock::now(),
                         p.chunk,
                         wire.offset};
-    if (IsBlockQuantized(served)) {
+    if (quantized) {  // the covering blocks land in the buffer itself, as they are
+      fp.byte_offset = st->buffer->pieces[i].offset;
+      fp.bytes = st->buffer->pieces[i].bytes;
+    } else if (IsBlockQuantized(served)) {
       fp.blocks = impl_->quant_blocks.Acquire(wire.bytes);  // every byte is written by the fetch
       fp.block_bytes = wire.bytes;
       fp.skip = wire.skip;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fetch_op_state.h"
+#include "zps/worker/param_source.h"
 
 namespace zps::worker {
 
@@ -59,6 +60,12 @@ void FetchPromise::Fail(const Status& error) {
     state_->remaining = 0;
   }
   state_->cv.SignalAll();
+}
+
+FetchOp ParamSource::FetchQuantizedAsync(uint32_t param, uint64_t, uint64_t, int64_t) {
+  FetchPromise p(param);
+  p.Fail(FailedPrecondition("this source serves no block-quantized copy"));
+  return p.op();
 }
 
 }  // namespace zps::worker

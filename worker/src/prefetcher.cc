@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "zps/common/logging.h"
+#include "zps/common/serving_quant.h"
+#include "zps/worker/quantized_pieces.h"
 
 namespace zps::worker {
 
@@ -94,8 +96,25 @@ bool Prefetcher::Gathering() const {
   return options_.gather != nullptr && options_.gather->world_size() > 1;
 }
 
+bool Prefetcher::WireQuantized() const { return IsBlockQuantized(source_->wire_dtype()); }
+
+bool Prefetcher::KeepQuantized() const { return options_.keep_quantized && WireQuantized(); }
+
 uint64_t Prefetcher::ParamBytes(uint32_t param) const {
-  return source_->layout().param_numel(param) * DTypeSize(source_->serving_dtype());
+  const uint64_t numel = source_->layout().param_numel(param);
+  if (KeepQuantized()) return QuantizedBytes(ServingQuantFormat(source_->wire_dtype()), numel);
+  return numel * DTypeSize(source_->serving_dtype());
+}
+
+FetchOp Prefetcher::Fetch(uint32_t param, uint64_t begin, uint64_t length, int64_t version,
+                          bool quantized) {
+  if (quantized && WireQuantized()) {
+    return source_->FetchQuantizedAsync(param, begin, length, version);
+  }
+  if (begin == 0 && length == source_->layout().param_numel(param)) {
+    return source_->FetchAsync(param, version);
+  }
+  return source_->FetchAsync(param, begin, length, version);
 }
 
 void Prefetcher::BeginStep(int64_t step) {
@@ -124,20 +143,21 @@ Prefetcher::Entry& Prefetcher::Start(uint32_t param, int64_t version, bool slice
   if (it != entries_.end()) {
     Entry& e = it->second;
     if (!slice && e.slice && !e.buffer) {  // needed whole now: the slice is not enough
-      e.op = source_->FetchAsync(param, version);
+      e.op = Fetch(param, 0, source_->layout().param_numel(param), version, KeepQuantized());
       e.slice = false;
     }
     return e;
   }
   slice = slice && Gathering();
   auto fetch = [&] {
-    if (!slice) return source_->FetchAsync(param, version);
+    const uint64_t numel = source_->layout().param_numel(param);
+    if (!slice) return Fetch(param, 0, numel, version, KeepQuantized());
     Collectives* g = options_.gather;
-    const SliceRange mine =
-        RankSlice(source_->layout().param_numel(param), g->world_size(), g->rank());
-    return source_->FetchAsync(param, mine.begin, mine.length, version);
+    const SliceRange mine = RankSlice(numel, g->world_size(), g->rank());
+    // A quantized wire dtype: the slice's block records, all-gathered as they are.
+    return Fetch(param, mine.begin, mine.length, version, /*quantized=*/true);
   };
-  Entry e{fetch(), slice, nullptr, ParamBytes(param), 0, ++clock_};
+  Entry e{fetch(), slice, nullptr, nullptr, ParamBytes(param), 0, ++clock_};
   live_bytes_ += e.bytes;
   return entries_.emplace(key, std::move(e)).first->second;
 }
@@ -221,6 +241,7 @@ Status Prefetcher::GatherUpTo(size_t end) {
 }
 
 Status Prefetcher::Gather(size_t pos) {
+  if (WireQuantized()) return GatherQuantized(pos);
   const uint32_t world = checked_->world_size();
   const uint32_t rank = checked_->rank();
   const size_t esize = DTypeSize(source_->serving_dtype());
@@ -269,6 +290,7 @@ Status Prefetcher::Gather(size_t pos) {
       std::memcpy(all.data() + block * rank + it.offset, it.mine->bytes().data() + from, n);
   }
   ZPS_RETURN_IF_ERROR(checked_->AllGather(static_cast<uint32_t>(pos), all, block));
+  stats_.gather_bytes += all.size();
   for (const Item& it : items) {
     Entry& e = entries_.at(it.key);
     if (e.buffer) continue;  // already whole
@@ -284,6 +306,127 @@ Status Prefetcher::Gather(size_t pos) {
     std::byte* raw = mem->data();
     out->memory = DeviceBuffer(raw, it.numel * esize,
                                [mem = std::move(mem)](std::byte*) mutable { mem.reset(); });
+    e.buffer = std::move(out);
+    ++stats_.gathers;
+  }
+  return Status::Ok();
+}
+
+// As Gather, with block records: rank q's block holds, for each parameter, the covering blocks of
+// its slice (QuantizedPieces of RankSlice(numel, world, q), which every rank computes alike from
+// the layout), padded to the largest rank's. The whole parameter is then every rank's pieces in
+// rank order: kept so (keep_quantized), or dequantized into fp32 with the same codec a direct
+// fetch uses, so the bits are a direct fetch's.
+Status Prefetcher::GatherQuantized(size_t pos) {
+  const uint32_t world = checked_->world_size();
+  const uint32_t rank = checked_->rank();
+  const DType wire = source_->wire_dtype();
+  const QuantFormat format = ServingQuantFormat(wire);
+  const Layout& layout = source_->layout();
+  struct Item {
+    Key key;
+    std::shared_ptr<const ParamBuffer> mine;  // this rank's slice, quantized
+    uint64_t numel;
+    std::vector<std::vector<QuantPiece>> ranks;  // each rank's slice
+    size_t slot = 0;                             // padded bytes of a rank's slice
+    size_t offset = 0;                           // in each rank's block
+  };
+  std::vector<Item> items;
+  size_t block = 0;
+  for (uint32_t id : plan_[pos]) {
+    const Key key{id, step_};
+    if (std::any_of(items.begin(), items.end(), [&](const Item& it) { return it.key == key; })) {
+      continue;
+    }
+    const uint64_t numel = layout.param_numel(id);
+    const SliceRange s = RankSlice(numel, world, rank);
+    Entry& e = Start(id, step_, /*slice=*/true);
+    std::shared_ptr<const ParamBuffer> got = e.buffer;
+    if (!got) {
+      auto r = e.op.Wait(source_->op_timeout());
+      if (!r.ok()) {
+        if (e.refs == 0) {
+          live_bytes_ -= e.bytes;
+          entries_.erase(key);
+        }
+        return r.status();
+      }
+      got = *r;
+      if (e.slice) {
+        e.quant_slice = got;
+      } else {
+        e.buffer = got;  // a whole fetch in flight: the buffer is the parameter
+      }
+    }
+    if (e.buffer) {
+      // Whole here already: the other ranks still need this rank's slice as block records.
+      got = e.quant_slice;
+      if (!got) {
+        auto r =
+            source_->FetchQuantizedAsync(id, s.begin, s.length, step_).Wait(source_->op_timeout());
+        if (!r.ok()) return r.status();
+        got = e.quant_slice = *r;
+      }
+    }
+    Item it{key, std::move(got), numel, {}, 0, block};
+    for (uint32_t q = 0; q < world; ++q) {
+      const SliceRange sq = RankSlice(numel, world, q);
+      ZPS_ASSIGN_OR_RETURN(auto pieces, QuantizedPieces(layout, wire, id, sq.begin, sq.length));
+      it.slot = std::max<size_t>(it.slot, QuantizedPiecesBytes(pieces));
+      it.ranks.push_back(std::move(pieces));
+    }
+    if (it.mine->bytes().size() != QuantizedPiecesBytes(it.ranks[rank])) {
+      return Internal("parameter " + std::to_string(id) + ": a quantized slice of " +
+                      std::to_string(it.mine->bytes().size()) + " bytes, expected " +
+                      std::to_string(QuantizedPiecesBytes(it.ranks[rank])));
+    }
+    block += it.slot;
+    items.push_back(std::move(it));
+  }
+  std::vector<std::byte> all(block * world);
+  for (const Item& it : items) {
+    if (!it.mine->bytes().empty()) {
+      std::memcpy(all.data() + block * rank + it.offset, it.mine->bytes().data(),
+                  it.mine->bytes().size());
+    }
+  }
+  ZPS_RETURN_IF_ERROR(checked_->AllGather(static_cast<uint32_t>(pos), all, block));
+  stats_.gather_bytes += all.size();
+  for (Item& it : items) {
+    Entry& e = entries_.at(it.key);
+    if (e.buffer) continue;  // already whole
+    auto out = std::make_shared<ParamBuffer>();
+    out->param = it.key.first;
+    out->version = it.mine->version;
+    std::shared_ptr<std::vector<std::byte>> mem;
+    if (KeepQuantized()) {
+      out->dtype = wire;
+      uint64_t total = 0;
+      for (const auto& pieces : it.ranks) total += QuantizedPiecesBytes(pieces);
+      mem = std::make_shared<std::vector<std::byte>>(total);
+      uint64_t at = 0;
+      for (uint32_t q = 0; q < world; ++q) {
+        const uint64_t n = QuantizedPiecesBytes(it.ranks[q]);
+        if (n > 0) std::memcpy(mem->data() + at, all.data() + block * q + it.offset, n);
+        for (QuantPiece p : it.ranks[q]) {
+          p.offset += at;
+          out->pieces.push_back(p);
+        }
+        at += n;
+      }
+    } else {
+      out->dtype = DType::kF32;
+      mem = std::make_shared<std::vector<std::byte>>(it.numel * sizeof(float));
+      for (uint32_t q = 0; q < world; ++q) {
+        const SliceRange sq = RankSlice(it.numel, world, q);
+        DequantizePieces(format, it.ranks[q], all.data() + block * q + it.offset,
+                         DequantTarget::kF32, mem->data() + sq.begin * sizeof(float));
+      }
+    }
+    std::byte* raw = mem->data();
+    const size_t size = mem->size();  // before the move below: argument order is unspecified
+    out->memory =
+        DeviceBuffer(raw, size, [mem = std::move(mem)](std::byte*) mutable { mem.reset(); });
     e.buffer = std::move(out);
     ++stats_.gathers;
   }

@@ -406,7 +406,9 @@ def load(config: ConfigSource) -> Config:
     if c.chunk_elems % 64:
         raise _bad("zps.chunk_elems", "must be a multiple of 64")
     # DeepSpeed counts the prefetch and live-parameter budgets in elements.
-    # Quantized weights are dequantized into fp32 buffers on the workers.
+    # Quantized weights are dequantized into fp32 buffers on the workers for CPU parameters
+    # (CUDA parameters keep the block records, about 1 byte an element: the byte budgets made
+    # from elements here then hold more of them).
     esize = 4 if c.serving() in ("fp32", "int8-block") else 2
     if c.prefetch_elems:
         c.prefetch_bytes = c.prefetch_elems * esize

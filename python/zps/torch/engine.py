@@ -27,7 +27,7 @@ from zps._errors import ZpsError, stale_step
 from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
 from zps.torch import construct, weights
-from zps.torch.hooks import GradientPusher, HookSet, Residency
+from zps.torch.hooks import GradientPusher, HookSet, Residency, host_staging
 from zps.torch.params import ZParam, resize_storage, storage_bytes
 
 _SERVING = {"fp32": _native.F32, "fp16": _native.F16, "bf16": _native.BF16}
@@ -127,6 +127,11 @@ class Engine:
                 raise ZpsError("INVALID_ARGUMENT", f"parameter {names[0]} is on {p.device}; zps "
                                f"serves cpu and cuda parameters{hint}")
         cuda_device = self._cuda_device(cfg, named)
+        # Quantized weights for CUDA parameters: the block records go to the GPU as fetched and
+        # are dequantized there (zps/torch/dequant.py); CPU parameters are dequantized by the C
+        # library either way.
+        keep_quantized = cfg.quantized_weights and (
+            host_staging() or any(p.device.type == "cuda" for _, p in named))
         # AccumulateGrad nodes must be made while the parameters have their full shape.
         zparams = []
         for i, (names, p) in enumerate(named):
@@ -153,7 +158,8 @@ class Engine:
                        "prefetch_bytes": cfg.prefetch_bytes, "max_live_bytes": cfg.max_live_bytes,
                        "reduction": cfg.reduction, "fetch_strategy": cfg.fetch_strategy,
                        "gloo_hostname": cfg.gloo_hostname,
-                       "cuda_device": cuda_device, "collectives": cfg.collectives}
+                       "cuda_device": cuda_device, "collectives": cfg.collectives,
+                       "keep_quantized": keep_quantized}
             # With an embedded cluster, a shard that stops is the error of the next call.
             self.client = _native.Client(json.dumps(options), json.dumps(self.job),
                                          watch=self.cluster)
@@ -178,7 +184,8 @@ class Engine:
         # Pushes in flight are bounded to about prefetch_bytes of gradient copies.
         pieces = max(4, cfg.prefetch_bytes // (cfg.chunk_elems * 4) + 1)
         self.res = Residency(self.client, zparams, by_param, self.serving_code,
-                             cfg.persistence_threshold, cuda_backend=cuda_device >= 0)
+                             cfg.persistence_threshold, cuda_backend=cuda_device >= 0,
+                             quant_block=info.quant_block if keep_quantized else 0)
         self.pusher = GradientPusher(
             self.client, zparams, pieces, cuda_backend=cuda_device >= 0,
             pre_reduced=cfg.reduction == "pre-reduced" and self.world > 1)

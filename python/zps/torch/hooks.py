@@ -25,7 +25,14 @@ import torch
 
 from zps import _native
 from zps._errors import ZpsError, stale_step
+from zps.torch.dequant import dequantize_pieces
 from zps.torch.params import ZParam, ZPS_TO_TORCH, TORCH_TO_ZPS, host_view
+
+
+def host_staging() -> bool:
+    """Tests: take CPU parameters through the path that CUDA parameters use (host staging, or
+    with quantized weights the torch-op dequantization), to exercise it without a GPU."""
+    return os.environ.get("ZPS_TORCH_HOST_STAGING") == "1"
 
 
 class Residency:
@@ -34,7 +41,7 @@ class Residency:
 
     def __init__(self, client: _native.Client, zparams: list[ZParam],
                  by_param: dict[int, ZParam], serving_code: int, persistence_threshold: int,
-                 cuda_backend: bool = False) -> None:
+                 cuda_backend: bool = False, quant_block: int = 0) -> None:
         self.client = client
         # CUDA parameters through the CUDA backend (pinned slots, copy stream);
         # False: staged on the host and copied on the current stream.
@@ -44,9 +51,13 @@ class Residency:
         self.serving_code = serving_code
         self.live_bytes = 0
         self.peak_live_bytes = 0
-        # Tests: take CPU parameters through the host-staging path that CUDA parameters use
-        # (acquire, copy on the current stream, release), to exercise it without a GPU.
-        self.host_staging = os.environ.get("ZPS_TORCH_HOST_STAGING") == "1"
+        self.host_staging = host_staging()
+        # Quantized weights kept as fetched (the client's keep_quantized option): elements per
+        # block; 0 = the client hands out values.
+        self.quant_block = quant_block
+        # Quantized buffers whose copy to the device may still read them: (event, id), released
+        # once the event completed (their host memory is the client's, held until release).
+        self.in_copy = []
         for zp in zparams:
             zp.persistent = zp.numel < persistence_threshold
 
@@ -93,6 +104,16 @@ class Residency:
             raise
 
     def _fetch(self, zps):
+        if self.quant_block:
+            self._drain_copies({zp.id for zp in zps})
+            quantized = [zp for zp in zps if zp.param.is_cuda or self.host_staging]
+            cpu = [zp for zp in zps if not zp.param.is_cuda and not self.host_staging]
+            if cpu:  # dequantized by the C library, on the CPU
+                self.client.fetch_into([zp.id for zp in cpu], [zp.param.data_ptr() for zp in cpu],
+                                       [zp.dtype_code for zp in cpu])
+            for zp in quantized:
+                self._fetch_quantized(zp)
+            return
         device = [zp for zp in zps if zp.param.is_cuda and self.cuda_backend]
         staged = [zp for zp in zps if (zp.param.is_cuda and not self.cuda_backend)
                   or (not zp.param.is_cuda and self.host_staging)]
@@ -138,11 +159,47 @@ class Residency:
             for zp, t in temps:
                 zp.param.data.copy_(t.view(zp.shape))
 
+    def _fetch_quantized(self, zp):
+        """The block records as fetched go to the parameter's device (from the CUDA backend's
+        pinned slots: an asynchronous copy on the current stream) and are dequantized there,
+        into the parameter's storage, by torch ops on that stream. The client's buffer is
+        released once an event after them completed (on the CPU: at once)."""
+        ptr, nbytes, pieces = self.client.acquire_quantized(zp.id)
+        event = None
+        try:
+            records = host_view(ptr, nbytes, torch.uint8)
+            if zp.param.is_cuda:
+                records = records.to(zp.param.device, non_blocking=True)
+            with torch.no_grad():
+                dequantize_pieces(records, pieces, self.quant_block, zp.param.data.view(-1))
+            if zp.param.is_cuda:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(zp.param.device))
+        finally:
+            if event is None:
+                self.client.release(zp.id)
+        if event is not None:
+            self.in_copy.append((event, zp.id))
+
+    def _drain_copies(self, wait_for=()):
+        """Releases the quantized buffers whose device copies completed; waits for those of
+        `wait_for` (ids about to be acquired again) and, with wait_for None, for all."""
+        pending = []
+        for event, pid in self.in_copy:
+            if wait_for is None or pid in wait_for:
+                event.synchronize()
+            elif not event.query():
+                pending.append((event, pid))
+                continue
+            self.client.release(pid)
+        self.in_copy = pending
+
     def end_step(self) -> None:
         """Releases every hold (the step is over)."""
         self.release_all()
 
     def release_all(self) -> None:
+        self._drain_copies(None)
         for zp in self.zparams:
             zp.step_hold = False
             if zp.refs > 0:

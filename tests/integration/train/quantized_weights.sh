@@ -4,7 +4,7 @@
 #   B   bf16 serving copy, direct fetches        the 16-bit baseline
 #   Q   --quantized-weights int8, direct
 #   QB  --quantized-weights int8, bandwidth-centric (each rank fetches a slice, the ranks
-#       all-gather the dequantized fp32 slices)
+#       all-gather the int8 block records and dequantize after the gather)
 # and checks:
 #   - shard egress per step from the shards' zps_fetch_bytes_total (the run's total over its
 #     steps; every run fetches the same parameters the same number of times): Q at most

@@ -115,6 +115,14 @@ class Client final : public ParamSource {
   /// rank's slice): the buffer holds `length` elements, `begin` is recorded in it. length 0 gives
   /// a completed op with an empty buffer. Errors (by Wait): OutOfRange for a bad id or range.
   FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version) override;
+  /// The job's serving dtype as the shards send it (job().serving_dtype).
+  DType wire_dtype() const override { return job().serving_dtype; }
+  /// As the ranged FetchAsync, for quantized weights: the buffer holds the covering block records
+  /// as fetched (half the bytes of bf16), laid out as QuantizedPieces says, for a reader that
+  /// dequantizes them itself (on a GPU, or after an all-gather). Errors (by Wait): as
+  /// FetchAsync; FailedPrecondition for a job whose serving copy is not block-quantized.
+  FetchOp FetchQuantizedAsync(uint32_t param, uint64_t begin, uint64_t length,
+                              int64_t min_version) override;
   /// FetchAsync + Wait(op_timeout).
   Result<std::shared_ptr<const ParamBuffer>> Fetch(uint32_t param, int64_t min_version);
 
@@ -183,6 +191,8 @@ class Client final : public ParamSource {
 
  private:
   explicit Client(std::unique_ptr<Impl> impl);
+  FetchOp StartFetch(uint32_t param, uint64_t begin, uint64_t length, int64_t min_version,
+                     bool quantized);
   std::unique_ptr<Impl> impl_;
 };
 

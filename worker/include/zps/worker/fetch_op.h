@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "zps/common/dtype.h"
 #include "zps/common/status.h"
@@ -15,14 +16,29 @@
 
 namespace zps::worker {
 
+/// One run of elements of a quantized ParamBuffer: `elems` elements that start `skip` elements
+/// into the first of the block records at bytes [offset, offset + bytes) of the buffer (the
+/// covering blocks of one chunk's serving copy, zps/common/serving_quant.h). A buffer's pieces
+/// follow each other in element order.
+struct QuantPiece {
+  uint64_t elems = 0;
+  uint64_t skip = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 /// A fetched parameter (or, from a ranged fetch, elements [begin, begin + n) of it): n elements of
-/// the serving dtype (bf16, fp16, or fp32: numel x 4 bytes), at `version` or newer.
+/// the serving dtype (bf16, fp16, or fp32: numel x 4 bytes), at `version` or newer. A quantized
+/// buffer (dtype kI8Block / kI4Block, from ParamSource::FetchQuantizedAsync) holds instead the
+/// serving copy's block records as the shards sent them, described by `pieces`
+/// (zps/worker/quantized_pieces.h dequantizes them).
 struct ParamBuffer {
   uint32_t param = 0;
   uint64_t begin = 0;  // first element held (0 for a whole parameter; a ranged fetch's begin)
   int64_t version = -1;
   DType dtype = DType::kBF16;
   DeviceBuffer memory;
+  std::vector<QuantPiece> pieces;  // quantized buffers only
   std::span<const std::byte> bytes() const { return {memory.data(), memory.size()}; }
 };
 

@@ -29,6 +29,9 @@ class ParamSource {
   virtual const Layout& layout() const = 0;
   /// The dtype fetched buffers hold.
   virtual DType serving_dtype() const = 0;
+  /// The serving copy's dtype as the shards keep and send it: serving_dtype(), except for a
+  /// block-quantized copy (int8 blocks), whose fetches serving_dtype() says are dequantized.
+  virtual DType wire_dtype() const { return serving_dtype(); }
   /// The bound on every single wait, FetchOp::Wait included.
   virtual std::chrono::milliseconds op_timeout() const = 0;
   /// Starts fetching parameter `param` at version >= min_version. Errors are reported by the
@@ -38,6 +41,12 @@ class ParamSource {
   /// slice). Errors (by Wait): OutOfRange for a bad id or range.
   virtual FetchOp FetchAsync(uint32_t param, uint64_t begin, uint64_t length,
                              int64_t min_version) = 0;
+  /// As the ranged FetchAsync, but the buffer holds the block records of a block-quantized
+  /// serving copy as fetched, not dequantized: dtype wire_dtype(), laid out as
+  /// QuantizedPieces (zps/worker/quantized_pieces.h) says. Errors (by Wait): as FetchAsync;
+  /// FailedPrecondition where wire_dtype() is not block-quantized (the default).
+  virtual FetchOp FetchQuantizedAsync(uint32_t param, uint64_t begin, uint64_t length,
+                                      int64_t min_version);
 };
 
 }  // namespace zps::worker

@@ -57,6 +57,13 @@ struct PrefetchOptions {
   /// the first step too (zps-train: one model, every rank alike), so the first step all-gathers
   /// each Acquire as it comes (as the plan would) instead of fetching whole. Default: false.
   bool same_first_step = false;
+  /// Quantized weights (a source whose wire_dtype() is block-quantized): Acquire returns the
+  /// buffers as fetched, quantized (ParamSource::FetchQuantizedAsync), for a reader that
+  /// dequantizes them itself (zps.torch, on the parameters' device). false: fetched buffers are
+  /// dequantized by the source, as serving_dtype() says. Either way, bandwidth-centric
+  /// all-gathers the quantized slices (the block records, not the values) and dequantizes them
+  /// after the gather where the buffers are not kept quantized. Default: false.
+  bool keep_quantized = false;
 };
 
 struct PrefetchStats {
@@ -67,6 +74,8 @@ struct PrefetchStats {
   uint64_t gathers = 0;              // bandwidth-centric: parameters all-gathered from slices
   uint64_t plan_groups = 0;          // bandwidth-centric: groups in the current plan
   uint64_t unplanned = 0;            // bandwidth-centric: groups fetched whole (outside the plan)
+  uint64_t gather_bytes = 0;         // bandwidth-centric: bytes of the parameter all-gathers'
+                                     // buffers (world x each rank's block)
   std::chrono::nanoseconds wait{0};  // time Acquire spent waiting for data
 };
 
@@ -99,6 +108,9 @@ class Prefetcher {
     FetchOp op;
     bool slice = false;                         // op fetches this rank's slice only
     std::shared_ptr<const ParamBuffer> buffer;  // once waited
+    // A quantized wire dtype: this rank's slice as block records, kept for a later plan
+    // position of the same parameter (the other ranks need it again).
+    std::shared_ptr<const ParamBuffer> quant_slice;
     uint64_t bytes = 0;
     int refs = 0;
     uint64_t last_use = 0;
@@ -120,6 +132,13 @@ class Prefetcher {
   void PrefetchAhead();
   void Evict();
   uint64_t ParamBytes(uint32_t param) const;
+  // The fetch of elements [begin, begin + length) of `param`, quantized where `quantized` and
+  // the wire dtype is block-quantized.
+  FetchOp Fetch(uint32_t param, uint64_t begin, uint64_t length, int64_t version, bool quantized);
+  bool KeepQuantized() const;
+  bool WireQuantized() const;
+  // Gather for a block-quantized wire dtype: the ranks' slices as block records.
+  Status GatherQuantized(size_t pos);
 
   ParamSource* source_;
   PrefetchOptions options_;
