@@ -19,8 +19,9 @@ Result<double> HeldOutSet::Loss(const Evaluator& eval) const {
   double sum = 0.0;
   for (int first = 0; first < windows_; first += rows_per_batch_) {
     const int rows = std::min(rows_per_batch_, windows_ - first);
-    const std::span<const uint8_t> batch(tokens_.data() + static_cast<size_t>(first) * window_bytes_,
-                                         static_cast<size_t>(rows) * window_bytes_);
+    const std::span<const uint8_t> batch(
+        tokens_.data() + static_cast<size_t>(first) * window_bytes_,
+        static_cast<size_t>(rows) * window_bytes_);
     ZPS_ASSIGN_OR_RETURN(const double loss, eval(batch, rows));
     sum += loss * rows;
   }
