@@ -19,7 +19,8 @@ current bf16.
           default; AdamW lr 1e-3, clipping 5.0 as in examples/train_vision.py) on a stream of
           synthetic images (vision_batch) with 256 fixed held-out images; every dtype from the
           same init and the same batches, the same dropout masks.
-  parse   turns zps-train's output (`--log-every 1 --eval-every N`) into rows.
+  parse   turns zps-train's output (`--log-every 1 --eval-every N`) into rows; --dtype names the
+          state dtype or the quantized mode (DTYPES, QUANT_MODES below).
   plot    draws one panel per model (the held-out loss, and the train loss as a moving mean) and
           prints a Markdown table of the final held-out losses against fp32 state with the
           bands (int8 within 1%, bf16 within 0.5%).
@@ -42,9 +43,22 @@ import sys
 FIELDS = ["model", "dtype", "step", "train_loss", "heldout_loss"]
 # bf16-sr: bf16 state as it was before m was rounded to nearest (m and v both stochastically
 # rounded), the dtype name under which the runs measured with that method are kept.
-DTYPES = ["fp32", "bf16", "bf16-sr", "int8"]
-BANDS = {"bf16": 0.005, "bf16-sr": 0.005, "int8": 0.01}  # relative to fp32's final held-out loss
-LEGEND = {"bf16-sr": "bf16, m and v stochastic (earlier)"}
+# The quantized modes of zps-train (--quantized-weights / --quantized-grads, fp32 state) are
+# rows of the same form, their "dtype" naming the mode: w8 = int8 weights, g8 / g4 = int8 / int4
+# gradients, -noef = without error feedback (--grad-error-feedback=false); fp32 is then the
+# unquantized run. fp32-* rows are more fp32 runs, perturbed (another --model-seed, or --eps
+# 1.01e-8: a change of every update by at most 1%): the noise floor of a comparison.
+STATE_DTYPES = ["fp32", "bf16", "bf16-sr", "int8"]
+QUANT_MODES = ["w8", "g8", "g4", "g4-noef", "w8g8", "w8g4", "w8g4-noef"]
+DTYPES = STATE_DTYPES + QUANT_MODES + ["fp32-seed2", "fp32-eps"]
+# The bands, relative to fp32's final held-out loss (issues 24 and 27).
+BANDS = {"bf16": 0.005, "bf16-sr": 0.005, "int8": 0.01, "w8g8": 0.01, "w8g4": 0.02}
+LEGEND = {"bf16-sr": "bf16, m and v stochastic (earlier)",
+          "w8": "int8 weights", "g8": "int8 grads", "g4": "int4 grads",
+          "g4-noef": "int4 grads, no error feedback", "w8g8": "int8 weights + int8 grads",
+          "w8g4": "int8 weights + int4 grads",
+          "w8g4-noef": "int8 weights + int4 grads, no error feedback",
+          "fp32-seed2": "fp32, --model-seed 2", "fp32-eps": "fp32, --eps 1.01e-8"}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
@@ -250,10 +264,13 @@ def train_tail(d, step):
 
 def cmd_plot(args):
     data = load(args.csv)
+    if args.models:
+        data = {m: d for m, d in data.items() if m in args.models.split(",")}
+    data = {m: d for m, d in data.items() if m not in args.exclude.split(",")}
     models = [m for m in args.order.split(",") if m in data] + sorted(
         m for m in data if m not in args.order.split(","))
-    print("| model | steps | state dtype | held-out loss | vs fp32 state | band | "
-          "train loss, last 10% of steps | vs fp32 state |")
+    print("| model | steps | state dtype or mode | held-out loss | vs fp32 | band | "
+          "train loss, last 10% of steps | vs fp32 |")
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in models:
@@ -265,7 +282,7 @@ def cmd_plot(args):
             trel = (tails[dt] - tails["fp32"]) / tails["fp32"] if "fp32" in fin else math.nan
             band = BANDS.get(dt)
             verdict = "" if band is None else (
-                f"within {band:.1%}" if abs(rel) <= band else f"**outside {band:.1%}**")
+                f"within {band:.1%}" if rel <= band else f"**outside {band:.1%}**")
             print(f"| {m} | {step} | {dt} | {fin[dt]:.4f} | "
                   f"{'' if dt == 'fp32' else f'{rel:+.2%}'} | {verdict} | {tails[dt]:.4f} | "
                   f"{'' if dt == 'fp32' else f'{trel:+.2%}'} |")
@@ -274,8 +291,13 @@ def cmd_plot(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = {"fp32": "tab:blue", "bf16": "tab:orange", "bf16-sr": "tab:red", "int8": "tab:green"}
-    styles = {"fp32": "-", "bf16": "--", "bf16-sr": "-.", "int8": ":"}
+    colors = {"fp32": "tab:blue", "bf16": "tab:orange", "bf16-sr": "tab:red", "int8": "tab:green",
+              "w8": "tab:olive", "g8": "tab:cyan", "g4": "tab:pink", "g4-noef": "tab:gray",
+              "w8g8": "tab:orange", "w8g4": "tab:green", "w8g4-noef": "tab:red",
+              "fp32-seed2": "tab:purple", "fp32-eps": "tab:brown"}
+    styles = {"fp32": "-", "bf16": "--", "bf16-sr": "-.", "int8": ":", "w8": "--", "g8": "--",
+              "g4": ":", "g4-noef": "-.", "w8g8": "--", "w8g4": ":", "w8g4-noef": "-.",
+              "fp32-seed2": "-", "fp32-eps": "-"}
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False)
     for ax, m in zip(axes[0], models):
         step, fin = summary[m]
@@ -303,8 +325,7 @@ def cmd_plot(args):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, title=f"at step {step}, vs fp32", title_fontsize=8)
     axes[0][0].set_ylabel("loss, nats per token or image\n(held-out: markers; train: moving mean, faint)")
-    fig.suptitle("Adam moments on the shards in fp32, bf16 and int8 (fp32 master in all)",
-                 fontsize=11)
+    fig.suptitle(args.title, fontsize=11)
     fig.tight_layout()
     fig.savefig(args.png, dpi=args.dpi)
     print(f"wrote {args.png} ({os.path.getsize(args.png)} bytes)")
@@ -312,6 +333,9 @@ def cmd_plot(args):
 
 
 TITLES = {"zps-train-lm": "zps-train's default LM (--mode reference)",
+          "zps-train-lm-quantized": "zps-train's default LM, quantized weights and gradients",
+          "zps-train-small": "zps-train, small LM: state dtypes",
+          "zps-train-small-quantized": "zps-train, small LM: quantized weights and gradients",
           "lm": "zps.torch: TransformerEncoder LM",
           "resnet18": "zps.torch: torchvision resnet18",
           "mobilenet_v3_small": "zps.torch: torchvision mobilenet_v3_small"}
@@ -344,7 +368,11 @@ def main():
     g.add_argument("csv")
     g.add_argument("--png", default="")
     g.add_argument("--dpi", type=int, default=80)
-    g.add_argument("--order", default="zps-train-lm,lm,mobilenet_v3_small,resnet18")
+    g.add_argument("--order", default="zps-train-lm,zps-train-lm-quantized,lm,mobilenet_v3_small,resnet18")
+    g.add_argument("--models", default="", help="draw only these models (default: every one)")
+    g.add_argument("--exclude", default="", help="do not draw these models")
+    g.add_argument("--title", default="Adam moments on the shards in fp32, bf16 and int8 (fp32 "
+                   "master in all)")
     args = ap.parse_args()
     return {"torch": cmd_torch, "parse": cmd_parse, "plot": cmd_plot}[args.cmd](args)
 

@@ -133,9 +133,16 @@ model_arg() {
   done
   echo "$v"
 }
-# Rank 0 evaluates at the start and the end unless --eval-windows is 0.
-evals=2
-[[ $(model_arg eval-windows) == 0 ]] && evals=0
+# Rank 0 evaluates at the start and the end unless --eval-windows is 0, each time one pass over
+# the model per --batch rows of held-out windows (HeldOutSet, train/include/zps/train/held_out.h).
+evals=0
+ew=$(model_arg eval-windows)
+if [[ $ew != 0 ]]; then
+  [[ -n $ew ]] || ew=$(sed -nE '/--eval-windows=/{n;s/.*default: ([0-9]+)\).*/\1/p}' <<< "$help")
+  eb=$(model_arg batch)
+  [[ -n $eb ]] || eb=$(sed -nE '/--batch=/{n;s/.*default: ([0-9]+)\).*/\1/p}' <<< "$help")
+  evals=$((2 * ((ew + eb - 1) / eb)))
+fi
 # The model's tensors, for zps-plan --tensors (its quantized bytes are then the layout's pieces',
 # exact), as zps-train registers them (Specs, train/src/model.cc; vocab 256, byte-level).
 # zps-plan refuses them unless their sum is the parameter count rank 0 prints, so a drift between

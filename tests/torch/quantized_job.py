@@ -13,7 +13,7 @@ from conftest import base_config, train
 
 class Net(nn.Module):
     # On 2 shards of 4096-element chunks: parameters split across chunks and shards, pieces
-    # shorter than a 2048-element gradient block and longer, pieces that start inside a
+    # shorter than a 256-element gradient block and longer, pieces that start inside a
     # 256-element weight block and pieces shorter than one.
     def __init__(self):
         super().__init__()

@@ -36,6 +36,7 @@
 #include "zps/common/spill_budget.h"
 #include "zps/server/job.h"
 #include "zps/train/data.h"
+#include "zps/train/held_out.h"
 #include "zps/train/job_flags.h"
 #include "zps/train/model.h"
 #include "zps/train/options.h"
@@ -141,14 +142,12 @@ Status RunReference(const TrainOptions& o) {
   const DataOptions& d = loader->options();
   std::vector<std::vector<uint8_t>> batches(o.world_size,
                                             std::vector<uint8_t>(loader->batch_bytes()));
-  // The held-out loss on the windows rank 0 evaluates in worker mode, so the two modes print
-  // comparable curves.
-  const int eval_rows = std::min(loader->eval_windows(), 8);
-  std::vector<uint8_t> eval_tokens(static_cast<size_t>(eval_rows) * (d.seq_len + 1));
-  if (eval_rows > 0) ZPS_RETURN_IF_ERROR(loader->EvalBatch(0, eval_rows, eval_tokens));
+  // The held-out loss over the windows rank 0 evaluates in worker mode (HeldOutSet), so the two
+  // modes print the same figures.
+  ZPS_ASSIGN_OR_RETURN(const HeldOutSet held_out, HeldOutSet::Create(*loader, d.batch));
   auto eval = [&]() -> Result<double> {
-    if (eval_rows == 0) return std::nan("");
-    return trainer->Evaluate(eval_tokens, eval_rows);
+    return held_out.Loss(
+        [&](std::span<const uint8_t> tokens, int rows) { return trainer->Evaluate(tokens, rows); });
   };
   ZPS_ASSIGN_OR_RETURN(const double eval_start, eval());
   std::printf("reference: %llu parameters; held-out loss at start %.4f\n",
@@ -194,15 +193,13 @@ Status RunReference(const TrainOptions& o) {
 
 // ---- worker mode: one rank against a running job --------------------------------------------
 
-Result<double> EvalLoss(Model& model, WorkerAccess& access, const DataLoader& loader,
+// The held-out loss (HeldOutSet) of the parameters at `version`: each batch fetched as one pass.
+Result<double> EvalLoss(Model& model, WorkerAccess& access, const HeldOutSet& held_out,
                         int64_t version) {
-  const int rows = std::min(loader.eval_windows(), 8);
-  if (rows == 0) return std::nan("");
-  std::vector<uint8_t> tokens(static_cast<size_t>(rows) * (loader.options().seq_len + 1));
-  ZPS_RETURN_IF_ERROR(loader.EvalBatch(0, rows, tokens));
-  access.BeginStep(version, false);
-  auto loss = model.Evaluate(tokens, rows, access);
-  return loss;
+  return held_out.Loss([&](std::span<const uint8_t> tokens, int rows) {
+    access.BeginStep(version, false);
+    return model.Evaluate(tokens, rows, access);
+  });
 }
 
 // A step failed because a shard or the coordinator went away or rolled the job back: re-join
@@ -292,6 +289,7 @@ Status RunWorker(const TrainOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto model, Model::Create(o.model));
   ZPS_ASSIGN_OR_RETURN(auto loader, MakeLoader(o, o.rank));
   const DataOptions& d = loader->options();
+  ZPS_ASSIGN_OR_RETURN(const HeldOutSet held_out, HeldOutSet::Create(*loader, d.batch));
   const bool lead = o.rank == 0;
 
   if (o.fetch_strategy != "direct" && o.fetch_strategy != "bandwidth-centric") {
@@ -397,7 +395,7 @@ Status RunWorker(const TrainOptions& o) {
                static_cast<long long>(start));
   double eval_start = std::nan("");
   if (lead && start == 0) {
-    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *eval_ptr, *loader, 0));
+    ZPS_ASSIGN_OR_RETURN(eval_start, EvalLoss(*model, *eval_ptr, held_out, 0));
     std::printf("rank 0: %llu parameters, %u chunks on %d shards; held-out loss at start %.4f\n",
                 static_cast<unsigned long long>(CountParams(o.model)),
                 client->layout().num_chunks(), o.shards, eval_start);
@@ -498,7 +496,7 @@ Status RunWorker(const TrainOptions& o) {
     // After the step's commit the shards serve version step + 1, and they cannot move past it
     // until this rank pushes the next step, so the evaluation sees exactly that version.
     if (lead && o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < o.steps) {
-      ZPS_ASSIGN_OR_RETURN(const double e, EvalLoss(*model, *eval_ptr, *loader, step + 1));
+      ZPS_ASSIGN_OR_RETURN(const double e, EvalLoss(*model, *eval_ptr, held_out, step + 1));
       std::printf("held-out loss at step %lld: %.4f\n", static_cast<long long>(step + 1), e);
       std::fflush(stdout);
     }
@@ -534,7 +532,7 @@ Status RunWorker(const TrainOptions& o) {
         static_cast<unsigned long long>(ps.trace_rebuilds),
         static_cast<unsigned long long>(ps.gathers),
         std::chrono::duration<double>(ps.wait).count());
-    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *eval_ptr, *loader, o.steps));
+    ZPS_ASSIGN_OR_RETURN(double eval_end, EvalLoss(*model, *eval_ptr, held_out, o.steps));
     if (!std::isnan(eval_start)) {
       std::printf("held-out loss %.4f -> %.4f (%.1f%% lower)\n", eval_start, eval_end,
                   100.0 * (eval_start - eval_end) / eval_start);

@@ -24,7 +24,10 @@ void AddModelFlags(Flags& flags, ModelConfig* c) {
 
 void AddDataFlags(Flags& flags, DataOptions* d, std::string* corpus) {
   flags.Add("batch", "sequences per rank per step", &d->batch, 1, 1 << 20);
-  flags.Add("eval-windows", "held-out windows at the corpus end", &d->eval_windows, 0, 1 << 20);
+  flags.Add("eval-windows",
+            "held-out windows at the corpus end; the held-out loss is their mean, evaluated "
+            "--batch windows at a time",
+            &d->eval_windows, 0, 1 << 20);
   flags.AddCustom("data-seed", "seed of the data order", std::to_string(d->seed),
                   [d](std::string_view text) -> Status {
                     ZPS_ASSIGN_OR_RETURN(int64_t v, ParseInt(text, 0, INT64_MAX));

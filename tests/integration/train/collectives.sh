@@ -29,7 +29,7 @@ bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
 runs=${RUNS:-all}
 metered_init collectives-test-token "$2" "${SHARDS:-2}" "${STEPS:-8}" --d-model 32 --n-layers 2 \
-  --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --chunk-elems 8192 --max-grad-norm 0.05 "${@:3}"
+  --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --chunk-elems 8192 --max-grad-norm 0.05 --eval-windows 4 "${@:3}"
 echo "world $world, $shards shards"
 
 run() {  # name reduction fetch-strategy [extra zps-train flags...]
@@ -74,7 +74,9 @@ done
 echo "ingress per step: pre-reduced $((($(cat "$work/${pre_runs[0]}/push") - model_bytes) / steps)) B (1x the" \
      "model's $model_bytes B), server-sum $((($(cat "$work/A/push") - model_bytes) / steps)) B ($world x)"
 
-eval_bytes=$((params * 2 * 2))  # rank 0's held-out evaluations at start and end (bf16, direct)
+# rank 0's held-out evaluations at start and end (bf16, direct): --eval-windows 4 = --batch, one
+# pass each
+eval_bytes=$((params * 2 * 2))
 direct=$(( $(cat "$work/A/fetch") - eval_bytes ))
 bw=$(( $(cat "$work/$bw_run/fetch") - eval_bytes ))
 python3 - "$direct" "$bw" "$world" "$params" "$steps" <<'PY' || fail "egress ratio"

@@ -204,21 +204,22 @@ TEST(Plan, QuantizedBytesFromTheTensorsPieces) {
   in.tensors = {300, 5000};
   in.chunk_elems = 4096;
   in.fetch = Format::kInt8;  // blocks of 256: 260 B each (4 B scale + 256 codes)
-  in.grad = Format::kInt4;   // blocks of 2048: 1028 B each (4 B scale + 1024 codes)
+  in.grad = Format::kInt4;   // blocks of 256: 132 B each (4 B scale + 128 codes)
   Plan p = Value(MakePlan(in));
-  // Push, each piece on its own: t0 4 + 150 = 154; t1 (1028 + 4 + 864) + (4 + 612) = 2512.
-  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2666);
+  // Push, each piece on its own: t0 132 + (4 + 22) = 158; t1 (14 x 132 + 4 + 96) +
+  // (4 x 132 + 4 + 100) = 2580.
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2738);
   // Fetch, the covering blocks: t0 blocks 0-1 = 520; t1 blocks 1-15 of chunk 0 = 15 x 260 (block
   // 1 is fetched again: it holds t0's end and t1's start) and chunk 1's 4 full blocks and its
   // 200-element last one, 4 x 260 + 204.
   EXPECT_DOUBLE_EQ(p.worker_rank.in, 520 + 3900 + 1244);
-  EXPECT_DOUBLE_EQ(p.shard_in, 5332);    // 4 workers x 2666 / 2 shards
+  EXPECT_DOUBLE_EQ(p.shard_in, 5476);    // 4 workers x 2738 / 2 shards
   EXPECT_DOUBLE_EQ(p.shard_out, 11328);  // 4 workers x 5664 / 2 shards
-  // From the parameter count alone: 5,300 x (0.5 + 4 / 2048) and 5,300 x (1 + 4 / 256).
+  // From the parameter count alone: 5,300 x (0.5 + 4 / 256) and 5,300 x (1 + 4 / 256).
   in.tensors.clear();
   in.params = 5300;
   p = Value(MakePlan(in));
-  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2660.3515625);
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2732.8125);
   EXPECT_DOUBLE_EQ(p.worker_rank.in, 5382.8125);
   // 16-bit formats: the pieces add nothing, the same bytes either way.
   in.tensors = {300, 5000};

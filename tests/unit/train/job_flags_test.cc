@@ -8,12 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "zps/common/block_quant.h"
+#include "zps/common/serving_quant.h"
 #include "zps/testing/status_matchers.h"
 #include "zps/train/options.h"
 
@@ -376,6 +380,58 @@ TEST(JobFlagsTest, AnEmptyStringLeavesTheKeyOut) {
   EXPECT_EQ((*json)["shard"]["serving_dtype"], "fp32");
   EXPECT_EQ((*json)["optimizer"]["lr"], 3e-3);
   EXPECT_EQ((*json)["num_shards"], 2);
+}
+
+// Quantized weights: every parameter of zps-train's default model starts on a weight block of its
+// own, so each block's scale is its own parameter's absmax. With parameters 64-aligned, a
+// LayerNorm gain (1.0) and the bias beside it shared a block, and the bias (here 1e-3) was read
+// back with a quantum of 1/127: as zeros.
+TEST(JobFlagsTest, QuantizedWeightsGiveEveryParameterItsOwnBlocks) {
+  TrainOptions o;
+  Flags f("t", "test");
+  JobFlags j(&f);
+  AddTrainFlags(f, j, &o);
+  const char* argv[] = {"t", "--quantized-weights=int8"};
+  ASSERT_THAT(f.Parse(2, argv), IsOk());
+  auto json = j.Json();
+  ASSERT_THAT(json.status(), IsOk());
+  o.job = *json;
+  ASSERT_THAT(ApplyQuantizedFlags(&o), IsOk());
+  auto job = BuildJob(o.job, o.model, o.steps);
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_EQ(job->shard.serving_dtype, DType::kI8Block);
+  const Layout& layout = job->layout;
+  EXPECT_EQ(layout.options().align_elems % kWeightQuantBlock, 0u);
+
+  // A master whose parameters differ in magnitude by up to 1000x, as gains, biases and weights
+  // do; each chunk quantized as the shards serve it.
+  std::vector<float> master(layout.total_elems(), 0.0f);
+  for (uint32_t id = 0; id < layout.num_params(); ++id) {
+    const float mag = id % 3 == 0 ? 1.0f : id % 3 == 1 ? 1e-3f : 0.02f;
+    const uint64_t off = layout.param_offset(id);
+    for (uint64_t i = 0; i < layout.param_numel(id); ++i) {
+      master[off + i] = mag * (0.5f + 0.5f * static_cast<float>((i * 37) % 101) / 100.0f);
+    }
+  }
+  const QuantFormat qf = ServingQuantFormat(DType::kI8Block);
+  const uint64_t ce = layout.options().chunk_elems;
+  std::vector<float> read(master.size());
+  for (uint32_t c = 0; c < layout.num_chunks(); ++c) {
+    const uint64_t n = layout.chunk_size(c);
+    std::vector<std::byte> q(QuantizedBytes(qf, n));
+    QuantizeBlocks(qf, std::span<const float>(master).subspan(c * ce, n), q);
+    DequantizeBlocks(qf, q, std::span<float>(read).subspan(c * ce, n));
+  }
+  for (uint32_t id = 0; id < layout.num_params(); ++id) {
+    const uint64_t off = layout.param_offset(id), n = layout.param_numel(id);
+    float absmax = 0.0f, err = 0.0f;
+    for (uint64_t i = off; i < off + n; ++i) {
+      absmax = std::max(absmax, std::fabs(master[i]));
+      err = std::max(err, std::fabs(read[i] - master[i]));
+    }
+    // Half a quantum of the parameter's own scale (absmax / 127), and a little rounding.
+    EXPECT_LE(err, absmax / 254.0f * 1.001f) << layout.spec(id).name;
+  }
 }
 
 }  // namespace

@@ -18,8 +18,12 @@
 namespace zps {
 
 /// Elements per quantization block of a gradient push. With one 4-byte scale per block, int8
-/// pushes carry 1 + 4/2048 bytes an element (0.501x of 16-bit), int4 0.5 + 4/2048 (0.251x).
-inline constexpr uint32_t kGradQuantBlock = 2048;
+/// pushes carry 1 + 4/256 bytes an element (0.508x of 16-bit), int4 0.5 + 4/256 (0.258x).
+/// 256, not 2048: with int4 a block's scale is set by its largest element and elements under
+/// 1/14 of it are sent as 0 (the residual carries them), and blocks of 2048 left zps-train's
+/// small LM 3.7% behind fp32 gradients in held-out loss after 1,000 steps where blocks of 256
+/// are 1% behind (docs/benchmarks.md, "Training quality").
+inline constexpr uint32_t kGradQuantBlock = 256;
 
 /// The block format of a quantized grad dtype (IsBlockQuantized(t), dtype.h, must hold).
 constexpr QuantFormat GradQuantFormat(DType t) {

@@ -21,6 +21,16 @@ namespace zps {
 /// The block format of a block-quantized serving dtype (IsBlockQuantized(t) must hold).
 constexpr QuantFormat ServingQuantFormat(DType t) { return {DTypeQuantBits(t), kWeightQuantBlock}; }
 
+/// The parameter alignment (LayoutOptions::align_elems) a job serving copies of `t` should be
+/// laid out with: a multiple of the block for a block-quantized copy, so that no block holds
+/// elements of two parameters (each block's scale is then its own parameter's absmax; otherwise
+/// a LayerNorm gain of 1.0 sets the scale of the 0.01-sized bias or weights it shares a block
+/// with, and they are read with a quantum as large as themselves). 64, the layout's default,
+/// for the others.
+constexpr uint32_t ServingAlignElems(DType t) {
+  return IsBlockQuantized(t) ? kWeightQuantBlock : uint32_t{64};
+}
+
 /// Bytes of the serving copy of a chunk of `n` elements.
 constexpr uint64_t ServingBytes(DType t, uint64_t n) {
   return IsBlockQuantized(t) ? QuantizedBytes(ServingQuantFormat(t), n) : n * DTypeSize(t);

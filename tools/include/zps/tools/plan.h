@@ -85,9 +85,9 @@ struct PlanInput {
   Format grad = Format::kFp32;    // Default: fp32. What workers push.
   Format state = Format::kFp32;   // Default: fp32. The optimizer's moments.
   // Elements per fp32 scale of int8/int4 blocks, as the job uses them: the serving copy's blocks
-  // (kWeightQuantBlock, 256) and the gradient pushes' (kGradQuantBlock, 2048).
+  // (kWeightQuantBlock, 256) and the gradient pushes' (kGradQuantBlock, 256).
   uint64_t weight_block = kWeightQuantBlock;  // Default: 256.
-  uint64_t grad_block = kGradQuantBlock;      // Default: 2048.
+  uint64_t grad_block = kGradQuantBlock;      // Default: 256.
   bool pre_reduced = false;                   // Default: false = server-sum.
   bool bandwidth_centric = false;             // Default: false = direct fetches.
   double worker_live_bytes = 1073741824;      // Default: 1 GiB (zps-train's --max-live-bytes).

@@ -34,12 +34,12 @@ inline constexpr std::string_view kDefaultCorpusDir = "/usr/share/common-license
 Result<std::string> LoadCorpus(const std::string& path);
 
 struct DataOptions {
-  int seq_len = 128;      // Default: 128. Must equal the model's seq_len.
-  int batch = 8;          // Default: 8. Sequences per rank per step.
-  int rank = 0;           // Default: 0. In [0, world).
-  int world = 1;          // Default: 1.
-  uint64_t seed = 1;      // Default: 1. Seeds the epoch permutations.
-  int eval_windows = 16;  // Default: 16. Held-out windows at the corpus end (0 = none).
+  int seq_len = 128;       // Default: 128. Must equal the model's seq_len.
+  int batch = 8;           // Default: 8. Sequences per rank per step.
+  int rank = 0;            // Default: 0. In [0, world).
+  int world = 1;           // Default: 1.
+  uint64_t seed = 1;       // Default: 1. Seeds the epoch permutations.
+  int eval_windows = 128;  // Default: 128. Held-out windows at the corpus end (0 = none).
 };
 
 class DataLoader {
