@@ -29,7 +29,8 @@ bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
 runs=${RUNS:-all}
 metered_init collectives-test-token "$2" "${SHARDS:-2}" "${STEPS:-8}" --d-model 32 --n-layers 2 \
-  --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --chunk-elems 8192 --max-grad-norm 0.05 --eval-windows 4 "${@:3}"
+  --n-heads 2 --d-ff 64 --seq-len 32 --batch 4 --chunk-elems 8192 --max-grad-norm 0.05 \
+  --eval-windows 4 "${@:3}"
 echo "world $world, $shards shards"
 
 run() {  # name reduction fetch-strategy [extra zps-train flags...]
