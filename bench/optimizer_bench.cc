@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "zps/common/block_quant.h"
 #include "zps/common/config.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
@@ -35,6 +36,7 @@ struct Options {
   bool huge_pages = false;           // Default: false (plain pages, as the probe).
   bool pin = false;                  // Default: false.
   std::string state_dtype = "fp32";  // Default: fp32 (the moments' storage; the master is fp32).
+  bool quantized_copy = false;       // Default: false (no int8 serving-copy cases).
 };
 
 struct FreeDeleter {
@@ -76,7 +78,10 @@ void Fill(Buffers& b, ThreadPool* pool) {
 }
 
 struct Case {
-  std::string kernel;  // "adamw_fused" | "grad_stats"
+  // "adamw_fused" | "grad_stats" | "adamw_fused_q8" (the int8 serving copy made in the pass,
+  // UpdateParams::out_quant) | "adamw_then_q8" (the pass without a copy, then QuantizeBlocks
+  // over the master on the calling thread: the shards' way before the copy moved into the pass)
+  std::string kernel;
   DType grad;
   bool copy;
   DType out;
@@ -112,6 +117,10 @@ int Run(int argc, char** argv) {
   flags.Add("huge-pages", "madvise(MADV_HUGEPAGE) the buffers", &o.huge_pages);
   flags.Add("pin", "pin pool threads to CPUs (ThreadPoolOptions.pin)", &o.pin);
   flags.Add("state-dtype", "how m and v are stored: fp32, bf16 or int8", &o.state_dtype);
+  flags.Add("quantized-copy",
+            "also time the pass with an int8 serving copy (blocks of 256), made in the pass "
+            "(adamw_fused_q8) and after it (adamw_then_q8)",
+            &o.quantized_copy);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "zps-bench optimizer: %s\n", parsed.status().ToString().c_str());
@@ -151,13 +160,24 @@ int Run(int argc, char** argv) {
   // in the state dtype (int8: a code and 2/64 bytes of scale per element).
   const uint64_t moment_bytes = server::MomentBytes(*state_dtype, n);
   const double state_bytes = 8 + 4 * static_cast<double>(moment_bytes) / static_cast<double>(n);
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"adamw_fused", DType::kF32, true, DType::kBF16, 4 + state_bytes + 2},
       {"adamw_fused", DType::kF16, true, DType::kF16, 2 + state_bytes + 2},
       {"adamw_fused", DType::kF32, false, DType::kBF16, 4 + state_bytes},
       {"grad_stats", DType::kF32, false, DType::kF32, 4},
       {"grad_stats", DType::kF16, false, DType::kF32, 2},
   };
+  // The int8 serving copy: 1 byte and 4/256 of scale per parameter, counted alike for both
+  // (the second sweep's extra read of the master is what the fused pass saves).
+  const QuantFormat q8{8, kWeightQuantBlock};
+  const std::uint64_t q8_bytes = QuantizedBytes(q8, n);
+  std::vector<std::byte> q8_copy(o.quantized_copy ? q8_bytes : 0);
+  if (o.quantized_copy) {
+    const double copy = static_cast<double>(q8_bytes) / static_cast<double>(n);
+    cases.push_back(
+        {"adamw_fused_q8", DType::kF32, false, DType::kI8Block, 4 + state_bytes + copy});
+    cases.push_back({"adamw_then_q8", DType::kF32, false, DType::kI8Block, 4 + state_bytes + copy});
+  }
 
   if (!o.json) {
     std::printf(
@@ -199,10 +219,17 @@ int Run(int argc, char** argv) {
             std::as_writable_bytes(std::span<float>(b.v.get(), n)).first(moment_bytes)};
         server::UpdateParams up;
         up.step = step;
-        up.out_dtype = c.out;
-        if (c.copy) up.out16 = {b.out.get(), n};
+        if (c.copy) {
+          up.out_dtype = c.out;
+          up.out16 = {b.out.get(), n};
+        }
+        if (c.kernel == "adamw_fused_q8") {
+          up.out_quant = q8_copy;
+          up.out_quant_format = q8;
+        }
         Status s = (*opt)->Update(state, grad, up);
         if (!s.ok()) err = s;
+        if (c.kernel == "adamw_then_q8") QuantizeBlocks(q8, state.master, q8_copy);
       });
       if (!err.ok()) {
         std::fprintf(stderr, "zps-bench optimizer: %s\n", err.ToString().c_str());
@@ -211,7 +238,8 @@ int Run(int argc, char** argv) {
       const double mps = static_cast<double>(n) / t.best_s / 1e6;
       const double mps_med = static_cast<double>(n) / t.median_s / 1e6;
       const double gbs = static_cast<double>(n) * c.bytes_per_param / t.best_s / 1e9;
-      const std::string out = c.copy ? std::string(DTypeName(c.out)) : "none";
+      const std::string out =
+          c.copy || c.out == DType::kI8Block ? std::string(DTypeName(c.out)) : "none";
       const std::string gname(DTypeName(c.grad));
       if (o.json) {
         std::printf(

@@ -174,6 +174,19 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
       return InvalidArgument("an out-of-place update's source overlaps its state");
     }
   }
+  if (!params.out_quant.empty()) {
+    ZPS_RETURN_IF_ERROR(ValidateQuantFormat(params.out_quant_format));
+    if (kTaskElems % params.out_quant_format.block != 0) {
+      return InvalidArgument("out_quant: block " + std::to_string(params.out_quant_format.block) +
+                             " does not divide the pass's task of " + std::to_string(kTaskElems));
+    }
+    const size_t want = QuantizedBytes(params.out_quant_format, n);
+    if (params.out_quant.size() != want) {
+      return InvalidArgument("out_quant has " + std::to_string(params.out_quant.size()) +
+                             " bytes; " + std::to_string(n) + " elements take " +
+                             std::to_string(want));
+    }
+  }
   if (params.step < 1)
     return InvalidArgument("step must be >= 1, got " + std::to_string(params.step));
   if (!std::isfinite(params.grad_scale)) return InvalidArgument("grad_scale must be finite");
@@ -229,7 +242,19 @@ Status Optimizer::Update(const ChunkState& state, const GradView& grad,
   a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
 
   const KernelTable& k = KernelsFor(isa_);
-  ForBlocks(pool_, n, [&](size_t begin, size_t end) { k.update_range(a, begin, end); });
+  // The quantized copy of each task's range right after its update, while that range's master
+  // is still in this core's cache: tasks start at multiples of the block (checked above), so
+  // the blocks are the whole call's.
+  const QuantFormat qf = params.out_quant_format;
+  const bool quant = !params.out_quant.empty();
+  ForBlocks(pool_, n, [&](size_t begin, size_t end) {
+    k.update_range(a, begin, end);
+    if (quant) {
+      QuantizeBlocks(qf, state.master.subspan(begin, end - begin),
+                     params.out_quant.subspan(begin / qf.block * QuantizedBlockStride(qf),
+                                              QuantizedBytes(qf, end - begin)));
+    }
+  });
   return Status::Ok();
 }
 

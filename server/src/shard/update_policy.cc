@@ -51,6 +51,13 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
   auto moments = [&](auto packed, const Chunk::Run& r) {
     return packed.empty() ? packed : MomentRange(sd, packed, r.begin, r.end - r.begin);
   };
+  // A quantized copy's blocks start at the chunk's start and cross runs (frozen ones too). When
+  // one run covers the whole chunk, the kernel call makes it in its own pass (UpdateParams::
+  // out_quant, task by task while the master is in cache); otherwise it is made below from the
+  // whole updated master.
+  const bool quant = !serving.empty() && IsBlockQuantized(job_.serving_dtype);
+  const bool quant_fused = quant && c.runs.size() == 1 && !c.runs[0].frozen &&
+                           c.runs[0].begin == 0 && c.runs[0].end == st.master.size();
   for (const Chunk::Run& r : c.runs) {
     if (r.frozen) {
       // Never updated. Out of place, its state is carried over to the buffers that replace the
@@ -86,6 +93,10 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
         up.out16 = serving.subspan(r.begin, n);
       }
     }
+    if (quant_fused) {
+      up.out_quant_format = ServingQuantFormat(job_.serving_dtype);
+      up.out_quant = std::as_writable_bytes(serving).first(ServingBytes(job_.serving_dtype, n));
+    }
     ChunkState part{st.master.subspan(r.begin, n), moments(st.m, r), moments(st.v, r)};
     if (source != nullptr) {
       up.source = ConstChunkState{source->master.subspan(r.begin, n), moments(source->m, r),
@@ -93,9 +104,7 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     }
     ZPS_RETURN_IF_ERROR(opt->Update(part, {grad_bytes + r.begin * grad_size, grad.dtype, n}, up));
   }
-  // A quantized copy's blocks start at the chunk's start and cross runs (frozen ones too): it is
-  // made from the whole updated master, in the same pass, while the chunk is still in cache.
-  if (!serving.empty() && IsBlockQuantized(job_.serving_dtype)) ToServing(st.master, serving);
+  if (quant && !quant_fused) ToServing(st.master, serving);
   return Status::Ok();
 }
 

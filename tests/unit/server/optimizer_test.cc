@@ -26,9 +26,11 @@
 
 #include "optimizer_cases.h"
 #include "zps/common/aligned_buffer.h"
+#include "zps/common/block_quant.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/thread_pool.h"
+#include "zps/server/packed_moment.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server {
@@ -481,6 +483,79 @@ TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
   auto mom = Optimizer::Create(sgd, nullptr, isa);
   ASSERT_THAT(mom, IsOk());
   EXPECT_EQ((*mom)->Update({s.p, {}, {}}, g, up).code(), Code::kInvalidArgument);
+}
+
+// UpdateParams::out_quant: the block-quantized copy made in the pass, task by task, is the same
+// bytes as QuantizeBlocks of the updated master after the pass (several tasks, a short last
+// block, fp32 and int8 state, int8 and int4 blocks), and the master is the one the pass without
+// the copy gives.
+TEST(Optimizer, QuantizedCopyInThePassEqualsQuantizeBlocksAfterIt) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto pool = ThreadPool::Create({.name = "test-quant", .threads = 2});
+  ASSERT_THAT(pool, IsOk());
+  const size_t n = 3 * 65536 + 1000;
+  for (StateDType sd : {StateDType::kF32, StateDType::kInt8}) {
+    for (QuantFormat qf : {QuantFormat{8, kWeightQuantBlock}, QuantFormat{4, kWeightQuantBlock}}) {
+      OptimizerConfig cfg;
+      cfg.state_dtype = sd;
+      auto opt = Optimizer::Create(cfg, pool->get(), isa);
+      ASSERT_THAT(opt, IsOk());
+      const State s = MakeState(n, DType::kF32, 21);
+      const size_t mb = MomentBytes(sd, n);
+      auto moments = [&](const std::vector<float>& x) {
+        std::vector<std::byte> b(mb);
+        EXPECT_THAT(PackMoment(sd, MomentKind::kM, x, b), IsOk());
+        return b;
+      };
+      std::vector<float> p1 = s.p, p2 = s.p;
+      std::vector<std::byte> m1 = moments(s.m), m2 = m1, v1 = moments(s.v), v2 = v1;
+      std::vector<uint16_t> o1(n), o2(n);
+      std::vector<std::byte> fused(QuantizedBytes(qf, n), std::byte{0x5a});
+      std::vector<std::byte> after(fused.size());
+      UpdateParams up;
+      up.step = 3;
+      up.out16 = o1;
+      up.out_quant = fused;
+      up.out_quant_format = qf;
+      ASSERT_THAT((*opt)->Update({p1, m1, v1}, Grad(s, DType::kF32, 0, n), up), IsOk());
+      UpdateParams plain;
+      plain.step = 3;
+      plain.out16 = o2;
+      ASSERT_THAT((*opt)->Update({p2, m2, v2}, Grad(s, DType::kF32, 0, n), plain), IsOk());
+      QuantizeBlocks(qf, p2, after);
+      EXPECT_EQ(p1, p2);
+      EXPECT_EQ(m1, m2);
+      EXPECT_EQ(v1, v2);
+      EXPECT_EQ(o1, o2);
+      EXPECT_TRUE(fused == after) << "state " << StateDTypeName(sd) << ", int" << int{qf.bits};
+    }
+  }
+}
+
+TEST(Optimizer, QuantizedCopyOfTheWrongSizeOrBlockIsRejected) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
+  ASSERT_THAT(opt, IsOk());
+  const size_t n = 1000;
+  State s = MakeState(n, DType::kF32, 5);
+  const std::vector<float> before = s.p;
+  auto m = std::as_writable_bytes(std::span<float>(s.m));
+  auto v = std::as_writable_bytes(std::span<float>(s.v));
+  const QuantFormat q8{8, kWeightQuantBlock};
+  std::vector<std::byte> q(QuantizedBytes(q8, n) + 1);
+  UpdateParams up;
+  up.out_quant = q;
+  up.out_quant_format = q8;
+  EXPECT_EQ((*opt)->Update({s.p, m, v}, Grad(s, DType::kF32, 0, n), up).code(),
+            Code::kInvalidArgument);
+  // 192 is a valid block (a multiple of 64) but does not divide the pass's tasks.
+  const QuantFormat q192{8, 192};
+  std::vector<std::byte> q2(QuantizedBytes(q192, n));
+  up.out_quant = q2;
+  up.out_quant_format = q192;
+  EXPECT_EQ((*opt)->Update({s.p, m, v}, Grad(s, DType::kF32, 0, n), up).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(s.p, before);
 }
 
 TEST(Optimizer, CreateReportsIsa) {

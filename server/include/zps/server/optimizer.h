@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "zps/common/block_quant.h"
 #include "zps/common/cpu.h"
 #include "zps/common/dtype.h"
 #include "zps/common/job_spec.h"
@@ -103,6 +104,14 @@ struct UpdateParams {
   DType out_dtype = DType::kBF16;  // kF16, kBF16 (out16) or kF32 (out32): the serving copy's type.
   std::span<uint16_t> out16;  // 16-bit serving copy; same length as master. May be empty: no copy.
   std::span<float> out32;     // fp32 serving copy (out_dtype kF32); same length, or empty.
+  /// A block-quantized serving copy (zps/common/block_quant.h) of the updated master: exactly
+  /// QuantizedBytes(out_quant_format, n) bytes, blocks from this call's element 0, the same bytes
+  /// as QuantizeBlocks(out_quant_format, master) after the update. Made in the same pass, task by
+  /// task while each task's master is still in cache. May be empty: no quantized copy. Needs
+  /// ValidateQuantFormat(out_quant_format) and a block that divides the pass's task size
+  /// (kI8Block's kWeightQuantBlock does); independent of out16 / out32.
+  std::span<std::byte> out_quant;
+  QuantFormat out_quant_format;  // Default: int8, block 2048; the shards pass ServingQuantFormat.
   /// Per-call overrides of OptimizerConfig::lr / weight_decay (a parameter group's values, a
   /// scheduled lr). Not set: the config's. The constants are folded exactly as for the config's.
   std::optional<float> lr;
@@ -144,7 +153,8 @@ class Optimizer {
 
   /// One fused pass. Errors: InvalidArgument when lengths disagree (grad.n, master, out16 /
   /// out32; m and v, when used, must be MomentBytes(state_dtype(), grad.n) bytes), when the copy
-  /// does not match out_dtype (out16 with kF32, out32 with a 16-bit type), when step < 1, when
+  /// does not match out_dtype (out16 with kF32, out32 with a 16-bit type), when out_quant has
+  /// the wrong size or out_quant_format is not valid for it (see UpdateParams), when step < 1, when
   /// grad_scale is not finite, when an lr / weight_decay override is negative or not finite (or,
   /// for AdamW, lr * weight_decay > 1), or for a bad grad dtype / null grad data with n > 0. On
   /// error nothing is written. The arrays must not overlap each other (they are read and written in
