@@ -20,12 +20,14 @@ using internal::DequantOp;
 constexpr float kTinyAbsmax = 0x1p-120f;
 
 size_t ScalarAbsmax(const float*, size_t, float*, bool*) { return 0; }
+size_t ScalarAddAbsmax(const float*, float*, size_t, float*, bool*) { return 0; }
 size_t ScalarCodes(int, const float*, size_t, float, float, uint8_t*) { return 0; }
 size_t ScalarDequant(int, const uint8_t*, size_t, size_t, float, DequantOp, void*) { return 0; }
 
 const BlockQuantKernels& Kernels() {
   static const BlockQuantKernels& k = [&]() -> const BlockQuantKernels& {
-    static constexpr BlockQuantKernels scalar{&ScalarAbsmax, &ScalarCodes, &ScalarDequant};
+    static constexpr BlockQuantKernels scalar{&ScalarAbsmax, &ScalarAddAbsmax, &ScalarCodes,
+                                              &ScalarDequant};
     auto isa = ActiveIsa();
     if (isa.ok() && *isa == Isa::kAvx512) return internal::BlockQuantAvx512();
     if (isa.ok() && *isa == Isa::kAvx2) return internal::BlockQuantAvx2();
@@ -36,16 +38,19 @@ const BlockQuantKernels& Kernels() {
 
 float QMax(QuantFormat f) { return f.bits == 4 ? 7.0f : 127.0f; }
 
-// One block: x[0..len) into the record at rec. Returns the scale written.
-float QuantizeOne(const BlockQuantKernels& k, QuantFormat f, const float* x, size_t len,
-                  std::byte* rec) {
-  float absmax = 0.0f;
-  bool nonfinite = false;
-  for (size_t i = k.absmax(x, len, &absmax, &nonfinite); i < len; ++i) {
+// Folds |x[from..len)| into absmax, noting a NaN or an Inf: the scalar end of the absmax kernels.
+void FoldAbsmax(const float* x, size_t from, size_t len, float* absmax, bool* nonfinite) {
+  for (size_t i = from; i < len; ++i) {
     const float a = std::fabs(x[i]);
-    if (!(a <= std::numeric_limits<float>::max())) nonfinite = true;
-    absmax = std::max(absmax, a);
+    if (!(a <= std::numeric_limits<float>::max())) *nonfinite = true;
+    *absmax = std::max(*absmax, a);
   }
+}
+
+// One block x[0..len), whose absmax and non-finite flag are known, into the record at rec.
+// Returns the scale written.
+float EncodeOne(const BlockQuantKernels& k, QuantFormat f, const float* x, size_t len, float absmax,
+                bool nonfinite, std::byte* rec) {
   auto* codes = reinterpret_cast<uint8_t*>(rec + 4);
   const size_t code_bytes = QuantizedCodeBytes(f, len);
   float scale;
@@ -72,6 +77,15 @@ float QuantizeOne(const BlockQuantKernels& k, QuantFormat f, const float* x, siz
   }
   std::memcpy(rec, &scale, sizeof(scale));
   return scale;
+}
+
+// One block: x[0..len) into the record at rec. Returns the scale written.
+float QuantizeOne(const BlockQuantKernels& k, QuantFormat f, const float* x, size_t len,
+                  std::byte* rec) {
+  float absmax = 0.0f;
+  bool nonfinite = false;
+  FoldAbsmax(x, k.absmax(x, len, &absmax, &nonfinite), len, &absmax, &nonfinite);
+  return EncodeOne(k, f, x, len, absmax, nonfinite, rec);
 }
 
 // Elements [from, from + n) of the block record at rec, through op.
@@ -185,9 +199,14 @@ void QuantizeWithResidual(QuantFormat f, std::span<const float> g, std::span<flo
   for (size_t b = 0, e = 0; e < g.size(); ++b, e += f.block) {
     const size_t len = std::min<size_t>(f.block, g.size() - e);
     float* r = residual.data() + e;
-    for (size_t i = 0; i < len; ++i) r[i] = g[e + i] + r[i];
+    // t = g + r in the absmax pass (the block then stays in L1 for the codes and the residual).
+    float absmax = 0.0f;
+    bool nonfinite = false;
+    const size_t done = k.add_absmax(g.data() + e, r, len, &absmax, &nonfinite);
+    for (size_t i = done; i < len; ++i) r[i] = g[e + i] + r[i];
+    FoldAbsmax(r, done, len, &absmax, &nonfinite);
     std::byte* rec = out.data() + b * stride;
-    const float scale = QuantizeOne(k, f, r, len, rec);
+    const float scale = EncodeOne(k, f, r, len, absmax, nonfinite, rec);
     if (std::isnan(scale)) {
       std::fill(r, r + len, 0.0f);
       continue;

@@ -19,13 +19,21 @@ namespace zps::internal {
 namespace avx2 {
 namespace {
 
-size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
+// absmax of x[0..n) (prefix); kAdd: of g + x instead, written back to out (out may be x).
+template <bool kAdd>
+size_t AbsmaxOf(const float* g, const float* x, float* out, size_t n, float* absmax,
+                bool* nonfinite) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 big = _mm256_set1_ps(3.40282347e38f);
   __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    __m256 v = _mm256_loadu_ps(x + i);
+    if constexpr (kAdd) {
+      v = _mm256_add_ps(_mm256_loadu_ps(g + i), v);
+      _mm256_storeu_ps(out + i, v);
+    }
+    const __m256 a = _mm256_andnot_ps(sign, v);
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
     m = _mm256_max_ps(m, a);
   }
@@ -36,6 +44,14 @@ size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
   *absmax = r;
   if (_mm256_movemask_ps(bad) != 0) *nonfinite = true;
   return i;
+}
+
+size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
+  return AbsmaxOf<false>(nullptr, x, nullptr, n, absmax, nonfinite);
+}
+
+size_t AddAbsmax(const float* g, float* r, size_t n, float* absmax, bool* nonfinite) {
+  return AbsmaxOf<true>(g, r, r, n, absmax, nonfinite);
 }
 
 // Eight codes as int32 lanes.
@@ -149,7 +165,8 @@ size_t Dequant(int bits, const uint8_t* codes, size_t from, size_t n, float scal
 
 namespace zps::internal {
 const BlockQuantKernels& BlockQuantAvx2() {
-  static constexpr BlockQuantKernels table{&avx2::Absmax, &avx2::Codes, &avx2::Dequant};
+  static constexpr BlockQuantKernels table{&avx2::Absmax, &avx2::AddAbsmax, &avx2::Codes,
+                                           &avx2::Dequant};
   return table;
 }
 }  // namespace zps::internal

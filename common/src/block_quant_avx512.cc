@@ -20,13 +20,21 @@ namespace zps::internal {
 namespace avx512 {
 namespace {
 
-size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
+// absmax of x[0..n) (prefix); kAdd: of g + x instead, written back to out (out may be x).
+template <bool kAdd>
+size_t AbsmaxOf(const float* g, const float* x, float* out, size_t n, float* absmax,
+                bool* nonfinite) {
   const __m512 big = _mm512_set1_ps(3.40282347e38f);
   __m512 m = _mm512_setzero_ps();
   __mmask16 bad = 0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    __m512 v = _mm512_loadu_ps(x + i);
+    if constexpr (kAdd) {
+      v = _mm512_add_ps(_mm512_loadu_ps(g + i), v);
+      _mm512_storeu_ps(out + i, v);
+    }
+    const __m512 a = _mm512_abs_ps(v);
     bad |= _mm512_cmp_ps_mask(a, big, _CMP_NLE_UQ);
     m = _mm512_max_ps(m, a);
   }
@@ -37,6 +45,14 @@ size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
   *absmax = r;
   if (bad != 0) *nonfinite = true;
   return i;
+}
+
+size_t Absmax(const float* x, size_t n, float* absmax, bool* nonfinite) {
+  return AbsmaxOf<false>(nullptr, x, nullptr, n, absmax, nonfinite);
+}
+
+size_t AddAbsmax(const float* g, float* r, size_t n, float* absmax, bool* nonfinite) {
+  return AbsmaxOf<true>(g, r, r, n, absmax, nonfinite);
 }
 
 // 16 codes as int32 lanes.
@@ -136,7 +152,8 @@ size_t Dequant(int bits, const uint8_t* codes, size_t from, size_t n, float scal
 
 namespace zps::internal {
 const BlockQuantKernels& BlockQuantAvx512() {
-  static constexpr BlockQuantKernels table{&avx512::Absmax, &avx512::Codes, &avx512::Dequant};
+  static constexpr BlockQuantKernels table{&avx512::Absmax, &avx512::AddAbsmax, &avx512::Codes,
+                                           &avx512::Dequant};
   return table;
 }
 }  // namespace zps::internal

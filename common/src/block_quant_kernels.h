@@ -21,6 +21,9 @@ struct BlockQuantKernels {
   /// absmax of |x[0..n)| over a prefix; sets *nonfinite when a NaN or Inf is seen. Returns the
   /// prefix length (the caller folds the rest in).
   size_t (*absmax)(const float* x, size_t n, float* absmax, bool* nonfinite);
+  /// The same over r = g + r (one IEEE add per element, r rewritten) in the same pass: the
+  /// error feedback's first step.
+  size_t (*add_absmax)(const float* g, float* r, size_t n, float* absmax, bool* nonfinite);
   /// Codes of x[0..n) with multiplier inv and bound qmax, for a prefix; int4 prefixes are even.
   size_t (*codes)(int bits, const float* x, size_t n, float inv, float qmax, uint8_t* codes);
   /// Dequantizes elements [from, from + n) of a block (int4: from even) into out[0..n) with op,

@@ -30,27 +30,29 @@ __attribute__((always_inline)) inline void Store8(float* p, const V8* v) {
   std::memcpy(p, v, sizeof(V8));
 }
 
+// C[i0.., j0..j0+16) for MR rows: A rows of stride lda, B rows of stride ldb (its column j0
+// first), C rows of stride ldc; bias points at bias[j0] (or is null).
 template <int MR>
-__attribute__((always_inline)) inline void MicroTile(const float* A, const float* B,
-                                                     const float* bias, float* C, int K, int N,
-                                                     int i0, int j0, bool accumulate) {
+__attribute__((always_inline)) inline void MicroTile(const float* A, int64_t lda, const float* B,
+                                                     int64_t ldb, const float* bias, float* C,
+                                                     int64_t ldc, int K, bool accumulate) {
   V8 acc[MR][2];
   for (int r = 0; r < MR; ++r) {
-    float* c = C + static_cast<int64_t>(i0 + r) * N + j0;
+    float* c = C + r * ldc;
     for (int h = 0; h < 2; ++h) {
       if (accumulate) {
         Load8(&acc[r][h], c + 8 * h);
       } else if (bias != nullptr) {
-        Load8(&acc[r][h], bias + j0 + 8 * h);
+        Load8(&acc[r][h], bias + 8 * h);
       } else {
         acc[r][h] = V8{};
       }
     }
   }
   const float* a[MR];
-  for (int r = 0; r < MR; ++r) a[r] = A + static_cast<int64_t>(i0 + r) * K;
+  for (int r = 0; r < MR; ++r) a[r] = A + r * lda;
   for (int k = 0; k < K; ++k) {
-    const float* b = B + static_cast<int64_t>(k) * N + j0;
+    const float* b = B + k * ldb;
     V8 b0, b1;
     Load8(&b0, b);
     Load8(&b1, b + 8);
@@ -62,21 +64,43 @@ __attribute__((always_inline)) inline void MicroTile(const float* A, const float
     }
   }
   for (int r = 0; r < MR; ++r) {
-    float* c = C + static_cast<int64_t>(i0 + r) * N + j0;
+    float* c = C + r * ldc;
     Store8(c, &acc[r][0]);
     Store8(c + 8, &acc[r][1]);
   }
 }
 
-// Edge tiles: same per-element order, no vector shape.
-inline void EdgeTile(const float* A, const float* B, const float* bias, float* C, int K, int N,
-                     int i0, int mr, int j0, int nr, bool accumulate) {
+// Rows [i0, i0 + mr) of C against one 16-column panel of B (as MicroTile takes it).
+__attribute__((always_inline)) inline void PanelRows(int mr, const float* A, int64_t lda,
+                                                     const float* B, int64_t ldb, const float* bias,
+                                                     float* C, int64_t ldc, int K,
+                                                     bool accumulate) {
+  switch (mr) {
+    case 6:
+      return MicroTile<6>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+    case 5:
+      return MicroTile<5>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+    case 4:
+      return MicroTile<4>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+    case 3:
+      return MicroTile<3>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+    case 2:
+      return MicroTile<2>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+    default:
+      return MicroTile<1>(A, lda, B, ldb, bias, C, ldc, K, accumulate);
+  }
+}
+
+// Edge tiles: same per-element order, no vector shape. B(k, j) is B[k * bk + j * bj].
+inline void EdgeTile(const float* A, const float* B, int64_t bk, int64_t bj, const float* bias,
+                     float* C, int K, int N, int i0, int mr, int j0, int nr, bool accumulate) {
   for (int r = 0; r < mr; ++r) {
     float* c = C + static_cast<int64_t>(i0 + r) * N + j0;
     const float* a = A + static_cast<int64_t>(i0 + r) * K;
     for (int j = 0; j < nr; ++j) {
       float s = accumulate ? c[j] : (bias ? bias[j0 + j] : 0.0f);
-      for (int k = 0; k < K; ++k) s += a[k] * B[static_cast<int64_t>(k) * N + j0 + j];
+      const float* b = B + (j0 + j) * bj;
+      for (int k = 0; k < K; ++k) s += a[k] * b[k * bk];
       c[j] = s;
     }
   }
@@ -90,29 +114,40 @@ __attribute__((target_clones("avx2", "default"))) void Gemm(const float* A, cons
   const int n_full = N - N % kNr;
   for (int i0 = 0; i0 < M; i0 += kMr) {
     const int mr = std::min(kMr, M - i0);
+    const float* a = A + static_cast<int64_t>(i0) * K;
+    float* c = C + static_cast<int64_t>(i0) * N;
     for (int j0 = 0; j0 < n_full; j0 += kNr) {
-      switch (mr) {
-        case 6:
-          MicroTile<6>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
-        case 5:
-          MicroTile<5>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
-        case 4:
-          MicroTile<4>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
-        case 3:
-          MicroTile<3>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
-        case 2:
-          MicroTile<2>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
-        default:
-          MicroTile<1>(A, B, bias, C, K, N, i0, j0, accumulate);
-          break;
+      PanelRows(mr, a, K, B + j0, N, bias ? bias + j0 : nullptr, c + j0, N, K, accumulate);
+    }
+    if (n_full < N) EdgeTile(A, B, N, 1, bias, C, K, N, i0, mr, n_full, N - n_full, accumulate);
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void GemmTransB(const float* A, const float* Bt,
+                                                                  float* C, int M, int K, int N) {
+  // One 16-column panel of B at a time, copied out of Bt's rows into MicroTile's layout (k-major,
+  // 16 floats a row): it stays in cache for every row tile of A, and B is never transposed whole.
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(K) * kNr);
+  const int n_full = N - N % kNr;
+  for (int j0 = 0; j0 < n_full; j0 += kNr) {
+    const float* rows = Bt + static_cast<int64_t>(j0) * K;
+    for (int k0 = 0; k0 < K; k0 += 64) {  // 16 rows x 64 columns of Bt at a time, in L1
+      const int k1 = std::min(K, k0 + 64);
+      for (int jj = 0; jj < kNr; ++jj) {
+        const float* row = rows + static_cast<int64_t>(jj) * K;
+        for (int k = k0; k < k1; ++k) panel[static_cast<size_t>(k) * kNr + jj] = row[k];
       }
     }
-    if (n_full < N) EdgeTile(A, B, bias, C, K, N, i0, mr, n_full, N - n_full, accumulate);
+    for (int i0 = 0; i0 < M; i0 += kMr) {
+      PanelRows(std::min(kMr, M - i0), A + static_cast<int64_t>(i0) * K, K, panel.data(), kNr,
+                nullptr, C + static_cast<int64_t>(i0) * N + j0, N, K, false);
+    }
+  }
+  if (n_full < N) {
+    for (int i0 = 0; i0 < M; i0 += kMr) {
+      EdgeTile(A, Bt, 1, K, nullptr, C, K, N, i0, std::min(kMr, M - i0), n_full, N - n_full, false);
+    }
   }
 }
 

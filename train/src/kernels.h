@@ -11,6 +11,11 @@ namespace zps::train::kernels {
 void Gemm(const float* A, const float* B, const float* bias, float* C, int M, int K, int N,
           bool accumulate);
 
+/// C[M,N] = A[M,K] · Bt[N,K]^T (B given transposed: the weight of a forward Gemm, for the
+/// backward's input gradient). Each C element sums k = 0..K-1 in ascending order, so it has the
+/// bits of Gemm over the transposed matrix.
+void GemmTransB(const float* A, const float* Bt, float* C, int M, int K, int N);
+
 /// dst[cols, rows] = src[rows, cols]^T.
 void Transpose(const float* src, float* dst, int rows, int cols);
 

@@ -185,8 +185,9 @@ uint64_t ActivationBytes(const ModelConfig& c, int batch) {
                                   D /*ln2*/ + 2 * F /*h, gelu*/ + 4 /*mean,rstd*/) +
                              static_cast<uint64_t>(batch) * H * T * T;
   const uint64_t head = N * (2 * D + 2 * V + 2);
+  // Backward scratch, one group's gradients, transposed activations, GemmTransB's B panel.
   const uint64_t scratch = N * (5 * D + 3 * D + 2 * F) + std::max(D * 3 * D, D * F) +
-                           std::max({D * 3 * D, D * F, D * V}) + N * std::max({3 * D, F, V});
+                           N * std::max({3 * D, F, V}) + 16 * std::max({3 * D, F, V});
   return 4 * (L * per_layer + head + scratch);
 }
 
@@ -201,7 +202,7 @@ struct Model::Workspace {
       hact;  // per layer
   std::vector<float> lnf, meanf, rstdf, logits, dlogits;
   std::vector<float> dx, dmid, dtmp, dqkv, datt, dh, dact;  // backward scratch
-  std::vector<float> trans;                                 // transposes (weights and activations)
+  std::vector<float> trans;                                 // transposed activations
   std::vector<float> grad;                                  // one group's grads
 
   void Resize(const ModelConfig& c, int b) {
@@ -239,7 +240,7 @@ struct Model::Workspace {
     datt.assign(N * D, 0);
     dh.assign(N * F, 0);
     dact.assign(N * F, 0);
-    trans.assign(std::max({3 * D * D, D * F, D * V, N * std::max({3 * D, F, V, D})}), 0);
+    trans.assign(N * std::max({3 * D, F, V, D}), 0);
     const size_t block = 4 * D + 3 * D * D + 3 * D + D * D + D + 2 * D * F + F + D;
     grad.assign(std::max({block, V * D + T * D, 2 * D + D * V}), 0);
   }
@@ -368,8 +369,7 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
   std::fill(g_lnfg, g_lnfg + 2 * D, 0.0f);
   kernels::Transpose(w.lnf.data(), w.trans.data(), N, D);
   kernels::Gemm(w.trans.data(), w.dlogits.data(), nullptr, g_lm, D, N, V, false);
-  kernels::Transpose(hp[2].data(), w.trans.data(), D, V);
-  kernels::Gemm(w.dlogits.data(), w.trans.data(), nullptr, w.dtmp.data(), N, V, D, false);
+  kernels::GemmTransB(w.dlogits.data(), hp[2].data(), w.dtmp.data(), N, V, D);
   kernels::LayerNormBackward(w.dtmp.data(), w.x[L].data(), w.meanf.data(), w.rstdf.data(),
                              hp[0].data(), w.dx.data(), g_lnfg, g_lnfb, N, D);
   ZPS_RETURN_IF_ERROR(access.PushGrad(head_ids[0], {g_lnfg, static_cast<size_t>(D)}));
@@ -398,15 +398,13 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
     kernels::ColumnSum(w.dx.data(), gslot[kB2], N, D, false);
     kernels::Transpose(w.hact[l].data(), w.trans.data(), N, F);
     kernels::Gemm(w.trans.data(), w.dx.data(), nullptr, gslot[kW2], F, N, D, false);
-    kernels::Transpose(p[kW2].data(), w.trans.data(), F, D);
-    kernels::Gemm(w.dx.data(), w.trans.data(), nullptr, w.dact.data(), N, D, F, false);
+    kernels::GemmTransB(w.dx.data(), p[kW2].data(), w.dact.data(), N, D, F);
     kernels::GeluBackward(w.hpre[l].data(), w.dact.data(), w.dh.data(),
                           static_cast<int64_t>(N) * F);
     kernels::ColumnSum(w.dh.data(), gslot[kB1], N, F, false);
     kernels::Transpose(w.ln2[l].data(), w.trans.data(), N, D);
     kernels::Gemm(w.trans.data(), w.dh.data(), nullptr, gslot[kW1], D, N, F, false);
-    kernels::Transpose(p[kW1].data(), w.trans.data(), D, F);
-    kernels::Gemm(w.dh.data(), w.trans.data(), nullptr, w.dtmp.data(), N, F, D, false);
+    kernels::GemmTransB(w.dh.data(), p[kW1].data(), w.dtmp.data(), N, F, D);
     kernels::LayerNormBackward(w.dtmp.data(), w.mid[l].data(), w.mean2[l].data(), w.rstd2[l].data(),
                                p[kLn2G].data(), w.dmid.data(), gslot[kLn2G], gslot[kLn2B], N, D);
     for (size_t i = 0; i < ND; ++i) w.dmid[i] += w.dx[i];
@@ -414,15 +412,13 @@ Status Model::Forward(std::span<const uint8_t> tokens, int batch, ParamAccess& a
     kernels::ColumnSum(w.dmid.data(), gslot[kBo], N, D, false);
     kernels::Transpose(w.att[l].data(), w.trans.data(), N, D);
     kernels::Gemm(w.trans.data(), w.dmid.data(), nullptr, gslot[kWo], D, N, D, false);
-    kernels::Transpose(p[kWo].data(), w.trans.data(), D, D);
-    kernels::Gemm(w.dmid.data(), w.trans.data(), nullptr, w.datt.data(), N, D, D, false);
+    kernels::GemmTransB(w.dmid.data(), p[kWo].data(), w.datt.data(), N, D, D);
     kernels::AttentionBackward(w.qkv[l].data(), w.probs[l].data(), w.datt.data(), w.dqkv.data(),
                                batch, T, D, H);
     kernels::ColumnSum(w.dqkv.data(), gslot[kBqkv], N, 3 * D, false);
     kernels::Transpose(w.ln1[l].data(), w.trans.data(), N, D);
     kernels::Gemm(w.trans.data(), w.dqkv.data(), nullptr, gslot[kWqkv], D, N, 3 * D, false);
-    kernels::Transpose(p[kWqkv].data(), w.trans.data(), D, 3 * D);
-    kernels::Gemm(w.dqkv.data(), w.trans.data(), nullptr, w.dtmp.data(), N, 3 * D, D, false);
+    kernels::GemmTransB(w.dqkv.data(), p[kWqkv].data(), w.dtmp.data(), N, 3 * D, D);
     kernels::LayerNormBackward(w.dtmp.data(), w.x[l].data(), w.mean1[l].data(), w.rstd1[l].data(),
                                p[kLn1G].data(), w.dx.data(), gslot[kLn1G], gslot[kLn1B], N, D);
     for (size_t i = 0; i < ND; ++i) w.dx[i] += w.dmid[i];

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <string>
 
+#include "view_buffers.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/grad_quant.h"
 
@@ -42,18 +42,19 @@ class ReferenceTrainer::Access : public ParamAccess {
     }
     for (uint32_t id : param_ids) {
       const uint64_t off = t_.layout_.param_offset(id), n = t_.layout_.param_numel(id);
-      std::vector<float>& buf = views_[id];
-      buf.resize(n);
+      if (!t_.Quantized() && t_.options_.serving_dtype == DType::kF32) {
+        // The fp32 serving copy is the view: nothing to convert.
+        out.emplace_back(reinterpret_cast<const float*>(t_.serving_.data()) + off, n);
+        continue;
+      }
+      const std::span<float> buf = t_.views_->Get(id, n);
       if (t_.Quantized()) {
         ZPS_RETURN_IF_ERROR(t_.DequantizeParam(id, buf));
         out.emplace_back(buf);
         continue;
       }
-      const size_t w = t_.ServingWords();
-      const std::span<const uint16_t> src(t_.serving_.data() + off * w, n * w);
-      if (t_.options_.serving_dtype == DType::kF32) {
-        std::memcpy(buf.data(), src.data(), n * sizeof(float));
-      } else if (t_.options_.serving_dtype == DType::kBF16) {
+      const std::span<const uint16_t> src(t_.serving_.data() + off, n);
+      if (t_.options_.serving_dtype == DType::kBF16) {
         ConvertBF16ToF32(src, buf);
       } else {
         ConvertF16ToF32(src, buf);
@@ -63,9 +64,7 @@ class ReferenceTrainer::Access : public ParamAccess {
     return out;
   }
 
-  void Release(std::span<const uint32_t> param_ids) override {
-    for (uint32_t id : param_ids) views_.erase(id);
-  }
+  void Release(std::span<const uint32_t> param_ids) override { t_.views_->Drop(param_ids); }
 
   Status PushGrad(uint32_t param_id, std::span<const float> grad) override {
     if (param_id >= t_.layout_.num_params())
@@ -122,11 +121,13 @@ class ReferenceTrainer::Access : public ParamAccess {
   ReferenceTrainer& t_;
   bool inject_;
   int rank_;
-  std::map<uint32_t, std::vector<float>> views_;
 };
 
 ReferenceTrainer::ReferenceTrainer(Layout layout, const ReferenceOptions& options)
-    : layout_(std::move(layout)), options_(options), commit_(options.commit) {}
+    : layout_(std::move(layout)),
+      options_(options),
+      commit_(options.commit),
+      views_(std::make_unique<ViewBuffers>()) {}
 
 ReferenceTrainer::~ReferenceTrainer() = default;
 

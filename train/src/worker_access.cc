@@ -4,11 +4,19 @@
 #include <cstring>
 #include <limits>
 
+#include "view_buffers.h"
+
 namespace zps::train {
+
+WorkerAccess::~WorkerAccess() = default;
 
 WorkerAccess::WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
                            worker::Collectives* reduce, uint64_t bucket_elems)
-    : client_(client), prefetcher_(client, prefetch), reduce_(reduce), bucket_elems_(bucket_elems) {
+    : client_(client),
+      prefetcher_(client, prefetch),
+      views_(std::make_unique<ViewBuffers>()),
+      reduce_(reduce),
+      bucket_elems_(bucket_elems) {
   if (reduce_ != nullptr) {
     // Ranks whose buckets differ get an error naming the bucket and the sizes, not a transport
     // that aborts (zps/worker/checked_collectives.h).
@@ -62,25 +70,26 @@ Result<std::vector<std::span<const float>>> WorkerAccess::Acquire(std::span<cons
   out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const auto& b = *buffers[i];
-    std::vector<float>& view = views_[ids[i]];
     const size_t n = b.bytes().size() / DTypeSize(b.dtype);
-    view.resize(n);
-    if (b.dtype == DType::kF32) {  // an fp32 serving copy: the master's bits
-      std::memcpy(view.data(), b.bytes().data(), n * sizeof(float));
-    } else {
-      std::span<const uint16_t> src(reinterpret_cast<const uint16_t*>(b.bytes().data()), n);
-      if (b.dtype == DType::kBF16)
-        ConvertBF16ToF32(src, view);
-      else
-        ConvertF16ToF32(src, view);
+    if (b.dtype == DType::kF32) {
+      // An fp32 serving copy (the master's bits) or dequantized int8 weights: viewed in place.
+      out.emplace_back(reinterpret_cast<const float*>(b.bytes().data()), n);
+      views_->Keep(ids[i], std::move(buffers[i]));
+      continue;
     }
+    const std::span<float> view = views_->Get(ids[i], n);
+    std::span<const uint16_t> src(reinterpret_cast<const uint16_t*>(b.bytes().data()), n);
+    if (b.dtype == DType::kBF16)
+      ConvertBF16ToF32(src, view);
+    else
+      ConvertF16ToF32(src, view);
     out.emplace_back(view);
   }
   return out;
 }
 
 void WorkerAccess::Release(std::span<const uint32_t> ids) {
-  for (uint32_t id : ids) views_.erase(id);
+  views_->Drop(ids);
   prefetcher_.Release(ids);
 }
 

@@ -137,8 +137,34 @@ void GradientSlots::Reduce() {
   if (!quantized_.empty()) {
     // Slot 0 is written (not added to 0, which would turn -0 into +0), later slots added, in
     // slot order; a slot's ranges do not overlap, so their order does not matter.
-    std::fill(acc, acc + n_, 0.0f);
     const QuantFormat f = GradQuantFormat(dtype_);
+    if (SameRanges()) {
+      // Every slot pushed the same ranges (server-sum): block by block, each block's slots are
+      // summed while it is in cache, and only what no range covers is zeroed.
+      const size_t stride = QuantizedBlockStride(f);
+      uint64_t zeroed_to = 0;
+      for (const auto& [b, e] : covered_[0]) {
+        std::fill(acc + zeroed_to, acc + b, 0.0f);
+        zeroed_to = e;
+        for (uint64_t at = b, k = 0; at < e; at += f.block, ++k) {
+          const uint64_t len = std::min<uint64_t>(f.block, e - at);
+          std::span<float> out(acc + at, len);
+          for (size_t slot = 0; slot < quantized_.size(); ++slot) {
+            const std::span<const std::byte> rec =
+                std::span<const std::byte>(*quantized_[slot].at(b))
+                    .subspan(k * stride, QuantizedBytes(f, len));
+            if (slot == 0) {
+              DequantizeBlocks(f, rec, out);
+            } else {
+              DequantizeAddBlocks(f, rec, out);
+            }
+          }
+        }
+      }
+      std::fill(acc + zeroed_to, acc + n_, 0.0f);
+      return;
+    }
+    std::fill(acc, acc + n_, 0.0f);
     for (size_t slot = 0; slot < quantized_.size(); ++slot) {
       for (const auto& [b, e] : covered_[slot]) {
         const auto& q = quantized_[slot].at(b);
@@ -177,6 +203,13 @@ void GradientSlots::Reduce() {
       for (uint64_t i = 0; i < n; ++i) acc[b + i] += wide[i];
     }
   }
+}
+
+bool GradientSlots::SameRanges() const {
+  for (size_t slot = 1; slot < covered_.size(); ++slot) {
+    if (covered_[slot] != covered_[0]) return false;
+  }
+  return true;
 }
 
 void GradientSlots::ZeroReduced(uint64_t begin, uint64_t end) {

@@ -128,8 +128,10 @@ class GradientSlots {
   // across steps and reused while no ticket holds it; dropped by Forget and Fresh).
   std::vector<std::map<uint64_t, std::shared_ptr<std::vector<std::byte>>>> quantized_;
   std::vector<std::map<uint64_t, uint64_t>> covered_;  // per slot: begin -> end (reserved)
-  std::vector<uint64_t> landed_;                       // per slot: elements completed
-  std::vector<Param> params_;                          // ascending
+  // Every slot covers the same ranges (Reduce's block-by-block path for quantized slots).
+  bool SameRanges() const;
+  std::vector<uint64_t> landed_;  // per slot: elements completed
+  std::vector<Param> params_;     // ascending
   uint64_t expected_ = 0;
   uint64_t expected_init_ = 0;
 };

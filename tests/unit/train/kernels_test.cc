@@ -34,6 +34,25 @@ TEST(KernelsTest, GemmBitIdenticalToNaiveLoop) {
   }
 }
 
+// GemmTransB over a matrix stored transposed has the bits of Gemm over the matrix itself, at
+// shapes with and without edge columns and row tiles, and a K longer than its 64-column blocks.
+TEST(KernelsTest, GemmTransBBitIdenticalToGemmOverTheTranspose) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto [M, K, N] :
+       {std::tuple{1, 1, 1}, {7, 5, 3}, {6, 33, 16}, {13, 130, 47}, {16, 64, 96}, {2, 200, 35}}) {
+    std::vector<float> A(static_cast<size_t>(M) * K), Bt(static_cast<size_t>(N) * K), B(Bt.size()),
+        want(static_cast<size_t>(M) * N), got(want.size(), 7.0f);
+    for (auto* v : {&A, &Bt})
+      for (auto& x : *v) x = u(rng);
+    Transpose(Bt.data(), B.data(), N, K);
+    Gemm(A.data(), B.data(), nullptr, want.data(), M, K, N, false);
+    GemmTransB(A.data(), Bt.data(), got.data(), M, K, N);
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << M << "x" << K << "x" << N;
+  }
+}
+
 TEST(KernelsTest, TransposeRoundTrip) {
   std::vector<float> a(37 * 70), t(a.size()), b(a.size());
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);

@@ -86,6 +86,8 @@ struct ReferenceStepResult {
   int64_t tokens = 0;               // tokens processed over all ranks
 };
 
+class ViewBuffers;
+
 class ReferenceTrainer {
  public:
   /// Errors: InvalidArgument from the model config, options or layout; from Optimizer::Create.
@@ -158,6 +160,7 @@ class ReferenceTrainer {
   // Quantized gradients: per rank, its error-feedback residuals over the flat space (what the
   // rank's Client keeps per parameter).
   std::vector<std::vector<float>> residual_;
+  std::unique_ptr<ViewBuffers> views_;  // what Access's views point into, reused step to step
   int64_t step_ = 0;
   int64_t optimizer_step_ = 0;
 };

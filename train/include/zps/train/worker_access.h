@@ -17,6 +17,8 @@
 
 namespace zps::train {
 
+class ViewBuffers;
+
 class WorkerAccess final : public ParamAccess {
  public:
   /// `reduce` (not owned; null = server-sum): the `pre-reduced` mode. Each gradient is
@@ -31,6 +33,7 @@ class WorkerAccess final : public ParamAccess {
   /// goes out at FlushGradients.
   WorkerAccess(worker::Client* client, const worker::PrefetchOptions& prefetch,
                worker::Collectives* reduce = nullptr, uint64_t bucket_elems = 0);
+  ~WorkerAccess() override;
 
   /// Starts step `step` (fetches ask for version >= step; pushes carry `step`).
   /// `inject_overflow`: replace element 0 of parameter 0's gradient with +Inf (test hook,
@@ -76,7 +79,7 @@ class WorkerAccess final : public ParamAccess {
   std::function<void(int64_t, int)> after_slice_;
   std::function<bool(int64_t, uint32_t)> skip_bucket_;
   bool inject_ = false;
-  std::unordered_map<uint32_t, std::vector<float>> views_;
+  std::unique_ptr<ViewBuffers> views_;  // what the acquired views point into
   worker::Collectives* reduce_ = nullptr;
   std::unique_ptr<worker::CheckedCollectives> checked_;  // over reduce_
   uint32_t buckets_ = 0;                                 // reduce-scattered in this step
