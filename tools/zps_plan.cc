@@ -74,8 +74,10 @@ int main(int argc, char** argv) {
   int64_t align_elems = in.align_elems;
   f.Add("chunk-elems", "with --tensors: elements per chunk (zps-train's --chunk-elems)",
         &chunk_elems, 1, int64_t{1} << 40);
-  f.Add("align-elems", "with --tensors: each tensor's alignment in elements (the job's)",
-        &align_elems, 1, int64_t{1} << 30);
+  f.Add("align-elems",
+        "with --tensors: each tensor's alignment in elements, the job's (0: zps-train's, "
+        "--weight-block with an int8/int4 fetch, else 64)",
+        &align_elems, 0, int64_t{1} << 30);
   f.Add("nodes", "worker hosts", &in.nodes, 1, 1 << 20);
   f.Add("gpus-per-node", "workers (ranks, one per GPU) per worker host", &in.gpus_per_node, 1,
         1024);

@@ -51,9 +51,12 @@ Result<ModelBytes> PieceBytes(const PlanInput& in, uint32_t shards) {
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     specs.push_back({"t" + std::to_string(i), {static_cast<int64_t>(in.tensors[i])}});
   }
-  ZPS_ASSIGN_OR_RETURN(Layout layout,
-                       Layout::Build(std::move(specs), {in.chunk_elems, in.align_elems, shards}));
   const uint8_t fetch_bits = QuantBits(in.fetch), grad_bits = QuantBits(in.grad);
+  const uint32_t align = in.align_elems != 0 ? in.align_elems
+                         : fetch_bits != 0   ? static_cast<uint32_t>(in.weight_block)
+                                             : 64;
+  ZPS_ASSIGN_OR_RETURN(Layout layout,
+                       Layout::Build(std::move(specs), {in.chunk_elems, align, shards}));
   const QuantFormat wf{fetch_bits, static_cast<uint32_t>(in.weight_block)};
   const QuantFormat gf{grad_bits, static_cast<uint32_t>(in.grad_block)};
   const double fetch_elem = ElementBytes(in.fetch, in.weight_block);

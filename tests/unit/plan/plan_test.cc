@@ -203,6 +203,7 @@ TEST(Plan, QuantizedBytesFromTheTensorsPieces) {
   in.params = 0;
   in.tensors = {300, 5000};
   in.chunk_elems = 4096;
+  in.align_elems = 64;       // zps.torch's layout
   in.fetch = Format::kInt8;  // blocks of 256: 260 B each (4 B scale + 256 codes)
   in.grad = Format::kInt4;   // blocks of 256: 132 B each (4 B scale + 128 codes)
   Plan p = Value(MakePlan(in));
@@ -230,6 +231,27 @@ TEST(Plan, QuantizedBytesFromTheTensorsPieces) {
   EXPECT_DOUBLE_EQ(p.worker_rank.in, 10600);
   in.params = 5301;
   EXPECT_THAT(MakePlan(in), StatusIs(Code::kInvalidArgument, HasSubstr("sum")));
+}
+
+// The default alignment with an int8 fetch is zps-train's: each tensor on blocks of its own.
+// The same tensors: t0 is [0, 300) of chunk 0; t1 starts at 512 and is [512, 4096) of chunk 0
+// (3,584) and [0, 1416) of chunk 1, which is 1,416 elements long.
+TEST(Plan, QuantizedFetchAlignsTensorsToTheWeightBlock) {
+  PlanInput in = Testbed();
+  in.params = 0;
+  in.tensors = {300, 5000};
+  in.chunk_elems = 4096;
+  in.fetch = Format::kInt8;
+  in.grad = Format::kInt4;
+  Plan p = Value(MakePlan(in));
+  // Fetch: t0 blocks 0-1 = 520; t1 blocks 2-15 of chunk 0 = 14 x 260, none shared, and chunk
+  // 1's 5 full blocks and its 136-element last one, 5 x 260 + 140.
+  EXPECT_DOUBLE_EQ(p.worker_rank.in, 520 + 3640 + 1440);
+  // Push: t0 132 + (4 + 22) = 158; t1 14 x 132 + (5 x 132 + 4 + 68) = 2580.
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 2738);
+  // An explicit alignment wins.
+  in.align_elems = 64;
+  EXPECT_DOUBLE_EQ(Value(MakePlan(in)).worker_rank.in, 520 + 3900 + 1244);
 }
 
 TEST(PlanFormats, TensorList) {

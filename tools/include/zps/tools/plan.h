@@ -72,18 +72,20 @@ struct PlanInput {
   // sum (or must equal it) and the quantized bytes are those of the layout's pieces.
   std::vector<uint64_t> tensors;  // Default: empty = only `params` is known.
   uint64_t chunk_elems = 262144;  // Default: 256 Ki (zps-train's --chunk-elems).
-  uint32_t align_elems = 64;      // Default: 64 (the job's align_elems).
-  int nodes = 1;                  // Default: 1. Worker hosts.
-  int gpus_per_node = 8;          // Default: 8. Workers (ranks) per worker host.
-  int shards = 0;                 // Default: 0 = one per node.
-  bool colocated = true;          // Default: true. Shards on the worker hosts (else own hosts).
-  double link_gbps = 100;         // Default: 100 Gbit/s each way per host.
-  double link_efficiency = 0.9;   // Default: 0.9 of the line rate is payload.
-  double nvme_gbytes_s = 0;       // Default: 0 = no NVMe. GB/s per host (read or write).
-  double shard_ram_bytes = 0;     // Default: 0 = unlimited. RAM per shard for master + moments.
-  Format fetch = Format::kBf16;   // Default: bf16. What workers fetch (the serving copy).
-  Format grad = Format::kFp32;    // Default: fp32. What workers push.
-  Format state = Format::kFp32;   // Default: fp32. The optimizer's moments.
+  // Default: 0 = zps-train's: `weight_block` with an int8/int4 fetch (each parameter on serving
+  // blocks of its own), else 64. The job's align_elems.
+  uint32_t align_elems = 0;
+  int nodes = 1;                 // Default: 1. Worker hosts.
+  int gpus_per_node = 8;         // Default: 8. Workers (ranks) per worker host.
+  int shards = 0;                // Default: 0 = one per node.
+  bool colocated = true;         // Default: true. Shards on the worker hosts (else own hosts).
+  double link_gbps = 100;        // Default: 100 Gbit/s each way per host.
+  double link_efficiency = 0.9;  // Default: 0.9 of the line rate is payload.
+  double nvme_gbytes_s = 0;      // Default: 0 = no NVMe. GB/s per host (read or write).
+  double shard_ram_bytes = 0;    // Default: 0 = unlimited. RAM per shard for master + moments.
+  Format fetch = Format::kBf16;  // Default: bf16. What workers fetch (the serving copy).
+  Format grad = Format::kFp32;   // Default: fp32. What workers push.
+  Format state = Format::kFp32;  // Default: fp32. The optimizer's moments.
   // Elements per fp32 scale of int8/int4 blocks, as the job uses them: the serving copy's blocks
   // (kWeightQuantBlock, 256) and the gradient pushes' (kGradQuantBlock, 256).
   uint64_t weight_block = kWeightQuantBlock;  // Default: 256.
