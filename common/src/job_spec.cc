@@ -12,6 +12,7 @@
 #include "zps/common/bytes.h"
 #include "zps/common/crc32c.h"
 #include "zps/common/json_fields.h"
+#include "zps/common/serving_quant.h"
 
 namespace zps {
 namespace {
@@ -120,11 +121,12 @@ ZPS_SCHEMA(ShardJob, ZPS_SHARD_JOB_FIELDS)
 
 // The layout's JSON keys (the layout's binary form is Layout::Serialize, a blob in the job spec;
 // LayoutOptions keeps its own defaults, so the default column is unused here).
-#define ZPS_LAYOUT_JSON_FIELDS(X)                                 \
-  X(uint64_t, chunk_elems, 0, "chunk_elems", 1, 1, 1e12,          \
-    "elements per chunk (zps.torch sends zps.chunk_elems)")       \
-  X(uint32_t, align_elems, 0, "align_elems", 1, 1, 1 << 20,       \
-    "every parameter starts at a multiple of this many elements") \
+#define ZPS_LAYOUT_JSON_FIELDS(X)                                                              \
+  X(uint64_t, chunk_elems, 0, "chunk_elems", 1, 1, 1e12,                                       \
+    "elements per chunk (zps.torch sends zps.chunk_elems)")                                    \
+  X(uint32_t, align_elems, 0, "align_elems", 1, 1, 1 << 20,                                    \
+    "every parameter starts at a multiple of this many elements (without it: 64, or 256, the " \
+    "weight block, with an int8-block serving copy)")                                          \
   X(uint32_t, num_shards, 0, "num_shards", 1, 1, 65536, "server shards the chunks are spread over")
 ZPS_SCHEMA(LayoutOptions, ZPS_LAYOUT_JSON_FIELDS)
 #undef ZPS_SCHEMA
@@ -679,19 +681,24 @@ Result<JobSpec> JobSpecFromJson(std::string_view json) {
   const Json* params = f.Get("params");
   if (params == nullptr) return InvalidArgument("job.params is missing");
   ZPS_ASSIGN_OR_RETURN(auto specs, ParamsFromJson(*params));
-  LayoutOptions lo;
-  ZPS_RETURN_IF_ERROR(RecordFields(f, &lo));
-  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(std::move(specs), lo));
-  JobSpec job{std::move(layout), {}, {}, {}};
+  OptimizerConfig optimizer;
+  CommitConfig commit;
+  ShardJob shard;
   if (const Json* o = f.Get("optimizer")) {
-    ZPS_RETURN_IF_ERROR(RecordFromJson(*o, "job.optimizer", &job.optimizer));
+    ZPS_RETURN_IF_ERROR(RecordFromJson(*o, "job.optimizer", &optimizer));
   }
   if (const Json* c = f.Get("commit")) {
-    ZPS_RETURN_IF_ERROR(RecordFromJson(*c, "job.commit", &job.commit));
+    ZPS_RETURN_IF_ERROR(RecordFromJson(*c, "job.commit", &commit));
   }
   if (const Json* s = f.Get("shard")) {
-    ZPS_RETURN_IF_ERROR(RecordFromJson(*s, "job.shard", &job.shard));
+    ZPS_RETURN_IF_ERROR(RecordFromJson(*s, "job.shard", &shard));
   }
+  // Without an "align_elems", the serving copy's: a block-quantized copy puts every parameter
+  // on blocks of its own (ServingAlignElems).
+  LayoutOptions lo{.align_elems = ServingAlignElems(shard.serving_dtype)};
+  ZPS_RETURN_IF_ERROR(RecordFields(f, &lo));
+  ZPS_ASSIGN_OR_RETURN(Layout layout, Layout::Build(std::move(specs), lo));
+  JobSpec job{std::move(layout), std::move(shard), optimizer, commit};
   ZPS_RETURN_IF_ERROR(f.Finish());
   ZPS_RETURN_IF_ERROR(job.Validate());
   return job;

@@ -3,8 +3,6 @@
 #include <cmath>
 #include <utility>
 
-#include "zps/common/serving_quant.h"
-
 namespace zps::train {
 
 namespace {
@@ -108,18 +106,14 @@ Result<JobSpec> BuildJob(nlohmann::json j, const ModelConfig& model, int64_t ste
   for (const ParamSpec& p : LayoutSpecs(Specs(model))) {
     params.push_back({{"name", p.name}, {"shape", p.shape}});
   }
-  j["align_elems"] = ServingAlignElems(DType::kBF16);
+  // align_elems left out: the codec puts it at the serving copy's (ServingAlignElems).
+  j.erase("align_elems");
   nlohmann::json& shard = j["shard"];
   nlohmann::json& commit = j["commit"];
   if (shard.is_null()) shard = nlohmann::json::object();
   if (commit.is_null()) commit = nlohmann::json::object();
   // A value of the wrong type is left as it is, for JobSpecFromJson to name.
   if (!shard.is_object() || !commit.is_object()) return JobSpecFromJson(j.dump());
-  // Quantized weights: every parameter starts on a block of its own (ServingAlignElems).
-  if (const nlohmann::json sd = Value(shard, "serving_dtype", nullptr); sd.is_string()) {
-    if (auto t = ParseDType(sd.get<std::string>()); t.ok())
-      j["align_elems"] = ServingAlignElems(*t);
-  }
   commit["grad_divisor"] = Value(shard, "world_size", 1);
   if (Value(commit, "dynamic_loss_scale", false) == true) {
     for (const char* k : {"grad_dtype", "serving_dtype"}) {

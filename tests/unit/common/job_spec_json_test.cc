@@ -39,6 +39,25 @@ TEST(JobSpecJson, AbsentKeysKeepTheDefaults) {
   EXPECT_EQ(n->optimizer, OptimizerConfig{});
 }
 
+// Without "align_elems" a block-quantized serving copy lays every parameter on blocks of its
+// own (a: 0, b: 256, c: 512); a given value wins; other serving dtypes keep 64.
+TEST(JobSpecJson, QuantizedServingCopyAlignsParametersToItsBlock) {
+  auto q = FromJson(R"("shard": {"serving_dtype": "int8-block"})");
+  ASSERT_THAT(q, IsOk());
+  EXPECT_EQ(q->layout.options().align_elems, 256u);
+  EXPECT_EQ(q->layout.param_offset(1), 256u);
+  EXPECT_EQ(q->layout.param_offset(2), 512u);
+  auto given = FromJson(R"("shard": {"serving_dtype": "int8-block"}, "align_elems": 512)");
+  ASSERT_THAT(given, IsOk());
+  EXPECT_EQ(given->layout.options().align_elems, 512u);
+  for (const char* t : {"bf16", "fp16", "fp32"}) {
+    auto j = FromJson(std::string(R"("shard": {"serving_dtype": ")") + t + R"("})");
+    ASSERT_THAT(j, IsOk()) << t;
+    EXPECT_EQ(j->layout.options().align_elems, 64u) << t;
+    EXPECT_EQ(j->layout.param_offset(1), 128u) << t;
+  }
+}
+
 TEST(JobSpecJson, EveryKeyIsRead) {
   auto j = FromJson(R"(
     "chunk_elems": 128, "align_elems": 64, "num_shards": 2,

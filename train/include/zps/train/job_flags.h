@@ -62,9 +62,9 @@ class JobFlags {
 
 /// zps-train's job: `flags` (JobFlags::Json) completed with what zps-train derives from its other
 /// options, then decoded by JobSpecFromJson:
-///   - params: the model's parameters (Specs(model)); align_elems ServingAlignElems of
-///     shard.serving_dtype (64; with int8-block weights, one weight block: no block holds two
-///     parameters);
+///   - params: the model's parameters (Specs(model)); align_elems left out, so JobSpecFromJson
+///     takes ServingAlignElems of shard.serving_dtype (64; with int8-block weights, one weight
+///     block: no block holds two parameters);
 ///   - commit.grad_divisor: shard.world_size (gradients are averaged over the ranks);
 ///   - with commit.dynamic_loss_scale, shard.grad_dtype and shard.serving_dtype are fp16 unless
 ///     given;
