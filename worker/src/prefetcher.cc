@@ -240,6 +240,15 @@ Status Prefetcher::GatherUpTo(size_t end) {
   return Status::Ok();
 }
 
+Result<std::shared_ptr<const ParamBuffer>> Prefetcher::AwaitFetch(Entry& e, const Key& key) {
+  auto r = e.op.Wait(source_->op_timeout());
+  if (!r.ok() && e.refs == 0) {
+    live_bytes_ -= e.bytes;
+    entries_.erase(key);
+  }
+  return r;
+}
+
 Status Prefetcher::Gather(size_t pos) {
   if (WireQuantized()) return GatherQuantized(pos);
   const uint32_t world = checked_->world_size();
@@ -262,15 +271,7 @@ Status Prefetcher::Gather(size_t pos) {
     Entry& e = Start(id, step_, /*slice=*/true);
     std::shared_ptr<const ParamBuffer> mine = e.buffer;
     if (!mine) {
-      auto r = e.op.Wait(source_->op_timeout());
-      if (!r.ok()) {
-        if (e.refs == 0) {
-          live_bytes_ -= e.bytes;
-          entries_.erase(key);
-        }
-        return r.status();
-      }
-      mine = *r;
+      ZPS_ASSIGN_OR_RETURN(mine, AwaitFetch(e, key));
       if (!e.slice) e.buffer = mine;  // a whole fetch in flight: the buffer is the parameter
     }
     const uint64_t numel = source_->layout().param_numel(id);
@@ -343,15 +344,7 @@ Status Prefetcher::GatherQuantized(size_t pos) {
     Entry& e = Start(id, step_, /*slice=*/true);
     std::shared_ptr<const ParamBuffer> got = e.buffer;
     if (!got) {
-      auto r = e.op.Wait(source_->op_timeout());
-      if (!r.ok()) {
-        if (e.refs == 0) {
-          live_bytes_ -= e.bytes;
-          entries_.erase(key);
-        }
-        return r.status();
-      }
-      got = *r;
+      ZPS_ASSIGN_OR_RETURN(got, AwaitFetch(e, key));
       if (e.slice) {
         e.quant_slice = got;
       } else {

@@ -139,6 +139,9 @@ class Prefetcher {
   bool WireQuantized() const;
   // Gather for a block-quantized wire dtype: the ranks' slices as block records.
   Status GatherQuantized(size_t pos);
+  // Waits for `e`'s fetch (the entry under `key`); on an error, forgets the entry if nothing
+  // holds it (its bytes leave the live window).
+  Result<std::shared_ptr<const ParamBuffer>> AwaitFetch(Entry& e, const Key& key);
 
   ParamSource* source_;
   PrefetchOptions options_;
