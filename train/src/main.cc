@@ -311,17 +311,18 @@ Status RunWorker(const TrainOptions& o) {
   std::unique_ptr<WorkerAccess> access_ptr;
   std::unique_ptr<WorkerAccess> eval_ptr;  // rank 0's evaluation: direct fetches, no collectives
   // (Re)joins the job; a job starting over (resume step 0) gets rank 0's initial values.
-  // `in_collectives`: the failure came from building the communicator (the job itself was
-  // joined), which join_retrying tries again.
-  bool in_collectives = false;
+  // `after_join`: the failure came after the job itself was joined (building the communicator,
+  // or rank 0's initial values), which join_retrying tries again.
+  bool after_join = false;
   const auto skip_bucket = SkipBucketHook();  // outlives each join's WorkerAccess
   auto join = [&]() -> Status {
-    in_collectives = false;
+    after_join = false;
     eval_ptr.reset();
     access_ptr.reset();
     collectives.reset();
     client.reset();
     ZPS_ASSIGN_OR_RETURN(client, worker::Client::Connect(wo, spec, job.Hash()));
+    after_join = true;
     if ((pre_reduced || bandwidth_centric) && o.world_size > 1) {
       // One communicator per join: the kv generation (the coordinator's epoch) and the resume
       // step scope its rendezvous keys, so a rebuilt one never meets stale addresses.
@@ -334,10 +335,7 @@ Status RunWorker(const TrainOptions& o) {
       go.hostname = gloo_host;
       go.timeout = wo.op_timeout;
       auto made = worker::GlooCollectives::Create(go);
-      if (!made.ok()) {
-        in_collectives = true;
-        return made.status().WithContext("building the communicator");
-      }
+      if (!made.ok()) return made.status().WithContext("building the communicator");
       collectives = std::move(*made);
     } else if (pre_reduced || bandwidth_centric) {
       collectives = std::make_unique<worker::LocalCollectives>();
@@ -375,12 +373,14 @@ Status RunWorker(const TrainOptions& o) {
   };
   int recoveries = 0;
   // A communicator that could not be built (pre-reduced: another rank re-joined meanwhile and
-  // started a newer worker generation, or a peer died during the rendezvous) is built again in
-  // a new join; a failure to join the job itself (it stopped, a bad spec) is final.
+  // started a newer worker generation, or a peer died during the rendezvous), or rank 0's
+  // initial values refused because the job moved past step 0 while it joined (its own pushes
+  // of step 0 completed that step), are tried again in a new join; a failure to join the job
+  // itself (it stopped, a bad spec) is final.
   auto join_retrying = [&]() -> Status {
     for (;;) {
       Status s = join();
-      if (s.ok() || !in_collectives || !Recoverable(s) || recoveries >= o.max_recoveries) {
+      if (s.ok() || !after_join || !Recoverable(s) || recoveries >= o.max_recoveries) {
         return s;
       }
       ++recoveries;

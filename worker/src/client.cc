@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "fetch_op_state.h"
 #include "grad_residual.h"
@@ -186,6 +187,40 @@ struct Client::Impl {
   // Shared memory gives no UCX peer-failure reports: a shard whose control-plane connection
   // broke is declared failed here (Worker::Fail), which fails what waits on it.
   std::thread watch;
+  // Sessions the shards fenced (a kNoticeForget: the shard began a rollback or lost the
+  // coordinator, and closes the session's endpoint, so nothing sent on it will be answered).
+  // A notice may come while ConnectShards still connects other shards (a shard that fences
+  // right after this worker's hello): its token waits here until `eps` is complete.
+  Mutex fence_mu;
+  std::unordered_set<uint64_t> fenced GUARDED_BY(fence_mu);
+  bool shards_connected GUARDED_BY(fence_mu) = false;
+  // The endpoints of the shards whose sessions were fenced, once every shard is connected.
+  std::vector<ucx::Endpoint> FencedEndpoints() const REQUIRES(fence_mu) {
+    std::vector<ucx::Endpoint> out;
+    if (!shards_connected) return out;
+    for (size_t i = 0; i < eps.size(); ++i) {
+      if (fenced.count(session[i]) != 0) out.push_back(eps[i]);
+    }
+    return out;
+  }
+  // Fails each endpoint: every operation pending on it, and every later one, ends with
+  // Unavailable at once (the caller re-joins) rather than at the op timeout.
+  void FailFenced(const std::vector<ucx::Endpoint>& fenced_eps) {
+    for (const auto& ep : fenced_eps) {
+      ucx->Fail(ep, Unavailable("the shard ended this worker's session (it is rolling back to a "
+                                "checkpoint, or lost the coordinator); re-join"));
+    }
+  }
+  void SessionFenced(uint64_t token) {
+    std::vector<ucx::Endpoint> fenced_eps;
+    {
+      MutexLock lock(&fence_mu);
+      fenced.insert(token);
+      fenced_eps = FencedEndpoints();
+    }
+    FailFenced(fenced_eps);
+  }
+
   Mutex watch_mu;
   CondVar watch_cv;
   bool watch_stop GUARDED_BY(watch_mu) = false;
@@ -366,6 +401,7 @@ void Client::Impl::OnFetchRmaReply(ucx::AmMessage& m) {
 void Client::Impl::OnServingNotice(ucx::AmMessage& m) {
   auto h = DecodeHeader<msg::ServingNoticeHeader>(m, "serving notice");
   if (!h) return;
+  if (h->version == msg::ServingNoticeHeader::kNoticeForget) SessionFenced(h->session);
   ServingDirectory* d = Directory();
   if (d == nullptr) return;  // fetches ask every time (or not connected yet): nothing to learn
   // The shard is named by its session token (each shard issued its own).
@@ -515,6 +551,13 @@ Status Client::Impl::ConnectShards() {
         session, job.reduction_mode == msg::ReductionMode::kServerSum);
     dir.store(directory_owner.get(), std::memory_order_release);
   }
+  std::vector<ucx::Endpoint> fenced_eps;
+  {
+    MutexLock lock(&fence_mu);
+    shards_connected = true;
+    fenced_eps = FencedEndpoints();  // shards that fenced while the others were being connected
+  }
+  FailFenced(fenced_eps);
   return Status::Ok();
 }
 

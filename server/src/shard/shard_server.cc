@@ -649,10 +649,13 @@ void ShardServer::Impl::SetServing(bool accept, const Status& reason) {
   // endpoints close: a reply sent after the close is lost, and the worker would wait for its
   // --op-timeout instead.
   if (ShardState* st = state_ptr.load()) st->FailWaiters(reason);
-  // Before the close (which flushes it): the worker forgets the serving addresses it learned,
-  // so it does not read the region one-sided while a restore rewrites it.
+  // Before the close (which flushes it): the worker learns that its session is over. It fails
+  // its endpoint to this shard, so that what it has in flight here, and what it would send next
+  // (the close drops it unanswered), ends at once and it re-joins instead of waiting for its
+  // --op-timeout; and it forgets the serving addresses it learned, so it does not read the
+  // region one-sided while a restore rewrites it.
   for (auto& [token, ep] : eps) {
-    if (serving_region) SendNotice(ep, token, msg::ServingNoticeHeader::kNoticeForget);
+    SendNotice(ep, token, msg::ServingNoticeHeader::kNoticeForget);
     ucx->Close(ep);
   }
 }

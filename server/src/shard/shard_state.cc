@@ -285,9 +285,13 @@ Result<PushTicket> ShardState::BeginPush(const PushRequest& req) {
       return DiscardedPush(req, 0);
     }
     if (c->version > 0) {
-      return FailedPrecondition("chunk " + std::to_string(c->id) +
-                                " is already initialised and updated (version " +
-                                std::to_string(c->version) + ")");
+      // A step was applied since: rank 0 was told to start at step 0 while that step was
+      // being decided (its own gradients of step 0, pushed before it re-joined, completed it).
+      // Joining again gives it the step the job is at now.
+      return Unavailable("chunk " + std::to_string(c->id) +
+                         " is already initialised and updated (version " +
+                         std::to_string(c->version) +
+                         "): the job moved past step 0 while this rank joined; re-join");
     }
   } else if (c->version == -1) {
     return FailedPrecondition("chunk " + std::to_string(c->id) + " is not initialised yet");

@@ -117,9 +117,27 @@ TEST_P(DeadShardTest, KilledShardFailsEveryWait) {
   auto commit = client_->AwaitCommit(0);
   ASSERT_FALSE(commit.ok());
   EXPECT_EQ(commit.status().code(), Code::kUnavailable) << commit.status().ToString();
-  // The survivor still serves its parameter.
+  // The survivor answers: its parameter, or (once it learned of the job's recovery and fenced
+  // this worker's session) Unavailable; never the op timeout.
   auto alive = client_->Fetch(survivor, 0);
-  EXPECT_THAT(alive, IsOk());
+  if (!alive.ok()) ExpectUnavailable(alive.status(), "re-join");
+}
+
+// The survivor's side of the same kill: the coordinator (shard 0) starts the job's recovery
+// and fences every worker session, answering what is parked and closing the session's
+// endpoint. Its notice fails the worker's endpoint too, so a fetch sent after the close (which
+// would go unanswered) fails at once with Unavailable instead of waiting for the op timeout.
+TEST_P(DeadShardTest, FencedSessionFailsEveryLaterWait) {
+  const uint32_t survivor = ParamOn(0);
+  // Parked on shard 0 until version 1, which the rollback never publishes.
+  worker::FetchOp parked = client_->FetchAsync(survivor, 1);
+
+  cluster_.shards[1]->Kill();
+
+  ExpectUnavailable(parked.Wait(client_->op_timeout()).status(), "re-join");
+  for (int i = 0; i < 3; ++i) {
+    ExpectUnavailable(client_->Fetch(survivor, 0).status(), "ended this worker's session");
+  }
 }
 
 TEST_P(DeadShardTest, KilledCoordinatorFailsEveryWait) {

@@ -63,7 +63,8 @@ TEST_F(ShardStateTest, InitPublishesVersionZeroAndServesBf16) {
 // without a rollback). The copy of an initialised chunk must be received and dropped: the
 // state, the step's gradients already pushed, and their coverage stay as they were. Before a
 // chunk is complete an overlap is still refused (a new session's hello drops the old one's
-// initial pushes first: ForgetRank), and once a chunk is updated, initial values are refused.
+// initial pushes first: ForgetRank), and once a chunk is updated, initial values are refused
+// with Unavailable: the rank re-joins and learns the step the job is at.
 TEST_F(ShardStateTest, InitialValuesPushedAgainAreDropped) {
   Make(ReductionMode::kServerSum, 2);
   std::vector<float> v(128), other(128, -7.0f), g(128, 0.25f);
@@ -95,8 +96,9 @@ TEST_F(ShardStateTest, InitialValuesPushedAgainAreDropped) {
   ASSERT_THAT(shard_->ReduceStep(0), IsOk());
   ASSERT_THAT(shard_->ApplyCommit({0, false, 0.5f, 1}), IsOk());
   ASSERT_EQ(shard_->version(), 1);
-  EXPECT_EQ(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).code(),
-            Code::kFailedPrecondition);
+  // Rank 0 told to start at step 0 while step 0 was being decided: it re-joins (Unavailable).
+  EXPECT_EQ(Push({kInitStep, 0, 0, 128, 0, DType::kF32}, v.data()).code(), Code::kUnavailable);
+  EXPECT_EQ(shard_->version(), 1);
 }
 
 // The serving copies live in the memory the ServingAllocator gave (the server passes a UCX
