@@ -11,13 +11,8 @@
 set -euo pipefail
 # shellcheck source=scripts/lib/disk-bench.sh
 source "$(dirname "$0")/lib/disk-bench.sh"
-dir=${1:-${TMPDIR:-/tmp}}
-size=${2:-2G}
-shift $(( $# > 2 ? 2 : $# ))
-bench=${ZPS_BENCH:-build/bin/zps-bench}
-rounds=${ROUNDS:-2}
-work=$(mktemp -d "$dir/zps-bench-ckpt.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+bench_args "$@"
+bench_workdir ckpt
 
 ref=${REF:-fio}
 command -v fio >/dev/null || ref=disk
@@ -42,7 +37,7 @@ for ((i = 0; i < rounds; i++)); do
   fw+=("$(fio_bw write)")
   fr+=("$(fio_bw read)")
   rm -f "$work/fio.tmp" "$work/zps-bench-disk.tmp"
-  line=$("$bench" checkpoint --dir "$work" --bytes "$size" --json "$@" | tail -1)
+  line=$("$bench" checkpoint --dir "$work" --bytes "$size" --json "${extra[@]}" | tail -1)
   zw+=("$(sed -E 's/.*"write_gbps":([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.0f", $1 * 1000}')")
   zr+=("$(sed -E 's/.*"read_gbps":([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.0f", $1 * 1000}')")
   echo "round $i: $ref write ${fw[-1]} MB/s, read ${fr[-1]} MB/s | checkpoint write ${zw[-1]} MB/s, read ${zr[-1]} MB/s"

@@ -15,15 +15,10 @@
 set -euo pipefail
 # shellcheck source=scripts/lib/disk-bench.sh
 source "$(dirname "$0")/lib/disk-bench.sh"
-dir=${1:-${TMPDIR:-/tmp}}
-size=${2:-2G}
-shift $(( $# > 2 ? 2 : $# ))
-bench=${ZPS_BENCH:-build/bin/zps-bench}
-rounds=${ROUNDS:-2}
+bench_args "$@"
 read -r -a paths <<<"${PATHS:-offline online}"
 command -v fio >/dev/null || { echo "fio is not installed"; exit 1; }
-work=$(mktemp -d "$dir/zps-bench-reshard.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+bench_workdir reshard
 
 fio_s() {  # $1 = write|read; prints seconds
   local rw=$1 field
@@ -43,7 +38,7 @@ for ((i = 0; i < rounds; i++)); do
   for p in "${paths[@]}"; do
     flag=()
     [[ $p == online ]] && flag=(--online)
-    if ! line=$("$bench" reshard --dir "$work" --bytes "$size" --json "${flag[@]}" "$@" \
+    if ! line=$("$bench" reshard --dir "$work" --bytes "$size" --json "${flag[@]}" "${extra[@]}" \
                 2>"$work/$p.log" | tail -1); then
       echo "zps-bench reshard ($p) failed:"; tail -5 "$work/$p.log"; exit 1
     fi

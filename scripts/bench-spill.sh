@@ -20,8 +20,7 @@ params=${PARAMS:-256M}
 budget=${BUDGET:-320MiB}
 rounds=${ROUNDS:-2}
 bench=${ZPS_BENCH:-$build/bin/zps-bench}
-work=$(mktemp -d "$dir/zps-bench-spill.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+bench_workdir spill
 if [[ ! -x $bench ]]; then
   cmake --build "$build" --target zps-bench >/dev/null
 fi

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import zps.torch as zt
+import torchrun_job
 from zps._errors import ZpsError
 
 D = 8
@@ -103,9 +103,7 @@ def train(scenario, reduction, fetch, rank, world, steps, mismatch):
         "zps": {"shards": 1, "ucx_tls": "tcp", "reduction": reduction, "fetch_strategy": fetch,
                 "serving_dtype": "fp32", "op_timeout_s": 30.0 if mismatch else 120.0},
     }
-    engine = zt.initialize(model, config)
-    error = None
-    try:
+    with torchrun_job.embedded_engine(model, config) as engine:
         for step in range(steps):
             if scenario in ("eval", "all") and rank == 0 and step % 2 == 1:
                 with torch.no_grad():
@@ -123,12 +121,6 @@ def train(scenario, reduction, fetch, rank, world, steps, mismatch):
             engine.step()
         weights = {k: v.clone() for k, v in engine.state_dict().items()}
         stats = engine.stats()
-    except Exception as e:  # reported after every rank is done with the cluster
-        error = e
-    dist.barrier()  # rank 0 stops the embedded cluster at close: every rank is done with it
-    engine.close()
-    if error is not None:
-        raise error
     return weights, stats
 
 
@@ -140,8 +132,7 @@ def main():
     ap.add_argument("--mismatch", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
+    rank, world = torchrun_job.join_gloo()
     if args.mismatch:
         who, bucket = args.mismatch.split(":")
         os.environ["ZPS_TEST_BUCKET_BYTES"] = "512"  # a few buckets in the tiny model

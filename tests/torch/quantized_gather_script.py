@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import zps.torch as zt
 import quantized_job
+import torchrun_job
 
 RUNS = [("int8", "direct", False), ("int8", "bandwidth-centric", False),
         ("int8", "bandwidth-centric", True), ("fp32", "bandwidth-centric", False),
@@ -33,9 +33,7 @@ def train(serving, fetch, kept, rank, steps):
         cfg = quantized_job.config(fetch_strategy=fetch, ucx_tls="tcp", serving_dtype=serving)
         cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}
     torch.manual_seed(0)
-    engine = zt.initialize(quantized_job.Net(), cfg)
-    error = None
-    try:
+    with torchrun_job.embedded_engine(quantized_job.Net(), cfg) as engine:
         g = torch.Generator().manual_seed(rank)
         losses = []
         for step in range(steps):
@@ -48,12 +46,6 @@ def train(serving, fetch, kept, rank, steps):
             losses.append(loss.item())
         stats = engine.stats()
         weights = {k: v.clone() for k, v in engine.state_dict().items()}
-    except Exception as e:  # reported after every rank is done with the cluster
-        error = e
-    dist.barrier()  # rank 0 stops the embedded cluster at close: every rank is done with it
-    engine.close()
-    if error is not None:
-        raise error
     return losses, weights, (stats["gather_bytes"] - gathered0) / (steps - 1)
 
 
@@ -61,8 +53,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+    rank, _ = torchrun_job.join_gloo()
     result, ref = {}, None
     for serving, fetch, kept in RUNS:
         losses, weights, gathered = train(serving, fetch, kept, rank, args.steps)

@@ -1,16 +1,22 @@
 """The job that the torchrun rank scripts (torchrun_restart_script.py, reshard_world_script.py)
 train, one rank per process, on servers already running (ZPS_ENDPOINT, ZPS_TOKEN_FILE): a small
 MLP with fixed initial values, the config they share, batches that depend only on the step and
-the contributor index, and rank 0's report of every shard's chunk CRCs. Not a test itself.
+the contributor index, and rank 0's report of every shard's chunk CRCs. And, for the rank
+scripts that start an embedded cluster per run (divergent_script.py,
+quantized_gather_script.py), the gloo process group they share and an engine closed only once
+every rank is done with it. Not a test itself.
 
 Import it after torch, as zps.torch asks; the scripts set torch's thread count first.
 """
 
+import contextlib
 import json
+import os
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 import zps.torch as zt
 
@@ -64,3 +70,27 @@ def shard_crcs(engine, shards, step):
                     raise
                 time.sleep(0.02)
     return sorted(crcs)
+
+
+def join_gloo():
+    """Joins the gloo process group of torchrun's ranks; returns (rank, world size)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    return rank, world
+
+
+@contextlib.contextmanager
+def embedded_engine(model, cfg):
+    """zt.initialize(model, cfg) for the with-block. Rank 0 stops the embedded cluster at close,
+    so every rank waits at a barrier first, whether its block raised or not; an exception the
+    block raised is raised again after close."""
+    engine = zt.initialize(model, cfg)
+    error = None
+    try:
+        yield engine
+    except Exception as e:  # reported after every rank is done with the cluster
+        error = e
+    dist.barrier()
+    engine.close()
+    if error is not None:
+        raise error

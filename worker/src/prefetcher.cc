@@ -249,6 +249,23 @@ Result<std::shared_ptr<const ParamBuffer>> Prefetcher::AwaitFetch(Entry& e, cons
   return r;
 }
 
+template <typename Visit>
+Status Prefetcher::WalkSlices(size_t pos, Visit&& visit) {
+  std::vector<uint32_t> seen;  // a group may name a parameter twice
+  for (uint32_t id : plan_[pos]) {
+    if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+    seen.push_back(id);
+    Entry& e = Start(id, step_, /*slice=*/true);
+    HeldBuffer held = e.buffer;
+    if (!held) {
+      ZPS_ASSIGN_OR_RETURN(held, AwaitFetch(e, Key{id, step_}));
+      if (!e.slice) e.buffer = held;  // a whole fetch in flight: the buffer is the parameter
+    }
+    ZPS_RETURN_IF_ERROR(visit(id, e, std::move(held)));
+  }
+  return Status::Ok();
+}
+
 Status Prefetcher::Gather(size_t pos) {
   if (WireQuantized()) return GatherQuantized(pos);
   const uint32_t world = checked_->world_size();
@@ -263,22 +280,14 @@ Status Prefetcher::Gather(size_t pos) {
   };
   std::vector<Item> items;
   size_t block = 0;
-  for (uint32_t id : plan_[pos]) {
-    const Key key{id, step_};
-    if (std::any_of(items.begin(), items.end(), [&](const Item& it) { return it.key == key; })) {
-      continue;
-    }
-    Entry& e = Start(id, step_, /*slice=*/true);
-    std::shared_ptr<const ParamBuffer> mine = e.buffer;
-    if (!mine) {
-      ZPS_ASSIGN_OR_RETURN(mine, AwaitFetch(e, key));
-      if (!e.slice) e.buffer = mine;  // a whole fetch in flight: the buffer is the parameter
-    }
+  auto add = [&](uint32_t id, Entry&, HeldBuffer mine) -> Status {
     const uint64_t numel = source_->layout().param_numel(id);
     const size_t sb = SliceElems(numel, world) * esize;
-    items.push_back({key, std::move(mine), numel, sb, block});
+    items.push_back({Key{id, step_}, std::move(mine), numel, sb, block});
     block += sb;
-  }
+    return Status::Ok();
+  };
+  ZPS_RETURN_IF_ERROR(WalkSlices(pos, add));
   // Rank q's block: its slice of every parameter, back to back (each padded to SliceElems).
   std::vector<std::byte> all(block * world);
   for (const Item& it : items) {
@@ -334,34 +343,22 @@ Status Prefetcher::GatherQuantized(size_t pos) {
   };
   std::vector<Item> items;
   size_t block = 0;
-  for (uint32_t id : plan_[pos]) {
-    const Key key{id, step_};
-    if (std::any_of(items.begin(), items.end(), [&](const Item& it) { return it.key == key; })) {
-      continue;
-    }
+  auto add = [&](uint32_t id, Entry& e, HeldBuffer got) -> Status {
     const uint64_t numel = layout.param_numel(id);
-    const SliceRange s = RankSlice(numel, world, rank);
-    Entry& e = Start(id, step_, /*slice=*/true);
-    std::shared_ptr<const ParamBuffer> got = e.buffer;
-    if (!got) {
-      ZPS_ASSIGN_OR_RETURN(got, AwaitFetch(e, key));
-      if (e.slice) {
-        e.quant_slice = got;
-      } else {
-        e.buffer = got;  // a whole fetch in flight: the buffer is the parameter
-      }
-    }
-    if (e.buffer) {
+    if (!e.buffer) {
+      e.quant_slice = got;  // this rank's slice as block records, for a later plan position
+    } else {
       // Whole here already: the other ranks still need this rank's slice as block records.
       got = e.quant_slice;
       if (!got) {
+        const SliceRange s = RankSlice(numel, world, rank);
         auto r =
             source_->FetchQuantizedAsync(id, s.begin, s.length, step_).Wait(source_->op_timeout());
         if (!r.ok()) return r.status();
         got = e.quant_slice = *r;
       }
     }
-    Item it{key, std::move(got), numel, {}, 0, block};
+    Item it{Key{id, step_}, std::move(got), numel, {}, 0, block};
     for (uint32_t q = 0; q < world; ++q) {
       const SliceRange sq = RankSlice(numel, world, q);
       ZPS_ASSIGN_OR_RETURN(auto pieces, QuantizedPieces(layout, wire, id, sq.begin, sq.length));
@@ -375,7 +372,9 @@ Status Prefetcher::GatherQuantized(size_t pos) {
     }
     block += it.slot;
     items.push_back(std::move(it));
-  }
+    return Status::Ok();
+  };
+  ZPS_RETURN_IF_ERROR(WalkSlices(pos, add));
   std::vector<std::byte> all(block * world);
   for (const Item& it : items) {
     if (!it.mine->bytes().empty()) {

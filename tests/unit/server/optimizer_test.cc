@@ -21,7 +21,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "optimizer_cases.h"
@@ -180,41 +184,86 @@ void CheckAgainstReference(Isa isa, ThreadPool* pool, const Case& cs, DType gt, 
   }
 }
 
-TEST(Optimizer, EveryKernelGradDtypeAndCopyMatchesReference) {
+// CheckAgainstReference for every optimizer case and every combination of these values.
+struct Sweep {
+  const char* name;
+  int threads;  // of the pool; 0: none
+  std::vector<DType> grads;
+  std::vector<std::optional<DType>> copies;  // the 16-bit copy's dtype; nullopt: no copy
+  std::vector<size_t> offsets;
+  std::vector<size_t> sizes;
+  std::vector<int64_t> steps;
+};
+
+// gtest prints a sweep by its name (in the test's and ctest's names too), not as bytes.
+void PrintTo(const Sweep& w, std::ostream* os) { *os << w.name; }
+
+std::vector<size_t> OneTo(size_t last) {
+  std::vector<size_t> v(last);
+  for (size_t i = 0; i < last; ++i) v[i] = i + 1;
+  return v;
+}
+
+const Sweep kSweeps[] = {
+    // 70001 elements: several pool tasks, streaming copy stores (>= 64Ki), a ragged tail; the
+    // offset of 1 element misaligns every array and the copy (alignment peel).
+    {.name = "EveryKernelGradDtypeAndCopy",
+     .threads = 2,
+     .grads = {DType::kF32, DType::kF16, DType::kBF16},
+     .copies = {std::nullopt, DType::kF16, DType::kBF16},
+     .offsets = {1},
+     .sizes = {70001},
+     .steps = {3}},
+    {.name = "BiasCorrectionAcrossSteps",
+     .threads = 0,
+     .grads = {DType::kF32},
+     .copies = {DType::kBF16},
+     .offsets = {0},
+     .sizes = {333},
+     .steps = {1, 2, 10, 1000, 1000000}},
+    {.name = "TinyAndOddSizes",
+     .threads = 0,
+     .grads = {DType::kF16},
+     .copies = {DType::kF16},
+     .offsets = {0, 3},
+     .sizes = OneTo(67),
+     .steps = {2}},
+};
+
+class OptimizerSweep : public ::testing::TestWithParam<Sweep> {};
+
+TEST_P(OptimizerSweep, MatchesReference) {
   ZPS_GET_ISA_OR_SKIP(isa);
-  auto pool = ThreadPool::Create({.name = "test-opt", .threads = 2});
-  ASSERT_THAT(pool, IsOk());
-  // 70001 elements: several pool tasks, streaming copy stores (>= 64Ki), a ragged tail; the
-  // offset of 1 element misaligns every array and the copy (alignment peel).
+  const Sweep& w = GetParam();
+  std::unique_ptr<ThreadPool> pool;
+  if (w.threads > 0) {
+    auto p = ThreadPool::Create({.name = "test-opt", .threads = w.threads});
+    ASSERT_THAT(p, IsOk());
+    pool = std::move(*p);
+  }
   for (const Case& cs : Cases()) {
-    for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
-      for (int out = 0; out < 3; ++out) {
-        const bool copy = out > 0;
-        const DType ot = out == 1 ? DType::kF16 : DType::kBF16;
-        CheckAgainstReference(isa, pool->get(), cs, gt, copy, ot, 1, 70001, 3);
+    for (DType gt : w.grads) {
+      for (std::optional<DType> copy : w.copies) {
+        for (size_t off : w.offsets) {
+          for (size_t n : w.sizes) {
+            for (int64_t step : w.steps) {
+              CheckAgainstReference(isa, pool.get(), cs, gt, copy.has_value(),
+                                    copy.value_or(DType::kBF16), off, n, step);
+            }
+          }
+        }
       }
     }
   }
 }
 
-TEST(Optimizer, BiasCorrectionAcrossSteps) {
-  ZPS_GET_ISA_OR_SKIP(isa);
-  for (const Case& cs : Cases()) {
-    for (int64_t step : {1, 2, 10, 1000, 1000000}) {
-      CheckAgainstReference(isa, nullptr, cs, DType::kF32, true, DType::kBF16, 0, 333, step);
-    }
-  }
-}
+INSTANTIATE_TEST_SUITE_P(Sweeps, OptimizerSweep, ::testing::ValuesIn(kSweeps),
+                         [](const ::testing::TestParamInfo<Sweep>& i) {
+                           return std::string(i.param.name);
+                         });
 
-TEST(Optimizer, EmptyTinyAndOddSizes) {
+TEST(Optimizer, AnEmptyRangeIsAcceptedAndSumsToZero) {
   ZPS_GET_ISA_OR_SKIP(isa);
-  for (const Case& cs : Cases()) {
-    for (size_t n = 1; n <= 67; ++n) {
-      for (size_t off : {size_t{0}, size_t{3}}) {
-        CheckAgainstReference(isa, nullptr, cs, DType::kF16, true, DType::kF16, off, n, 2);
-      }
-    }
-  }
   auto opt = Optimizer::Create(OptimizerConfig{}, nullptr, isa);
   ASSERT_THAT(opt, IsOk());
   EXPECT_THAT((*opt)->Update({}, GradView{nullptr, DType::kF32, 0}, UpdateParams{}), IsOk());
@@ -362,22 +411,39 @@ double RefSumSquares(const State& s, size_t n, float scale) {
   return static_cast<double>(sum * scale * scale);
 }
 
-TEST(Optimizer, GradStatsMatchReference) {
+// The default optimizer (AdamW) on a pool of `threads`.
+struct PooledOptimizer {
+  std::unique_ptr<ThreadPool> pool;  // declared first: outlives `opt`
+  std::unique_ptr<Optimizer> opt;
+};
+
+Result<PooledOptimizer> DefaultOnPool(Isa isa, int threads) {
+  ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "test-stats", .threads = threads}));
+  ZPS_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(OptimizerConfig{}, pool.get(), isa));
+  return PooledOptimizer{std::move(pool), std::move(opt)};
+}
+
+// The gradient statistics, once per gradient dtype.
+class OptimizerGradStats : public ::testing::TestWithParam<DType> {};
+
+INSTANTIATE_TEST_SUITE_P(GradDTypes, OptimizerGradStats,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(DTypeName(i.param));
+                         });
+
+TEST_P(OptimizerGradStats, MatchReference) {
   ZPS_GET_ISA_OR_SKIP(isa);
-  auto pool = ThreadPool::Create({.name = "test-stats", .threads = 3});
-  ASSERT_THAT(pool, IsOk());
-  auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
-  ASSERT_THAT(opt, IsOk());
-  for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (size_t n :
-         {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
-      State s = MakeState(n, gt, static_cast<uint32_t>(n));
-      auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 8.0f);
-      ASSERT_THAT(stats, IsOk());
-      const double ref = RefSumSquares(s, n, 8.0f);
-      EXPECT_NEAR(stats->sum_squares, ref, kTolStats * ref) << DTypeName(gt) << " n=" << n;
-      EXPECT_FALSE(stats->non_finite);
-    }
+  auto o = DefaultOnPool(isa, 3);
+  ASSERT_THAT(o, IsOk());
+  const DType gt = GetParam();
+  for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{4095}, size_t{4097}, size_t{200003}}) {
+    State s = MakeState(n, gt, static_cast<uint32_t>(n));
+    auto stats = o->opt->ComputeGradStats(Grad(s, gt, 0, n), 8.0f);
+    ASSERT_THAT(stats, IsOk());
+    const double ref = RefSumSquares(s, n, 8.0f);
+    EXPECT_NEAR(stats->sum_squares, ref, kTolStats * ref) << "n=" << n;
+    EXPECT_FALSE(stats->non_finite);
   }
 }
 
@@ -400,32 +466,35 @@ TEST(Optimizer, GradStatsSameOnEveryIsa) {
 // AVX2 and AVX-512 bit for bit: OptimizerGolden.* (optimizer_golden_test.cc) checks each ISA
 // this CPU has against stored CRCs, so it also runs where one of them is missing.
 
-TEST(Optimizer, NonFiniteGradientsFlagged) {
+TEST_P(OptimizerGradStats, NonFiniteGradientsFlagged) {
   ZPS_GET_ISA_OR_SKIP(isa);
-  auto pool = ThreadPool::Create({.name = "test-nan", .threads = 2});
-  ASSERT_THAT(pool, IsOk());
-  auto opt = Optimizer::Create(OptimizerConfig{}, pool->get(), isa);
-  ASSERT_THAT(opt, IsOk());
+  auto o = DefaultOnPool(isa, 2);
+  ASSERT_THAT(o, IsOk());
+  const DType gt = GetParam();
   const size_t n = 150001;
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (DType gt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    // Positions: first, inside a vector, in a later pool task, the ragged tail, the last.
-    for (size_t pos : {size_t{0}, size_t{9}, size_t{70000}, size_t{n - 3}, size_t{n - 1}}) {
-      for (float bad : {inf, -inf, nan}) {
-        State s = MakeState(n, gt, 5);
-        s.g32[pos] = bad;
-        s.g16[pos] = ToBits(bad, gt == DType::kF32 ? DType::kF16 : gt);
-        auto stats = (*opt)->ComputeGradStats(Grad(s, gt, 0, n), 1e-3f);
-        ASSERT_THAT(stats, IsOk());
-        EXPECT_TRUE(stats->non_finite) << DTypeName(gt) << " pos=" << pos << " value=" << bad;
-      }
+  // Positions: first, inside a vector, in a later pool task, the ragged tail, the last.
+  for (size_t pos : {size_t{0}, size_t{9}, size_t{70000}, size_t{n - 3}, size_t{n - 1}}) {
+    for (float bad : {inf, -inf, nan}) {
+      State s = MakeState(n, gt, 5);
+      s.g32[pos] = bad;
+      s.g16[pos] = ToBits(bad, gt == DType::kF32 ? DType::kF16 : gt);
+      auto stats = o->opt->ComputeGradStats(Grad(s, gt, 0, n), 1e-3f);
+      ASSERT_THAT(stats, IsOk());
+      EXPECT_TRUE(stats->non_finite) << "pos=" << pos << " value=" << bad;
     }
   }
-  // fp16 overflow: the largest finite fp16 is fine, squared or not.
+}
+
+// fp16 overflow: the largest finite fp16 is fine, squared or not.
+TEST(Optimizer, LargestFiniteHalfGradientNotFlagged) {
+  ZPS_GET_ISA_OR_SKIP(isa);
+  auto o = DefaultOnPool(isa, 2);
+  ASSERT_THAT(o, IsOk());
   State s = MakeState(100, DType::kF16, 5);
   s.g16[50] = 0x7bff;
-  auto stats = (*opt)->ComputeGradStats(Grad(s, DType::kF16, 0, 100), 65536.0f);
+  auto stats = o->opt->ComputeGradStats(Grad(s, DType::kF16, 0, 100), 65536.0f);
   ASSERT_THAT(stats, IsOk());
   EXPECT_FALSE(stats->non_finite);
 }
@@ -440,33 +509,39 @@ TEST(Optimizer, BadArgumentsRejectedAndNothingWritten) {
   const GradView g = Grad(s, DType::kF32, 0, n);
   UpdateParams up;
   up.out16 = s.out;
-  auto expect_invalid = [&](const ChunkState& st, const GradView& gv, const UpdateParams& p,
-                            const char* what) {
-    Status r = (*opt)->Update(st, gv, p);
-    EXPECT_EQ(r.code(), Code::kInvalidArgument) << what << ": " << r.ToString();
+  // `up` with one field changed.
+  auto with = [&](auto change) {
+    UpdateParams p = up;
+    change(p);
+    return p;
   };
   const ChunkState good{s.p, Bytes(s.m), Bytes(s.v)};
-  expect_invalid({{s.p.data(), n - 1}, Bytes(s.m), Bytes(s.v)}, g, up, "short master");
-  expect_invalid({s.p, Bytes(s.m).first(4 * n - 4), Bytes(s.v)}, g, up, "short m");
-  expect_invalid({s.p, Bytes(s.m), {}}, g, up, "missing v");
-  expect_invalid(good, GradView{g.data, DType::kF32, n + 1}, up, "long grad");
-  expect_invalid(good, GradView{nullptr, DType::kF32, n}, up, "null grad");
-  expect_invalid(good, GradView{g.data, static_cast<DType>(7), n}, up, "bad dtype");
-  UpdateParams p = up;
-  p.out16 = {s.out.data(), n - 1};
-  expect_invalid(good, g, p, "short copy");
-  p = up;
-  p.step = 0;
-  expect_invalid(good, g, p, "step 0");
-  p = up;
-  p.grad_scale = std::numeric_limits<float>::infinity();
-  expect_invalid(good, g, p, "inf scale");
-  p = up;
-  p.grad_scale = std::numeric_limits<float>::quiet_NaN();
-  expect_invalid(good, g, p, "nan scale");
-  p = up;
-  p.out_dtype = DType::kF32;
-  expect_invalid(good, g, p, "fp32 copy");
+  const struct {
+    const char* what;
+    ChunkState st;
+    GradView g;
+    UpdateParams p;
+  } cases[] = {
+      {"short master", {{s.p.data(), n - 1}, Bytes(s.m), Bytes(s.v)}, g, up},
+      {"short m", {s.p, Bytes(s.m).first(4 * n - 4), Bytes(s.v)}, g, up},
+      {"missing v", {s.p, Bytes(s.m), {}}, g, up},
+      {"long grad", good, GradView{g.data, DType::kF32, n + 1}, up},
+      {"null grad", good, GradView{nullptr, DType::kF32, n}, up},
+      {"bad dtype", good, GradView{g.data, static_cast<DType>(7), n}, up},
+      {"short copy", good, g, with([&](UpdateParams& p) {
+         p.out16 = {s.out.data(), n - 1};
+       })},
+      {"step 0", good, g, with([](UpdateParams& p) { p.step = 0; })},
+      {"inf scale", good, g,
+       with([](UpdateParams& p) { p.grad_scale = std::numeric_limits<float>::infinity(); })},
+      {"nan scale", good, g,
+       with([](UpdateParams& p) { p.grad_scale = std::numeric_limits<float>::quiet_NaN(); })},
+      {"fp32 copy", good, g, with([](UpdateParams& p) { p.out_dtype = DType::kF32; })},
+  };
+  for (const auto& c : cases) {
+    Status r = (*opt)->Update(c.st, c.g, c.p);
+    EXPECT_EQ(r.code(), Code::kInvalidArgument) << c.what << ": " << r.ToString();
+  }
   EXPECT_EQ(s.p, before.p);
   EXPECT_EQ(s.m, before.m);
   EXPECT_EQ(s.v, before.v);
@@ -541,20 +616,24 @@ TEST(Optimizer, QuantizedCopyOfTheWrongSizeOrBlockIsRejected) {
   const std::vector<float> before = s.p;
   auto m = std::as_writable_bytes(std::span<float>(s.m));
   auto v = std::as_writable_bytes(std::span<float>(s.v));
-  const QuantFormat q8{8, kWeightQuantBlock};
-  std::vector<std::byte> q(QuantizedBytes(q8, n) + 1);
-  UpdateParams up;
-  up.out_quant = q;
-  up.out_quant_format = q8;
-  EXPECT_EQ((*opt)->Update({s.p, m, v}, Grad(s, DType::kF32, 0, n), up).code(),
-            Code::kInvalidArgument);
-  // 192 is a valid block (a multiple of 64) but does not divide the pass's tasks.
-  const QuantFormat q192{8, 192};
-  std::vector<std::byte> q2(QuantizedBytes(q192, n));
-  up.out_quant = q2;
-  up.out_quant_format = q192;
-  EXPECT_EQ((*opt)->Update({s.p, m, v}, Grad(s, DType::kF32, 0, n), up).code(),
-            Code::kInvalidArgument);
+  const struct {
+    const char* what;
+    QuantFormat format;
+    size_t extra_bytes;  // beyond QuantizedBytes(format, n)
+  } cases[] = {
+      {"a byte too many", {8, kWeightQuantBlock}, 1},
+      // 192 is a valid block (a multiple of 64) but does not divide the pass's tasks.
+      {"block 192", {8, 192}, 0},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::byte> q(QuantizedBytes(c.format, n) + c.extra_bytes);
+    UpdateParams up;
+    up.out_quant = q;
+    up.out_quant_format = c.format;
+    EXPECT_EQ((*opt)->Update({s.p, m, v}, Grad(s, DType::kF32, 0, n), up).code(),
+              Code::kInvalidArgument)
+        << c.what;
+  }
   EXPECT_EQ(s.p, before);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "train_flags.h"
 #include "zps/common/block_quant.h"
 #include "zps/common/serving_quant.h"
 #include "zps/testing/status_matchers.h"
@@ -68,18 +69,14 @@ struct Built {
 };
 
 Built BuildFrom(std::vector<const char*> args) {
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  args.insert(args.begin(), "t");
+  TrainFlags t;
   Built b;
-  auto parsed = f.Parse(static_cast<int>(args.size()), args.data());
+  auto parsed = t.Parse(std::move(args));
   if (!parsed.ok()) return {parsed.status(), parsed.status()};
-  auto json = j.Json();
-  if (!json.ok()) return {json.status(), FieldByField(o)};
-  b.job = BuildJob(*json, o.model, o.steps);
-  b.oracle = FieldByField(o);
+  auto json = t.job.Json();
+  if (!json.ok()) return {json.status(), FieldByField(t.o)};
+  b.job = BuildJob(*json, t.o.model, t.o.steps);
+  b.oracle = FieldByField(t.o);
   return b;
 }
 
@@ -172,17 +169,13 @@ std::map<std::string, nlohmann::json> ZpsTrainOwnDefaults() {
 }
 
 TEST(JobFlagsTest, DefaultsAreTheFieldListsDefaultsButZpsTrainsOwn) {
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  const char* argv[] = {"t"};
-  ASSERT_THAT(f.Parse(1, argv), IsOk());
-  auto flags_json = j.Json();
+  TrainFlags t;
+  ASSERT_THAT(t.Parse({}), IsOk());
+  auto flags_json = t.job.Json();
   ASSERT_THAT(flags_json.status(), IsOk());
-  auto built = BuildJob(*flags_json, o.model, o.steps);
+  auto built = BuildJob(*flags_json, t.o.model, t.o.steps);
   ASSERT_THAT(built.status(), IsOk());
-  auto as_is = DecodeAsIs(*flags_json, o.model);
+  auto as_is = DecodeAsIs(*flags_json, t.o.model);
   ASSERT_THAT(as_is.status(), IsOk());
   const JobSpec defaults{built->layout, {}, {}, {}};  // every field at its field list's default
   const auto want = Fields(defaults);
@@ -199,7 +192,7 @@ TEST(JobFlagsTest, DefaultsAreTheFieldListsDefaultsButZpsTrainsOwn) {
   // Each flag's default as the codec reads it (BuildJob leaves the schedule out when it is none,
   // so its flags are checked here).
   const auto got = Fields(*as_is);
-  for (const JobFlags::Binding& b : j.Bindings()) {
+  for (const JobFlags::Binding& b : t.job.Bindings()) {
     SCOPED_TRACE("--" + b.flag + " (" + b.key + ")");
     ASSERT_EQ(got.count(b.key), 1u) << "the key names no job-spec field";
     EXPECT_EQ(got.at(b.key), expected(b.key));
@@ -235,11 +228,8 @@ TEST(JobFlagsTest, EachJobSpecFlagLandsInItsField) {
       {"update", {"--update=speculative", "speculative"}},
       {"chunk-elems", {"--chunk-elems=64KiB", 64 << 10}},
   };
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  const std::vector<JobFlags::Binding> bindings = j.Bindings();
+  TrainFlags t;
+  const std::vector<JobFlags::Binding> bindings = t.job.Bindings();
   ASSERT_FALSE(bindings.empty());
   Built plain = BuildFrom({});
   ASSERT_THAT(plain.job.status(), IsOk());
@@ -286,35 +276,20 @@ TEST(JobFlagsTest, FlagSetsBuildTheJobZpsTrainBuiltFieldByField) {
 }
 
 TEST(JobFlagsTest, AFlagSetAndTheEquivalentJsonGiveTheSameJob) {
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  const char* argv[] = {"t",
-                        "--optimizer=adam",
-                        "--lr=0.01",
-                        "--world-size=4",
-                        "--shards=3",
-                        "--chunk-elems=4096",
-                        "--loss-scaling",
-                        "--lr-schedule=WarmupLR",
-                        "--warmup-num-steps=20",
-                        "--steps=100",
-                        "--update=speculative",
-                        "--d-model=32",
-                        "--n-layers=1",
-                        "--n-heads=2",
-                        "--d-ff=64",
-                        "--seq-len=16"};
-  ASSERT_THAT(f.Parse(static_cast<int>(std::size(argv)), argv), IsOk());
-  auto flags_json = j.Json();
+  TrainFlags t;
+  ASSERT_THAT(t.Parse({"--optimizer=adam", "--lr=0.01", "--world-size=4", "--shards=3",
+                       "--chunk-elems=4096", "--loss-scaling", "--lr-schedule=WarmupLR",
+                       "--warmup-num-steps=20", "--steps=100", "--update=speculative",
+                       "--d-model=32", "--n-layers=1", "--n-heads=2", "--d-ff=64", "--seq-len=16"}),
+              IsOk());
+  auto flags_json = t.job.Json();
   ASSERT_THAT(flags_json.status(), IsOk());
-  auto from_flags = BuildJob(*flags_json, o.model, o.steps);
+  auto from_flags = BuildJob(*flags_json, t.o.model, t.o.steps);
   ASSERT_THAT(from_flags.status(), IsOk());
 
   // What zps.torch would send for the same job (keys of the job spec's field lists).
   nlohmann::json params = nlohmann::json::array();
-  for (const ParamSpec& p : LayoutSpecs(Specs(o.model))) {
+  for (const ParamSpec& p : LayoutSpecs(Specs(t.o.model))) {
     params.push_back({{"name", p.name}, {"shape", p.shape}});
   }
   const nlohmann::json torch = {
@@ -354,9 +329,9 @@ TEST(JobFlagsTest, AFlagSetAndTheEquivalentJsonGiveTheSameJob) {
 }
 
 TEST(JobFlagsTest, BadValuesAreRefusedNamingTheirKeyOrFlag) {
-  EXPECT_THAT(BuildFrom({"--optimizer=lion"}).job.status(), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(BuildFrom({"--lr-schedule=Cyclic"}).job.status(), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(BuildFrom({"--beta1=1.5"}).job.status(), StatusIs(Code::kInvalidArgument));
+  for (const char* arg : {"--optimizer=lion", "--lr-schedule=Cyclic", "--beta1=1.5"}) {
+    EXPECT_THAT(BuildFrom({arg}).job.status(), StatusIs(Code::kInvalidArgument)) << arg;
+  }
   // Unused without a schedule, but still checked (as zps-train always did).
   Built unused = BuildFrom({"--lr-schedule=none", "--warmup-type=sideways"});
   EXPECT_THAT(unused.job.status(), StatusIs(Code::kInvalidArgument));
@@ -368,13 +343,9 @@ TEST(JobFlagsTest, BadValuesAreRefusedNamingTheirKeyOrFlag) {
 }
 
 TEST(JobFlagsTest, AnEmptyStringLeavesTheKeyOut) {
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  const char* argv[] = {"t", "--serving-dtype=fp32"};
-  ASSERT_THAT(f.Parse(2, argv), IsOk());
-  auto json = j.Json();
+  TrainFlags t;
+  ASSERT_THAT(t.Parse({"--serving-dtype=fp32"}), IsOk());
+  auto json = t.job.Json();
   ASSERT_THAT(json.status(), IsOk());
   EXPECT_FALSE((*json)["shard"].contains("grad_dtype"));
   EXPECT_EQ((*json)["shard"]["serving_dtype"], "fp32");
@@ -387,14 +358,11 @@ TEST(JobFlagsTest, AnEmptyStringLeavesTheKeyOut) {
 // LayerNorm gain (1.0) and the bias beside it shared a block, and the bias (here 1e-3) was read
 // back with a quantum of 1/127: as zeros.
 TEST(JobFlagsTest, QuantizedWeightsGiveEveryParameterItsOwnBlocks) {
-  TrainOptions o;
-  Flags f("t", "test");
-  JobFlags j(&f);
-  AddTrainFlags(f, j, &o);
-  const char* argv[] = {"t", "--quantized-weights=int8"};
-  ASSERT_THAT(f.Parse(2, argv), IsOk());
-  auto json = j.Json();
+  TrainFlags t;
+  ASSERT_THAT(t.Parse({"--quantized-weights=int8"}), IsOk());
+  auto json = t.job.Json();
   ASSERT_THAT(json.status(), IsOk());
+  TrainOptions& o = t.o;
   o.job = *json;
   ASSERT_THAT(ApplyQuantizedFlags(&o), IsOk());
   auto job = BuildJob(o.job, o.model, o.steps);

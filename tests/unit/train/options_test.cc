@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "train_flags.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::train {
@@ -38,16 +39,12 @@ TEST(OptionsTest, FlagsFillConfig) {
 // zps-train's options after parsing `args` (zps-train's own flags, as its main() registers them)
 // and setting o.job, before ApplyQuantizedFlags.
 TrainOptions Parsed(std::vector<const char*> args) {
-  TrainOptions o;
-  Flags flags("t", "test");
-  JobFlags job(&flags);
-  AddTrainFlags(flags, job, &o);
-  args.insert(args.begin(), "t");
-  EXPECT_THAT(flags.Parse(static_cast<int>(args.size()), args.data()), IsOk());
-  auto json = job.Json();
+  TrainFlags t;
+  EXPECT_THAT(t.Parse(std::move(args)), IsOk());
+  auto json = t.job.Json();
   EXPECT_THAT(json.status(), IsOk());
-  if (json.ok()) o.job = *json;
-  return o;
+  if (json.ok()) t.o.job = *json;
+  return t.o;
 }
 
 TEST(OptionsTest, QuantizedFlagsSetTheirBlockDTypes) {

@@ -121,6 +121,7 @@ class Prefetcher {
   Entry& Start(uint32_t param, int64_t version, bool slice);
   using Key = std::pair<uint32_t, int64_t>;  // (param, version)
   using Group = std::vector<uint32_t>;
+  using HeldBuffer = std::shared_ptr<const ParamBuffer>;
   bool Gathering() const;
   // bandwidth-centric: this rank's slices of plan position `pos`'s parameters (from a whole
   // buffer where there is one) all-gathered (one collective) into whole parameters.
@@ -142,6 +143,13 @@ class Prefetcher {
   // Waits for `e`'s fetch (the entry under `key`); on an error, forgets the entry if nothing
   // holds it (its bytes leave the live window).
   Result<std::shared_ptr<const ParamBuffer>> AwaitFetch(Entry& e, const Key& key);
+  // The walk both all-gathers share: each parameter of plan position `pos` once, in plan order,
+  // its slice fetch started (Start) and waited for (AwaitFetch; an error ends the walk). Calls
+  // `visit(id, entry, held)` -> Status, where `held` is the whole parameter if entry.buffer is
+  // set (fetched whole, now or before), else this rank's slice as fetched. The first error
+  // from `visit` ends the walk and is returned.
+  template <typename Visit>
+  Status WalkSlices(size_t pos, Visit&& visit);
 
   ParamSource* source_;
   PrefetchOptions options_;
