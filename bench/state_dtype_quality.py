@@ -22,7 +22,8 @@ current bf16.
           models with quantized weights and gradients instead (fp32 state; the names of
           QUANT_MODES: w8 = zero_quantized_weights, g8 / g4 = zps.quantized_grads int8 / int4,
           -noef = zps.grad_error_feedback false), as the model "<model>-quantized", whose fp32
-          rows are the unquantized run. --schedule warmup-decay (the default) is DeepSpeed's
+          rows are the unquantized run. The state dtype fp32-eps is fp32 with Adam's eps 1.01e-8
+          instead of 1e-8: a perturbation of every update by at most 1%, the noise floor. --schedule warmup-decay (the default) is DeepSpeed's
           WarmupDecayLR in the config: the lr rises linearly from 0 over --warmup-steps (default:
           5% of the steps) and falls linearly to 0 at the last step, as zps-train's RECIPE in
           scripts/bench-quality.sh; --schedule constant keeps the lr fixed.
@@ -102,7 +103,11 @@ def quant_keys(mode):
 
 def configure(cfg, args, lr, dtype, mode):
     """Sets the state dtype, or the quantized mode's keys (fp32 state), and the lr schedule."""
-    if mode is None:
+    if mode is None and dtype == "fp32-eps":
+        # the noise floor: fp32 with every update moved by at most 1% (as zps-train's --eps)
+        cfg["zps"]["state_dtype"] = "fp32"
+        cfg["optimizer"]["params"]["eps"] = 1.01e-8
+    elif mode is None:
         cfg["zps"]["state_dtype"] = dtype
     elif mode != "fp32":
         zero, z = quant_keys(mode)
@@ -393,7 +398,7 @@ TITLES = {"zps-train-lm": "zps-train's default LM (--mode reference)",
           "zps-train-small": "zps-train, small LM: state dtypes",
           "zps-train-small-quantized": "zps-train, small LM: quantized weights and gradients",
           "lm": "zps.torch: TransformerEncoder LM",
-          "lm-quantized": "zps.torch: TransformerEncoder LM, quantized weights and gradients",
+          "lm-quantized": "zps.torch: TransformerEncoder LM, quantized",
           "resnet18": "zps.torch: torchvision resnet18",
           "mobilenet_v3_small": "zps.torch: torchvision mobilenet_v3_small"}
 
