@@ -22,7 +22,7 @@
 # int8 weights + int8 gradients 1%, + int4 gradients 2%). QUANT_PNG has the quantized runs of
 # parts 3 and 2 (zps-train-lm-quantized, lm-quantized), PNG the rest.
 #
-#   scripts/bench-quality.sh   # env: STEPS (2000), EVAL_EVERY (100), TORCH_STEPS (200),
+#   scripts/bench-quality.sh   # env: STEPS (2000), EVAL_EVERY (100), TORCH_STEPS (500),
 #                              #      TORCH_EVAL_EVERY (25), TORCH_MODELS (lm,mobilenet_v3_small),
 #                              #      DTYPES (fp32,bf16,int8), CSV (<work>/quality.csv),
 #                              #      PNG (docs/img/state-dtype-quality.png), BUILD_DIR (build),
@@ -49,7 +49,7 @@ cd "$root"
 BUILD_DIR=${BUILD_DIR:-build}
 STEPS=${STEPS:-2000}
 EVAL_EVERY=${EVAL_EVERY:-100}
-TORCH_STEPS=${TORCH_STEPS:-200}
+TORCH_STEPS=${TORCH_STEPS:-500}
 TORCH_EVAL_EVERY=${TORCH_EVAL_EVERY:-25}
 TORCH_MODELS=${TORCH_MODELS:-lm,mobilenet_v3_small}
 DTYPES=${DTYPES:-fp32,bf16,int8}
