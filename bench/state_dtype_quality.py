@@ -18,7 +18,15 @@ current bf16.
           on 64 fixed windows of the last 10%, and a torchvision model (mobilenet_v3_small by
           default; AdamW lr 1e-3, clipping 5.0 as in examples/train_vision.py) on a stream of
           synthetic images (vision_batch) with 256 fixed held-out images; every dtype from the
-          same init and the same batches, the same dropout masks.
+          same init and the same batches, the same dropout masks. --quant-modes runs the same
+          models with quantized weights and gradients instead (fp32 state; the names of
+          QUANT_MODES: w8 = zero_quantized_weights, g8 / g4 = zps.quantized_grads int8 / int4,
+          -noef = zps.grad_error_feedback false), as the model "<model>-quantized", whose fp32
+          rows are the unquantized run. The state dtype fp32-eps is fp32 with Adam's eps 1.01e-8
+          instead of 1e-8: a perturbation of every update by at most 1%, the noise floor. --schedule warmup-decay (the default) is DeepSpeed's
+          WarmupDecayLR in the config: the lr rises linearly from 0 over --warmup-steps (default:
+          5% of the steps) and falls linearly to 0 at the last step, as zps-train's RECIPE in
+          scripts/bench-quality.sh; --schedule constant keeps the lr fixed.
   parse   turns zps-train's output (`--log-every 1 --eval-every N`) into rows; --dtype names the
           state dtype or the quantized mode (DTYPES, QUANT_MODES below).
   plot    draws one panel per model (the held-out loss, and the train loss as a moving mean) and
@@ -27,6 +35,8 @@ current bf16.
 
     /usr/bin/python3 bench/state_dtype_quality.py torch --models lm,mobilenet_v3_small --steps 200 \\
         --csv /tmp/q.csv
+    /usr/bin/python3 bench/state_dtype_quality.py torch --models lm --state-dtypes "" \\
+        --quant-modes w8g8,w8g4,w8g4-noef --steps 200 --csv /tmp/q.csv
     build/bin/zps-train --state-dtype int8 --steps 2000 --log-every 1 --eval-every 100 > int8.log
     /usr/bin/python3 bench/state_dtype_quality.py parse --model zps-train-lm --dtype int8 \\
         int8.log >> /tmp/q.csv
@@ -78,7 +88,40 @@ def write_rows(path, rows):
 
 # ---- torch: zps.torch in each state dtype ------------------------------------------------------
 
-def torch_lm(args, dtype, zt, torch, F):
+def quant_keys(mode):
+    """The config of a quantized mode's name (QUANT_MODES): (zero_optimization, zps) keys."""
+    zero, z = {}, {}
+    if "w8" in mode:
+        zero["zero_quantized_weights"] = True
+    for bits in ("8", "4"):
+        if "g" + bits in mode:
+            z["quantized_grads"] = "int" + bits
+    if mode.endswith("-noef"):
+        z["grad_error_feedback"] = False
+    return zero, z
+
+
+def configure(cfg, args, lr, dtype, mode):
+    """Sets the state dtype, or the quantized mode's keys (fp32 state), and the lr schedule."""
+    if mode is None and dtype == "fp32-eps":
+        # the noise floor: fp32 with every update moved by at most 1% (as zps-train's --eps)
+        cfg["zps"]["state_dtype"] = "fp32"
+        cfg["optimizer"]["params"]["eps"] = 1.01e-8
+    elif mode is None:
+        cfg["zps"]["state_dtype"] = dtype
+    elif mode != "fp32":
+        zero, z = quant_keys(mode)
+        if zero:
+            cfg["zero_optimization"] = {"stage": 3, **zero}
+        cfg["zps"].update(z)
+    if args.schedule == "warmup-decay":
+        warmup = args.warmup_steps if args.warmup_steps > 0 else max(1, args.steps // 20)
+        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup,
+            "warmup_type": "linear", "total_num_steps": args.steps}}
+
+
+def torch_lm(args, dtype, zt, torch, F, mode=None, name="lm"):
     import train_lm
     torch.manual_seed(0)
     model = train_lm.ByteLM(args.d_model, args.layers, seq_len=args.seq_len)
@@ -88,7 +131,7 @@ def torch_lm(args, dtype, zt, torch, F):
     held_batches = [train_lm.batch(held, 10**6 + i, 0, 1, 16, args.seq_len) for i in range(4)]
     cfg = train_lm.default_config(argparse.Namespace(
         batch=args.batch, lr=3e-3, shards=2, reduction="server-sum", fetch_strategy="direct"))
-    cfg["zps"]["state_dtype"] = dtype
+    configure(cfg, args, 3e-3, dtype, mode)
     rows = []
 
     def heldout(engine):
@@ -98,7 +141,7 @@ def torch_lm(args, dtype, zt, torch, F):
         return sum(losses) / len(losses)
 
     with zt.initialize(model, cfg) as engine:
-        rows.append(("lm", dtype, 0, None, heldout(engine)))
+        rows.append((name, dtype, 0, None, heldout(engine)))
         for step in range(args.steps):
             x, y = train_lm.batch(train, step, 0, 1, args.batch, args.seq_len)
             loss = F.cross_entropy(engine(x).reshape(-1, 256), y.reshape(-1))
@@ -106,7 +149,7 @@ def torch_lm(args, dtype, zt, torch, F):
             engine.step()
             n = step + 1
             h = heldout(engine) if n % args.eval_every == 0 or n == args.steps else None
-            rows.append(("lm", dtype, n, loss.item(), h))
+            rows.append((name, dtype, n, loss.item(), h))
     return rows
 
 
@@ -123,14 +166,16 @@ def vision_batch(torch, protos, noise, label_noise, n, seed):
     return images, torch.where(shuffled, random, labels)
 
 
-def torch_vision(args, dtype, zt, torch, F):
+def torch_vision(args, dtype, zt, torch, F, mode=None, name=None):
     import torchvision
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.vision)(num_classes=10)
     protos = torch.randn(10, 3, args.size, args.size, generator=torch.Generator().manual_seed(0))
     held = [vision_batch(torch, protos, args.noise, args.label_noise, 64, 10**6 + i) for i in range(4)]
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "gradient_clipping": 5.0,
-           "zps": {"shards": 2, "state_dtype": dtype}}
+           "zps": {"shards": 2}}
+    configure(cfg, args, 1e-3, dtype, mode)
+    name = name or args.vision
     rows = []
 
     def heldout(engine):
@@ -149,7 +194,7 @@ def torch_vision(args, dtype, zt, torch, F):
 
     with zt.initialize(model, cfg) as engine:
         model.train()
-        rows.append((args.vision, dtype, 0, None, heldout(engine)))
+        rows.append((name, dtype, 0, None, heldout(engine)))
         for step in range(args.steps):
             x, y = vision_batch(torch, protos, args.noise, args.label_noise, args.batch, step)
             loss = F.cross_entropy(engine(x), y)
@@ -157,7 +202,7 @@ def torch_vision(args, dtype, zt, torch, F):
             engine.step()
             n = step + 1
             h = heldout(engine) if n % args.eval_every == 0 or n == args.steps else None
-            rows.append((args.vision, dtype, n, loss.item(), h))
+            rows.append((name, dtype, n, loss.item(), h))
     return rows
 
 
@@ -168,16 +213,23 @@ def cmd_torch(args):
     sys.path.insert(0, os.path.join(ROOT, "python"))
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import zps.torch as zt
+    state_dtypes = [d for d in args.state_dtypes.split(",") if d]
+    modes = [m for m in args.quant_modes.split(",") if m]
+    for m in modes:
+        if m != "fp32" and m not in QUANT_MODES:
+            raise SystemExit(f"--quant-modes: {m!r} is not one of fp32, {', '.join(QUANT_MODES)}")
     for model in args.models.split(","):
-        for dtype in args.state_dtypes.split(","):
+        runs = [(d, None, model) for d in state_dtypes]
+        runs += [(m, m, model + "-quantized") for m in modes]
+        for dtype, mode, name in runs:
             if model == "lm":
-                rows = torch_lm(args, dtype, zt, torch, F)
+                rows = torch_lm(args, dtype, zt, torch, F, mode, name)
             else:
                 args.vision = model
-                rows = torch_vision(args, dtype, zt, torch, F)
+                rows = torch_vision(args, dtype, zt, torch, F, mode, name)
             write_rows(args.csv, rows)
             last = [r for r in rows if r[4] is not None][-1]
-            print(f"{model} {dtype}: held-out loss {rows[0][4]:.4f} -> {last[4]:.4f} "
+            print(f"{name} {dtype}: held-out loss {rows[0][4]:.4f} -> {last[4]:.4f} "
                   f"at step {last[2]}", flush=True)
     return 0
 
@@ -262,6 +314,12 @@ def train_tail(d, step):
     return sum(tail) / len(tail) if tail else math.nan
 
 
+def held_tail(d, step, k=3):
+    """Mean of the last `k` held-out evaluations up to `step`: less noisy than the last one."""
+    tail = [v for s, v in d["held"] if 0 < s <= step][-k:]
+    return sum(tail) / len(tail) if tail else math.nan
+
+
 def cmd_plot(args):
     data = load(args.csv)
     if args.models:
@@ -270,21 +328,24 @@ def cmd_plot(args):
     models = [m for m in args.order.split(",") if m in data] + sorted(
         m for m in data if m not in args.order.split(","))
     print("| model | steps | state dtype or mode | held-out loss | vs fp32 | band | "
-          "train loss, last 10% of steps | vs fp32 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "mean of the last 3 held-out | vs fp32 | train loss, last 10% of steps | vs fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in models:
         step, fin = finals(data[m])
         summary[m] = (step, fin)
         tails = {dt: train_tail(data[m][dt], step) for dt in fin}
+        htails = {dt: held_tail(data[m][dt], step) for dt in fin}
         for dt in [d for d in DTYPES if d in fin]:
             rel = (fin[dt] - fin["fp32"]) / fin["fp32"] if "fp32" in fin else math.nan
             trel = (tails[dt] - tails["fp32"]) / tails["fp32"] if "fp32" in fin else math.nan
+            hrel = (htails[dt] - htails["fp32"]) / htails["fp32"] if "fp32" in fin else math.nan
             band = BANDS.get(dt)
             verdict = "" if band is None else (
                 f"within {band:.1%}" if rel <= band else f"**outside {band:.1%}**")
             print(f"| {m} | {step} | {dt} | {fin[dt]:.4f} | "
-                  f"{'' if dt == 'fp32' else f'{rel:+.2%}'} | {verdict} | {tails[dt]:.4f} | "
+                  f"{'' if dt == 'fp32' else f'{rel:+.2%}'} | {verdict} | {htails[dt]:.4f} | "
+                  f"{'' if dt == 'fp32' else f'{hrel:+.2%}'} | {tails[dt]:.4f} | "
                   f"{'' if dt == 'fp32' else f'{trel:+.2%}'} |")
     if not args.png:
         return 0
@@ -337,6 +398,7 @@ TITLES = {"zps-train-lm": "zps-train's default LM (--mode reference)",
           "zps-train-small": "zps-train, small LM: state dtypes",
           "zps-train-small-quantized": "zps-train, small LM: quantized weights and gradients",
           "lm": "zps.torch: TransformerEncoder LM",
+          "lm-quantized": "zps.torch: TransformerEncoder LM, quantized",
           "resnet18": "zps.torch: torchvision resnet18",
           "mobilenet_v3_small": "zps.torch: torchvision mobilenet_v3_small"}
 
@@ -346,7 +408,11 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("torch", help="train through zps.torch in each state dtype")
     t.add_argument("--models", default="lm,mobilenet_v3_small", help="lm and/or a torchvision model name")
-    t.add_argument("--state-dtypes", default="fp32,bf16,int8")
+    t.add_argument("--state-dtypes", default="fp32,bf16,int8", help='"" runs none')
+    t.add_argument("--quant-modes", default="",
+                   help="quantized modes (fp32 state), e.g. w8g8,w8g4,w8g4-noef; fp32 = unquantized")
+    t.add_argument("--schedule", default="warmup-decay", choices=["warmup-decay", "constant"])
+    t.add_argument("--warmup-steps", type=int, default=0, help="0: 5%% of --steps")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--eval-every", type=int, default=25)
     t.add_argument("--batch", type=int, default=16)
@@ -368,7 +434,8 @@ def main():
     g.add_argument("csv")
     g.add_argument("--png", default="")
     g.add_argument("--dpi", type=int, default=80)
-    g.add_argument("--order", default="zps-train-lm,zps-train-lm-quantized,lm,mobilenet_v3_small,resnet18")
+    g.add_argument("--order", default="zps-train-lm,zps-train-lm-quantized,lm,lm-quantized,"
+                   "mobilenet_v3_small,resnet18")
     g.add_argument("--models", default="", help="draw only these models (default: every one)")
     g.add_argument("--exclude", default="", help="do not draw these models")
     g.add_argument("--title", default="Adam moments on the shards in fp32, bf16 and int8 (fp32 "

@@ -34,6 +34,7 @@ Result<ConnectOptions> OptionsFromJson(std::string_view json) {
   ZPS_RETURN_IF_ERROR(f.Number("cuda_slots", &o.cuda_slots, 1, 1 << 20));
   ZPS_RETURN_IF_ERROR(f.String("collectives", &o.collectives));
   ZPS_RETURN_IF_ERROR(f.Bool("keep_quantized", &o.prefetch.keep_quantized));
+  ZPS_RETURN_IF_ERROR(f.Bool("grad_error_feedback", &o.worker.grad_error_feedback));
   if (o.collectives != "auto" && o.collectives != "gloo" && o.collectives != "nccl") {
     return f.Bad("collectives", "auto, gloo or nccl");
   }

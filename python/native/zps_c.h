@@ -106,11 +106,14 @@ ZPS_C_EXPORT const char* zps_code_name(int code);
  * coordinator named in `options_json` ({"endpoint", "token", "rank", "ucx_tls", "op_timeout_ms",
  * "connect_timeout_ms", "prefetch_bytes", "max_live_bytes", "reduction", "fetch_strategy",
  * "gloo_hostname", "cuda_device", "cuda_slot_bytes", "cuda_slots", "collectives",
- * "keep_quantized"}), joins (rank 0 registers the job) and connects to every shard. Unknown keys
- * are InvalidArgument. "keep_quantized": true (quantized weights only; default false) keeps
- * fetched parameters as the shards' block records: zps_acquire_quantized hands them out,
- * zps_fetch_into dequantizes them on the CPU, and zps_acquire and zps_fetch_to_device refuse
- * (FAILED_PRECONDITION). Errors: as zps::worker::Client::Connect. */
+ * "keep_quantized", "grad_error_feedback"}), joins (rank 0 registers the job) and connects to
+ * every shard. Unknown keys are InvalidArgument. "keep_quantized": true (quantized weights only;
+ * default false) keeps fetched parameters as the shards' block records: zps_acquire_quantized
+ * hands them out, zps_fetch_into dequantizes them on the CPU, and zps_acquire and
+ * zps_fetch_to_device refuse (FAILED_PRECONDITION). "grad_error_feedback": false (testing
+ * only; default true) quantizes every block-quantized gradient push on its own, without the
+ * residual of the last (WorkerOptions::grad_error_feedback). Errors: as
+ * zps::worker::Client::Connect. */
 ZPS_C_EXPORT int zps_connect(const char* options_json, const char* job_json, zps_client** out);
 /* Closes the connections and frees `c` (null is allowed). Buffers from zps_acquire become invalid.
  */

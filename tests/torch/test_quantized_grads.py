@@ -1,7 +1,8 @@
 """Quantized gradients through zps.torch: the config keys (DeepSpeed's
 zero_optimization.zero_quantized_gradients, zps.quantized_grads for the precision) and a job that
 pushes int8 or int4 block-quantized gradients with error feedback: it trains about as the fp32 one
-does, and repeats bit for bit (with gradient accumulation too)."""
+does, and repeats bit for bit (with gradient accumulation too); zps.grad_error_feedback: false
+(testing only) turns the feedback off."""
 
 import pytest
 import torch
@@ -34,8 +35,17 @@ def test_bad_or_contradicting_quantized_grads_are_named():
                       "zps": {"quantized_grads": "off"}})
 
 
-def _run(steps, accumulation=1, quantized=None):
+def test_grad_error_feedback_key():
+    assert zconfig.load({}).grad_error_feedback is True
+    assert zconfig.load({"zps": {"grad_error_feedback": False}}).grad_error_feedback is False
+    with pytest.raises(zt.ZpsError, match=r"zps\.grad_error_feedback"):
+        zconfig.load({"zps": {"grad_error_feedback": "no"}})
+
+
+def _run(steps, accumulation=1, quantized=None, feedback=True):
     cfg = quantized_job.config(serving_dtype="fp32")
+    if not feedback:
+        cfg["zps"]["grad_error_feedback"] = False
     cfg["gradient_accumulation_steps"] = accumulation
     if quantized == "int8":
         cfg["zero_optimization"] = {"stage": 3, "zero_quantized_gradients": True}
@@ -66,4 +76,19 @@ def test_int4_with_accumulation_repeats_bit_for_bit():
     assert losses == again_losses
     for k in state:
         assert torch.equal(state[k], again[k]), k
+    assert losses[-1] < losses[0]
+
+
+def test_int4_without_error_feedback_differs_and_repeats():
+    # The switch reaches the worker: without the residuals the pushes, and so the weights, differ
+    # from the run with feedback, and the run still repeats bit for bit.
+    fb_losses, fb = _run(4, quantized="int4")
+    losses, state = _run(4, quantized="int4", feedback=False)
+    again_losses, again = _run(4, quantized="int4", feedback=False)
+    assert losses == again_losses
+    for k in state:
+        assert torch.equal(state[k], again[k]), k
+    assert fb_losses[:2] == losses[:2]  # the first push has no residual to carry either way
+    assert fb_losses != losses
+    assert any(not torch.equal(fb[k], state[k]) for k in state)
     assert losses[-1] < losses[0]

@@ -63,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "zps.serving_dtype": "",
     "zps.state_dtype": "fp32",
     "zps.quantized_grads": "",
+    "zps.grad_error_feedback": True,
     "zps.max_live_bytes": 1 << 30,
     "zps.prefetch_bytes": 256 << 20,
     "zps.memory_budget": 0,
@@ -180,6 +181,10 @@ class Config:
     # Block-quantized gradient pushes with error feedback (docs/data-plane.md): "" = off, "int8"
     # (what zero_quantized_gradients: true means) or "int4" (zps.quantized_grads).
     quantized_grads: str = _D["zps.quantized_grads"]
+    # Testing only: false quantizes every gradient push on its own, without the residual of the
+    # last (the worker's grad_error_feedback; zps-train's --grad-error-feedback=false), to show
+    # what the feedback is for. No effect without quantized gradients.
+    grad_error_feedback: bool = _D["zps.grad_error_feedback"]
     # The shards serve an int8 block-quantized copy of the weights, which the workers dequantize
     # into fp32 buffers (docs/data-plane.md "Quantized weights").
     quantized_weights: bool = _D["zero_optimization.zero_quantized_weights"]
@@ -382,6 +387,7 @@ def load(config: ConfigSource) -> Config:
                 raise _bad("zps.quantized_grads", "'off' contradicts "
                            "zero_optimization.zero_quantized_gradients: true")
             c.quantized_grads = "" if q == "off" else q
+        c.grad_error_feedback = z.get("grad_error_feedback", bool)
         if bf16_states and z.has("state_dtype") and c.state_dtype != "bf16":
             raise _bad("zps.state_dtype", f"{c.state_dtype!r} contradicts "
                        "bf16.bf16_optimizer_states (bf16 state)")

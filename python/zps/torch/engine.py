@@ -159,7 +159,8 @@ class Engine:
                        "reduction": cfg.reduction, "fetch_strategy": cfg.fetch_strategy,
                        "gloo_hostname": cfg.gloo_hostname,
                        "cuda_device": cuda_device, "collectives": cfg.collectives,
-                       "keep_quantized": keep_quantized}
+                       "keep_quantized": keep_quantized,
+                       "grad_error_feedback": cfg.grad_error_feedback}
             # With an embedded cluster, a shard that stops is the error of the next call.
             self.client = _native.Client(json.dumps(options), json.dumps(self.job),
                                          watch=self.cluster)
