@@ -30,8 +30,9 @@ extern "C" {
 
 /* 2: the CUDA entry points (zps_cuda_available, ...); 3: zps_chunk_crcs; 4:
  * zps_check_memory_budget; 5: quantized weights handed out as fetched (zps_acquire_quantized,
- * zps_dequantize_blocks, zps_job_info.quant_bits/quant_block, zps_stats.gather_bytes). */
-#define ZPS_C_API_VERSION 5
+ * zps_dequantize_blocks, zps_job_info.quant_bits/quant_block, zps_stats.gather_bytes); 6: the
+ * "grad_error_feedback" connect option. */
+#define ZPS_C_API_VERSION 6
 
 #if defined(__GNUC__)
 #define ZPS_C_EXPORT __attribute__((visibility("default")))

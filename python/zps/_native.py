@@ -16,7 +16,7 @@ from zps._errors import ZpsError
 
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
-API_VERSION = 5
+API_VERSION = 6
 
 
 class JobInfo(ctypes.Structure):
