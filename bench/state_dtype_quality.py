@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training quality per optimizer state dtype: the shards' Adam moments stored as fp32, bf16 (m
-rounded to nearest, v stochastically) or int8 (blockwise, dynamic map), the fp32 master the same
+rounded to nearest, v up or down by a dither over steps) or int8 (blockwise, dynamic map), the fp32 master the same
 in all three.
 scripts/bench-quality.sh drives the three sub-commands; each writes or reads rows of one CSV,
 

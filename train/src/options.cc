@@ -91,7 +91,8 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
           &o->serving_dtype);
   job.Add("state-dtype",
           "how the shards store the optimizer's moments beside the fp32 master: fp32, bf16 "
-          "(m rounded to nearest, v stochastically) or int8 (blockwise, dynamic map)",
+          "(m rounded to nearest, v up or down by a dither over steps) or int8 (blockwise, dynamic "
+          "map)",
           "optimizer.state_dtype", &o->state_dtype);
   job.Add("reduction",
           "server-sum (every rank pushes its whole gradient) or pre-reduced (the ranks "

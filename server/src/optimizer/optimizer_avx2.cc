@@ -80,13 +80,16 @@ struct V {
     const I flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
     return _mm256_cmpgt_epi32(_mm256_xor_si256(b, flip), _mm256_xor_si256(a, flip));
   }
-  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+  static I SrStart(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
     const I iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const I idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)), iota);
     const I wrapped = LessU(idx, _mm256_set1_epi32(static_cast<int>(lo_first)));
     const I key = _mm256_blendv_epi8(_mm256_set1_epi32(static_cast<int>(key0)),
                                      _mm256_set1_epi32(static_cast<int>(key1)), wrapped);
     return Fmix(_mm256_xor_si256(idx, key));
+  }
+  static I Dither(I start, uint32_t offset) {
+    return _mm256_add_epi32(start, _mm256_set1_epi32(static_cast<int>(offset)));
   }
   static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
     const I r = _mm256_and_si256(_mm256_srli_epi32(bits, shift), _mm256_set1_epi32(0xffff));

@@ -244,7 +244,7 @@ struct V {
     h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u)));
     return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
   }
-  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+  static I SrStart(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
     const I iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const I idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo)), iota);
     const __mmask16 wrapped =
@@ -252,6 +252,9 @@ struct V {
     const I key = _mm512_mask_blend_epi32(wrapped, _mm512_set1_epi32(static_cast<int>(key0)),
                                           _mm512_set1_epi32(static_cast<int>(key1)));
     return Fmix(_mm512_xor_si512(idx, key));
+  }
+  static I Dither(I start, uint32_t offset) {
+    return _mm512_add_epi32(start, _mm512_set1_epi32(static_cast<int>(offset)));
   }
   static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
     const I r = _mm512_and_si512(_mm512_srli_epi32(bits, static_cast<unsigned>(shift)),

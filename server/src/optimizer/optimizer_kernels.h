@@ -27,7 +27,7 @@ struct KernelArgs {
   // How m and v are packed (zps/server/optimizer.h): fp32 (float*), bf16 (uint16_t*) or int8
   // (blocks of kInt8BlockBytes, the first at element 0 of the call).
   StateDType state = StateDType::kF32;
-  int64_t step = 1;          // bf16: the step whose key draws the stochastic rounding's bits
+  int64_t step = 1;          // bf16: the step, which advances v's rounding dither (SrOffset)
   uint64_t first_index = 0;  // bf16: the layout index of element 0 (UpdateParams::first_index)
 
   const void* grad = nullptr;

@@ -46,9 +46,10 @@ struct V {
   // ---- packed moments (optimizer_compact_body.inc): state_codec.h's definitions as they are ----
   using I = uint32_t;
   static F LoadBf16(const uint16_t* p) { return Bf16Value(*p); }
-  static I SrBits(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
+  static I SrStart(uint32_t lo, uint32_t lo_first, uint32_t key0, uint32_t key1) {
     return Fmix32(lo ^ (lo < lo_first ? key1 : key0));
   }
+  static I Dither(I start, uint32_t offset) { return start + offset; }
   static void StoreBf16Sr(uint16_t* p, F x, I bits, int shift) {
     *p = Bf16Stochastic(x, bits >> shift);
   }

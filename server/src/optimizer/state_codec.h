@@ -1,9 +1,9 @@
 // state_codec.h — the packed moment formats of zps/server/optimizer.h, element by element: bf16
-// (m rounded to nearest, v's stochastic rounding and its counter-based random bits), and the int8
-// dynamic quantization map. The scalar kernel uses these functions as they are; the vector kernels
-// compute the same integer and IEEE single operations lane by lane (no FMA, no approximate
-// instructions), so every ISA packs every element to the same bits. Tests check the kernels against
-// this file.
+// (m rounded to nearest, v rounded up or down by a counter-based golden-ratio dither), and the
+// int8 dynamic quantization map. The scalar kernel uses these functions as they are; the vector
+// kernels compute the same integer and IEEE single operations lane by lane (no FMA, no approximate
+// instructions), so every ISA packs every element to the same bits. Tests check the kernels
+// against this file.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 
 namespace zps::server::internal {
 
-// ---- bf16: m rounded to nearest, v with stochastic rounding ------------------------------------
+// ---- bf16: m rounded to nearest, v with a low-discrepancy dither --------------------------------
 //
 // m (and SGD's buffer) is stored as FloatToBf16(m) (zps/common/dtype.h: round to nearest, ties to
 // even, the serving copy's conversion; NaN stays a quiet NaN), v as Bf16Stochastic(v, bits) with
@@ -24,10 +24,20 @@ namespace zps::server::internal {
 // and far less when the gradient's noise makes successive errors differ in sign; for v
 // (b2 = 0.999) it is 500 ulps, more than v itself: an update (1 - b2) x (g^2 - v) below half an
 // ulp rounds back to the old v, and v stalls, rising from 0 towards g^2 it stops between a fifth
-// and a third of the way (optimizer_bf16_sr_test.cc). Stochastic rounding makes v's stored value
-// unbiased. It is not used for m because its noise (rms an ulp x sqrt(1/6) a step, against an
-// ulp x sqrt(1/12) for round-to-nearest) measurably slowed zps-train's LM (docs/benchmarks.md,
-// "Why bf16 state lags on zps-train's LM").
+// and a third of the way (optimizer_bf16_sr_test.cc). So v rounds up with a probability equal to
+// its discarded fraction of an ulp, which keeps it unbiased.
+//
+// Where that probability's draws come from: independent draws (a hash of index and step) leave
+// an error of rms an ulp x sqrt(1/6) each step, carried on with weight b2, so v's stored value
+// wanders like a random walk, about 4% rms around the fp32 recurrence. Instead each element's
+// draws follow a golden-ratio (Weyl) sequence over steps: u_t = h(index) + t x 2^32 / phi mod
+// 2^32, h a hash of the index. Every run of T steps visits [0, 1) evenly (a value whose fraction
+// is f rounds up f x T times, give or take O(log T)), so successive errors of one element cancel
+// instead of adding up: v's spread falls to about 3% on a noisy stream (optimizer_bf16_sr_test.cc),
+// and to about 1% where the gradient holds still; neighbouring elements still draw independently
+// (h). It is a function of (index, step) alone, the same on every ISA, shard count and in the
+// reference. m stays rounded to nearest: independent stochastic rounding of m measurably slowed
+// zps-train's LM (docs/benchmarks.md, "Why bf16 state lags on zps-train's LM").
 
 /// murmur3's 32-bit finaliser: a bijection whose every output bit depends on every input bit.
 constexpr uint32_t Fmix32(uint32_t h) {
@@ -39,17 +49,29 @@ constexpr uint32_t Fmix32(uint32_t h) {
   return h;
 }
 
-/// The key of one step (1-based optimizer step) for the indices whose top 32 bits are `hi`.
-constexpr uint32_t SrKey(int64_t step, uint32_t hi) {
-  const auto s = static_cast<uint64_t>(step);
-  const uint32_t k = Fmix32(static_cast<uint32_t>(s) ^ Fmix32(static_cast<uint32_t>(s >> 32)));
-  return Fmix32(k ^ (hi * 0x27d4eb2fu) ^ 0x165667b1u);
+/// The key for the indices whose top 32 bits are `hi` (the same in every step).
+constexpr uint32_t SrKey(uint32_t hi) { return Fmix32((hi * 0x27d4eb2fu) ^ 0x165667b1u); }
+
+/// The element's starting point, h(index): a hash of the element at `index` of the layout's flat
+/// space, whose key for index >> 32 is `key`.
+constexpr uint32_t SrStart(uint32_t key, uint64_t index) {
+  return Fmix32(static_cast<uint32_t>(index) ^ key);
 }
 
-/// 32 random bits for the element at `index` of the layout's flat space in a step whose key for
-/// index >> 32 is `key`; the high 16 (`>> kBf16VShift`) round v, the low 16 are not used.
-constexpr uint32_t SrBits(uint32_t key, uint64_t index) {
-  return Fmix32(static_cast<uint32_t>(index) ^ key);
+/// 2^32 / phi (phi the golden ratio), the stride of the dither between steps.
+inline constexpr uint32_t kSrStride = 0x9e3779b9u;
+
+/// How far every element's dither has moved by `step`: step x 2^32 / phi mod 2^32. Only the
+/// step's low 32 bits matter (mod 2^32 the high bits times the stride vanish), and the product
+/// wraps as unsigned arithmetic does on every ISA.
+constexpr uint32_t SrOffset(int64_t step) {
+  return static_cast<uint32_t>(static_cast<uint64_t>(step)) * kSrStride;
+}
+
+/// The element's 32 dither bits in a step: SrStart + SrOffset (mod 2^32); the high 16
+/// (`>> kBf16VShift`) round v.
+constexpr uint32_t SrBits(uint32_t key, uint64_t index, int64_t step) {
+  return SrStart(key, index) + SrOffset(step);
 }
 inline constexpr int kBf16VShift = 16;
 

@@ -84,7 +84,7 @@ Status ShardState::UpdateChunk(const Chunk& c, const ChunkState& st, std::span<u
     if (!IsBlockQuantized(job_.serving_dtype)) up.out_dtype = job_.serving_dtype;
     up.lr = schedule_.LrFor(applied, g.lr);
     up.weight_decay = g.weight_decay;
-    // bf16 state's stochastic rounding of v draws from the element's index in the whole model.
+    // bf16 state's dither that rounds v is a function of the element's index in the whole model.
     up.first_index = uint64_t{c.id} * layout_.options().chunk_elems + r.begin;
     if (!serving.empty() && !IsBlockQuantized(job_.serving_dtype)) {
       if (job_.serving_dtype == DType::kF32) {

@@ -66,9 +66,9 @@ enum class OptimizerKind : uint8_t { ZPS_OPTIMIZER_KIND_VALUES(ZPS_ENUMERATOR) }
 enum class LrScheduleKind : uint8_t { ZPS_LR_SCHEDULE_KIND_VALUES(ZPS_ENUMERATOR) };
 enum class WarmupType : uint8_t { ZPS_WARMUP_TYPE_VALUES(ZPS_ENUMERATOR) };
 /// How a shard stores the optimizer's moments (Adam's m and v, SGD's momentum buffer) beside the
-/// fp32 master, which is always fp32: fp32; bf16 (m rounded to nearest, v stochastically); int8
-/// (blockwise, dynamic quantization map, an absmax scale per block). The packed formats:
-/// zps/server/optimizer.h.
+/// fp32 master, which is always fp32: fp32; bf16 (m rounded to nearest, v up or down by a dither
+/// over steps); int8 (blockwise, dynamic quantization map, an absmax scale per block). The packed
+/// formats: zps/server/optimizer.h.
 enum class StateDType : uint8_t { ZPS_STATE_DTYPE_VALUES(ZPS_ENUMERATOR) };
 #undef ZPS_ENUMERATOR
 /// Elements per int8 quantization block (zps/server/optimizer.h has the packed format). A job

@@ -46,7 +46,7 @@ namespace zps::server {
 // bytes:
 //   - fp32: n floats (4n bytes);
 //   - bf16: n bfloat16 words (2n bytes): m (and SGD's buffer) rounded to nearest even, v
-//     rounded stochastically (docs/optimizer.md says why);
+//     rounded up or down by a golden-ratio dither over steps (docs/optimizer.md says why);
 //   - int8: ceil(n / kInt8BlockElems) blocks, each kInt8BlockElems one-byte codes followed by the
 //     block's scale, a bfloat16 (little-endian) at least the block's largest |value|; a code
 //     indexes the dynamic quantization map (signed for m and SGD's buffer, unsigned for v) and
@@ -122,8 +122,8 @@ struct UpdateParams {
   /// in place.
   std::optional<ConstChunkState> source;
   /// The index, in the layout's flat parameter space, of this call's element 0 (a chunk's first
-  /// element is chunk_id x chunk_elems). bf16 state draws the random bits of v's stochastic
-  /// rounding from (first_index + i, step), so the same element gets the same bits whatever
+  /// element is chunk_id x chunk_elems). bf16 state computes the dither that rounds v
+  /// from (first_index + i, step), so the same element gets the same bits whatever
   /// the ISA, the shard count or the call's extent: pass it wherever bit identity with another
   /// run (the reference, a recovery) matters. Unused by fp32 and int8 state.
   uint64_t first_index = 0;

@@ -19,7 +19,7 @@ enum class MomentKind : uint8_t { kM = 0, kV = 1 };
 /// Packs values.size() floats into `packed` (MomentBytes(dtype, n) bytes): fp32 as they are,
 /// bf16 rounded to nearest even, int8 quantized per block exactly as the update packs. For
 /// conversions (state written in another dtype, an fp32 export) and tests; the update itself
-/// packs bf16 m the same way and bf16 v with stochastic rounding. Errors: InvalidArgument when
+/// packs bf16 m the same way and bf16 v with its dithered rounding. Errors: InvalidArgument when
 /// packed has the wrong size.
 Status PackMoment(StateDType dtype, MomentKind kind, std::span<const float> values,
                   std::span<std::byte> packed);
