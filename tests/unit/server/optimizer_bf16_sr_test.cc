@@ -265,8 +265,8 @@ uint16_t Word(const std::vector<std::byte>& packed, size_t i) {
 // One update of bf16 state is the fp32-state update of the same (bf16-valued) moments, then
 // packed: m as FloatToBf16, v as Bf16Stochastic with VBits of the element's layout index and the
 // step, bit for bit on this ISA (the two passes run the same fp32 arithmetic lane by lane, tails
-// included), and the master is the fp32-state master. AdamW, and SGD with momentum, whose buffer is packed as m;
-// the indices cross 2^32 (the hash's key changes there).
+// included), and the master is the fp32-state master. AdamW, and SGD with momentum, whose buffer is
+// packed as m; the indices cross 2^32 (the hash's key changes there).
 TEST(Bf16State, UpdatePacksMToNearestAndVStochastically) {
   auto isa_or = ActiveIsa();
   if (!isa_or.ok()) GTEST_SKIP() << isa_or.status().ToString();
