@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training quality per optimizer state dtype: the shards' Adam moments stored as fp32, bf16 (m
-rounded to nearest, v up or down by a dither over steps) or int8 (blockwise, dynamic map), the fp32 master the same
-in all three.
+rounded to nearest, v up or down by a dither over steps) or int8 (blockwise, dynamic map), the
+fp32 master the same in all three.
 scripts/bench-quality.sh drives the three sub-commands; each writes or reads rows of one CSV,
 
     model,dtype,step,train_loss,heldout_loss
@@ -23,10 +23,11 @@ current bf16.
           QUANT_MODES: w8 = zero_quantized_weights, g8 / g4 = zps.quantized_grads int8 / int4,
           -noef = zps.grad_error_feedback false), as the model "<model>-quantized", whose fp32
           rows are the unquantized run. The state dtype fp32-eps is fp32 with Adam's eps 1.01e-8
-          instead of 1e-8: a perturbation of every update by at most 1%, the noise floor. --schedule warmup-decay (the default) is DeepSpeed's
-          WarmupDecayLR in the config: the lr rises linearly from 0 over --warmup-steps (default:
-          5% of the steps) and falls linearly to 0 at the last step, as zps-train's RECIPE in
-          scripts/bench-quality.sh; --schedule constant keeps the lr fixed.
+          instead of 1e-8: a perturbation of every update by at most 1%, the noise floor.
+          --schedule warmup-decay (the default) is DeepSpeed's WarmupDecayLR in the config:
+          the lr rises linearly from 0 over --warmup-steps (default: 5% of the steps) and falls
+          linearly to 0 at the last step, as zps-train's RECIPE in scripts/bench-quality.sh;
+          --schedule constant keeps the lr fixed.
   parse   turns zps-train's output (`--log-every 1 --eval-every N`) into rows; --dtype names the
           state dtype or the quantized mode (DTYPES, QUANT_MODES below).
   plot    draws one panel per model (the held-out loss, and the train loss as a moving mean) and

@@ -54,7 +54,7 @@ Result<ModelBytes> PieceBytes(const PlanInput& in, uint32_t shards) {
   const uint8_t fetch_bits = QuantBits(in.fetch), grad_bits = QuantBits(in.grad);
   const uint32_t align = in.align_elems != 0 ? in.align_elems
                          : fetch_bits != 0   ? static_cast<uint32_t>(in.weight_block)
-                                             : 64;
+                                             : LayoutOptions{}.align_elems;
   ZPS_ASSIGN_OR_RETURN(Layout layout,
                        Layout::Build(std::move(specs), {in.chunk_elems, align, shards}));
   const QuantFormat wf{fetch_bits, static_cast<uint32_t>(in.weight_block)};
