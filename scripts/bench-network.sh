@@ -249,8 +249,8 @@ row = {"mode": name, "round": int(sys.argv[13]), "rate_mbit": int(rate),
        "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress),
        "load_before": sys.argv[14], "load_after": sys.argv[15]}
 if plan:
-    row.update({"plan_t_lower": plan["t_lower"], "plan_t_upper": plan["t_upper"],
-                "plan_t_network": plan["t_network"],
+    row.update({"plan_t_lower": plan["t_lower"], "plan_t_expected": plan["t_expected"],
+                "plan_t_upper": plan["t_upper"], "plan_t_network": plan["t_network"],
                 "plan_shard_ingress": int(plan["shard_in"] * 2),
                 "plan_shard_egress": int(plan["shard_out"] * 2)})
 print(json.dumps(row))
@@ -290,18 +290,18 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
 print("| round | link (ucx_perftest) | mode | load before / after | s/step unlimited | s/step "
-      "| s/step after the first | plan lower .. upper | measured / lower, upper "
+      "| s/step after the first | plan lower .. upper | plan expected | measured / expected "
       "| shard in / step | plan | shard out / step | plan |")
-print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     if r["rate_mbit"] == 0:
         continue  # the calibration runs: in the next row's "unlimited" column
     link = f'{r["rate_mbit"]} Mbit/s ({r["link_mbit_ucx_perftest"]})'
-    lo, hi, t = r["plan_t_lower"], r["plan_t_upper"], r["s_per_step"]
+    lo, mid, hi, t = r["plan_t_lower"], r["plan_t_expected"], r["plan_t_upper"], r["s_per_step"]
     load = f'{r["load_before"].split()[0]} / {r["load_after"].split()[0]}'
     print(f'| {r["round"]} | {link} | {r["mode"]} | {load} | {r["calibration_s_per_step"]:.3f} '
           f'| {t:.3f} | {r["s_per_step_after_first"]:.3f} '
-          f'| {lo:.3f} .. {hi:.3f} | {t / lo:.2f}, {t / hi:.2f} | '
+          f'| {lo:.3f} .. {hi:.3f} | {mid:.3f} | {t / mid:.2f} | '
           f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
           f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
 # Each mode against the first mode's run just before it at the same rate (the pair met about

@@ -27,7 +27,7 @@ def size(x):
     return "0" if x == 0 else (f"{x / 1e12:.2f} TB" if x >= 1e12 else f"{x / 1e9:.0f} GB")
 
 print("| model | options | Gbit/s | mode | shard RAM | shard NVMe | node link / step "
-      "| network s | compute s | optimizer / NVMe s | step s (lower .. upper) |")
+      "| network s | compute s | optimizer / NVMe s | step s: lower / expected / upper |")
 print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for name, m in models:
     for link in ("100", "400"):
@@ -41,7 +41,7 @@ for name, m in models:
             print(f"| {name} | `{m}` | {link} | {mode} | {size(d['shard_ram_bytes'])} | "
                   f"{size(d['shard_nvme_bytes'])} | {size(busiest)} | {d['t_network']:.1f} | "
                   f"{d['t_compute']:.1f} | {max(d['t_optimizer'], d['t_nvme']):.1f} | "
-                  f"{d['t_lower']:.1f} .. {d['t_upper']:.1f} |")
+                  f"{d['t_lower']:.1f} / {d['t_expected']:.1f} / {d['t_upper']:.1f} |")
 print()
 for mode, opts in modes:
     print(f"Mode {mode}: `{opts}`")

@@ -1,5 +1,6 @@
 // zps-plan: predicts a zps job's memory per shard and worker, bytes per step on every link and
-// the bounds of its step time, from a model size, a cluster shape and the job's modes.
+// the bounds and expected value of its step time, from a model size, a cluster shape and the
+// job's modes.
 //
 //   zps-plan --params 70e9 --nodes 8 --gpus-per-node 8 --link-gbps 100
 //   zps-plan --params 7e9 --nodes 1 --grad bf16 --pre-reduced --json
@@ -56,13 +57,14 @@ int main(int argc, char** argv) {
   int64_t grad_block = static_cast<int64_t>(in.grad_block);
   zps::Flags f("zps-plan",
                "Predicts a zps job: memory per shard (RAM, NVMe) and per worker, bytes per step "
-               "on every link, and the step time's lower bound (network overlapped with compute, "
-               "NVMe with the optimizer) and upper bound (nothing overlapped). Sizes per element: "
-               "fp32 4, fp16/bf16 2, int8 1 and int4 0.5 bytes plus a 4-byte scale per block "
-               "(--weight-block, --grad-block); shard state: fp32 master + 2 moments (fp32 4, bf16 "
-               "2, int8 1 "
-               "byte) + the serving copy in the fetch format: 14, 10 or 8 bytes a parameter "
-               "with bf16 fetches. docs/scaling.md describes the model.");
+               "on every link, and the step time: its lower bound (network overlapped with "
+               "compute, NVMe with the optimizer), its expected value (the forward's fetches, then "
+               "the backward's pushes, each phase overlapped with its compute) and its upper bound "
+               "(nothing overlapped). Sizes per element: fp32 4, fp16/bf16 2, int8 1 and int4 0.5 "
+               "bytes plus a 4-byte scale per block (--weight-block, --grad-block); shard state: "
+               "fp32 master + 2 moments (fp32 4, bf16 2, int8 1 byte) + the serving copy in the "
+               "fetch format: 14, 10 or 8 bytes a parameter with bf16 fetches. docs/scaling.md "
+               "describes the model.");
   AddCount(f, "params", "parameters of the model (e.g. 70e9)", &in.params);
   std::string tensors_file;
   f.Add("tensors",

@@ -40,6 +40,20 @@ uint8_t QuantBits(Format f) { return f == Format::kInt8 ? 8 : f == Format::kInt4
 
 // Bytes one fetch and one push of the whole model move, summed over the layout's pieces as the
 // workers send them (plan.h says why this is exact where ElementBytes is an average).
+// What one host's link carries in a step, by the phase that moves it: with the fetches (the
+// forward, and the backward again with a second pass) or with the pushes (the backward).
+struct HostTraffic {
+  LinkBytes fetch, push;
+
+  LinkBytes Total() const { return {fetch.out + push.out, fetch.in + push.in}; }
+  // The busier direction of a phase that moves `fetch_share` of the fetch side and `push_share`
+  // of the push side; both directions run at once.
+  double Busier(double fetch_share, double push_share) const {
+    return std::max(fetch_share * fetch.out + push_share * push.out,
+                    fetch_share * fetch.in + push_share * push.in);
+  }
+};
+
 struct ModelBytes {
   double fetch = 0;
   double push = 0;
@@ -260,31 +274,30 @@ Result<Plan> MakePlan(const PlanInput& input) {
   // One rank: what it exchanges with the shards, and with the other ranks.
   const double from_shards = in.bandwidth_centric ? fetch_all / W : fetch_all;
   const double to_shards = in.pre_reduced ? push_all / W : push_all;
-  double coll_out = 0, coll_in = 0;  // per rank
-  if (in.bandwidth_centric) {
-    coll_out += (W - 1) / W * P * f;  // all-gather of the fetched slices
-    coll_in += (W - 1) / W * P * f;
-  }
-  if (in.pre_reduced) {
-    coll_out += (W - 1) / W * P * kFp32;  // reduce-scatter
-    coll_in += (W - 1) / W * P * kFp32;
-  }
-  p.worker_rank = {to_shards + coll_out, from_shards + coll_in};
+  const double gather = in.bandwidth_centric ? (W - 1) / W * P * f : 0;  // all-gather, each way
+  const double scatter = in.pre_reduced ? (W - 1) / W * P * kFp32 : 0;   // reduce-scatter
+  p.worker_rank = {to_shards + gather + scatter, from_shards + gather + scatter};
   // A host's ranks form one stretch of the ring: only one edge leaves the host, and it carries
   // what one rank's edge does. One host alone: the collectives never leave it.
-  const double coll_host_out = N > 1 ? coll_out : 0, coll_host_in = N > 1 ? coll_in : 0;
+  const double host_gather = N > 1 ? gather : 0, host_scatter = N > 1 ? scatter : 0;
 
   p.shard_in = in.pre_reduced ? push_all / S : W * push_all / S;
   p.shard_out = in.bandwidth_centric ? fetch_all / S : W * fetch_all / S;
+  HostTraffic worker{{host_gather, G * from_shards + host_gather},
+                     {G * to_shards + host_scatter, host_scatter}};
+  HostTraffic shard;  // a shard host's (separate hosts only)
   if (in.colocated) {
     // Shards spread evenly over the nodes: 1/N of a node's shard traffic stays on the node.
     const double remote = (N - 1) / N, per_node = S / N;
-    p.worker_host = {G * to_shards * remote + coll_host_out + per_node * p.shard_out * remote,
-                     G * from_shards * remote + coll_host_in + per_node * p.shard_in * remote};
+    worker.fetch = {host_gather + per_node * p.shard_out * remote,
+                    G * from_shards * remote + host_gather};
+    worker.push = {G * to_shards * remote + host_scatter,
+                   host_scatter + per_node * p.shard_in * remote};
   } else {
-    p.worker_host = {G * to_shards + coll_host_out, G * from_shards + coll_host_in};
-    p.shard_host = {p.shard_out, p.shard_in};
+    shard = {{p.shard_out, 0}, {0, p.shard_in}};
   }
+  p.worker_host = worker.Total();
+  p.shard_host = shard.Total();
 
   // Memory per shard.
   const double n = P / S;
@@ -312,11 +325,18 @@ Result<Plan> MakePlan(const PlanInput& input) {
     p.worker_residual_bytes = (in.pre_reduced ? P / W : P) * kFp32;
   }
 
-  // Step time.
+  // Step time. The forward moves 1/passes of the fetch-side bytes; the backward the rest of them
+  // and the pushes. The next step's fetches wait for the update, which waits for the pushes, so
+  // on one link the two phases follow each other; within a phase both directions run at once.
   const double rate = in.link_gbps * 1e9 / 8 * in.link_efficiency;
   const double busiest =
       std::max({p.worker_host.out, p.worker_host.in, p.shard_host.out, p.shard_host.in});
   p.t_network = busiest / rate;
+  const double forward_share = 1.0 / p.fetch_passes;
+  p.t_network_forward =
+      std::max(worker.Busier(forward_share, 0), shard.Busier(forward_share, 0)) / rate;
+  p.t_network_backward =
+      std::max(worker.Busier(1 - forward_share, 1), shard.Busier(1 - forward_share, 1)) / rate;
   if (in.compute_s > 0) {
     p.t_compute = in.compute_s;
   } else if (in.tokens_per_gpu > 0 && in.gpu_tflops > 0) {
@@ -332,8 +352,12 @@ Result<Plan> MakePlan(const PlanInput& input) {
     // drives.
     p.t_nvme = 2 * p.shard_nvme_bytes * (S / p.shard_hosts) / (in.nvme_gbytes_s * 1e9);
   }
-  p.t_lower = std::max(p.t_network, p.t_compute) + std::max(p.t_optimizer, p.t_nvme);
-  p.t_upper = p.t_network + p.t_compute + p.t_optimizer + p.t_nvme;
+  // The forward is a third of the compute, the backward two thirds (twice the FLOPs).
+  const double update = std::max(p.t_optimizer, p.t_nvme);
+  p.t_lower = std::max(p.t_network, p.t_compute) + update;
+  p.t_expected = std::max(p.t_network_forward, p.t_compute / 3) +
+                 std::max(p.t_network_backward, 2 * p.t_compute / 3) + update;
+  p.t_upper = p.t_network_forward + p.t_network_backward + p.t_compute + p.t_optimizer + p.t_nvme;
   return p;
 }
 
@@ -382,12 +406,15 @@ std::string FormatPlan(const PlanInput& in, const Plan& p) {
   line("  one shard (fetches served / pushes)      %s / %s\n", Si(p.shard_out).c_str(),
        Si(p.shard_in).c_str());
   s += "step time:\n";
-  line("  network (busiest link)                   %s\n", Seconds(p.t_network).c_str());
+  line("  network, busiest link direction          %s\n", Seconds(p.t_network).c_str());
+  line("  network, forward then backward           %s + %s\n", Seconds(p.t_network_forward).c_str(),
+       Seconds(p.t_network_backward).c_str());
   line("  compute (forward + backward)             %s\n", Seconds(p.t_compute).c_str());
   line("  optimizer pass                           %s\n", Seconds(p.t_optimizer).c_str());
   line("  NVMe                                     %s\n", Seconds(p.t_nvme).c_str());
   line("  bounds                                   %s .. %s\n", Seconds(p.t_lower).c_str(),
        Seconds(p.t_upper).c_str());
+  line("  expected                                 %s\n", Seconds(p.t_expected).c_str());
   return s;
 }
 
@@ -401,15 +428,17 @@ std::string PlanJson(const PlanInput& in, const Plan& p) {
       "\"worker_window_bytes\": %.17g, \"worker_residual_bytes\": %.17g, "
       "\"worker_host_out\": %.17g, \"worker_host_in\": %.17g, \"shard_host_out\": %.17g, "
       "\"shard_host_in\": %.17g, \"shard_in\": %.17g, \"shard_out\": %.17g, "
-      "\"t_network\": %.6g, \"t_compute\": %.6g, \"t_optimizer\": %.6g, \"t_nvme\": %.6g, "
-      "\"t_lower\": %.6g, \"t_upper\": %.6g}",
+      "\"t_network\": %.6g, \"t_network_forward\": %.6g, \"t_network_backward\": %.6g, "
+      "\"t_compute\": %.6g, \"t_optimizer\": %.6g, \"t_nvme\": %.6g, \"t_lower\": %.6g, "
+      "\"t_expected\": %.6g, \"t_upper\": %.6g}",
       in.params, p.workers, p.shards, std::string(FormatName(in.fetch)).c_str(),
       std::string(FormatName(in.grad)).c_str(), std::string(FormatName(in.state)).c_str(),
       in.pre_reduced ? "pre-reduced" : "server-sum", p.fetch_passes, p.state_bytes,
       p.shard_ram_bytes, p.shard_nvme_bytes, p.shard_grad_bytes, p.worker_window_bytes,
       p.worker_residual_bytes, p.worker_host.out, p.worker_host.in, p.shard_host.out,
-      p.shard_host.in, p.shard_in, p.shard_out, p.t_network, p.t_compute, p.t_optimizer, p.t_nvme,
-      p.t_lower, p.t_upper);
+      p.shard_host.in, p.shard_in, p.shard_out, p.t_network, p.t_network_forward,
+      p.t_network_backward, p.t_compute, p.t_optimizer, p.t_nvme, p.t_lower, p.t_expected,
+      p.t_upper);
   return b;
 }
 

@@ -72,9 +72,33 @@ TEST(Plan, ServerSumOnSeparateHosts) {
   EXPECT_DOUBLE_EQ(p.shard_ram_bytes, 15e6);   // 6e6 + 1e6 serving + 8e6
   EXPECT_DOUBLE_EQ(p.shard_nvme_bytes, 0);
   EXPECT_DOUBLE_EQ(p.t_optimizer, 0.005);  // 0.5e6 / 1e8
-  EXPECT_DOUBLE_EQ(p.t_lower, 0.105);      // max(0.064, 0.1) + 0.005
-  EXPECT_DOUBLE_EQ(p.t_upper, 0.169);      // 0.064 + 0.1 + 0.005
+  // Forward: the shards serve 4e6 B (the workers take 2e6 each); backward: they take 8e6 B.
+  EXPECT_DOUBLE_EQ(p.t_network_forward, 0.032);   // 4e6 B / 125e6 B/s
+  EXPECT_DOUBLE_EQ(p.t_network_backward, 0.064);  // 8e6 B / 125e6 B/s
+  EXPECT_DOUBLE_EQ(p.t_lower, 0.105);             // max(0.064, 0.1) + 0.005
+  EXPECT_DOUBLE_EQ(p.t_expected, 0.105);          // max(0.032, 0.1/3) + max(0.064, 0.2/3) + 0.005
+  EXPECT_DOUBLE_EQ(p.t_upper, 0.201);             // 0.032 + 0.064 + 0.1 + 0.005
   EXPECT_DOUBLE_EQ(p.worker_residual_bytes, 0);
+}
+
+// Where the link sets the step, a shard's fetches and pushes follow each other: the expected
+// step is their sum, above the lower bound's busiest direction (the testbed at 100 Mbit/s).
+TEST(Plan, NetworkBoundPhasesAddUp) {
+  PlanInput in = Testbed();
+  in.link_gbps = 0.1;  // 12.5e6 B/s
+  in.grad = Format::kBf16;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.shard_out, 4e6);            // 4 workers x 0.5e6 x 2 B
+  EXPECT_DOUBLE_EQ(p.shard_in, 4e6);             // the same in bf16
+  EXPECT_DOUBLE_EQ(p.t_network, 0.32);           // 4e6 B / 12.5e6 B/s, either way
+  EXPECT_DOUBLE_EQ(p.t_network_forward, 0.32);   // the fetches
+  EXPECT_DOUBLE_EQ(p.t_network_backward, 0.32);  // the pushes
+  EXPECT_DOUBLE_EQ(p.t_lower, 0.325);            // max(0.32, 0.1) + 0.005
+  EXPECT_NEAR(p.t_expected, 0.645, 1e-12);       // 0.32 + 0.32 + 0.005
+  EXPECT_NEAR(p.t_upper, 0.745, 1e-12);          // 0.32 + 0.32 + 0.1 + 0.005
+  // Half the compute: the expected step does not move, the network hides it.
+  in.compute_s = 0.05;
+  EXPECT_NEAR(Value(MakePlan(in)).t_expected, 0.645, 1e-12);
 }
 
 TEST(Plan, PreReducedBf16Gradients) {
@@ -117,6 +141,10 @@ TEST(Plan, ColocatedNodesTwoFetchPasses) {
   EXPECT_DOUBLE_EQ(p.worker_host.out, 24e9);
   EXPECT_DOUBLE_EQ(p.worker_host.in, 24e9);         // 8 x 4e9 / 2 fetched + 16e9 / 2 received
   EXPECT_NEAR(p.t_network, 24e9 / 11.25e9, 1e-12);  // 100 Gbit/s x 0.9 = 11.25e9 B/s
+  // Forward: half of each node's fetch-side traffic (16e9 B each way); backward: the other half
+  // and the pushes (8e9 B each way).
+  EXPECT_NEAR(p.t_network_forward, 8e9 / 11.25e9, 1e-12);
+  EXPECT_NEAR(p.t_network_backward, 16e9 / 11.25e9, 1e-12);
   // 16 server-sum slots of bf16 + the fp32 sum slot, over 0.5e9 parameters.
   EXPECT_DOUBLE_EQ(p.shard_grad_bytes, 0.5e9 * (16 * 2 + 4));
 }

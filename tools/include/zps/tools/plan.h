@@ -12,9 +12,17 @@
 //     reduce-scatter the fp32 gradient and each pushes its 1/W slice;
 //   - the shards update their 1/S of the state after the commit (sync mode): the optimizer pass,
 //     and with state over the RAM budget the spilled part read and written once from NVMe.
-// Step time: the lower bound overlaps the network with the compute (prefetch during forward,
-// pushes during backward) and the NVMe reads with the optimizer, as zps does at best; the upper
-// bound adds every part up.
+// Step time, in two phases: the forward moves the first fetch pass (and its all-gather), the
+// backward the pushes, the reduce-scatter and a second fetch pass. On one link the phases follow
+// each other (the next step's fetches wait for the update, which waits for the pushes); within a
+// phase both directions of a link run at once. The forward is a third of the compute, the
+// backward two thirds.
+//   - lower bound: the busiest link direction over the whole step, overlapped with the compute,
+//     and the NVMe reads with the optimizer: max(network, compute) + max(optimizer, NVMe);
+//   - expected: each phase's network overlapped with its compute, the phases one after the
+//     other: max(forward network, compute / 3) + max(backward network, 2 compute / 3) +
+//     max(optimizer, NVMe);
+//   - upper bound: the two phases' network, the compute, the optimizer and NVMe added up.
 //
 // Per-element sizes come from the code where it has them (DTypeSize for fp32/fp16/bf16; the
 // shard's state is an fp32 master, two moments and the serving copy, as ChunkLayout keeps it);
@@ -132,12 +140,15 @@ struct Plan {
   double shard_in = 0;    // one shard's ingress (pushes)
   double shard_out = 0;   // one shard's egress (fetches)
   // Step time, seconds.
-  double t_network = 0;  // the busiest link direction at link_gbps x link_efficiency
+  double t_network = 0;           // the busiest link direction at link_gbps x link_efficiency
+  double t_network_forward = 0;   // the busiest direction of what the forward moves
+  double t_network_backward = 0;  // the busiest direction of what the backward moves
   double t_compute = 0;
   double t_optimizer = 0;
   double t_nvme = 0;
-  double t_lower = 0;  // max(network, compute) + max(optimizer, nvme)
-  double t_upper = 0;  // the sum
+  double t_lower = 0;     // max(network, compute) + max(optimizer, nvme)
+  double t_expected = 0;  // each phase overlapped with its compute (above)
+  double t_upper = 0;     // forward + backward network + compute + optimizer + nvme
 };
 
 /// Computes the plan. Errors: InvalidArgument for a non-positive params, nodes, gpus or link
