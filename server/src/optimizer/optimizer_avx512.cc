@@ -319,24 +319,7 @@ double SumSquaresRangeT(const void* g, size_t begin, size_t end) {
   return s;
 }
 
-double SumSquaresRange(const void* g, DType dtype, size_t begin, size_t end) {
-  switch (dtype) {
-    case DType::kF32:
-      return SumSquaresRangeT<DType::kF32>(g, begin, end);
-    case DType::kF16:
-      return SumSquaresRangeT<DType::kF16>(g, begin, end);
-    case DType::kBF16:
-      return SumSquaresRangeT<DType::kBF16>(g, begin, end);
-    case DType::kI8Block:  // dequantized before statistics: never a slot's dtype here
-    case DType::kI4Block:
-      break;
-  }
-  return 0.0;
-}
-
-void UpdateRange(const KernelArgs& a, size_t begin, size_t end) {
-  UpdateRangeImpl<V>(a, begin, end);
-}
+#include "optimizer_kernel_entry.inc"
 
 }  // namespace avx512
 }  // namespace zps::server::internal
