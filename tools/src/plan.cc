@@ -38,8 +38,6 @@ std::string Seconds(double s) {
 // Bits of a quantized format, 0 for the others.
 uint8_t QuantBits(Format f) { return f == Format::kInt8 ? 8 : f == Format::kInt4 ? 4 : 0; }
 
-// Bytes one fetch and one push of the whole model move, summed over the layout's pieces as the
-// workers send them (plan.h says why this is exact where ElementBytes is an average).
 // What one host's link carries in a step, by the phase that moves it: with the fetches (the
 // forward, and the backward again with a second pass) or with the pushes (the backward).
 struct HostTraffic {
@@ -54,6 +52,8 @@ struct HostTraffic {
   }
 };
 
+// Bytes one fetch and one push of the whole model move, summed over the layout's pieces as the
+// workers send them (plan.h says why this is exact where ElementBytes is an average).
 struct ModelBytes {
   double fetch = 0;
   double push = 0;
