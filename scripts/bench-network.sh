@@ -29,7 +29,10 @@
 #   --compute-s      the same mode's step time with the links unlimited, measured right before
 #                    the limited run (it holds the forward, backward, optimizer pass and every
 #                    other per-step cost on this CPU), so --optimizer-rate is set out of the way;
-#   --link-efficiency  ucx_perftest's figure at that rate over the rate (at most 1).
+#   --link-efficiency  ucx_perftest's figure at that rate over the rate (at most 1);
+#   --collectives gloo --serial-collectives  zps-train's reduce-scatter: Gloo's, on its training
+#                    thread.
+# Each worker's link is counted too (its eth0 counters, headers included) beside the plan's.
 # Needs root (ip netns, tc); exits 77 where namespaces cannot be made. Prints JSON lines, then a
 # Markdown table and, per rate, each mode's step time over the first mode's in the same round.
 set -euo pipefail
@@ -123,6 +126,11 @@ link_figure() {
   awk '$1 == "Final:" {printf "%.0f\n", $7 * 1048576 * 8 / 1e6}' "$work/perf.log"
 }
 
+# Bytes a host's link has carried (its eth0 counters: payload and every header) one way.
+link_bytes() {  # host tx|rx
+  testbed_exec "$1" cat "/sys/class/net/eth0/statistics/$2_bytes"
+}
+
 run=0
 round=0
 declare -A unlimited_s=()
@@ -174,8 +182,9 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
   local cport=$((7100 + run)) dir=$work/run$run
   mport=$((9100 + run))
   mkdir -p "$dir"
-  local sp=() i r load0
+  local sp=() i r load0 links0=()
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  for ((r = 0; r < WORLD; r++)); do links0+=("$(link_bytes "w$r" tx) $(link_bytes "w$r" rx)"); done
   for ((i = 0; i < SHARDS; i++)); do
     local args=(--ordinal "$i" --shards "$SHARDS" --port "$cport" --bind "${tb_addr[s$i]}"
                 --advertise-host "${tb_addr[s$i]}" --token-file "$work/token"
@@ -198,6 +207,12 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
     kill -TERM "${sp[@]}" 2>/dev/null || true
     return 0
   fi
+  # Each worker's link, both ways, over the whole run: "tx rx" per rank.
+  local links="" tx0 rx0
+  for ((r = 0; r < WORLD; r++)); do
+    read -r tx0 rx0 <<< "${links0[r]}"
+    links+="$(($(link_bytes "w$r" tx) - tx0)) $(($(link_bytes "w$r" rx) - rx0)),"
+  done
   local push=0 fetch=0
   for ((i = 0; i < SHARDS; i++)); do
     push=$((push + $(metric "$i" zps_push_bytes_total)))
@@ -217,8 +232,9 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
     eff=$(python3 -c "import sys; print(min(1.0, max(0.01, float(sys.argv[1]) / float(sys.argv[2]))))" \
       "${link:-$rate}" "$rate")
     local plan_args=(--params "$params" --nodes "$WORLD" --gpus-per-node 1 --shards "$SHARDS"
-      --separate-shard-hosts --link-gbps "$(python3 -c "print($rate / 1000)")"
-      --link-efficiency "$eff" --compute-s "$compute" --optimizer-rate 1e15)
+      --separate-shard-hosts --collectives gloo --serial-collectives
+      --link-gbps "$(python3 -c "print($rate / 1000)")" --link-efficiency "$eff"
+      --compute-s "$compute" --optimizer-rate 1e15)
     # shellcheck disable=SC2086  # plan_opts is a list of words
     if ! plan=$("$bin/zps-plan" "${plan_args[@]}" --tensors "$work/tensors.json" \
                 --chunk-elems "$chunk_elems" $plan_opts --json); then
@@ -229,7 +245,7 @@ one_run() {  # rate_mbit(0 = unlimited) link_mbit mode
   fi
   python3 - "$name" "$rate" "${link:-0}" "$STEPS" "$params" "$push" "$fetch" "$step_s" \
     "$train_opts" "$plan" "$([[ $rate -ne 0 ]] && echo "$compute")" "$evals" "$round" \
-    "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$warm_s" <<'PY' | tee -a "$results"
+    "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$warm_s" "$links" <<'PY' | tee -a "$results"
 import json, sys
 name, rate, link, steps, params, push, fetch, step_s, opts, plan = sys.argv[1:11]
 steps, params, push, fetch = int(steps), int(params), int(push), int(fetch)
@@ -248,11 +264,18 @@ row = {"mode": name, "round": int(sys.argv[13]), "rate_mbit": int(rate),
        "s_per_step_after_first": float(sys.argv[16]),
        "shard_ingress_bytes_per_step": int(ingress), "shard_egress_bytes_per_step": int(egress),
        "load_before": sys.argv[14], "load_after": sys.argv[15]}
+# Every worker's link per step, each way, headers included, from its eth0 counters; rank 0's
+# also carries the initial values it pushes (fp32, once).
+links = [[int(x) // steps for x in pair.split()] for pair in sys.argv[17].strip(",").split(",")]
+row["worker_link_out_per_step"] = [tx for tx, _ in links]
+row["worker_link_in_per_step"] = [rx for _, rx in links]
 if plan:
     row.update({"plan_t_lower": plan["t_lower"], "plan_t_expected": plan["t_expected"],
                 "plan_t_upper": plan["t_upper"], "plan_t_network": plan["t_network"],
                 "plan_shard_ingress": int(plan["shard_in"] * 2),
-                "plan_shard_egress": int(plan["shard_out"] * 2)})
+                "plan_shard_egress": int(plan["shard_out"] * 2),
+                "plan_worker_out": int(plan["worker_host_out"]),
+                "plan_worker_in": int(plan["worker_host_in"])})
 print(json.dumps(row))
 PY
 }
@@ -291,8 +314,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
 print("| round | link (ucx_perftest) | mode | load before / after | s/step unlimited | s/step "
       "| s/step after the first | plan lower .. upper | plan expected | measured / expected "
-      "| shard in / step | plan | shard out / step | plan |")
-print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| shard in / step | plan | shard out / step | plan | worker out / step, ranks 1-3 | plan |")
+print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     if r["rate_mbit"] == 0:
         continue  # the calibration runs: in the next row's "unlimited" column
@@ -303,7 +326,9 @@ for r in rows:
           f'| {t:.3f} | {r["s_per_step_after_first"]:.3f} '
           f'| {lo:.3f} .. {hi:.3f} | {mid:.3f} | {t / mid:.2f} | '
           f'{r["shard_ingress_bytes_per_step"]:,} | {r["plan_shard_ingress"]:,} | '
-          f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} |')
+          f'{r["shard_egress_bytes_per_step"]:,} | {r["plan_shard_egress"]:,} | '
+          f'{min(r["worker_link_out_per_step"][1:]):,} .. {max(r["worker_link_out_per_step"][1:]):,} | '
+          f'{r["plan_worker_out"]:,} |')
 # Each mode against the first mode's run just before it at the same rate (the pair met about
 # the same load from the machine's other processes).
 print()

@@ -52,7 +52,7 @@ void AddByteSize(zps::Flags& f, const char* name, const char* help, double* fiel
 int main(int argc, char** argv) {
   PlanInput in;
   bool json = false, separate = false;
-  std::string reduction = "server-sum", fetch_strategy = "direct";
+  std::string reduction = "server-sum", fetch_strategy = "direct", collectives = "ring";
   int64_t weight_block = static_cast<int64_t>(in.weight_block);
   int64_t grad_block = static_cast<int64_t>(in.grad_block);
   zps::Flags f("zps-plan",
@@ -103,6 +103,14 @@ int main(int argc, char** argv) {
         1 << 30);
   f.Add("reduction", "server-sum or pre-reduced", &reduction);
   f.Add("fetch-strategy", "direct or bandwidth-centric", &fetch_strategy);
+  f.Add("collectives",
+        "ring (NCCL on GPU workers) or gloo (zps's CPU workers: Gloo's halving-doubling "
+        "reduce-scatter, which sends more than a ring)",
+        &collectives);
+  f.Add("serial-collectives",
+        "the reduce-scatter runs on the training thread between the backward's layers "
+        "(zps-train) instead of beside the backward (zps.torch): its time adds to the compute",
+        &in.serial_collectives);
   AddByteSize(f, "worker-live-bytes", "a worker's live window (zps-train --max-live-bytes)",
               &in.worker_live_bytes);
   AddByteSize(f, "prefetch-bytes", "a worker's prefetch (zps-train --prefetch-bytes)",
@@ -155,6 +163,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zps-plan: --fetch-strategy must be direct or bandwidth-centric\n");
     return 2;
   }
+  if (collectives != "ring" && collectives != "gloo") {
+    std::fprintf(stderr, "zps-plan: --collectives must be ring or gloo\n");
+    return 2;
+  }
+  in.gloo_collectives = collectives == "gloo";
   in.pre_reduced = reduction == "pre-reduced";
   in.bandwidth_centric = fetch_strategy == "bandwidth-centric";
   auto plan = zps::plan::MakePlan(in);

@@ -128,6 +128,36 @@ Result<std::vector<uint64_t>> ParseTensorList(std::string_view json) {
   return out;
 }
 
+double ReduceScatterHostBytes(double bytes, int ranks, int ranks_per_host, bool gloo) {
+  if (ranks <= ranks_per_host) return 0;
+  if (!gloo) return (ranks - 1.0) / ranks * bytes;
+  int steps = 0;  // log2 of the largest power-of-two block
+  while ((2 << steps) <= ranks) ++steps;
+  const int block = 1 << steps;
+  if (block > (1 << 22)) {
+    // Too many ranks to walk: the halving steps' off-host share (exact where the hosts' ranks
+    // are a power of two) and every rank of the host sending its slice away (at most that).
+    const double g = std::min(ranks_per_host, block);
+    return bytes * (1 - g / block) + g * bytes / block;
+  }
+  auto host = [&](int rank) { return rank / ranks_per_host; };
+  auto reversed = [&](int rank) {
+    int r = 0;
+    for (int i = 0; i < steps; ++i) r |= ((rank >> i) & 1) << (steps - 1 - i);
+    return r;
+  };
+  std::vector<double> sent((block + ranks_per_host - 1) / ranks_per_host, 0.0);
+  for (int rank = 0; rank < block; ++rank) {
+    for (int i = 0; i < steps; ++i) {
+      if (host(rank ^ (1 << i)) != host(rank)) sent[host(rank)] += bytes / (2 << i);
+    }
+    // The slice this rank holds after halving is reversed(rank)'s, sent on unless it is its own.
+    const int owner = reversed(rank);
+    if (host(owner) != host(rank)) sent[host(rank)] += bytes / block;
+  }
+  return *std::max_element(sent.begin(), sent.end());
+}
+
 Result<Format> ParseFormat(std::string_view text) {
   if (text == "int8") return Format::kInt8;
   if (text == "int4") return Format::kInt4;
@@ -275,11 +305,18 @@ Result<Plan> MakePlan(const PlanInput& input) {
   const double from_shards = in.bandwidth_centric ? fetch_all / W : fetch_all;
   const double to_shards = in.pre_reduced ? push_all / W : push_all;
   const double gather = in.bandwidth_centric ? (W - 1) / W * P * f : 0;  // all-gather, each way
-  const double scatter = in.pre_reduced ? (W - 1) / W * P * kFp32 : 0;   // reduce-scatter
+  // The reduce-scatter: what one rank sends (the busiest, as if alone on its host), and what
+  // leaves the busiest host.
+  const int workers = p.workers, per_host = in.gpus_per_node;
+  const double scatter =
+      in.pre_reduced ? ReduceScatterHostBytes(P * kFp32, workers, 1, in.gloo_collectives) : 0;
   p.worker_rank = {to_shards + gather + scatter, from_shards + gather + scatter};
-  // A host's ranks form one stretch of the ring: only one edge leaves the host, and it carries
-  // what one rank's edge does. One host alone: the collectives never leave it.
-  const double host_gather = N > 1 ? gather : 0, host_scatter = N > 1 ? scatter : 0;
+  // A host's ranks form one stretch of the all-gather's ring: only one edge leaves the host, and
+  // it carries what one rank's edge does. One host alone: the collectives never leave it.
+  const double host_gather = N > 1 ? gather : 0;
+  const double host_scatter =
+      in.pre_reduced ? ReduceScatterHostBytes(P * kFp32, workers, per_host, in.gloo_collectives)
+                     : 0;
 
   p.shard_in = in.pre_reduced ? push_all / S : W * push_all / S;
   p.shard_out = in.bandwidth_centric ? fetch_all / S : W * fetch_all / S;
@@ -355,8 +392,10 @@ Result<Plan> MakePlan(const PlanInput& input) {
   // The forward is a third of the compute, the backward two thirds (twice the FLOPs).
   const double update = std::max(p.t_optimizer, p.t_nvme);
   p.t_lower = std::max(p.t_network, p.t_compute) + update;
+  p.t_scatter = host_scatter / rate;
+  const double backward = 2 * p.t_compute / 3 + (in.serial_collectives ? p.t_scatter : 0);
   p.t_expected = std::max(p.t_network_forward, p.t_compute / 3) +
-                 std::max(p.t_network_backward, 2 * p.t_compute / 3) + update;
+                 std::max(p.t_network_backward, backward) + update;
   p.t_upper = p.t_network_forward + p.t_network_backward + p.t_compute + p.t_optimizer + p.t_nvme;
   return p;
 }
@@ -377,12 +416,12 @@ std::string FormatPlan(const PlanInput& in, const Plan& p) {
   }
   line(
       "modes: fetch %s (%.3g B/param, %d pass%s), grads %s (%.3g B/param), state %s "
-      "(%.3g B/param), %s, %s fetches\n",
+      "(%.3g B/param), %s, %s fetches, %s collectives\n",
       std::string(FormatName(in.fetch)).c_str(), p.fetch_bytes, p.fetch_passes,
       p.fetch_passes == 1 ? "" : "es", std::string(FormatName(in.grad)).c_str(), p.grad_bytes,
       std::string(FormatName(in.state)).c_str(), p.state_bytes,
       in.pre_reduced ? "pre-reduced" : "server-sum",
-      in.bandwidth_centric ? "bandwidth-centric" : "direct");
+      in.bandwidth_centric ? "bandwidth-centric" : "direct", in.gloo_collectives ? "gloo" : "ring");
   line("links: %.4g Gbit/s each way per host at %.0f%% efficiency; NVMe %.4g GB/s per host\n",
        in.link_gbps, in.link_efficiency * 100, in.nvme_gbytes_s);
   s += "memory per shard:\n";
@@ -409,6 +448,10 @@ std::string FormatPlan(const PlanInput& in, const Plan& p) {
   line("  network, busiest link direction          %s\n", Seconds(p.t_network).c_str());
   line("  network, forward then backward           %s + %s\n", Seconds(p.t_network_forward).c_str(),
        Seconds(p.t_network_backward).c_str());
+  if (in.pre_reduced) {
+    line("  reduce-scatter (in the backward)         %s%s\n", Seconds(p.t_scatter).c_str(),
+         in.serial_collectives ? ", after the compute" : "");
+  }
   line("  compute (forward + backward)             %s\n", Seconds(p.t_compute).c_str());
   line("  optimizer pass                           %s\n", Seconds(p.t_optimizer).c_str());
   line("  NVMe                                     %s\n", Seconds(p.t_nvme).c_str());
@@ -423,22 +466,24 @@ std::string PlanJson(const PlanInput& in, const Plan& p) {
   std::snprintf(
       b, sizeof(b),
       "{\"params\": %.17g, \"workers\": %d, \"shards\": %d, \"fetch\": \"%s\", \"grad\": \"%s\", "
-      "\"state\": \"%s\", \"reduction\": \"%s\", \"fetch_passes\": %d, \"state_bytes\": %.17g, "
+      "\"state\": \"%s\", \"reduction\": \"%s\", \"collectives\": \"%s\", \"fetch_passes\": %d, "
+      "\"state_bytes\": %.17g, "
       "\"shard_ram_bytes\": %.17g, \"shard_nvme_bytes\": %.17g, \"shard_grad_bytes\": %.17g, "
       "\"worker_window_bytes\": %.17g, \"worker_residual_bytes\": %.17g, "
       "\"worker_host_out\": %.17g, \"worker_host_in\": %.17g, \"shard_host_out\": %.17g, "
       "\"shard_host_in\": %.17g, \"shard_in\": %.17g, \"shard_out\": %.17g, "
       "\"t_network\": %.6g, \"t_network_forward\": %.6g, \"t_network_backward\": %.6g, "
-      "\"t_compute\": %.6g, \"t_optimizer\": %.6g, \"t_nvme\": %.6g, \"t_lower\": %.6g, "
+      "\"t_scatter\": %.6g, \"t_compute\": %.6g, \"t_optimizer\": %.6g, \"t_nvme\": %.6g, "
+      "\"t_lower\": %.6g, "
       "\"t_expected\": %.6g, \"t_upper\": %.6g}",
       in.params, p.workers, p.shards, std::string(FormatName(in.fetch)).c_str(),
       std::string(FormatName(in.grad)).c_str(), std::string(FormatName(in.state)).c_str(),
-      in.pre_reduced ? "pre-reduced" : "server-sum", p.fetch_passes, p.state_bytes,
-      p.shard_ram_bytes, p.shard_nvme_bytes, p.shard_grad_bytes, p.worker_window_bytes,
-      p.worker_residual_bytes, p.worker_host.out, p.worker_host.in, p.shard_host.out,
-      p.shard_host.in, p.shard_in, p.shard_out, p.t_network, p.t_network_forward,
-      p.t_network_backward, p.t_compute, p.t_optimizer, p.t_nvme, p.t_lower, p.t_expected,
-      p.t_upper);
+      in.pre_reduced ? "pre-reduced" : "server-sum", in.gloo_collectives ? "gloo" : "ring",
+      p.fetch_passes, p.state_bytes, p.shard_ram_bytes, p.shard_nvme_bytes, p.shard_grad_bytes,
+      p.worker_window_bytes, p.worker_residual_bytes, p.worker_host.out, p.worker_host.in,
+      p.shard_host.out, p.shard_host.in, p.shard_in, p.shard_out, p.t_network, p.t_network_forward,
+      p.t_network_backward, p.t_scatter, p.t_compute, p.t_optimizer, p.t_nvme, p.t_lower,
+      p.t_expected, p.t_upper);
   return b;
 }
 

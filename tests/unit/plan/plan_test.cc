@@ -114,6 +114,38 @@ TEST(Plan, PreReducedBf16Gradients) {
   EXPECT_DOUBLE_EQ(p.t_network, 0.04);           // the workers' 5e6 in, at 125e6 B/s
 }
 
+// Gloo's halving-doubling reduce-scatter of 4 ranks: rank 1 sends 1/2 (to rank 0) and 1/4 (to
+// rank 3) in the halving steps, then the slice it holds, rank 2's (1 reversed in 2 bits), 1/4:
+// the whole buffer. A ring edge carries 3/4 of it.
+TEST(Plan, GlooReduceScatterSendsMoreThanARing) {
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 4, 1, false), 3e6);
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 4, 1, true), 4e6);
+  // Two hosts of two ranks: the first step (rank ^ 1) stays on the host; 1/4 leaves it per rank
+  // in the second, and rank 1's slice goes to rank 2 on the other host: 2 x 1e6 + 1e6.
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 4, 2, true), 3e6);
+  // 8 ranks, one a host: 7/8 in the halving steps and, for rank 1 (reversed: 4), 1/8 more.
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(8e6, 8, 1, true), 8e6);
+  // Two ranks: rank 1 holds its own slice after the one step.
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 2, 1, true), 2e6);
+  // One host: nothing leaves it.
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 8, 8, true), 0);
+
+  PlanInput in = Testbed();
+  in.pre_reduced = true;
+  in.grad = Format::kBf16;
+  in.gloo_collectives = true;
+  Plan p = Value(MakePlan(in));
+  EXPECT_DOUBLE_EQ(p.worker_rank.out, 4.5e6);     // 1e6 x 4 B reduce-scatter + 0.25e6 x 2 B
+  EXPECT_DOUBLE_EQ(p.worker_host.in, 6e6);        // 2e6 fetched + 4e6 reduce-scatter
+  EXPECT_DOUBLE_EQ(p.t_network_backward, 0.036);  // 4.5e6 B out at 125e6 B/s
+  EXPECT_DOUBLE_EQ(p.t_scatter, 0.032);           // 4e6 B at 125e6 B/s
+  // The forward: max(0.032 served by a shard, 0.1 / 3); the backward's compute 0.2 / 3 hides
+  // its network, unless the reduce-scatter runs after it.
+  EXPECT_NEAR(p.t_expected, 0.1 / 3 + 0.2 / 3 + 0.005, 1e-12);
+  in.serial_collectives = true;
+  EXPECT_NEAR(Value(MakePlan(in)).t_expected, 0.1 / 3 + (0.2 / 3 + 0.032) + 0.005, 1e-12);
+}
+
 TEST(Plan, BandwidthCentricFetches) {
   PlanInput in = Testbed();
   in.bandwidth_centric = true;

@@ -9,7 +9,7 @@
 //     window holds what the worker made of the fetch: the fetch format itself for fp32/fp16/bf16,
 //     but fp32 for an int8/int4 fetch, which the worker dequantizes (Client::serving_dtype);
 //   - server-sum: every worker pushes its whole gradient; pre-reduced: the workers
-//     reduce-scatter the fp32 gradient and each pushes its 1/W slice;
+//     reduce-scatter the fp32 gradient (ReduceScatterHostBytes) and each pushes its 1/W slice;
 //   - the shards update their 1/S of the state after the commit (sync mode): the optimizer pass,
 //     and with state over the RAM budget the spilled part read and written once from NVMe.
 // Step time, in two phases: the forward moves the first fetch pass (and its all-gather), the
@@ -21,7 +21,8 @@
 //     and the NVMe reads with the optimizer: max(network, compute) + max(optimizer, NVMe);
 //   - expected: each phase's network overlapped with its compute, the phases one after the
 //     other: max(forward network, compute / 3) + max(backward network, 2 compute / 3) +
-//     max(optimizer, NVMe);
+//     max(optimizer, NVMe); with serial_collectives the backward's compute is 2 compute / 3 +
+//     the reduce-scatter's time;
 //   - upper bound: the two phases' network, the compute, the optimizer and NVMe added up.
 //
 // Per-element sizes come from the code where it has them (DTypeSize for fp32/fp16/bf16; the
@@ -74,6 +75,18 @@ Result<double> StateBytesPerParam(Format state, Format serving, uint64_t block);
 /// is not a positive integer, or a shape of more than 2^40 elements (kMaxTotalElems).
 Result<std::vector<uint64_t>> ParseTensorList(std::string_view json);
 
+/// Bytes a reduce-scatter of `bytes` (the whole buffer, per rank) sends over the busiest host's
+/// link, each way, among `ranks` ranks of which `ranks_per_host` consecutive ones share a host.
+///   - ring (gloo = false; NCCL on GPU workers): a host's ranks are one stretch of the ring, so
+///     one edge leaves the host and carries what one rank's does: (ranks - 1) / ranks x bytes;
+///   - gloo = true (zps's CPU collectives, Gloo's ReduceScatterHalvingDoubling): at step i a
+///     rank exchanges bytes / 2^(i+1) with rank ^ 2^i, then each rank whose slice came to rest
+///     at its bit-reversed rank gets it from there (bytes / ranks); the host that sends the most
+///     off-host. For a world that is not a power of two this counts the largest power-of-two
+///     block's steps only (Gloo adds exchanges between its blocks there).
+/// 0 when every rank is on one host.
+double ReduceScatterHostBytes(double bytes, int ranks, int ranks_per_host, bool gloo);
+
 struct PlanInput {
   double params = 0;  // Default: 0 (required unless `tensors` is given). Parameters of the model.
   // The model's tensors (element counts, in registration order); when given, `params` is their
@@ -100,9 +113,16 @@ struct PlanInput {
   uint64_t grad_block = kGradQuantBlock;      // Default: 256.
   bool pre_reduced = false;                   // Default: false = server-sum.
   bool bandwidth_centric = false;             // Default: false = direct fetches.
-  double worker_live_bytes = 1073741824;      // Default: 1 GiB (zps-train's --max-live-bytes).
-  double prefetch_bytes = 268435456;          // Default: 256 MiB (zps-train's --prefetch-bytes).
-  double bucket_bytes = 16777216;             // Default: 16 MiB (zps-train's --bucket-bytes).
+  // Default: false = ring collectives (NCCL). true: Gloo's, as zps's CPU workers run them
+  // (ReduceScatterHostBytes).
+  bool gloo_collectives = false;
+  // Default: false = the reduce-scatter overlaps the backward (zps.torch's reducer thread).
+  // true: it runs between the backward's layers (zps-train's training thread), so its network
+  // time adds to the backward's compute.
+  bool serial_collectives = false;
+  double worker_live_bytes = 1073741824;  // Default: 1 GiB (zps-train's --max-live-bytes).
+  double prefetch_bytes = 268435456;      // Default: 256 MiB (zps-train's --prefetch-bytes).
+  double bucket_bytes = 16777216;         // Default: 16 MiB (zps-train's --bucket-bytes).
   double optimizer_rate = 1.5e9;  // Default: 1.5e9 parameters/s per shard (2 threads measured).
   double compute_s = 0;           // Default: 0. A worker's forward + backward per step.
   double tokens_per_gpu = 0;      // Default: 0. With gpu_tflops: compute = 6 P T / FLOP/s.
@@ -143,6 +163,7 @@ struct Plan {
   double t_network = 0;           // the busiest link direction at link_gbps x link_efficiency
   double t_network_forward = 0;   // the busiest direction of what the forward moves
   double t_network_backward = 0;  // the busiest direction of what the backward moves
+  double t_scatter = 0;           // the reduce-scatter on the busiest host's link (pre-reduced)
   double t_compute = 0;
   double t_optimizer = 0;
   double t_nvme = 0;
