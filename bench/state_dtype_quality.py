@@ -122,6 +122,13 @@ def configure(cfg, args, lr, dtype, mode):
             "warmup_type": "linear", "total_num_steps": args.steps}}
 
 
+def data_step(args, step):
+    # The seed of a step's training batch: the step itself for --data-seed 1, and a range of its
+    # own for each other order, 10^7 apart (clear of the held-out batches' 10^6 + i). The
+    # held-out batches and the initial values do not depend on it.
+    return (args.data_seed - 1) * 10**7 + step
+
+
 def torch_lm(args, dtype, zt, torch, F, mode=None, name="lm"):
     import train_lm
     torch.manual_seed(0)
@@ -144,7 +151,7 @@ def torch_lm(args, dtype, zt, torch, F, mode=None, name="lm"):
     with zt.initialize(model, cfg) as engine:
         rows.append((name, dtype, 0, None, heldout(engine)))
         for step in range(args.steps):
-            x, y = train_lm.batch(train, step, 0, 1, args.batch, args.seq_len)
+            x, y = train_lm.batch(train, data_step(args, step), 0, 1, args.batch, args.seq_len)
             loss = F.cross_entropy(engine(x).reshape(-1, 256), y.reshape(-1))
             engine.backward(loss)
             engine.step()
@@ -197,7 +204,8 @@ def torch_vision(args, dtype, zt, torch, F, mode=None, name=None):
         model.train()
         rows.append((name, dtype, 0, None, heldout(engine)))
         for step in range(args.steps):
-            x, y = vision_batch(torch, protos, args.noise, args.label_noise, args.batch, step)
+            x, y = vision_batch(torch, protos, args.noise, args.label_noise, args.batch,
+                                data_step(args, step))
             loss = F.cross_entropy(engine(x), y)
             engine.backward(loss)
             engine.step()
@@ -424,6 +432,9 @@ def main():
     t.add_argument("--noise", type=float, default=1.0, help="vision: noise std per pixel")
     t.add_argument("--label-noise", type=float, default=0.2,
                    help="vision: share of labels drawn at random")
+    t.add_argument("--data-seed", type=int, default=1,
+                   help="order of the training batches (1: the default; the held-out set and the "
+                        "initial values stay)")
     t.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     t.add_argument("--csv", required=True, help="rows are appended")
     p = sub.add_parser("parse", help="zps-train's output to rows")
