@@ -132,13 +132,12 @@ double ReduceScatterHostBytes(double bytes, int ranks, int ranks_per_host, bool 
   if (ranks <= ranks_per_host) return 0;
   if (!gloo) return (ranks - 1.0) / ranks * bytes;
   int steps = 0;  // log2 of the largest power-of-two block
-  while ((2 << steps) <= ranks) ++steps;
+  while ((int64_t{2} << steps) <= ranks) ++steps;
   const int block = 1 << steps;
   if (block > (1 << 22)) {
-    // Too many ranks to walk: the halving steps' off-host share (exact where the hosts' ranks
-    // are a power of two) and every rank of the host sending its slice away (at most that).
-    const double g = std::min(ranks_per_host, block);
-    return bytes * (1 - g / block) + g * bytes / block;
+    // Too many ranks to walk: at most the whole buffer (the halving steps send 1 - g / block of
+    // it off a host of g ranks, the slices its ranks send on at most g / block).
+    return bytes;
   }
   auto host = [&](int rank) { return rank / ranks_per_host; };
   auto reversed = [&](int rank) {

@@ -129,6 +129,8 @@ TEST(Plan, GlooReduceScatterSendsMoreThanARing) {
   EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 2, 1, true), 2e6);
   // One host: nothing leaves it.
   EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 8, 8, true), 0);
+  // 2^30 ranks (the planner's most): not walked, bounded by the whole buffer.
+  EXPECT_DOUBLE_EQ(ReduceScatterHostBytes(4e6, 1 << 30, 1, true), 4e6);
 
   PlanInput in = Testbed();
   in.pre_reduced = true;
