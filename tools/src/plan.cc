@@ -306,32 +306,28 @@ Result<Plan> MakePlan(const PlanInput& input) {
   const double gather = in.bandwidth_centric ? (W - 1) / W * P * f : 0;  // all-gather, each way
   // The reduce-scatter: what one rank sends (the busiest, as if alone on its host), and what
   // leaves the busiest host.
-  const int workers = p.workers, per_host = in.gpus_per_node;
   const double scatter =
-      in.pre_reduced ? ReduceScatterHostBytes(P * kFp32, workers, 1, in.gloo_collectives) : 0;
+      in.pre_reduced ? ReduceScatterHostBytes(P * kFp32, p.workers, 1, in.gloo_collectives) : 0;
   p.worker_rank = {to_shards + gather + scatter, from_shards + gather + scatter};
   // A host's ranks form one stretch of the all-gather's ring: only one edge leaves the host, and
   // it carries what one rank's edge does. One host alone: the collectives never leave it.
   const double host_gather = N > 1 ? gather : 0;
   const double host_scatter =
-      in.pre_reduced ? ReduceScatterHostBytes(P * kFp32, workers, per_host, in.gloo_collectives)
-                     : 0;
+      in.pre_reduced
+          ? ReduceScatterHostBytes(P * kFp32, p.workers, in.gpus_per_node, in.gloo_collectives)
+          : 0;
 
   p.shard_in = in.pre_reduced ? push_all / S : W * push_all / S;
   p.shard_out = in.bandwidth_centric ? fetch_all / S : W * fetch_all / S;
-  HostTraffic worker{{host_gather, G * from_shards + host_gather},
-                     {G * to_shards + host_scatter, host_scatter}};
-  HostTraffic shard;  // a shard host's (separate hosts only)
-  if (in.colocated) {
-    // Shards spread evenly over the nodes: 1/N of a node's shard traffic stays on the node.
-    const double remote = (N - 1) / N, per_node = S / N;
-    worker.fetch = {host_gather + per_node * p.shard_out * remote,
-                    G * from_shards * remote + host_gather};
-    worker.push = {G * to_shards * remote + host_scatter,
-                   host_scatter + per_node * p.shard_in * remote};
-  } else {
-    shard = {{p.shard_out, 0}, {0, p.shard_in}};
-  }
+  // Colocated, the shards spread evenly over the nodes and 1/N of a node's shard traffic stays
+  // on the node; on their own hosts, every byte to or from a shard crosses the worker's link.
+  const double remote = in.colocated ? (N - 1) / N : 1, node_shards = in.colocated ? S / N : 0;
+  const HostTraffic worker{
+      {host_gather + node_shards * p.shard_out * remote, G * from_shards * remote + host_gather},
+      {G * to_shards * remote + host_scatter, host_scatter + node_shards * p.shard_in * remote}};
+  // A shard host's (separate hosts only).
+  const HostTraffic shard =
+      in.colocated ? HostTraffic{} : HostTraffic{{p.shard_out, 0}, {0, p.shard_in}};
   p.worker_host = worker.Total();
   p.shard_host = shard.Total();
 
