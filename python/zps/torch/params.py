@@ -5,9 +5,16 @@ resized to 0 bytes (FSDP's approach). Acquiring it regrows the same storage and 
 bytes straight into it through data_ptr(): autograd's saved tensors and views alias that storage,
 so they see the values again in backward, and no version counter is bumped (a copy_ into the
 parameter itself would trip "modified by an inplace operation").
+
+A regrown CPU storage of 4 MiB or more is advised MADV_HUGEPAGE before the fetched bytes touch
+it, as the shards' state buffers are: a large storage is a fresh mapping each time (glibc
+maps an allocation above its mmap threshold, at most 32 MiB, anew and unmaps it on free), so
+without the hint each acquire faults it in 4 KiB at a time. A hint only: where transparent huge pages are "never", or the
+kernel has none to give, nothing changes.
 """
 
 import ctypes
+import sys
 
 import torch
 
@@ -34,6 +41,38 @@ def resize_storage(t, nbytes):
         s.resize_(nbytes)
     else:  # torch 1.13: a TypedStorage, sized in elements
         s.resize_(nbytes // t.element_size())
+
+
+_MADV_HUGEPAGE = 14      # <sys/mman.h> on Linux
+_HUGE_FROM = 4 << 20     # bytes; as the shards' AlignedBuffer
+_PAGE = 4096
+
+
+def _libc_madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    f.restype = ctypes.c_int
+    return f
+
+
+_madvise = _libc_madvise()
+
+
+def advise_huge_pages(t):
+    """Advises the whole pages of CPU tensor `t`'s memory MADV_HUGEPAGE (a hint: errors are
+    ignored); tensors under 4 MiB, or not on the CPU, are left alone."""
+    nbytes = t.numel() * t.element_size()
+    if _madvise is None or t.device.type != "cpu" or nbytes < _HUGE_FROM:
+        return
+    start = (t.data_ptr() + _PAGE - 1) & ~(_PAGE - 1)
+    end = (t.data_ptr() + nbytes) & ~(_PAGE - 1)
+    if end > start:
+        _madvise(start, end - start, _MADV_HUGEPAGE)
 
 
 def host_view(ptr, nbytes, dtype):
@@ -83,3 +122,4 @@ class ZParam:
 
     def regrow(self):
         resize_storage(self.param.data, self.nbytes)
+        advise_huge_pages(self.param.data)
