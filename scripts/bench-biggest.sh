@@ -15,10 +15,14 @@
 # The gradient slots (4 bytes per parameter with fp32 gradients, in RAM whatever the budgets;
 # docs/nvme.md) come on top of the budgets: it refuses to start where MemAvailable cannot hold
 # them, the budgets and 2 GiB for the worker, or the disk the spill and the staging file need
-# (FORCE=1 starts anyway). Extra arguments go to big_model.py.
+# (FORCE=1 starts anyway). Extra arguments go to big_model.py. The worker runs with
+# glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (scripts/lib/worker-env.sh; HUGETLB=0 leaves it out).
 #   DIR=/data scripts/bench-biggest.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/worker-env.sh
+source "$root/scripts/lib/worker-env.sh"
+worker_huge_pages
 layers=${LAYERS:-179} hidden=${HIDDEN:-4096} steps=${STEPS:-2} shards=${SHARDS:-2}
 budget=${MEMORY_BUDGET:-$((1 << 30))} serving=${SERVING_BUDGET:-$((256 << 20))}
 dtype=${STATE_DTYPE:-int8}
@@ -35,7 +39,8 @@ avail_ram=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
 avail_disk=$(df -B1 --output=avail "$base" | tail -1)
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $(free -g | awk '/Mem:/{print $2}') GiB," \
      "load $(cut -d' ' -f1-3 /proc/loadavg); $layers x $hidden^2 = $params parameters," \
-     "$dtype state, $shards shards x (memory budget $budget + serving budget $serving) bytes"
+     "$dtype state, $shards shards x (memory budget $budget + serving budget $serving) bytes;" \
+     "GLIBC_TUNABLES=${GLIBC_TUNABLES:-}"
 echo "# needs about $((need_ram >> 20)) MiB of RAM (MemAvailable $((avail_ram >> 20)) MiB) and" \
      "$((need_disk >> 20)) MiB of disk in $base ($((avail_disk >> 20)) MiB free)"
 if [[ ${FORCE:-0} != 1 ]] && ((need_ram > avail_ram || need_disk > avail_disk)); then

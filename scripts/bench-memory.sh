@@ -12,10 +12,15 @@
 # training run (fio: O_DIRECT, io_uring, 1 MiB blocks, iodepth 16, 2 GiB; `zps-bench disk`
 # with the same settings where fio is not installed), and the state bytes per parameter from
 # the shards' zps_shard_state_bytes gauges. Then the step time of each dtype over the first.
-# Extra arguments go to big_model.py (--layers, --hidden, --steps, --memory-budget, ...).
+# Extra arguments go to big_model.py (--layers, --hidden, --steps, --memory-budget, ...). The
+# worker runs with glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (scripts/lib/worker-env.sh; HUGETLB=0
+# leaves it out).
 #   scripts/bench-memory.sh --memory-budget 2147483648 --state-dtypes fp32,int8
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/worker-env.sh
+source "$root/scripts/lib/worker-env.sh"
+worker_huge_pages
 dtypes=fp32
 args=()
 while (($#)); do
@@ -33,11 +38,11 @@ ref=fio
 command -v fio >/dev/null || ref="zps-bench disk"
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $(free -g | awk '/Mem:/{print $2}') GiB," \
      "load $(cut -d' ' -f1-3 /proc/loadavg); data dir $dir ($(df -h "$dir" | awk 'NR==2{print $4}') free);" \
-     "disk reference: $([[ $ref == fio ]] && fio --version || echo "$ref")"
+     "disk reference: $([[ $ref == fio ]] && fio --version || echo "$ref"); GLIBC_TUNABLES=${GLIBC_TUNABLES:-}"
 
 disk_mbps() {  # prints "write_MB/s read_MB/s" (10^6 B/s) of a sequential O_DIRECT pass in $dir
   if [[ $ref == fio ]]; then
-    local rw w r
+    local rw
     for rw in write read; do
       # terse fields: 48 = write bandwidth, 7 = read bandwidth, in KiB/s
       fio --name="$rw" --filename="$dir/fio.tmp" --size=2G --bs=1M --rw="$rw" --direct=1 \

@@ -28,7 +28,7 @@ from zps.cluster import LocalCluster
 from zps.torch import config as config_mod
 from zps.torch import construct, weights
 from zps.torch.hooks import GradientPusher, HookSet, Residency, host_staging
-from zps.torch.params import ZParam, resize_storage, storage_bytes
+from zps.torch.params import ZParam, malloc_huge_pages_hint, resize_storage, storage_bytes
 
 _SERVING = {"fp32": _native.F32, "fp16": _native.F16, "bf16": _native.BF16}
 
@@ -145,6 +145,9 @@ class Engine:
                     resize_storage(p.data, 0)
             zparams.append(zp)
         self.zparams = zparams
+        hint = malloc_huge_pages_hint(zparams)
+        if hint and self.rank == 0:
+            _log.info(hint)
         endpoint, token = self._endpoint(cfg, lambda: self._job(cfg, zparams, group_of, groups))
         try:
             if cfg.endpoint_given and not cfg.shards_given:  # the servers know their count

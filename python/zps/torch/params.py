@@ -14,6 +14,8 @@ kernel has none to give, nothing changes.
 """
 
 import ctypes
+import os
+import platform
 import sys
 
 import torch
@@ -73,6 +75,33 @@ def advise_huge_pages(t):
     end = (t.data_ptr() + nbytes) & ~(_PAGE - 1)
     if end > start:
         _madvise(start, end - start, _MADV_HUGEPAGE)
+
+
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def malloc_huge_pages_hint(zparams):
+    """A line for the log, or None: the gradients of large trainable CPU parameters are torch's
+    own allocations, which glibc maps anew each time and faults in 4 KiB pages unless the process
+    was started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc 2.35 or later: malloc then
+    advises its fresh mappings MADV_HUGEPAGE). None where that is set, where transparent huge
+    pages are off or absent, off glibc, or without such a parameter."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", ""):
+        return None
+    if not any(zp.trainable and zp.param.device.type == "cpu" and zp.nbytes >= _HUGE_FROM
+               for zp in zparams):
+        return None
+    try:
+        with open(_THP_MODE) as f:
+            if "[never]" in f.read():
+                return None
+    except OSError:
+        return None
+    return ("zps.torch: the gradients of this model's large CPU parameters are faulted in 4 KiB "
+            "pages; starting the worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 lets glibc "
+            "give them transparent huge pages (docs/pytorch.md, \"How parameters live\")")
 
 
 def host_view(ptr, nbytes, dtype):
