@@ -207,8 +207,7 @@ struct Client::Impl {
   // Unavailable at once (the caller re-joins) rather than at the op timeout.
   void FailFenced(const std::vector<ucx::Endpoint>& fenced_eps) {
     for (const auto& ep : fenced_eps) {
-      ucx->Fail(ep, Unavailable("the shard ended this worker's session (it is rolling back to a "
-                                "checkpoint, or lost the coordinator); re-join"));
+      ucx->Fail(ep, msg::SessionFencedError());
     }
   }
   void SessionFenced(uint64_t token) {

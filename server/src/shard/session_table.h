@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "zps/common/messages.h"
 #include "zps/common/status.h"
 #include "zps/common/thread_annotations.h"
 
@@ -96,10 +97,7 @@ class SessionTable {
   /// fenced one (the worker re-joins), Unauthenticated for any other.
   Status SessionError(uint64_t token) const {
     MutexLock lock(&mu_);
-    if (fenced_.count(token) != 0) {
-      return Unavailable(
-          "the worker's session ended: the shard rolled back or lost the coordinator; re-join");
-    }
+    if (fenced_.count(token) != 0) return msg::SessionFencedError();
     return Unauthenticated("unknown session token");
   }
 

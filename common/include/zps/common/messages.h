@@ -277,6 +277,16 @@ struct ServingNoticeHeader {
   ZPS_WIRE_MESSAGE(ServingNoticeHeader, ZPS_MSG_SERVING_NOTICE_HEADER)
 };
 
+/// The error of every data-plane operation of a fenced session, whichever side notices first:
+/// the shard's answer to a message that carries a fenced session token, and the worker's
+/// failure of its endpoint to that shard on the forget notice (ServingNoticeHeader). Unavailable:
+/// the worker re-joins.
+inline Status SessionFencedError() {
+  return Unavailable(
+      "the shard ended this worker's session (it is rolling back to a checkpoint, or lost the "
+      "coordinator); re-join");
+}
+
 struct PushReplyHeader {
 #define ZPS_MSG_PUSH_REPLY_HEADER(X)                \
   X(request, 0, "the push's request", wire::U64)    \
