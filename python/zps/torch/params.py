@@ -7,10 +7,10 @@ so they see the values again in backward, and no version counter is bumped (a co
 parameter itself would trip "modified by an inplace operation").
 
 A regrown CPU storage of 4 MiB or more is advised MADV_HUGEPAGE before the fetched bytes touch
-it, as the shards' state buffers are: a large storage is a fresh mapping each time (glibc
-maps an allocation above its mmap threshold, at most 32 MiB, anew and unmaps it on free), so
-without the hint each acquire faults it in 4 KiB at a time. A hint only: where transparent huge pages are "never", or the
-kernel has none to give, nothing changes.
+it, as the shards' state buffers are: a large storage is a fresh mapping each time (glibc maps an
+allocation above its mmap threshold, at most 32 MiB, anew and unmaps it on free), so without the
+hint each acquire faults it in 4 KiB at a time. A hint only: where transparent huge pages are
+"never", or the kernel has none to give, nothing changes.
 """
 
 import ctypes
