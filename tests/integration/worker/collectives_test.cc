@@ -7,10 +7,12 @@
 //   - ReduceScatter, AllGather and AllReduce at world sizes 1 to 4 with sizes not divisible by
 //     the world size (1, 7, 1023, 4099 elements): integer-valued inputs (exact in any summation
 //     order) checked against the expected sums on every rank's slice (RankSlice);
-//   - determinism: the same random inputs reduce-scatter to the same bits twice.
+//   - determinism: the same random inputs reduce-scatter to the same bits twice;
+//   - a lost peer fails a collective soon; SIGPIPE is ignored where it was at its default.
 #include "zps/worker/collectives.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -251,6 +253,32 @@ TEST_F(CollectivesTest, LostPeerFailsTheCollective) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.code(), Code::kDeadlineExceeded) << s.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << s.ToString();
+}
+
+// A rank whose peer died must get the write's error, not die of SIGPIPE (the default action,
+// silent: a pre-reduced rank writing its reduce-scatter to a rank killed a moment before ended
+// that way, exit status 141). Create ignores SIGPIPE where it is at its default and leaves a
+// program's own disposition alone (gloo_collectives.h).
+void OwnSigpipeHandler(int) {}
+
+TEST_F(CollectivesTest, CreateIgnoresADefaultSigpipeAndKeepsTheProgramsOwn) {
+  struct sigaction saved = {};
+  struct sigaction now = {};
+  struct sigaction set = {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &saved), 0);
+  set.sa_handler = SIG_DFL;
+  sigemptyset(&set.sa_mask);
+  ASSERT_EQ(::sigaction(SIGPIPE, &set, nullptr), 0);
+  RunRanks(2, "sigpipe-default", [](uint32_t, worker::Collectives&) {});
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+
+  set.sa_handler = OwnSigpipeHandler;
+  ASSERT_EQ(::sigaction(SIGPIPE, &set, nullptr), 0);
+  RunRanks(2, "sigpipe-own", [](uint32_t, worker::Collectives&) {});
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &OwnSigpipeHandler);
+  ASSERT_EQ(::sigaction(SIGPIPE, &saved, nullptr), 0);
 }
 
 // The Client's ranged fetch and push (what bandwidth-centric and pre-reduced are built on),

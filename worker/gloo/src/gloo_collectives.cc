@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -97,6 +98,24 @@ Status GlooCall(const char* what, KvStoreAdapter* store, F&& f) {
 
 constexpr uint64_t kMaxGlooCount = 0x7fffffff;
 
+// Gloo's tcp pairs write with writev, which raises SIGPIPE once a peer has closed its end (a rank
+// that died): left at its default, that signal ends this process without a word, before the
+// write's EPIPE could become the collective's error. Ignored here unless the program chose a
+// disposition of its own; sigaction(2) is process-wide and safe to call from any thread.
+void IgnoreSigpipeIfDefault() {
+  struct sigaction now = {};
+  if (::sigaction(SIGPIPE, nullptr, &now) != 0 || now.sa_handler != SIG_DFL ||
+      (now.sa_flags & SA_SIGINFO) != 0) {
+    return;
+  }
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  if (::sigaction(SIGPIPE, &ignore, nullptr) == 0) {
+    ZPS_LOG(DEBUG) << "gloo: SIGPIPE ignored (a write to a closed peer fails with EPIPE)";
+  }
+}
+
 }  // namespace
 
 struct GlooCollectives::Impl {
@@ -140,6 +159,7 @@ Result<std::unique_ptr<GlooCollectives>> GlooCollectives::Create(const GlooOptio
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   if (options.world_size > 1) {
+    IgnoreSigpipeIfDefault();
     ZPS_ASSIGN_OR_RETURN(impl->kv, CoordinatorKv::Connect({.endpoint = options.endpoint,
                                                            .token = options.token,
                                                            .rank = options.rank,

@@ -13,7 +13,13 @@
 // library and turned into a Status in one function (GlooCall in gloo_collectives.cc).
 //
 // Thread-safety: as Collectives (one thread at a time per object). Owns its Gloo context, tcp
-// device and kv connection (RAII); no global state.
+// device and kv connection (RAII).
+//
+// Process-wide: Create with world_size > 1 sets SIGPIPE to ignored where it is at its default.
+// Gloo writes to its peers' sockets with writev, and a write to a peer that died raises SIGPIPE,
+// whose default action ends the process silently; ignored, the write fails with EPIPE and the
+// collective returns Unavailable. A disposition the program set itself (a handler, or SIG_IGN)
+// is left alone; a handler that returns gives the same EPIPE.
 #pragma once
 
 #include <chrono>
