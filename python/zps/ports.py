@@ -6,14 +6,28 @@ port, which every outgoing connection on the machine (UCX's tcp transport makes 
 too, so it is often taken again in the moment between this check and the server's own bind
 (seen as "bind 127.0.0.1:<port>: Address already in use" in tests run side by side).
 
+A port handed out is also free to be handed out again until its server binds it, and a job's
+ports are often drawn one call at a time (a test script runs `python3 -m zps.ports` once per
+port). So every port handed out is written down with the time, in a file per user in the
+temporary directory (locked while it is read and written), and is not handed out again, by any
+process, for RESERVE_S seconds: without that, a shard's RPC port could be drawn again as the
+other shard's /metrics port, and whichever bound it first made the other fail. Where the file
+cannot be used, the draw goes on without it.
+
     python3 -m zps.ports [N]     # prints N free ports (default 1), one per line
 """
 
+import contextlib
+import fcntl
+import os
 import random
 import socket
 import sys
+import tempfile
+import time
 
 _LOWEST = 10000
+RESERVE_S = 600
 
 
 def _ephemeral_low():
@@ -24,14 +38,47 @@ def _ephemeral_low():
         return 32768
 
 
-def free_port(host="127.0.0.1", taken=()):
-    """A port on `host` nobody listens on or is bound to now, not in `taken`; OSError if none is
-    found (after 200 tries, then the kernel's choice is the fallback)."""
+def _reservations_path():
+    return os.path.join(tempfile.gettempdir(), "zps-ports-%d" % os.getuid())
+
+
+@contextlib.contextmanager
+def _reservations():
+    """Yields the dict {port: time handed out} of the last RESERVE_S seconds, locked against
+    other processes, and writes it back on exit; yields a dict that is not kept where the file
+    cannot be opened or locked."""
+    try:
+        fd = os.open(_reservations_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield {}
+        return
+    with os.fdopen(fd, "r+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:
+            yield {}
+            return
+        now = time.time()
+        held = {}
+        for line in f.read().splitlines():
+            try:
+                port, when = line.split()
+                if now - float(when) < RESERVE_S:
+                    held[int(port)] = float(when)
+            except ValueError:
+                continue  # a line cut short: dropped
+        yield held
+        f.seek(0)
+        f.truncate()
+        f.write("".join("%d %.3f\n" % (p, t) for p, t in sorted(held.items())))
+
+
+def _draw(host, avoid):
     high = _ephemeral_low() - 1
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randint(_LOWEST, high) if high > _LOWEST else 0
-        if port in taken:
+        if port in avoid:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -42,6 +89,16 @@ def free_port(host="127.0.0.1", taken=()):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_port(host="127.0.0.1", taken=()):
+    """A port on `host` nobody listens on or is bound to now, not in `taken` and not handed out
+    by this module in the last RESERVE_S seconds; OSError if none is found (after 200 tries, then
+    the kernel's choice is the fallback)."""
+    with _reservations() as held:
+        port = _draw(host, set(taken) | set(held))
+        held[port] = time.time()
+        return port
 
 
 def free_ports(n, host="127.0.0.1"):

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,11 @@ inline std::vector<float> Values(size_t n, uint32_t seed, float scale) {
 
 // A free loopback port below the ephemeral range (python/zps/ports.py says why not port 0: an
 // ephemeral port is re-taken by outgoing connections before the server binds it), checked free by
-// binding it; the kernel's choice after 200 tries. 0 when no socket can be bound at all.
+// binding it; the kernel's choice after 200 tries. 0 when no socket can be bound at all. A port
+// is handed out once per process: the ports of one cluster are drawn before any server binds
+// them. (Between processes, zps.ports keeps a reservation file; these tests draw few ports.)
 inline uint16_t FreePort() {
+  static std::set<uint16_t> handed_out;
   int low = 32768;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     if (std::fscanf(f, "%d", &low) != 1) low = 32768;
@@ -47,10 +51,13 @@ inline uint16_t FreePort() {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = attempt < 200 ? htons(static_cast<uint16_t>(pick(rd))) : 0;
+    const uint16_t want = attempt < 200 ? static_cast<uint16_t>(pick(rd)) : 0;
+    if (want != 0 && handed_out.count(want) != 0) continue;
+    a.sin_port = htons(want);
     socklen_t len = sizeof(a);
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
         ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      handed_out.insert(ntohs(a.sin_port));
       return ntohs(a.sin_port);
     }
   }
