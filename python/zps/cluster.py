@@ -76,7 +76,7 @@ def _die_with_parent():
 class LocalCluster:
     def __init__(self, shards=1, ucx_tls="", memory_budget=0, serving_budget=0,
                  checkpoint_every=0, data_dir=None, keep_dir=False, log_level="warning",
-                 threads=0):
+                 threads=0, serving_copies="stored"):
         if shards < 1:
             raise ZpsError("INVALID_ARGUMENT", f"zps.shards must be >= 1, got {shards}")
         self.shards = shards
@@ -109,6 +109,8 @@ class LocalCluster:
                 args.append(f"--memory-budget={memory_budget}")
             if serving_budget:
                 args.append(f"--serving-budget={serving_budget}")
+            if serving_copies != "stored":
+                args.append(f"--serving-copies={serving_copies}")
             if checkpoint_every:
                 args.append(f"--checkpoint-every={checkpoint_every}")
             log = open(self.dir / f"shard-{i}.log", "wb")

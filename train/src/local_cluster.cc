@@ -215,6 +215,7 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
     if (cluster.shard_serving_budget > 0) {
       args.push_back("--serving-budget=" + std::to_string(cluster.shard_serving_budget));
     }
+    args.push_back("--serving-copies=" + cluster.shard_serving_copies);
     if (cluster.shard_memory_budget > 0 || cluster.shard_serving_budget > 0) {
       args.push_back("--data-dir=" + dir + "/shard-" + std::to_string(i) + "-data");
     }

@@ -19,6 +19,7 @@ struct LocalCluster {
                                       // checkpoints); 0 = neither (all in RAM)
   uint64_t shard_serving_budget = 0;  // > 0: every shard gets --serving-budget (and the
                                       // --data-dir above)
+  std::string shard_serving_copies = "stored";  // every shard's --serving-copies
   std::string work_dir;  // where the cluster directory (zps-local-XXXXXX) is made; "" = $TMPDIR,
                          // else /tmp
 };

@@ -575,6 +575,7 @@ Status RunLocal(const TrainOptions& o, int argc, char** argv) {
   cluster.metrics_port = o.metrics_port;
   cluster.shard_memory_budget = o.shard_memory_budget;
   cluster.shard_serving_budget = o.shard_serving_budget;
+  cluster.shard_serving_copies = o.shard_serving_copies;
   cluster.work_dir = o.work_dir;
   return RunLocalCluster(cluster, argc, argv);
 }

@@ -154,6 +154,11 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
       "local mode: each shard's --serving-budget (16-bit serving copies in RAM; the rest "
       "spills to <work-dir>/zps-local-XXXXXX/shard-N-data/spill); 0 = all in RAM",
       &o->shard_serving_budget);
+  flags.Add("shard-serving-copies",
+            "local mode: each shard's --serving-copies: stored, or on-fetch (no serving copies "
+            "kept, 2 bytes a parameter fewer; each fetch converts the master; sync updates, no "
+            "budgets)",
+            &o->shard_serving_copies);
   flags.Add("work-dir",
             "local mode: where the cluster directory zps-local-XXXXXX is made (logs, token, the "
             "shards' spill files); default $TMPDIR, else /tmp",

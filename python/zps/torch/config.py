@@ -68,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "zps.prefetch_bytes": 256 << 20,
     "zps.memory_budget": 0,
     "zps.serving_budget": 0,
+    "zps.serving_copies": "stored",
     "zps.data_dir": "",
     "zps.keep_cluster_dir": False,
     "zps.checkpoint_every": 0,
@@ -209,6 +210,7 @@ class Config:
     prefetch_bytes: int = _D["zps.prefetch_bytes"]
     memory_budget: int = _D["zps.memory_budget"]
     serving_budget: int = _D["zps.serving_budget"]
+    serving_copies: str = _D["zps.serving_copies"]
     data_dir: str = _D["zps.data_dir"]
     keep_cluster_dir: bool = _D["zps.keep_cluster_dir"]  # keep the embedded cluster's temporary
                                                          # directory at a clean close() too
@@ -395,6 +397,13 @@ def load(config: ConfigSource) -> Config:
         c.prefetch_bytes = z.get("prefetch_bytes", int, 0)
         c.memory_budget = z.get("memory_budget", int, 0)
         c.serving_budget = z.get("serving_budget", int, 0)
+        c.serving_copies = z.get("serving_copies", str, choices=["stored", "on-fetch"])
+        if c.serving_copies == "on-fetch" and (c.memory_budget or c.serving_budget):
+            raise _bad("zps.serving_copies", "'on-fetch' needs the state in RAM: drop "
+                       "zps.memory_budget and zps.serving_budget")
+        if c.serving_copies == "on-fetch" and c.update == "speculative":
+            raise _bad("zps.serving_copies", "'on-fetch' cannot serve speculative updates "
+                       "(zps.update 'speculative')")
         c.data_dir = z.get("data_dir", str)
         c.keep_cluster_dir = z.get("keep_cluster_dir", bool)
         c.checkpoint_every = z.get("checkpoint_every", int, 0)

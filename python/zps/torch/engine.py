@@ -278,7 +278,7 @@ class Engine:
                 shards=cfg.shards, ucx_tls=cfg.ucx_tls, memory_budget=cfg.memory_budget,
                 serving_budget=cfg.serving_budget, checkpoint_every=cfg.checkpoint_every,
                 data_dir=cfg.data_dir or None, keep_dir=cfg.keep_cluster_dir,
-                threads=cfg.server_threads)
+                threads=cfg.server_threads, serving_copies=cfg.serving_copies)
             shared = [self.cluster.endpoint, self.cluster.token]
         else:
             shared = [None, None]

@@ -1,5 +1,6 @@
-// ShardState's spilled serving copies (serving_tier.h), and the conversion of a master into its
-// serving copy. See shard_state.h and docs/nvme.md "Serving copies".
+// ShardState's spilled serving copies and copies made on fetch (serving_tier.h), and the
+// conversion of a master into its serving copy. See shard_state.h and docs/nvme.md "Serving
+// copies".
 #include "shard/serving_tier.h"
 
 #include <pthread.h>
@@ -31,7 +32,7 @@ Status ShardState::ServingTier::Start() {
   bool any_spilled = false;
   for (size_t i = 0; i < s.chunks_.size(); ++i) {
     Chunk& c = s.chunks_[i];
-    c.serving = s.store_->ResidentServing(static_cast<uint32_t>(i));
+    if (s.store_) c.serving = s.store_->ResidentServing(static_cast<uint32_t>(i));
     any_spilled = any_spilled || c.serving.empty();
     largest = std::max(largest, c.size);
   }
@@ -42,6 +43,11 @@ Status ShardState::ServingTier::Start() {
     pthread_setname_np(pthread_self(), "zps-serving-rd");
     Loop();
   });
+  if (s.serving_on_fetch_) {
+    ZPS_LOG(INFO) << "shard " << s.ordinal_ << ": no serving copies kept; fetches convert the "
+                  << "masters into " << kServingStagingBuffers << " staging buffers";
+    return Status::Ok();
+  }
   const ChunkStoreStats st = s.store_->stats();
   ZPS_LOG(INFO) << "shard " << s.ordinal_ << ": " << st.serving_resident << "/" << st.chunks
                 << " serving copies in RAM, " << st.chunks - st.serving_resident
@@ -84,6 +90,9 @@ void ShardState::ServingTier::Published() {
 void ShardState::ServingTier::BeginRewrite() {
   MutexLock lock(&s_->mu_);
   if (gen_ % 2 == 0) ++gen_;  // odd: readers wait
+  // A conversion of a master in progress ends before the pass writes it (a read of a spilled
+  // record is ordered by the store's lock instead, and waits here only as long).
+  cv_.Wait(lock, [&]() REQUIRES(s_->mu_) { return !reading_; });
 }
 
 void ShardState::ServingTier::EndRewrite(const Status& result) {
@@ -95,8 +104,9 @@ void ShardState::ServingTier::EndRewrite(const Status& result) {
   cv_.SignalAll();
 }
 
-Status ShardState::ServingTier::WriteSpilled(const Chunk& c, std::span<const float> master) const {
+Status ShardState::ServingTier::Write(const Chunk& c, std::span<const float> master) const {
   const ShardState& s = *s_;
+  if (s.serving_on_fetch_) return Status::Ok();  // made from the master when fetched
   std::vector<uint16_t> serving(s.kinds_->serving_words(c.size));
   s.ToServing(master, serving);
   return s.CountIo(s.store_->WriteServing(static_cast<uint32_t>(s.IndexOf(c)), serving));
@@ -105,7 +115,12 @@ Status ShardState::ServingTier::WriteSpilled(const Chunk& c, std::span<const flo
 Status ShardState::ServingTier::Copy(const Chunk& c, std::vector<uint16_t>& out) const {
   const ShardState& s = *s_;
   out.assign(s.kinds_->serving_words(c.size), 0);
-  if (!s.ServingSpilled(c)) {
+  if (s.serving_on_fetch_) {
+    MutexLock lock(&s.mu_);  // the master's buffers (a publish or a snapshot may swap them)
+    s.ToServing(c.state.master.span().first(c.size), out);
+    return Status::Ok();
+  }
+  if (!s.ServedByTier(c)) {
     std::copy(c.serving.begin(), c.serving.end(), out.begin());
     return Status::Ok();
   }
@@ -113,8 +128,8 @@ Status ShardState::ServingTier::Copy(const Chunk& c, std::vector<uint16_t>& out)
 }
 
 // One fetch at a time, in arrival order: wait until no pass is rewriting serving copies, read
-// the chunk's copy (or take it from the cache), and answer if no rewrite began meanwhile (else
-// queue it again at the front). The callback runs without mu_.
+// the chunk's copy, or convert its master (or take either from the cache), and answer if no
+// rewrite began meanwhile (else queue it again at the front). The callback runs without mu_.
 void ShardState::ServingTier::Loop() {
   ShardState& s = *s_;
   MutexLock lock(&s_->mu_);
@@ -139,16 +154,27 @@ void ShardState::ServingTier::Loop() {
     }
     const uint64_t gen = gen_;
     const auto index = static_cast<uint32_t>(s.IndexOf(*c));
+    const size_t words = s.kinds_->serving_words(c->size);
+    // Made on fetch: the master as it is now (a publish or a snapshot may swap the buffers under
+    // mu_); no pass writes it until reading_ is cleared (BeginRewrite waits).
+    const std::span<const float> master =
+        s.serving_on_fetch_ ? c->state.master.span().first(c->size) : std::span<const float>{};
+    reading_ = true;
     lock.Unlock();
     bool hit = false;
     auto data = staging_->Get(
         index, gen,
         [&](uint16_t* out) {
-          return s.CountIo(s.store_->ReadServing(
-              index, {out, static_cast<size_t>(s.kinds_->serving_words(c->size))}));
+          if (s.serving_on_fetch_) {
+            s.ToServing(master, {out, words});
+            return Status::Ok();
+          }
+          return s.CountIo(s.store_->ReadServing(index, {out, words}));
         },
         &hit);
     lock.Lock();
+    reading_ = false;
+    cv_.SignalAll();                 // a pass waiting in BeginRewrite
     if (data.ok() && gen_ != gen) {  // rewritten while we read: read again later
       queue_.push_front(std::move(w));
       continue;

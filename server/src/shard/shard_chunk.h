@@ -21,10 +21,10 @@ namespace zps::server {
 struct ShardState::Chunk {
   uint32_t id = 0;
   uint64_t size = 0;
-  ChunkBuffers state;            // master, m, v; empty when they live in the store
-  std::span<uint16_t> serving;   // from the ServingAllocator (or serving_own_, or the store's
-                                 // resident serving RAM), zeroed at Create; empty if spilled.
-                                 // With banks: banks[version % 2] (Publish sets it).
+  ChunkBuffers state;           // master, m, v; empty when they live in the store
+  std::span<uint16_t> serving;  // from the ServingAllocator (or serving_own_, or the store's
+                                // resident serving RAM), zeroed at Create; empty if spilled or made
+                                // on fetch. With banks: banks[version % 2] (Publish sets it).
   std::span<uint16_t> banks[2];  // "Serving banks"; empty when there is one
   GradientSlots slots;           // the step in progress (see "Rollback fence")
   // [begin, end) of one group (or frozen), covering the chunk: the update's runs.
@@ -57,8 +57,8 @@ inline void ShardState::MirrorServing(const Chunk& c) {
   std::memcpy(other.data(), c.serving.data(), c.serving.size_bytes());
 }
 
-inline bool ShardState::ServingSpilled(const Chunk& c) const {
-  return serving_in_store_ && c.serving.empty();
+inline bool ShardState::ServedByTier(const Chunk& c) const {
+  return TierServes() && c.serving.empty();
 }
 
 inline size_t ShardState::IndexOf(const Chunk& c) const {

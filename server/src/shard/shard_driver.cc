@@ -373,13 +373,18 @@ Status ShardDriver::AwaitJob() {
   }
   // Serving copies in UCX-allocated memory (one region), so that workers on shared memory Get
   // them directly; where that fails, heap memory (fetches then go by AM).
+  const ServingCopies copies =
+      o.serving_copies == "on-fetch" ? ServingCopies::kOnFetch : ServingCopies::kStored;
   auto created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
-                                    job.optimizer, host_.pool, spill, host_.serving_alloc);
-  if (!created.ok() && host_.serving_alloc) {
+                                    job.optimizer, host_.pool, spill, host_.serving_alloc, copies);
+  // Another try without the allocator, unless the job itself was refused.
+  if (!created.ok() && host_.serving_alloc &&
+      created.status().code() != Code::kFailedPrecondition &&
+      created.status().code() != Code::kInvalidArgument) {
     ZPS_LOG(WARNING) << "serving copies in heap memory (RMA fetch off): "
                      << created.status().ToString();
     created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
-                                 job.optimizer, host_.pool, spill);
+                                 job.optimizer, host_.pool, spill, {}, copies);
   }
   ZPS_ASSIGN_OR_RETURN(auto st, std::move(created));
   st->SetTestHook([](std::string_view point, int64_t step) { MaybeCrashAt(point, step); });

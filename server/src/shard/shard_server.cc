@@ -69,6 +69,10 @@ void ShardServerOptions::Register(Flags& f) {
              "is read back per fetch (0 = unlimited, all in RAM; needs --data-dir or --spill-dir)",
              &serving_budget);
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
+  f.Add("serving-copies",
+        "stored (each update writes the 16-bit copies workers fetch) or on-fetch (none kept: 2 "
+        "bytes a parameter fewer; each fetch converts the master; state in RAM, sync updates)",
+        &serving_copies);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
   f.Add("checkpoint-mode",
@@ -112,6 +116,15 @@ Status ShardServerOptions::Finalize() {
     return InvalidArgument(
         "--serving-budget needs --data-dir (spill files go to <data-dir>/spill) or --spill-dir");
   }
+  if (serving_copies != "stored" && serving_copies != "on-fetch") {
+    return InvalidArgument("--serving-copies must be stored or on-fetch; got '" + serving_copies +
+                           "'");
+  }
+  if (serving_copies == "on-fetch" && (memory_budget > 0 || serving_budget > 0)) {
+    return InvalidArgument(
+        "--serving-copies on-fetch needs the state in RAM: drop --memory-budget and "
+        "--serving-budget");
+  }
   if (ordinal != 0 && coordinator.empty()) {
     return InvalidArgument("shard " + std::to_string(ordinal) + " needs --coordinator host:port");
   }
@@ -127,10 +140,11 @@ struct ShardMetrics {
   metrics::Counter nvme_read, nvme_write, nvme_errors;     // zps_nvme_*: 0 without --memory-budget
   metrics::Counter nvme_serving_read, nvme_serving_write;  // 0 without --serving-budget
   std::array<metrics::Counter, 2> spilled_fetches;         // zps_spilled_fetches_total{nvme, cache}
-  std::array<metrics::Gauge, 4> memory;                    // zps_memory_bytes{tier}
-  std::array<metrics::Gauge, 6> state_bytes;               // zps_shard_state_bytes{kind}
-  metrics::Histogram checkpoint_duration;                  // 0 until checkpoints land
-  metrics::Gauge checkpoint_last_success;                  // 0 until checkpoints land
+  std::array<metrics::Counter, 2> made_fetches;  // zps_serving_made_fetches_total{master, cache}
+  std::array<metrics::Gauge, 4> memory;          // zps_memory_bytes{tier}
+  std::array<metrics::Gauge, 6> state_bytes;     // zps_shard_state_bytes{kind}
+  metrics::Histogram checkpoint_duration;        // 0 until checkpoints land
+  metrics::Gauge checkpoint_last_success;        // 0 until checkpoints land
   metrics::Gauge connected_workers;
   // zps_speculative_chunks_total{outcome}: chunk updates of --update speculative by what the
   // commit did with them (kPublished, kRedone, kDropped, kSync); 0 in sync mode.
@@ -177,6 +191,13 @@ struct ShardMetrics {
                                                 {"source"}));
     ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[0], sf->Add({"nvme"}));
     ZPS_ASSIGN_OR_RETURN(m.spilled_fetches[1], sf->Add({"cache"}));
+    ZPS_ASSIGN_OR_RETURN(auto* mf,
+                         r.AddCounter("zps_serving_made_fetches_total",
+                                      "Fetches answered with a serving copy made on fetch "
+                                      "(--serving-copies on-fetch), by where it came from.",
+                                      {"source"}));
+    ZPS_ASSIGN_OR_RETURN(m.made_fetches[0], mf->Add({"master"}));
+    ZPS_ASSIGN_OR_RETURN(m.made_fetches[1], mf->Add({"cache"}));
     ZPS_ASSIGN_OR_RETURN(auto* mem,
                          r.AddGauge("zps_memory_bytes", "Bytes held per tier.", {"tier"}));
     const char* tiers[] = {"master", "optimizer_state", "serving", "nvme"};
@@ -608,6 +629,14 @@ void ShardServer::Impl::UpdateStorageMetrics() {
   sm.speculative_chunks[ShardMetrics::kSync].Inc(delta(spec.sync, last_spec.sync));
   last_spec = spec;
   const ShardStorageStats now = state->storage_stats();
+  if (now.serving_on_fetch) {  // no copies kept: the tier's RAM is its fetch staging buffers
+    sm.memory[ShardMetrics::kServing].Set(static_cast<double>(now.serving_staging_bytes));
+    const uint64_t made = delta(now.made_fetch_conversions, last_storage.made_fetch_conversions);
+    const uint64_t fetches = delta(now.made_fetches, last_storage.made_fetches);
+    sm.made_fetches[0].Inc(made);
+    sm.made_fetches[1].Inc(fetches >= made ? fetches - made : 0);
+    last_storage = now;
+  }
   if (!now.spilled) return;
   const ChunkStoreStats& st = now.store;
   // RAM: resident records split master : moments (and their scales) as their bytes are; the

@@ -36,7 +36,7 @@ ShardState::~ShardState() {
 Result<std::unique_ptr<ShardState>> ShardState::Create(
     const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
     ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill,
-    const ServingAllocator& serving_alloc) {
+    const ServingAllocator& serving_alloc, ServingCopies serving_copies) {
   if (ordinal >= layout.options().num_shards) {
     return InvalidArgument("shard ordinal " + std::to_string(ordinal) + " >= num_shards " +
                            std::to_string(layout.options().num_shards));
@@ -57,6 +57,20 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       [raw = s.get()](size_t i) -> const ChunkBuffers& { return raw->chunks_[i].state; });
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
   s->serving_in_store_ = spilling && spill->serving_records;
+  if (serving_copies == ServingCopies::kOnFetch) {
+    // The conversion reads the live master between passes; a store moves it, and speculation
+    // swaps it with a spare under fetches in flight (docs/state-bytes.md).
+    if (spill.has_value()) {
+      return FailedPrecondition(
+          "serving copies made on fetch need the state in RAM: no memory or serving budget");
+    }
+    if (job.update_mode == UpdateMode::kSpeculative) {
+      return FailedPrecondition(
+          "serving copies made on fetch cannot serve a speculative job (--update speculative): "
+          "use sync updates or stored serving copies");
+    }
+    s->serving_on_fetch_ = !s->chunk_ids_.empty();
+  }
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
     Chunk& c = s->chunks_[i];
     c.id = s->chunk_ids_[i];
@@ -70,7 +84,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   // it), each copy at a 64-byte aligned offset.
   size_t serving_bytes = 0;
   for (const Chunk& c : s->chunks_) serving_bytes += kinds.serving_stride(c.size);
-  if (s->serving_in_store_) serving_bytes = 0;  // the store places them (ServingTier::Start)
+  if (s->TierServes()) serving_bytes = 0;  // the store places them, or there are none
   // Speculation with the state in RAM writes the next version's serving copies beside the ones
   // being served: two banks ("Serving banks" in shard_state.h).
   const bool banked = job.update_mode == UpdateMode::kSpeculative && !spilling;
@@ -90,7 +104,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
   }
   size_t serving_off = 0;
   for (Chunk& c : s->chunks_) {
-    if (s->serving_in_store_) break;
+    if (s->TierServes()) break;
     const uint64_t words = kinds.serving_words(c.size);
     c.serving = {reinterpret_cast<uint16_t*>(serving.data() + serving_off), words};
     if (banked && bank_bytes > 0) {
@@ -153,6 +167,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
     ZPS_ASSIGN_OR_RETURN(s->store_, ChunkStore::Create(so, std::move(elems)));
     if (s->serving_in_store_) ZPS_RETURN_IF_ERROR(s->serving_->Start());
   }
+  if (s->serving_on_fetch_) ZPS_RETURN_IF_ERROR(s->serving_->Start());
   ZPS_ASSIGN_OR_RETURN(s->policy_, UpdatePolicy::Create(s.get(), optimizer, pool, spares));
   return s;
 }
@@ -375,8 +390,8 @@ Status ShardState::FinishPush(PushTicket t, const Status& transfer) {
         }
         std::span<const float> master =
             store_ ? c->slots.initial_values() : std::span<const float>(c->state.master.span());
-        if (ServingSpilled(*c)) {
-          if (Status st = serving_->WriteSpilled(*c, master); !st.ok()) {
+        if (ServedByTier(*c)) {
+          if (Status st = serving_->Write(*c, master); !st.ok()) {
             c->slots.ResetCoverage();  // the initial values must be pushed again
             return st.WithContext("storing the serving copy of chunk " + std::to_string(c->id));
           }
@@ -473,7 +488,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
     }
     snap = snapshots_->Current();
   }
-  const bool rewrite_serving = !order.skip && serving_in_store_;
+  const bool rewrite_serving = !order.skip && TierServes();
   if (rewrite_serving) serving_->BeginRewrite();
   Status st = policy_->Apply(order, snap);
   if (!st.ok() && rewrite_serving) serving_->EndRewrite(st);
@@ -498,7 +513,7 @@ Status ShardState::ApplyCommit(const CommitOrder& order, std::optional<CommitOrd
 void ShardState::Answer(std::vector<std::pair<Waiter, Status>>& ready, int64_t version) {
   for (auto& [w, st] : ready) {
     const Chunk* c = FindChunk(w.req.chunk);
-    if (st.ok() && ServingSpilled(*c)) {
+    if (st.ok() && ServedByTier(*c)) {
       MutexLock lock(&mu_);
       if (!shutdown_) {
         serving_->Queue(std::move(w));
@@ -619,8 +634,8 @@ void ShardState::Fetch(const FetchRequest& req, FetchCallback cb) {
     cb(bad, -1, {}, nullptr);
     return;
   }
-  if (c->version >= req.min_version && ServingSpilled(*c)) {
-    serving_->Queue({req, std::move(cb)});  // read back from NVMe by the serving reader
+  if (c->version >= req.min_version && ServedByTier(*c)) {
+    serving_->Queue({req, std::move(cb)});  // read back from NVMe, or made, by the reader
     return;
   }
   if (c->version >= req.min_version) {
@@ -680,7 +695,7 @@ uint32_t ShardState::StateCrc() const {
       MutexLock lock(&mu_);
       crc = c.state.Crc(crc);
     }
-    if (ServingSpilled(c)) {
+    if (ServedByTier(c)) {
       std::vector<uint16_t> serving;
       if (Status st = serving_->Copy(c, serving); !st.ok()) {
         ZPS_LOG(ERROR) << "StateCrc: " << st.ToString();
@@ -710,13 +725,19 @@ Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
     uint32_t crc = Crc32c(master.data(), master.size() * sizeof(float));
     crc = Crc32cExtend(crc, m);
     crc = Crc32cExtend(crc, v);
-    if (ServingSpilled(*c)) {
+    if (ServedByTier(*c)) {
       std::vector<uint16_t> serving;
       ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
       return Crc32cExtend(crc, CopyBytes(*c, serving));
     }
     MutexLock lock(&mu_);
     return Crc32cExtend(crc, CopyBytes(*c, c->serving));
+  }
+  if (ServedByTier(*c)) {  // made on fetch: the copy a fetch would get
+    std::vector<uint16_t> serving;
+    ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
+    MutexLock lock(&mu_);
+    return Crc32cExtend(c->state.Crc(0), CopyBytes(*c, serving));
   }
   MutexLock lock(&mu_);
   return Crc32cExtend(c->state.Crc(0), CopyBytes(*c, c->serving));

@@ -111,7 +111,9 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   for (auto& w : failed) w.cb(reason, -1, {}, nullptr);
   ZPS_RETURN_IF_ERROR(slots);
   if (snap) snapshots_->PreserveAll(*snap);
-  if (serving_in_store_) serving_->BeginRewrite();
+  // The tier's reader waits while masters and copies are rewritten (and a conversion of a master
+  // in progress ends first).
+  if (TierServes()) serving_->BeginRewrite();
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
@@ -139,9 +141,10 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     if (serving_in_store_) serving_->EndRewrite(Status::Ok());
     ZPS_RETURN_IF_ERROR(restored);
   }
+  Status loaded;
   for (Chunk& c : chunks_) {
     if (store_) break;
-    c.serving = ServingFor(c, version);  // the bank of the version restored
+    c.serving = ServingFor(c, version);  // the bank of the version restored (empty: on fetch)
     if (version < 0) {
       c.state.Zero();
       std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
@@ -149,10 +152,13 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
       continue;
     }
     const ChunkState st = c.state.spans();
-    ZPS_RETURN_IF_ERROR(load(c.id, st.master, st.m, st.v));
-    ToServing(st.master, c.serving);
+    loaded = load(c.id, st.master, st.m, st.v);
+    if (!loaded.ok()) break;
+    if (!c.serving.empty()) ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
+  if (serving_on_fetch_) serving_->EndRewrite(Status::Ok());
+  ZPS_RETURN_IF_ERROR(loaded);
   if (version >= 1) {
     MutexLock lock(&mu_);
     for (Chunk& c : chunks_) c.version = version;
@@ -195,9 +201,10 @@ ShardStorageStats ShardState::storage_stats() const {
   if (store_) out.store = store_->stats();
   out.io_errors = io_errors_.load(std::memory_order_relaxed);
   out.serving_in_store = serving_in_store_;
+  out.serving_on_fetch = serving_on_fetch_;
   out.serving_staging_bytes = serving_->staging_bytes();
-  out.spilled_fetches = serving_->fetches();
-  out.spilled_fetch_reads = serving_->reads();
+  (serving_on_fetch_ ? out.made_fetches : out.spilled_fetches) = serving_->fetches();
+  (serving_on_fetch_ ? out.made_fetch_conversions : out.spilled_fetch_reads) = serving_->reads();
   return out;
 }
 
@@ -212,7 +219,7 @@ ShardStateBytes ShardState::state_bytes() const {
     out.m += kinds_->bytes(StateKind::kM, c.size) - m_scales;
     out.v += kinds_->bytes(StateKind::kV, c.size) - v_scales;
     out.scales += m_scales + v_scales;
-    out.serving += banks * kinds_->bytes(StateKind::kServing, c.size);
+    if (!serving_on_fetch_) out.serving += banks * kinds_->bytes(StateKind::kServing, c.size);
     out.grad += c.slots.bytes();
   }
   return out;

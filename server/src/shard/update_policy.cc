@@ -457,7 +457,7 @@ Status ShardState::SpeculativeUpdate::PublishSpare(Chunk& c, Spare& sp) {
   const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(s.IndexOf(c));
   ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->WriteChunk(idx, st.master, st.m, st.v)));
-  if (s.ServingSpilled(c)) return s.CountIo(s.store_->WriteServing(idx, serving));
+  if (s.ServedByTier(c)) return s.CountIo(s.store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();
 }

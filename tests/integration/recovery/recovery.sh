@@ -205,6 +205,12 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
         ok=0; }
     done
   fi
+  if [[ ${ZPS_RECOVERY_SHARD_ARGS:-} == *"--serving-copies on-fetch"* ]]; then  # none kept
+    for i in 0 1; do
+      grep -q 'no serving copies kept; fetches convert the masters' "$dir/shard$i.log" || {
+        echo "(shard $i kept its serving copies)"; ok=0; }
+    done
+  fi
   if [[ ${ZPS_RECOVERY_SHARD_ARGS:-} == *checkpoint-pace* ]]; then  # the writes must be paced
     grep -Eq 'checkpoint of step [0-9]+: written in the background over [0-9.e-]+ s' "$dir"/shard*.log || {
       echo "(no shard paced a background checkpoint)"; ok=0; }

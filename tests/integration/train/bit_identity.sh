@@ -42,6 +42,10 @@ grep '^held-out loss' "$work/ref.out" > "$work/ref.eval"
 grep '^held-out loss' "$work/dist.out" > "$work/dist.eval"
 [[ $(wc -l < "$work/ref.eval") -eq 3 ]] || fail "expected 3 held-out lines (steps 8 and 16, the end)"
 if ! diff "$work/ref.eval" "$work/dist.eval"; then fail "held-out losses differ from the reference"; fi
+if [[ " $* " == *" --shard-serving-copies on-fetch "* ]]; then
+  grep 'state bytes per parameter' "$work/dist.out" | grep -q 'serving 0.00)' ||
+    fail "the shards kept serving copies with --shard-serving-copies on-fetch"
+fi
 if [[ " $* " == *" --inject-overflow-step "* ]]; then
   for f in ref dist; do
     grep -q 'skipped' "$work/$f.out" || fail "the forced overflow did not skip a step ($f)"

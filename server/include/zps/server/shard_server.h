@@ -44,7 +44,13 @@ struct ShardServerOptions {
                                    // RAM). > 0: serving copies beyond it (and 4 chunk-sized
                                    // fetch staging buffers) spill to NVMe.
   std::string spill_dir;           // Default: "" = <data-dir>/spill. Where spill files go.
-  int64_t checkpoint_every = 0;    // Default: 0 = never.
+  /// stored: the update pass writes each chunk's 16-bit serving copy and the shard keeps it, so a
+  /// fetch is a copy (or a one-sided RMA get) of bytes already there. on-fetch: no copy is kept
+  /// (2 bytes a parameter fewer); each fetch converts the master, on the shard's CPU, and goes by
+  /// request and reply. Needs the state in RAM (no budgets) and sync updates
+  /// (docs/state-bytes.md).
+  std::string serving_copies = "stored";  // Default: stored.
+  int64_t checkpoint_every = 0;           // Default: 0 = never.
   /// background: the checkpoint step is snapshotted (copy-on-write per chunk) and written by a
   /// "zps-ckpt-write" thread while later steps run; a shard with a --memory-budget writes
   /// synchronously. sync: written between steps, training waits (the earlier behaviour).

@@ -52,6 +52,12 @@
 // and answers with a copy of the range and its owner (FetchCallback), so the reply goes by AM
 // from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
 // copies").
+// Made on fetch (ServingCopies::kOnFetch, the state in RAM, sync updates): no serving copy is
+// kept at all. The update pass writes none, and a fetch is queued to the same reader, which
+// converts the chunk's master into a staging buffer (the same cache: the other ranks' fetches
+// of that chunk and version take it from there) and answers as for a spilled copy. A pass that
+// writes masters (an update, a restore) waits for a conversion in progress, and conversions
+// wait for it (docs/state-bytes.md says what it costs).
 //
 // Serving banks (speculative updates with the state in RAM): the serving block holds two copies
 // of every chunk's serving copy, bank 0 and bank 1, serving_bank_bytes() apart; version v is
@@ -195,9 +201,13 @@ struct ShardStorageStats {
   uint64_t io_errors = 0;         // store operations that failed with IoError, ResourceExhausted or
                                   // DataLoss
   bool serving_in_store = false;  // serving copies are store records (a serving budget)
-  uint64_t serving_staging_bytes = 0;  // staging buffers for fetches of spilled serving copies
-  uint64_t spilled_fetches = 0;        // fetches answered from a spilled serving copy
-  uint64_t spilled_fetch_reads = 0;    // NVMe reads for them (the rest were cache hits)
+  bool serving_on_fetch = false;  // serving copies are made on fetch (ServingCopies::kOnFetch)
+  uint64_t serving_staging_bytes = 0;   // staging buffers for fetches of spilled serving copies
+                                        // or of copies made on fetch
+  uint64_t spilled_fetches = 0;         // fetches answered from a spilled serving copy
+  uint64_t spilled_fetch_reads = 0;     // NVMe reads for them (the rest were cache hits)
+  uint64_t made_fetches = 0;            // fetches answered with a copy made on fetch
+  uint64_t made_fetch_conversions = 0;  // conversions of a master for them (the rest: the cache)
 };
 
 /// Speculative updates (UpdateMode::kSpeculative), counted per chunk and commit since Create.
@@ -231,8 +241,16 @@ struct ShardStateBytes {
   uint64_t state() const { return master + m + v + scales + serving; }
 };
 
-/// Staging buffers for fetches of spilled serving copies (taken from the serving budget).
+/// Staging buffers for fetches of spilled serving copies (taken from the serving budget), or of
+/// copies made on fetch.
 inline constexpr uint32_t kServingStagingBuffers = 4;
+
+/// Where a shard's serving copies come from (ShardServerOptions::serving_copies).
+enum class ServingCopies : uint8_t {
+  kStored,   // written by each update pass and kept (in RAM, or spilled under a serving budget)
+  kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer; the state in
+             // RAM and sync updates only)
+};
 
 // ShardState's parts (server/src/shard/).
 class ChunkLayout;
@@ -253,11 +271,12 @@ class ShardState {
   /// out (or the budget cannot hold the store's buffers, or the disk the spill files); from
   /// ChunkStore::Create. `serving_alloc` (may be empty: then the serving copies live in
   /// ordinary aligned heap memory) provides the memory of every serving copy (see
-  /// ServingAllocator); whatever it returns is returned.
+  /// ServingAllocator); whatever it returns is returned. `serving` kOnFetch keeps no serving
+  /// copies (see the header comment): FailedPrecondition with `spill` or a speculative job.
   static Result<std::unique_ptr<ShardState>> Create(
       const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
       ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill = std::nullopt,
-      const ServingAllocator& serving_alloc = {});
+      const ServingAllocator& serving_alloc = {}, ServingCopies serving = ServingCopies::kStored);
   ~ShardState();
 
   const Layout& layout() const { return layout_; }
@@ -348,11 +367,11 @@ class ShardState {
   void ReserveSnapshotBuffers();
 
   /// Answers now if the chunk is at >= min_version, else when it gets there. A chunk whose
-  /// serving copy is spilled is answered from the serving reader thread once its copy is read
-  /// back (with an owner, see FetchCallback). Errors (to the callback): OutOfRange,
-  /// InvalidArgument, FailedPrecondition (version too far ahead), Cancelled on Shutdown; for a
-  /// spilled copy also IoError / DataLoss (the read failed), the error of a failed update pass,
-  /// or Unavailable (rolled back while queued).
+  /// serving copy is spilled, or made on fetch, is answered from the serving reader thread once
+  /// its copy is read back or made (with an owner, see FetchCallback). Errors (to the
+  /// callback): OutOfRange, InvalidArgument, FailedPrecondition (version too far ahead),
+  /// Cancelled on Shutdown; for a spilled copy also IoError / DataLoss (the read failed); for
+  /// both the error of a failed update pass, or Unavailable (rolled back while queued).
   void Fetch(const FetchRequest& req, FetchCallback cb);
 
   /// Fails every waiting fetch and gradient wait with `reason`. Idempotent.
@@ -413,7 +432,7 @@ class ShardState {
   //   snapshot_manager.h background checkpoints' copy-on-write snapshots (its own lock, a
   //                      leaf; each snapshot's lock is never taken under mu_)
   //   buffer_pool.h      the snapshots' buffers, shared with out-of-place updates (a leaf lock)
-  //   serving_tier.h     spilled serving copies and their reader (mu_)
+  //   serving_tier.h     spilled serving copies or copies made on fetch, their reader (mu_)
   //   serving_staging.h  its staging buffers and read cache (a leaf lock)
   // Lock order: mu_, then the store's internal mutex (no store callback takes mu_) or a leaf
   // (the snapshot manager's); a snapshot's mu_ is never taken under mu_: the open snapshot is
@@ -467,8 +486,12 @@ class ShardState {
   // The bytes of a serving copy of c held as words, without a quantized copy's pad byte (what
   // the CRCs cover, as the reference trainer's do).
   std::span<const std::byte> CopyBytes(const Chunk& c, std::span<const uint16_t> serving) const;
-  // Whether c's serving copy is a spilled store record (serving_tier.h).
-  bool ServingSpilled(const Chunk& c) const;
+  // Whether fetches of c are answered by the serving tier (serving_tier.h): its copy is a
+  // spilled store record, or made on fetch.
+  bool ServedByTier(const Chunk& c) const;
+  // Whether the serving tier answers any fetch (a serving budget, or copies made on fetch): an
+  // update or a restore then tells it when masters and copies are rewritten.
+  bool TierServes() const { return serving_in_store_ || serving_on_fetch_; }
   Status BuildRuns();  // at Create: the parameters' slots coverage and runs of every chunk
   // Store-backed helpers (shard_state_restore.cc).
   Status CountIo(Status s) const;   // counts a store I/O failure, returns s
@@ -518,6 +541,7 @@ class ShardState {
   std::vector<uint32_t> store_ids_;             // 0 .. chunks_.size() - 1 (a full pass)
   mutable std::atomic<uint64_t> io_errors_{0};  // failed store operations
   bool serving_in_store_ = false;               // set at Create: serving copies are store records
+  bool serving_on_fetch_ = false;               // set at Create: ServingCopies::kOnFetch
   // Where pushes received to be dropped land before FinishPush: reused, not zeroed. Internally
   // synchronised, hence usable from const DiscardedPush. Keeps up to 64 MiB of released buffers
   // beyond those in flight.

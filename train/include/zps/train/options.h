@@ -90,6 +90,8 @@ struct TrainOptions {
                                          // Other modes ignore it.
   uint64_t shard_serving_budget = 0;     // Default: 0 = all in RAM. Local mode: each shard's
                                          // --serving-budget. Other modes ignore it.
+  std::string shard_serving_copies = "stored";  // Default: stored. Local mode: each shard's
+                                                // --serving-copies. Other modes ignore it.
   std::string work_dir;  // Default: "" = $TMPDIR, else /tmp. Local mode: where the cluster
                          // directory (logs, spill files) is made. Other modes ignore it.
   ModelConfig model;

@@ -1,0 +1,62 @@
+"""zps.serving_copies through zps.torch: the embedded shards run with --serving-copies on-fetch
+(no 16-bit serving copies kept; each fetch converts the master), train bit for bit as with stored
+copies, and the configurations it cannot serve are named."""
+
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zps.torch as zt
+from zps.torch import config as zconfig
+from conftest import base_config
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 192)
+        self.b = nn.Linear(192, 64)
+
+    def forward(self, x):
+        return self.b(F.gelu(self.a(x)))
+
+
+def _train(copies, state_dtype, serving_dtype):
+    torch.manual_seed(0)
+    model = Net()
+    cfg = base_config(shards=2, chunk_elems=8192, state_dtype=state_dtype,
+                      serving_dtype=serving_dtype, serving_copies=copies)
+    g = torch.Generator().manual_seed(3)
+    with zt.initialize(model, cfg) as engine:
+        for proc in engine.cluster.procs:
+            assert ("--serving-copies=on-fetch" in proc.args) == (copies == "on-fetch")
+        losses = []
+        for _ in range(4):
+            x, y = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)
+            loss = F.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        return losses, engine.state_dict()
+
+
+@pytest.mark.parametrize("state_dtype,serving_dtype", [("int8", "bf16"), ("fp32", "fp32")])
+def test_on_fetch_trains_as_stored_copies_do(state_dtype, serving_dtype):
+    stored_losses, stored = _train("stored", state_dtype, serving_dtype)
+    made_losses, made = _train("on-fetch", state_dtype, serving_dtype)
+    assert made_losses == stored_losses
+    for k, v in stored.items():
+        assert torch.equal(v, made[k]), k
+
+
+def test_serving_copies_key_is_checked():
+    assert zconfig.load({}).serving_copies == "stored"
+    assert zconfig.load({"zps": {"serving_copies": "on-fetch"}}).serving_copies == "on-fetch"
+    with pytest.raises(zt.ZpsError, match=r"zps\.serving_copies"):
+        zconfig.load({"zps": {"serving_copies": "never"}})
+    with pytest.raises(zt.ZpsError, match=r"zps\.serving_copies.*state in RAM"):
+        zconfig.load({"zps": {"serving_copies": "on-fetch", "memory_budget": 1 << 30}})
+    with pytest.raises(zt.ZpsError, match=r"zps\.serving_copies.*speculative"):
+        zconfig.load({"zps": {"serving_copies": "on-fetch", "update": "speculative"}})
