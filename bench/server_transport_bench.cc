@@ -11,7 +11,10 @@
 // runs in a second process (this program re-executed with --serve), as in a deployment and as
 // ucx_perftest runs its two sides; --in-process keeps it in this process instead.
 //   fetch: parameters of S/2 elements (S bytes of bf16); `window` fetches in flight, each a
-//          whole parameter = one request of S bytes, until bytes-per-rep have arrived.
+//          whole parameter = one request of S bytes, round-robin over --params parameters,
+//          until bytes-per-rep have arrived. With --serving-copies on-fetch the shard keeps no
+//          copies and converts a master per fetch: more parameters than its 4 staging buffers
+//          (e.g. --params 8) make every fetch a conversion, fewer let its cache answer.
 //   push:  parameters of S/e elements (S bytes of gradient in the job's --grad-dtype, e bytes
 //          an element: fp32 by default; PushGrad converts the fp32 input); one step pushes every
 //          parameter (`window` unacknowledged at most, as a training loop bounds the copies
@@ -62,6 +65,8 @@ struct Options {
   int shard_spin_us = -1;                      // Default: -1 = spin_us.
   int worker_spin_us = -1;                     // Default: -1 = spin_us.
   bool in_process = false;                     // Default: false (the shard in a second process).
+  std::string serving_copies = "stored";       // Default: stored (the shard's --serving-copies).
+  int params = 0;                              // Default: 0 = max(window, 2) (fetch).
   bool serve = false;                          // Internal: run as that second process.
 };
 
@@ -75,6 +80,7 @@ server::ShardServerOptions ShardOptions(const Options& o) {
   so.ucx_tls = o.tls;
   so.metrics_port = 0;
   so.optimizer_threads = 1;
+  so.serving_copies = o.serving_copies;
   if (o.spin_us >= 0) so.ucx_spin_us = o.spin_us;
   if (o.shard_spin_us >= 0) so.ucx_spin_us = o.shard_spin_us;
   return so;
@@ -100,7 +106,9 @@ class ShardProcess {
                                      "--tls",
                                      o.tls,
                                      "--shard-spin-us",
-                                     std::to_string(shard_spin)};
+                                     std::to_string(shard_spin),
+                                     "--serving-copies",
+                                     o.serving_copies};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -265,9 +273,11 @@ void Print(const Options& o, const char* op, uint64_t size, std::vector<double> 
     std::printf(
         "{\"bench\":\"transport\",\"op\":\"%s\",\"tls\":\"%s\",\"size_bytes\":%llu,"
         "\"gb_per_s\":%.3f,\"best_gb_per_s\":%.3f,\"reps\":%zu,\"window\":%d,"
-        "\"fetch_mode\":\"%s\",\"push_mode\":\"%s\",\"shard\":\"%s\"}\n",
+        "\"fetch_mode\":\"%s\",\"push_mode\":\"%s\",\"shard\":\"%s\","
+        "\"serving_copies\":\"%s\"}\n",
         op, o.tls.c_str(), static_cast<unsigned long long>(size), median, best, v.size(), o.window,
-        o.fetch_mode.c_str(), o.push_mode.c_str(), o.in_process ? "in_process" : "process");
+        o.fetch_mode.c_str(), o.push_mode.c_str(), o.in_process ? "in_process" : "process",
+        o.serving_copies.c_str());
   } else {
     std::printf("%-6s %-4s %10llu B  median %7.3f GB/s  best %7.3f GB/s\n", op, o.tls.c_str(),
                 static_cast<unsigned long long>(size), median, best);
@@ -278,7 +288,7 @@ void Print(const Options& o, const char* op, uint64_t size, std::vector<double> 
 Status RunCase(const Options& o, const std::string& op, uint64_t size) {
   if (op == "fetch") {
     const uint64_t elems = size / 2;
-    const int params = std::max(o.window, 2);
+    const int params = o.params > 0 ? o.params : std::max(o.window, 2);
     ZPS_ASSIGN_OR_RETURN(Rig rig, StartRig(o, elems, params));
     ZPS_RETURN_IF_ERROR(FetchRep(*rig.client, params, size * params, o.window).status());
     std::vector<double> v;
@@ -337,6 +347,11 @@ int Run(int argc, char** argv) {
   f.Add("shard-spin-us", "as spin-us, for the shard only", &o.shard_spin_us, -1, 1000000);
   f.Add("worker-spin-us", "as spin-us, for the worker only", &o.worker_spin_us, -1, 1000000);
   f.Add("in-process", "run the shard in this process (default: a second process)", &o.in_process);
+  f.Add("serving-copies",
+        "the shard's --serving-copies: stored, or on-fetch (none kept: each fetch converts the "
+        "master)",
+        &o.serving_copies);
+  f.Add("params", "fetch: parameters fetched round-robin (0 = max(window, 2))", &o.params, 0, 4096);
   f.Add("serve", "internal: run as the shard process (prints PORT, stops at stdin EOF)", &o.serve);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) {
@@ -345,6 +360,10 @@ int Run(int argc, char** argv) {
   }
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   log::SetLevel(log::Level::kWarning);
+  if (o.serving_copies != "stored" && o.serving_copies != "on-fetch") {
+    std::fprintf(stderr, "zps-bench transport: --serving-copies must be stored or on-fetch\n");
+    return 2;
+  }
   if (o.serve) return Serve(o);
   for (const std::string& s : SplitList(o.sizes)) {
     auto size = ParseBytes(s);

@@ -93,6 +93,9 @@ def main():
     ap.add_argument("--memory-budget", type=int, default=3 << 30, help="per shard, bytes")
     ap.add_argument("--serving-budget", type=int, default=0,
                     help="per shard, bytes of serving copies in RAM (0: all in RAM)")
+    ap.add_argument("--serving-copies", default="stored", choices=["stored", "on-fetch"],
+                    help="on-fetch: the shards keep no serving copies and convert the master for "
+                    "each fetch (zps.serving_copies; needs --memory-budget 0)")
     ap.add_argument("--max-live-bytes", type=int, default=256 << 20)
     ap.add_argument("--prefetch-bytes", type=int, default=128 << 20)
     ap.add_argument("--data-dir", default="", help="shards' data dir (default: a temp dir)")
@@ -105,6 +108,7 @@ def main():
            "gradient_clipping": 1.0,
            "zps": {"shards": args.shards, "serving_dtype": "bf16",
                    "memory_budget": args.memory_budget, "serving_budget": args.serving_budget,
+                   "serving_copies": args.serving_copies,
                    "max_live_bytes": args.max_live_bytes,
                    "prefetch_bytes": args.prefetch_bytes, "data_dir": args.data_dir,
                    "state_dtype": args.state_dtype, "op_timeout_s": 1800,
@@ -181,6 +185,7 @@ def main():
     print(json.dumps({"result": "big_model", "params": params, "fp32_bytes": params * 4,
                       "state_dtype": args.state_dtype, "memory_budget": args.memory_budget,
                       "serving_budget": args.serving_budget, "shards": args.shards,
+                      "serving_copies": args.serving_copies,
                       "peak_rss_bytes": peak_rss_bytes(), "shard_peak_rss_bytes": shard_peak,
                       "max_live_bytes": args.max_live_bytes, "state_bytes": state,
                       "largest_module_bytes": largest, "steps": rows}), flush=True)

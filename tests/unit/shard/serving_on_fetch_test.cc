@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "shard_steps.h"
@@ -175,6 +177,49 @@ TEST(ServingOnFetchStatsTest, KeepsNoServingBytesAndConvertsAChunkOncePerVersion
   st = made->storage_stats();
   EXPECT_EQ(st.made_fetches, 4u);
   EXPECT_EQ(st.made_fetch_conversions, 3u);
+}
+
+// Fetches racing the update passes: every answer is one whole version, the bytes a stored copy
+// held at the version it names (a pass waits for a conversion in progress, and a conversion for
+// the pass).
+TEST(ServingOnFetchStatsTest, FetchesDuringUpdatesGetWholeVersions) {
+  constexpr int64_t kSteps = 12;
+  const Layout layout = SixChunks();
+  auto stored = Make(layout, DType::kBF16, ServingCopies::kStored);
+  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch);
+  ASSERT_TRUE(stored && made);
+  std::vector<std::vector<std::byte>> want;  // chunk 3's copy at each version
+  const FetchRequest whole{3, 0, kChunk, 0};
+  PushAll(*stored, kInitStep, 0);
+  for (int64_t step = 0; step <= kSteps; ++step) {
+    want.push_back(FetchBytes(*stored, {whole.chunk, 0, kChunk, step}));
+    if (step == kSteps) break;
+    PushAll(*stored, step, static_cast<int>(step) + 1);
+    testing::Commit(*stored, {.step = step, .optimizer_step = step + 1}, std::nullopt);
+  }
+  PushAll(*made, kInitStep, 0);
+  std::atomic<bool> done{false};
+  std::vector<std::pair<int64_t, std::vector<std::byte>>> got;
+  std::thread fetcher([&] {
+    while (!done.load()) {
+      Answer a;
+      made->Fetch(whole, a.Callback());
+      if (!a.Wait() || !a.status.ok()) break;
+      got.emplace_back(a.version, std::move(a.bytes));
+    }
+  });
+  for (int64_t step = 0; step < kSteps; ++step) {
+    PushAll(*made, step, static_cast<int>(step) + 1);
+    testing::Commit(*made, {.step = step, .optimizer_step = step + 1}, std::nullopt);
+  }
+  done = true;
+  fetcher.join();
+  ASSERT_FALSE(got.empty());
+  for (const auto& [version, bytes] : got) {
+    ASSERT_TRUE(version >= 0 && version <= kSteps) << version;
+    EXPECT_EQ(bytes, want[static_cast<size_t>(version)]) << "version " << version;
+  }
+  EXPECT_EQ(FetchBytes(*made, {whole.chunk, 0, kChunk, kSteps}), want.back());
 }
 
 TEST(ServingOnFetchStatsTest, AFetchAfterARestoreGetsTheRestoredMasters) {
