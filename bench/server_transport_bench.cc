@@ -67,6 +67,7 @@ struct Options {
   bool in_process = false;                     // Default: false (the shard in a second process).
   std::string serving_copies = "stored";       // Default: stored (the shard's --serving-copies).
   int params = 0;                              // Default: 0 = max(window, 2) (fetch).
+  int shard_threads = 1;                       // Default: 1 (the shard's --threads).
   bool serve = false;                          // Internal: run as that second process.
 };
 
@@ -79,7 +80,7 @@ server::ShardServerOptions ShardOptions(const Options& o) {
   so.token = kToken;
   so.ucx_tls = o.tls;
   so.metrics_port = 0;
-  so.optimizer_threads = 1;
+  so.optimizer_threads = o.shard_threads;
   so.serving_copies = o.serving_copies;
   if (o.spin_us >= 0) so.ucx_spin_us = o.spin_us;
   if (o.shard_spin_us >= 0) so.ucx_spin_us = o.shard_spin_us;
@@ -108,7 +109,9 @@ class ShardProcess {
                                      "--shard-spin-us",
                                      std::to_string(shard_spin),
                                      "--serving-copies",
-                                     o.serving_copies};
+                                     o.serving_copies,
+                                     "--shard-threads",
+                                     std::to_string(o.shard_threads)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -352,6 +355,9 @@ int Run(int argc, char** argv) {
         "master)",
         &o.serving_copies);
   f.Add("params", "fetch: parameters fetched round-robin (0 = max(window, 2))", &o.params, 0, 4096);
+  f.Add("shard-threads",
+        "the shard's --threads (its pool: the optimizer, and the conversions of on-fetch copies)",
+        &o.shard_threads, 1, 1024);
   f.Add("serve", "internal: run as the shard process (prints PORT, stops at stdin EOF)", &o.serve);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "zps/common/logging.h"
+#include "zps/common/thread_pool.h"
 
 namespace zps::server {
 
@@ -24,6 +25,22 @@ void ShardState::ToServing(std::span<const float> master, std::span<uint16_t> se
   } else {
     ConvertF32ToBF16(master, serving);
   }
+}
+
+void ShardState::ServingTier::Convert(std::span<const float> master,
+                                      std::span<uint16_t> out) const {
+  const ShardState& s = *s_;
+  constexpr size_t kPiece = size_t{1} << 18;  // elements a task converts
+  if (s.pool_ == nullptr || s.pool_->size() < 2 || IsBlockQuantized(s.job_.serving_dtype) ||
+      master.size() < 2 * kPiece) {
+    s.ToServing(master, out);
+    return;
+  }
+  const size_t words = s.job_.serving_dtype == DType::kF32 ? 2 : 1;  // per element
+  s.pool_->ParallelFor((master.size() + kPiece - 1) / kPiece, [&](size_t i) {
+    const size_t begin = i * kPiece, n = std::min(master.size() - begin, kPiece);
+    s.ToServing(master.subspan(begin, n), out.subspan(begin * words, n * words));
+  });
 }
 
 Status ShardState::ServingTier::Start() {
@@ -166,7 +183,7 @@ void ShardState::ServingTier::Loop() {
         index, gen,
         [&](uint16_t* out) {
           if (s.serving_on_fetch_) {
-            s.ToServing(master, {out, words});
+            Convert(master, {out, words});
             return Status::Ok();
           }
           return s.CountIo(s.store_->ReadServing(index, {out, words}));
