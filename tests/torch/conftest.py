@@ -14,6 +14,19 @@ import zps.torch as zt  # noqa: E402  (after torch, as zps.torch asks)
 from zps.cluster import server_binary  # noqa: E402
 
 
+class Mlp(torch.nn.Module):
+    """64 -> 192 -> 64 with a gelu: chunks of 8192 elements, each big enough for blockwise int8
+    moments."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 192)
+        self.b = torch.nn.Linear(192, 64)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
 def base_config(**zps_keys):
     z = {"shards": 1, "op_timeout_s": 60, "connect_timeout_s": 30}
     z.update(zps_keys)

@@ -5,27 +5,16 @@ copies, and the configurations it cannot serve are named."""
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import zps.torch as zt
 from zps.torch import config as zconfig
-from conftest import base_config
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 192)
-        self.b = nn.Linear(192, 64)
-
-    def forward(self, x):
-        return self.b(F.gelu(self.a(x)))
+from conftest import Mlp, base_config
 
 
 def _train(copies, state_dtype, serving_dtype):
     torch.manual_seed(0)
-    model = Net()
+    model = Mlp()
     cfg = base_config(shards=2, chunk_elems=8192, state_dtype=state_dtype,
                       serving_dtype=serving_dtype, serving_copies=copies)
     g = torch.Generator().manual_seed(3)

@@ -6,12 +6,11 @@ and repeats bit for bit."""
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import zps.torch as zt
 from zps.torch import config as zconfig
-from conftest import base_config, checkpoint_stores, zps_ckpt
+from conftest import Mlp, base_config, checkpoint_stores, zps_ckpt
 
 STATE_DTYPES = ["fp32", "bf16", "int8"]
 
@@ -49,17 +48,6 @@ def test_bad_or_contradicting_state_dtype_is_named():
         zconfig.load({"bf16": {"bf16_optimizer_states": True}, "zps": {"state_dtype": "int8"}})
 
 
-class Net(nn.Module):
-    # Chunks of 8192 elements, each big enough for blockwise int8 moments.
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 192)
-        self.b = nn.Linear(192, 64)
-
-    def forward(self, x):
-        return self.b(F.gelu(self.a(x)))
-
-
 def _batches(n):
     g = torch.Generator().manual_seed(3)
     return [(torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)) for _ in range(n)]
@@ -83,22 +71,22 @@ def _train(engine, batches, checkpoint_at=-1):
 def test_state_dtype_trains_checkpoints_and_exports(dtype, tmp_path):
     from zps.torch.export import state_dict_from_export
     torch.manual_seed(0)
-    model = Net()
+    model = Mlp()
     with zt.initialize(model, _cfg(dtype, shards=2, data_dir=str(tmp_path / "c"))) as engine:
         assert engine.job["optimizer"]["state_dtype"] == dtype
         _train(engine, _batches(4), checkpoint_at=2)
         assert engine.last_checkpoint_step == 3
         out = tmp_path / "model.safetensors"
         zps_ckpt("export", "--data-dir", checkpoint_stores(engine), "--out", out, "--step", 3)
-    plain = Net()
+    plain = Mlp()
     plain.load_state_dict(state_dict_from_export(plain, out))
     # The same three steps again, on one shard without a checkpoint: the same fp32 masters.
     torch.manual_seed(0)
-    again = Net()
+    again = Mlp()
     with zt.initialize(again, _cfg(dtype)) as engine:
         _train(engine, _batches(3))
         three = engine.state_dict()
     for k, v in plain.state_dict().items():
         assert torch.equal(v, three[k]), k
     torch.manual_seed(0)
-    assert not torch.equal(Net().a.weight, three["a.weight"])  # it trained
+    assert not torch.equal(Mlp().a.weight, three["a.weight"])  # it trained

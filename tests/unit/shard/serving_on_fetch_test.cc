@@ -73,42 +73,15 @@ void PushAll(ShardState& s, int64_t step, int seed) {
   }
 }
 
-struct Answer {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  int64_t version = -1;
-  std::vector<std::byte> bytes;
-  bool owned = false;
-
-  FetchCallback Callback() {
-    return [this](const Status& s, int64_t v, std::span<const std::byte> d,
-                  std::shared_ptr<const void> owner) {
-      std::lock_guard<std::mutex> lock(mu);
-      status = s;
-      version = v;
-      bytes.assign(d.begin(), d.end());
-      owned = owner != nullptr;
-      done = true;
-      cv.notify_all();
-    };
-  }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, 60s, [&] { return done; });
-  }
-};
-
 // The bytes a fetch of `req` gets (and whether they came with an owner).
 std::vector<std::byte> FetchBytes(ShardState& s, const FetchRequest& req, bool* owned = nullptr) {
-  Answer a;
-  s.Fetch(req, a.Callback());
+  testing::FetchResult a;
+  s.Fetch(req, a.Callback(/*keep_owner=*/true));
   EXPECT_TRUE(a.Wait());
   EXPECT_THAT(a.status, IsOk());
   EXPECT_EQ(a.version, req.min_version);
-  if (owned != nullptr) *owned = a.owned;
-  return a.bytes;
+  if (owned != nullptr) *owned = a.owner != nullptr;
+  return a.data;
 }
 
 class ServingOnFetchTest : public ::testing::TestWithParam<DType> {};
@@ -202,10 +175,10 @@ TEST(ServingOnFetchStatsTest, FetchesDuringUpdatesGetWholeVersions) {
   std::vector<std::pair<int64_t, std::vector<std::byte>>> got;
   std::thread fetcher([&] {
     while (!done.load()) {
-      Answer a;
+      testing::FetchResult a;
       made->Fetch(whole, a.Callback());
       if (!a.Wait() || !a.status.ok()) break;
-      got.emplace_back(a.version, std::move(a.bytes));
+      got.emplace_back(a.version, std::move(a.data));
     }
   });
   for (int64_t step = 0; step < kSteps; ++step) {

@@ -53,34 +53,6 @@ void PushInit(ShardState& s, const Layout& layout) {
   }
 }
 
-struct Answer {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  int64_t version = -1;
-  std::vector<uint16_t> words;
-  bool owned = false;
-
-  FetchCallback Callback() {
-    return [this](const Status& s, int64_t v, std::span<const std::byte> d,
-                  std::shared_ptr<const void> owner) {
-      std::lock_guard<std::mutex> lock(mu);
-      status = s;
-      version = v;
-      words.resize(d.size() / 2);
-      if (!d.empty()) std::memcpy(words.data(), d.data(), d.size());
-      owned = owner != nullptr;
-      done = true;
-      cv.notify_all();
-    };
-  }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, 60s, [&] { return done; });
-  }
-};
-
 // The chunk whose serving copy spilled: the last ones (the first fit the budget).
 constexpr uint32_t kSpilled = 15;
 
@@ -92,14 +64,14 @@ TEST(ServingTierTest, SpilledCopiesComeFromTheReaderThenTheCache) {
   EXPECT_EQ(st0.serving_staging_bytes, kServingStagingBuffers * kRecord);
   EXPECT_LT(st0.store.serving_resident, st0.store.chunks);
   PushInit(*s, layout);
-  Answer first, second;
-  s->Fetch({kSpilled, 10, 4, 0}, first.Callback());
+  testing::FetchResult first, second;
+  s->Fetch({kSpilled, 10, 4, 0}, first.Callback(/*keep_owner=*/true));
   ASSERT_TRUE(first.Wait());
   ASSERT_THAT(first.status, IsOk());
   EXPECT_EQ(first.version, 0);
-  EXPECT_TRUE(first.owned);  // a copy of the range, with its owner
-  ASSERT_EQ(first.words.size(), 4u);
-  EXPECT_EQ(first.words[0], 0x4180);  // bf16 16.0: chunk 15's initial value
+  EXPECT_NE(first.owner, nullptr);  // a copy of the range, with its owner
+  ASSERT_EQ(first.data.size(), 4u * 2);
+  EXPECT_EQ(first.Word(0), 0x4180);  // bf16 16.0: chunk 15's initial value
   s->Fetch({kSpilled, 0, 8, 0}, second.Callback());
   ASSERT_TRUE(second.Wait());
   ASSERT_THAT(second.status, IsOk());
@@ -111,19 +83,19 @@ TEST(ServingTierTest, SpilledCopiesComeFromTheReaderThenTheCache) {
 TEST(ServingTierTest, AFetchWaitingForTheInitialValuesIsAnsweredAtTheirPublish) {
   const Layout layout = SixteenChunks();
   auto s = Make(layout);
-  Answer parked;
+  testing::FetchResult parked;
   s->Fetch({kSpilled, 0, 4, 0}, parked.Callback());
   PushInit(*s, layout);
   ASSERT_TRUE(parked.Wait());
   ASSERT_THAT(parked.status, IsOk());
-  EXPECT_EQ(parked.words[3], 0x4180);
+  EXPECT_EQ(parked.Word(3), 0x4180);
 }
 
 TEST(ServingTierTest, ARollbackFailsWaitingFetches) {
   const Layout layout = SixteenChunks();
   auto s = Make(layout);
   PushInit(*s, layout);
-  Answer waiting;
+  testing::FetchResult waiting;
   s->Fetch({kSpilled, 0, 4, 1}, waiting.Callback());  // version 1: not published yet
   ASSERT_THAT(s->ResetTo(-1, {}, Unavailable("rolled back")), IsOk());
   ASSERT_TRUE(waiting.Wait());

@@ -257,41 +257,6 @@ INSTANTIATE_TEST_SUITE_P(StateDType, ShardStateSpillDType,
 constexpr uint64_t kServingRecord = 4096 * 2;
 constexpr uint64_t kServingBudget = (kServingStagingBuffers + 5 + 2) * kServingRecord;
 
-// A fetch's outcome, waited for (spilled copies are answered from the serving reader thread).
-struct FetchResult {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  int64_t version = -1;
-  std::vector<std::byte> data;
-  const std::byte* where = nullptr;
-  std::shared_ptr<const void> owner;
-
-  FetchCallback Callback(bool keep_owner = false) {
-    return [this, keep_owner](const Status& s, int64_t v, std::span<const std::byte> d,
-                              std::shared_ptr<const void> o) {
-      std::lock_guard<std::mutex> lock(mu);
-      status = s;
-      version = v;
-      data.assign(d.begin(), d.end());
-      where = d.data();
-      if (keep_owner) owner = std::move(o);
-      done = true;
-      cv.notify_all();
-    };
-  }
-  // Waits for the answer (the bound only keeps a broken build from hanging; no timing asserted).
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; });
-  }
-  bool Done() {
-    std::lock_guard<std::mutex> lock(mu);
-    return done;
-  }
-};
-
 std::unique_ptr<ShardState> MakeServingSpilled(const Layout& layout, const OptimizerConfig& opt,
                                                uint64_t state_budget,
                                                const ServingAllocator& alloc = {},
@@ -315,7 +280,7 @@ void ExpectSameFetches(ShardState& ram, ShardState& spill, int64_t min_version, 
     const uint64_t size = ram.layout().chunk_size(c);
     ASSERT_LT(offset, size);
     const uint64_t n = std::min(length, size - offset);
-    FetchResult a, b;
+    testing::FetchResult a, b;
     ram.Fetch({c, offset, n, min_version}, a.Callback());
     spill.Fetch({c, offset, n, min_version}, b.Callback());
     ASSERT_TRUE(a.Wait() && b.Wait()) << "chunk " << c;
@@ -343,7 +308,7 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
     EXPECT_GT(st0.store.serving_file_bytes, 0u);
 
     // Fetches parked before the initial values (answered at the publish, from the reader).
-    FetchResult parked;
+    testing::FetchResult parked;
     const uint32_t last = layout.num_chunks() - 1;  // spilled
     spill->Fetch({last, 0, 16, 0}, parked.Callback());
     PushAll(layout, **ram, *spill, kInitStep, 1);
@@ -354,9 +319,9 @@ TEST(ShardStateServingSpill, StateAndServingSpilledMatchRamBitForBit) {
     ExpectSameFetches(**ram, *spill, 0, 0, 4096);
     for (int64_t step = 0; step < 4; ++step) {
       // One waiting fetch per chunk for the version this step publishes.
-      std::vector<std::unique_ptr<FetchResult>> waiting;
+      std::vector<std::unique_ptr<testing::FetchResult>> waiting;
       for (uint32_t c : spill->chunk_ids()) {
-        waiting.push_back(std::make_unique<FetchResult>());
+        waiting.push_back(std::make_unique<testing::FetchResult>());
         spill->Fetch({c, 100, 200, step + 1}, waiting.back()->Callback());
       }
       PushAll(layout, **ram, *spill, step, 100 + static_cast<uint32_t>(step));
@@ -407,7 +372,7 @@ TEST(ShardStateServingSpill, Fp32ServingCopiesSpillAndMatchRamBitForBit) {
   }
   // The fetched copy of a spilled chunk is the master's bits.
   const uint32_t last = layout.num_chunks() - 1;
-  FetchResult f;
+  testing::FetchResult f;
   spill->Fetch({last, 0, layout.chunk_size(last), 3}, f.Callback());
   ASSERT_TRUE(f.Wait() && f.status.ok()) << f.status.ToString();
   auto master = spill->MasterOf(last);
@@ -461,7 +426,7 @@ TEST(ShardStateServingSpill, ResidentCopiesAreInTheAllocatorsRegionSpilledOnesCo
     return p >= region.data() && p < region.data() + region.size();
   };
   for (uint32_t c : spill->chunk_ids()) {
-    FetchResult r;
+    testing::FetchResult r;
     spill->Fetch({c, 8, 8, 0}, r.Callback(true));
     ASSERT_TRUE(r.Wait());
     ASSERT_THAT(r.status, IsOk());
@@ -480,9 +445,9 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
   ASSERT_TRUE(spill);
   PushAll(layout, **ram, *spill, kInitStep, 9);
   // Hold the owners of fetches of 4 different spilled chunks: every staging buffer is taken.
-  std::vector<std::unique_ptr<FetchResult>> held;
+  std::vector<std::unique_ptr<testing::FetchResult>> held;
   for (uint32_t c = 2; c < 2 + kServingStagingBuffers; ++c) {
-    held.push_back(std::make_unique<FetchResult>());
+    held.push_back(std::make_unique<testing::FetchResult>());
     spill->Fetch({c, 0, 4096, 0}, held.back()->Callback(true));
     ASSERT_TRUE(held.back()->Wait());
     ASSERT_THAT(held.back()->status, IsOk());
@@ -491,25 +456,25 @@ TEST(ShardStateServingSpill, FetchesWaitForAFreeStagingBuffer) {
   // buffer (the serving tier's reader, ServingTier::Loop, replies with a copy), so this read does
   // not wait for one to be released; whether it is answered yet is up to the serving reader thread,
   // so that is not asserted (it was, and failed when the reader answered first).
-  FetchResult fifth;
+  testing::FetchResult fifth;
   spill->Fetch({10, 0, 4096, 0}, fifth.Callback());
   // Queued behind it: a chunk whose copy is held.
-  FetchResult cached;
+  testing::FetchResult cached;
   spill->Fetch({3, 0, 4096, 0}, cached.Callback());
   held[0]->owner.reset();
   ASSERT_TRUE(fifth.Wait());
   ASSERT_THAT(fifth.status, IsOk());
   ASSERT_TRUE(cached.Wait());
-  FetchResult want;
+  testing::FetchResult want;
   (*ram)->Fetch({10, 0, 4096, 0}, want.Callback());
   ASSERT_TRUE(want.Wait());
   EXPECT_EQ(fifth.data, want.data);
-  FetchResult want3;
+  testing::FetchResult want3;
   (*ram)->Fetch({3, 0, 4096, 0}, want3.Callback());
   ASSERT_TRUE(want3.Wait());
   EXPECT_EQ(cached.data, want3.data);
   // The buffer a held owner covers stays intact while later fetches reuse the other buffers.
-  FetchResult want2;
+  testing::FetchResult want2;
   (*ram)->Fetch({3, 0, 4096, 0}, want2.Callback());
   ASSERT_TRUE(want2.Wait());
   const std::vector<std::byte> still(held[1]->where, held[1]->where + 4096 * 2);
@@ -543,7 +508,7 @@ TEST(ShardStateServingSpill, CheckpointRestoreRewritesSpilledServingCopies) {
           })
           .ok());
   // A fetch parked for a version the rollback discards is failed with the reason.
-  FetchResult parked;
+  testing::FetchResult parked;
   spill->Fetch({12, 0, 8, 3}, parked.Callback());
   ASSERT_THAT(spill->ResetTo(-1, {}, Unavailable("rolled back")), IsOk());
   ASSERT_TRUE(parked.Wait());
@@ -614,7 +579,7 @@ TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
   ASSERT_THAT(spill, IsOk());
   PushAll(layout, **ram, **spill, kInitStep, 13);
   armed->store(true);
-  FetchResult bad;
+  testing::FetchResult bad;
   (*spill)->Fetch({5, 0, 64, 0}, bad.Callback());
   ASSERT_TRUE(bad.Wait());
   EXPECT_EQ(bad.status.code(), Code::kIoError) << bad.status.ToString();

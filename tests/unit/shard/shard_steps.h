@@ -1,16 +1,20 @@
 // shard_steps.h — how the ShardState tests drive a step from outside: a push through
-// BeginPush/FinishPush, the wait for the speculation thread, and a commit (gradients waited for,
-// the step reduced, the order applied).
+// BeginPush/FinishPush, the wait for the speculation thread, a commit (gradients waited for,
+// the step reduced, the order applied), and a fetch's outcome.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "zps/common/grad_quant.h"
 #include "zps/server/shard_state.h"
@@ -48,5 +52,47 @@ inline void Commit(ShardState& s, const CommitOrder& order, std::optional<Commit
   ASSERT_THAT(s.ReduceStep(order.step), IsOk());
   ASSERT_THAT(s.ApplyCommit(order, next), IsOk());
 }
+
+/// A fetch's outcome, waited for (spilled copies and copies made on fetch are answered from the
+/// serving reader thread).
+struct FetchResult {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  int64_t version = -1;
+  std::vector<std::byte> data;
+  const std::byte* where = nullptr;
+  std::shared_ptr<const void> owner;
+
+  FetchCallback Callback(bool keep_owner = false) {
+    return [this, keep_owner](const Status& s, int64_t v, std::span<const std::byte> d,
+                              std::shared_ptr<const void> o) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      version = v;
+      data.assign(d.begin(), d.end());
+      where = d.data();
+      if (keep_owner) owner = std::move(o);
+      done = true;
+      cv.notify_all();
+    };
+  }
+  // Waits for the answer (the bound only keeps a broken build from hanging; no timing asserted).
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; });
+  }
+  /// The i-th 16-bit word of the data.
+  uint16_t Word(size_t i) const {
+    uint16_t w = 0;
+    std::memcpy(&w, data.data() + 2 * i, sizeof w);
+    return w;
+  }
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+};
 
 }  // namespace zps::server::testing
