@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -171,23 +170,25 @@ TEST(ServingOnFetchStatsTest, FetchesDuringUpdatesGetWholeVersions) {
     testing::Commit(*stored, {.step = step, .optimizer_step = step + 1}, std::nullopt);
   }
   PushAll(*made, kInitStep, 0);
-  std::atomic<bool> done{false};
+  // The fetcher asks for whatever version is published until it gets the last one, so it fetches
+  // at least once whatever the threads' timing.
   std::vector<std::pair<int64_t, std::vector<std::byte>>> got;
   std::thread fetcher([&] {
-    while (!done.load()) {
+    for (;;) {
       testing::FetchResult a;
       made->Fetch(whole, a.Callback());
       if (!a.Wait() || !a.status.ok()) break;
       got.emplace_back(a.version, std::move(a.data));
+      if (got.back().first == kSteps) break;
     }
   });
   for (int64_t step = 0; step < kSteps; ++step) {
     PushAll(*made, step, static_cast<int>(step) + 1);
     testing::Commit(*made, {.step = step, .optimizer_step = step + 1}, std::nullopt);
   }
-  done = true;
   fetcher.join();
   ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back().first, kSteps);
   for (const auto& [version, bytes] : got) {
     ASSERT_TRUE(version >= 0 && version <= kSteps) << version;
     EXPECT_EQ(bytes, want[static_cast<size_t>(version)]) << "version " << version;
