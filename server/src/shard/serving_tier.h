@@ -72,7 +72,7 @@ class ShardState::ServingTier {
  private:
   void Loop();
   // Made on fetch: the serving copy of `master` into `out`, in pieces across the shard's pool
-  // (idle meanwhile: a pass waits for the conversion) where it has 2 threads or more. The
+  // (never beside an update pass, which waits for it) where it has 2 threads or more. The
   // conversion is elementwise, so the pieces give the bits of one ToServing call; a
   // block-quantized copy is made whole (its blocks count from the chunk's first element).
   void Convert(std::span<const float> master, std::span<uint16_t> out) const;
