@@ -718,29 +718,25 @@ uint32_t ShardState::StateCrc() const {
 Result<uint32_t> ShardState::ChunkCrc(uint32_t chunk) const {
   const Chunk* c = FindChunk(chunk);
   if (c == nullptr) return OutOfRange("chunk " + std::to_string(chunk) + " is not on this shard");
+  uint32_t crc = 0;
   if (store_) {
     std::vector<float> master;
     std::vector<std::byte> m, v;
     ZPS_RETURN_IF_ERROR(StoreChunkCopy(*c, master, m, v));
-    uint32_t crc = Crc32c(master.data(), master.size() * sizeof(float));
+    crc = Crc32c(master.data(), master.size() * sizeof(float));
     crc = Crc32cExtend(crc, m);
     crc = Crc32cExtend(crc, v);
-    if (ServedByTier(*c)) {
-      std::vector<uint16_t> serving;
-      ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
-      return Crc32cExtend(crc, CopyBytes(*c, serving));
-    }
+  } else {
     MutexLock lock(&mu_);
-    return Crc32cExtend(crc, CopyBytes(*c, c->serving));
+    crc = c->state.Crc(0);
   }
-  if (ServedByTier(*c)) {  // made on fetch: the copy a fetch would get
+  if (ServedByTier(*c)) {  // spilled, or made on fetch: the copy a fetch would get
     std::vector<uint16_t> serving;
     ZPS_RETURN_IF_ERROR(serving_->Copy(*c, serving));
-    MutexLock lock(&mu_);
-    return Crc32cExtend(c->state.Crc(0), CopyBytes(*c, serving));
+    return Crc32cExtend(crc, CopyBytes(*c, serving));
   }
   MutexLock lock(&mu_);
-  return Crc32cExtend(c->state.Crc(0), CopyBytes(*c, c->serving));
+  return Crc32cExtend(crc, CopyBytes(*c, c->serving));
 }
 
 Result<std::vector<float>> ShardState::MasterOf(uint32_t chunk) const {

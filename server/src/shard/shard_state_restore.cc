@@ -203,8 +203,14 @@ ShardStorageStats ShardState::storage_stats() const {
   out.serving_in_store = serving_in_store_;
   out.serving_on_fetch = serving_on_fetch_;
   out.serving_staging_bytes = serving_->staging_bytes();
-  (serving_on_fetch_ ? out.made_fetches : out.spilled_fetches) = serving_->fetches();
-  (serving_on_fetch_ ? out.made_fetch_conversions : out.spilled_fetch_reads) = serving_->reads();
+  // The tier's reader answers either spilled copies or copies made on fetch, never both.
+  if (serving_on_fetch_) {
+    out.made_fetches = serving_->fetches();
+    out.made_fetch_conversions = serving_->reads();
+  } else {
+    out.spilled_fetches = serving_->fetches();
+    out.spilled_fetch_reads = serving_->reads();
+  }
   return out;
 }
 
