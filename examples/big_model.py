@@ -95,7 +95,8 @@ def main():
                     help="per shard, bytes of serving copies in RAM (0: all in RAM)")
     ap.add_argument("--serving-copies", default="stored", choices=["stored", "on-fetch"],
                     help="on-fetch: the shards keep no serving copies and convert the master for "
-                    "each fetch (zps.serving_copies; needs --memory-budget 0)")
+                    "each fetch, reading it back from NVMe if it spilled (zps.serving_copies; needs "
+                    "--serving-budget 0)")
     ap.add_argument("--max-live-bytes", type=int, default=256 << 20)
     ap.add_argument("--prefetch-bytes", type=int, default=128 << 20)
     ap.add_argument("--data-dir", default="", help="shards' data dir (default: a temp dir)")

@@ -398,9 +398,9 @@ def load(config: ConfigSource) -> Config:
         c.memory_budget = z.get("memory_budget", int, 0)
         c.serving_budget = z.get("serving_budget", int, 0)
         c.serving_copies = z.get("serving_copies", str, choices=["stored", "on-fetch"])
-        if c.serving_copies == "on-fetch" and (c.memory_budget or c.serving_budget):
-            raise _bad("zps.serving_copies", "'on-fetch' needs the state in RAM: drop "
-                       "zps.memory_budget and zps.serving_budget")
+        if c.serving_copies == "on-fetch" and c.serving_budget:
+            raise _bad("zps.serving_copies", "'on-fetch' keeps no serving copies, so there is "
+                       "nothing for zps.serving_budget to hold: drop one of them")
         if c.serving_copies == "on-fetch" and c.update == "speculative":
             raise _bad("zps.serving_copies", "'on-fetch' cannot serve speculative updates "
                        "(zps.update 'speculative')")

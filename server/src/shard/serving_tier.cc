@@ -43,6 +43,16 @@ void ShardState::ServingTier::Convert(std::span<const float> master,
   });
 }
 
+Status ShardState::ServingTier::Make(uint32_t index, std::span<const float> master,
+                                     std::span<uint16_t> out) const {
+  const ShardState& s = *s_;
+  if (!s.store_) {
+    Convert(master, out);
+    return Status::Ok();
+  }
+  return s.CountIo(s.store_->VisitMaster(index, [&](std::span<const float> m) { Convert(m, out); }));
+}
+
 Status ShardState::ServingTier::Start() {
   ShardState& s = *s_;
   uint64_t largest = 0;
@@ -62,7 +72,8 @@ Status ShardState::ServingTier::Start() {
   });
   if (s.serving_on_fetch_) {
     ZPS_LOG(INFO) << "shard " << s.ordinal_ << ": no serving copies kept; fetches convert the "
-                  << "masters into " << kServingStagingBuffers << " staging buffers";
+                  << "masters" << (s.store_ ? " (read back from NVMe when spilled)" : "")
+                  << " into " << kServingStagingBuffers << " staging buffers";
     return Status::Ok();
   }
   const ChunkStoreStats st = s.store_->stats();
@@ -132,6 +143,9 @@ Status ShardState::ServingTier::Write(const Chunk& c, std::span<const float> mas
 Status ShardState::ServingTier::Copy(const Chunk& c, std::vector<uint16_t>& out) const {
   const ShardState& s = *s_;
   out.assign(s.kinds_->serving_words(c.size), 0);
+  if (s.serving_on_fetch_ && s.store_) {
+    return Make(static_cast<uint32_t>(s.IndexOf(c)), {}, out);  // the store orders the read
+  }
   if (s.serving_on_fetch_) {
     MutexLock lock(&s.mu_);  // the master's buffers (a publish or a snapshot may swap them)
     s.ToServing(c.state.master.span().first(c.size), out);
@@ -172,20 +186,19 @@ void ShardState::ServingTier::Loop() {
     const uint64_t gen = gen_;
     const auto index = static_cast<uint32_t>(s.IndexOf(*c));
     const size_t words = s.kinds_->serving_words(c->size);
-    // Made on fetch: the master as it is now (a publish or a snapshot may swap the buffers under
-    // mu_); no pass writes it until reading_ is cleared (BeginRewrite waits).
-    const std::span<const float> master =
-        s.serving_on_fetch_ ? c->state.master.span().first(c->size) : std::span<const float>{};
+    // Made on fetch from RAM: the master as it is now (a publish or a snapshot may swap the
+    // buffers under mu_); no pass writes it until reading_ is cleared (BeginRewrite waits). From
+    // a store: read in Make.
+    const std::span<const float> master = s.serving_on_fetch_ && !s.store_
+                                              ? c->state.master.span().first(c->size)
+                                              : std::span<const float>{};
     reading_ = true;
     lock.Unlock();
     bool hit = false;
     auto data = staging_->Get(
         index, gen,
         [&](uint16_t* out) {
-          if (s.serving_on_fetch_) {
-            Convert(master, {out, words});
-            return Status::Ok();
-          }
+          if (s.serving_on_fetch_) return Make(index, master, {out, words});
           return s.CountIo(s.store_->ReadServing(index, {out, words}));
         },
         &hit);

@@ -63,7 +63,7 @@ class ShardState::ServingTier {
   /// nothing).
   Status Write(const Chunk& c, std::span<const float> master) const;
   /// A copy of chunk `c`'s serving copy (a spilled one read from the store; made on fetch:
-  /// converted from the master, taking mu_).
+  /// converted from the master, taking mu_, or read through the store's VisitMaster).
   Status Copy(const Chunk& c, std::vector<uint16_t>& out) const;
   uint64_t staging_bytes() const { return staging_ ? staging_->bytes() : 0; }
   uint64_t fetches() const { return fetches_.load(std::memory_order_relaxed); }
@@ -76,6 +76,9 @@ class ShardState::ServingTier {
   // conversion is elementwise, so the pieces give the bits of one ToServing call; a
   // block-quantized copy is made whole (its blocks count from the chunk's first element).
   void Convert(std::span<const float> master, std::span<uint16_t> out) const;
+  // Made on fetch: Convert of chunk `index`'s master, the RAM state's `master` or, with a store,
+  // the store's (VisitMaster: in place if resident, else read back). Errors: the store's.
+  Status Make(uint32_t index, std::span<const float> master, std::span<uint16_t> out) const;
 
   ShardState* const s_;
   std::unique_ptr<ServingStaging> staging_;  // set at Start when a serving copy spills, or none

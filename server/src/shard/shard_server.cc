@@ -71,7 +71,8 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("spill-dir", "directory of the spill files (default <data-dir>/spill)", &spill_dir);
   f.Add("serving-copies",
         "stored (each update writes the 16-bit copies workers fetch) or on-fetch (none kept: 2 "
-        "bytes a parameter fewer; each fetch converts the master; state in RAM, sync updates)",
+        "bytes a parameter fewer; each fetch converts the master, read back from the spill files "
+        "if it spilled; sync updates)",
         &serving_copies);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);
@@ -120,10 +121,10 @@ Status ShardServerOptions::Finalize() {
     return InvalidArgument("--serving-copies must be stored or on-fetch; got '" + serving_copies +
                            "'");
   }
-  if (serving_copies == "on-fetch" && (memory_budget > 0 || serving_budget > 0)) {
+  if (serving_copies == "on-fetch" && serving_budget > 0) {
     return InvalidArgument(
-        "--serving-copies on-fetch needs the state in RAM: drop --memory-budget and "
-        "--serving-budget");
+        "--serving-copies on-fetch keeps no serving copies, so there is nothing for "
+        "--serving-budget to hold: drop one of them");
   }
   if (ordinal != 0 && coordinator.empty()) {
     return InvalidArgument("shard " + std::to_string(ordinal) + " needs --coordinator host:port");
@@ -635,9 +636,11 @@ void ShardServer::Impl::UpdateStorageMetrics() {
     const uint64_t fetches = delta(now.made_fetches, last_storage.made_fetches);
     sm.made_fetches[0].Inc(made);
     sm.made_fetches[1].Inc(fetches >= made ? fetches - made : 0);
-    last_storage = now;
   }
-  if (!now.spilled) return;
+  if (!now.spilled) {
+    last_storage = now;
+    return;
+  }
   const ChunkStoreStats& st = now.store;
   // RAM: resident records split master : moments (and their scales) as their bytes are; the
   // pipeline buffers are counted with the optimizer state. NVMe: the spill file's bytes.

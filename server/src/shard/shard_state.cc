@@ -56,14 +56,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       s->chunk_ids_,
       [raw = s.get()](size_t i) -> const ChunkBuffers& { return raw->chunks_[i].state; });
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
-  s->serving_in_store_ = spilling && spill->serving_records;
   if (serving_copies == ServingCopies::kOnFetch) {
-    // The conversion reads the live master between passes; a store moves it, and speculation
-    // swaps it with a spare under fetches in flight (docs/state-bytes.md).
-    if (spill.has_value()) {
-      return FailedPrecondition(
-          "serving copies made on fetch need the state in RAM: no memory or serving budget");
-    }
+    // The conversion reads the master between passes; speculation swaps it with a spare under
+    // fetches in flight (docs/state-bytes.md).
     if (job.update_mode == UpdateMode::kSpeculative) {
       return FailedPrecondition(
           "serving copies made on fetch cannot serve a speculative job (--update speculative): "
@@ -71,6 +66,8 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
     }
     s->serving_on_fetch_ = !s->chunk_ids_.empty();
   }
+  // Made on fetch, a store keeps no serving records: the reader converts its masters.
+  s->serving_in_store_ = spilling && spill->serving_records && !s->serving_on_fetch_;
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
     Chunk& c = s->chunks_[i];
     c.id = s->chunk_ids_[i];

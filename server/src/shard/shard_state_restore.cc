@@ -133,12 +133,12 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
             return Status::Ok();
           }
           if (Status st = load(c.id, s.state.master, s.state.m, s.state.v); !st.ok()) return st;
-          ToServing(s.state.master, serving);
+          if (!serving.empty()) ToServing(s.state.master, serving);  // empty: made on fetch
           return Status::Ok();
         }));
     // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
     // failed restore is retried by the caller (ResetTo again), which clears the tier's error.
-    if (serving_in_store_) serving_->EndRewrite(Status::Ok());
+    if (TierServes()) serving_->EndRewrite(Status::Ok());
     ZPS_RETURN_IF_ERROR(restored);
   }
   Status loaded;
@@ -157,7 +157,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     if (!c.serving.empty()) ToServing(st.master, c.serving);
     MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
-  if (serving_on_fetch_) serving_->EndRewrite(Status::Ok());
+  if (serving_on_fetch_ && !store_) serving_->EndRewrite(Status::Ok());
   ZPS_RETURN_IF_ERROR(loaded);
   if (version >= 1) {
     MutexLock lock(&mu_);

@@ -502,6 +502,26 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<std:
   return Status::Ok();
 }
 
+Status ChunkStore::VisitMaster(uint32_t c,
+                               const std::function<void(std::span<const float>)>& fn) {
+  MutexLock lock(&mu_);
+  ZPS_RETURN_IF_ERROR(CheckId(c));
+  const Chunk& k = chunks_[c];
+  const std::byte* src;
+  if (k.state_resident) {
+    src = state_ram_->buffer(0) + k.state_off;
+  } else {
+    if (!k.state_lost.empty()) return RecordLostError(c, false);
+    // The master is the record's first m_off bytes (a 4 KiB multiple): the moments stay on disk.
+    ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *state_file_, k.state_off,
+                                 state_bufs_->buffer(0), k.m_off,
+                                 "read of chunk " + std::to_string(c) + " master", false));
+    src = state_bufs_->buffer(0);
+  }
+  fn({reinterpret_cast<const float*>(src), k.elems});
+  return Status::Ok();
+}
+
 Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master,
                               std::span<const std::byte> m, std::span<const std::byte> v) {
   MutexLock lock(&mu_);

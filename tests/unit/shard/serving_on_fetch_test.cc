@@ -2,7 +2,8 @@
 // fetch with the bytes a shard that keeps them serves, at every version, for every serving dtype;
 // its CRCs are the same; its state bytes count no serving copy; a chunk's copy is converted once
 // per version and then taken from the cache; a restore's new masters are what later fetches
-// get; and the configurations it cannot serve are refused at Create.
+// get; all of it with the state in RAM and with masters spilled to NVMe (read back alone, not
+// their moments); and speculation, which it cannot serve, is refused at Create.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +12,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "shard_steps.h"
@@ -47,10 +51,29 @@ OptimizerConfig Adam(StateDType state) {
   return o;
 }
 
+// Where the state lives: RAM buffers, or a store whose budget holds the pipeline's 3 buffers
+// (one chunk read ahead, one written behind) and 2 of the 6 chunks' int8 state records (16 KiB
+// of master, 2 x 8 KiB of moments), so that 4 masters are read back from the spill file.
+enum class Storage { kRam, kSpilled };
+constexpr uint64_t kInt8Record = 16384 + 2 * 8192;
+
+std::optional<ChunkStoreOptions> Spill(Storage storage) {
+  if (storage == Storage::kRam) return std::nullopt;
+  ChunkStoreOptions so;
+  so.memory_budget = 5 * kInt8Record;
+  so.read_ahead = 1;
+  so.write_behind = 1;
+  so.serving_records = true;  // asked for, and not made: there are no copies to keep
+  so.spill_dir = zps::testing::SpillDir();
+  so.file_prefix = "serving-on-fetch-test-" + std::to_string(::getpid());
+  return so;
+}
+
 std::unique_ptr<ShardState> Make(const Layout& layout, DType serving, ServingCopies copies,
+                                 Storage storage = Storage::kRam,
                                  StateDType state = StateDType::kInt8) {
-  auto s =
-      ShardState::Create(layout, 0, Job(serving), Adam(state), nullptr, std::nullopt, {}, copies);
+  auto s = ShardState::Create(layout, 0, Job(serving), Adam(state), nullptr, Spill(storage), {},
+                              copies);
   EXPECT_THAT(s, IsOk()) << s.status().ToString();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -83,13 +106,23 @@ std::vector<std::byte> FetchBytes(ShardState& s, const FetchRequest& req, bool* 
   return a.data;
 }
 
-class ServingOnFetchTest : public ::testing::TestWithParam<DType> {};
+class ServingOnFetchTest : public ::testing::TestWithParam<std::tuple<DType, Storage>> {};
 
+// Stored copies with the state in RAM are the reference for a shard that makes them on fetch,
+// from RAM or from a store.
 TEST_P(ServingOnFetchTest, ServesTheBytesAStoredCopyHoldsAtEveryVersion) {
+  const auto [serving, storage] = GetParam();
   const Layout layout = SixChunks();
-  auto stored = Make(layout, GetParam(), ServingCopies::kStored);
-  auto made = Make(layout, GetParam(), ServingCopies::kOnFetch);
+  auto stored = Make(layout, serving, ServingCopies::kStored);
+  auto made = Make(layout, serving, ServingCopies::kOnFetch, storage);
   ASSERT_TRUE(stored && made);
+  const ShardStorageStats st = made->storage_stats();
+  EXPECT_FALSE(st.serving_in_store);
+  if (storage == Storage::kSpilled) {
+    ASSERT_TRUE(st.spilled);
+    EXPECT_EQ(st.store.state_resident, 2u);
+    EXPECT_EQ(st.store.serving_file_bytes, 0u);
+  }
   PushAll(*stored, kInitStep, 0);
   PushAll(*made, kInitStep, 0);
   // Whole chunks, and a range inside one (a quantized copy serves its covering blocks).
@@ -105,6 +138,9 @@ TEST_P(ServingOnFetchTest, ServesTheBytesAStoredCopyHoldsAtEveryVersion) {
     EXPECT_EQ(made->StateCrc(), stored->StateCrc()) << "version " << step;
     for (uint32_t c = 0; c < kChunks; ++c) {
       EXPECT_EQ(*made->ChunkCrc(c), *stored->ChunkCrc(c)) << "chunk " << c;
+      // Every chunk, resident or spilled, whole.
+      const FetchRequest r{c, 0, kChunk, step};
+      EXPECT_EQ(FetchBytes(*made, r), FetchBytes(*stored, r)) << "chunk " << c;
     }
     for (ShardState* s : {stored.get(), made.get()}) {
       PushAll(*s, step, static_cast<int>(step) + 1);
@@ -113,25 +149,29 @@ TEST_P(ServingOnFetchTest, ServesTheBytesAStoredCopyHoldsAtEveryVersion) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(ServingDTypes, ServingOnFetchTest,
-                         ::testing::Values(DType::kBF16, DType::kF16, DType::kF32, DType::kI8Block),
-                         [](const ::testing::TestParamInfo<DType>& p) {
-                           std::string name(DTypeName(p.param));
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    ServingDTypes, ServingOnFetchTest,
+    ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16, DType::kF32, DType::kI8Block),
+                       ::testing::Values(Storage::kRam, Storage::kSpilled)),
+    [](const ::testing::TestParamInfo<std::tuple<DType, Storage>>& p) {
+      std::string name(DTypeName(std::get<0>(p.param)));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + (std::get<1>(p.param) == Storage::kRam ? "_ram" : "_spilled");
+    });
 
-TEST(ServingOnFetchStatsTest, KeepsNoServingBytesAndConvertsAChunkOncePerVersion) {
+class ServingOnFetchStorageTest : public ::testing::TestWithParam<Storage> {};
+
+TEST_P(ServingOnFetchStorageTest, KeepsNoServingBytesAndConvertsAChunkOncePerVersion) {
   const Layout layout = SixChunks();
   auto stored = Make(layout, DType::kBF16, ServingCopies::kStored);
-  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch);
+  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch, GetParam());
   ASSERT_TRUE(stored && made);
   EXPECT_EQ(made->state_bytes().serving, 0u);
   EXPECT_EQ(stored->state_bytes().serving, kChunks * kChunk * 2);
   EXPECT_EQ(made->state_bytes().master, stored->state_bytes().master);
   const ShardStorageStats st0 = made->storage_stats();
   EXPECT_TRUE(st0.serving_on_fetch);
-  EXPECT_FALSE(st0.spilled);
+  EXPECT_EQ(st0.spilled, GetParam() == Storage::kSpilled);
   EXPECT_EQ(st0.serving_staging_bytes, kServingStagingBuffers * kChunk * 2);
   EXPECT_FALSE(stored->storage_stats().serving_on_fetch);
 
@@ -149,16 +189,23 @@ TEST(ServingOnFetchStatsTest, KeepsNoServingBytesAndConvertsAChunkOncePerVersion
   st = made->storage_stats();
   EXPECT_EQ(st.made_fetches, 4u);
   EXPECT_EQ(st.made_fetch_conversions, 3u);
+  if (GetParam() == Storage::kRam) return;
+  // A conversion of a spilled chunk reads its master (16 KiB), not its moments.
+  const uint64_t read = st.store.bytes_read;
+  for (uint32_t c = 0; c < kChunks; ++c) FetchBytes(*made, {c, 0, 8, 1});
+  st = made->storage_stats();
+  EXPECT_EQ(st.store.bytes_read - read, (kChunks - st.store.state_resident) * kChunk * 4);
+  EXPECT_EQ(st.store.serving_bytes_read, 0u);
 }
 
 // Fetches racing the update passes: every answer is one whole version, the bytes a stored copy
 // held at the version it names (a pass waits for a conversion in progress, and a conversion for
 // the pass).
-TEST(ServingOnFetchStatsTest, FetchesDuringUpdatesGetWholeVersions) {
+TEST_P(ServingOnFetchStorageTest, FetchesDuringUpdatesGetWholeVersions) {
   constexpr int64_t kSteps = 12;
   const Layout layout = SixChunks();
   auto stored = Make(layout, DType::kBF16, ServingCopies::kStored);
-  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch);
+  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch, GetParam());
   ASSERT_TRUE(stored && made);
   std::vector<std::vector<std::byte>> want;  // chunk 3's copy at each version
   const FetchRequest whole{3, 0, kChunk, 0};
@@ -196,9 +243,9 @@ TEST(ServingOnFetchStatsTest, FetchesDuringUpdatesGetWholeVersions) {
   EXPECT_EQ(FetchBytes(*made, {whole.chunk, 0, kChunk, kSteps}), want.back());
 }
 
-TEST(ServingOnFetchStatsTest, AFetchAfterARestoreGetsTheRestoredMasters) {
+TEST_P(ServingOnFetchStorageTest, AFetchAfterARestoreGetsTheRestoredMasters) {
   const Layout layout = SixChunks();
-  auto made = Make(layout, DType::kF32, ServingCopies::kOnFetch);
+  auto made = Make(layout, DType::kF32, ServingCopies::kOnFetch, GetParam());
   ASSERT_TRUE(made);
   PushAll(*made, kInitStep, 0);
   PushAll(*made, 0, 1);
@@ -219,20 +266,21 @@ TEST(ServingOnFetchStatsTest, AFetchAfterARestoreGetsTheRestoredMasters) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
 }
 
-TEST(ServingOnFetchStatsTest, RefusesSpilledStateAndSpeculation) {
+INSTANTIATE_TEST_SUITE_P(Storage, ServingOnFetchStorageTest,
+                         ::testing::Values(Storage::kRam, Storage::kSpilled),
+                         [](const ::testing::TestParamInfo<Storage>& p) {
+                           return std::string(p.param == Storage::kRam ? "Ram" : "Spilled");
+                         });
+
+TEST(ServingOnFetchRefusalTest, RefusesSpeculation) {
   const Layout layout = SixChunks();
-  ChunkStoreOptions so;
-  so.memory_budget = UINT64_MAX;
-  so.spill_dir = zps::testing::SpillDir();
-  so.file_prefix = "serving-on-fetch-test-" + std::to_string(::getpid());
-  auto spilled = ShardState::Create(layout, 0, Job(DType::kBF16), Adam(StateDType::kF32), nullptr,
-                                    so, {}, ServingCopies::kOnFetch);
-  EXPECT_THAT(spilled, StatusIs(Code::kFailedPrecondition));
   ShardJob spec = Job(DType::kBF16);
   spec.update_mode = UpdateMode::kSpeculative;
-  auto speculative = ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr,
-                                        std::nullopt, {}, ServingCopies::kOnFetch);
-  EXPECT_THAT(speculative, StatusIs(Code::kFailedPrecondition));
+  for (Storage storage : {Storage::kRam, Storage::kSpilled}) {
+    auto speculative = ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr,
+                                          Spill(storage), {}, ServingCopies::kOnFetch);
+    EXPECT_THAT(speculative, StatusIs(Code::kFailedPrecondition));
+  }
   EXPECT_THAT(ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr),
               IsOk());  // stored copies serve it
 }

@@ -594,6 +594,41 @@ TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
   ExpectSameFetches(**ram, **spill, 1, 0, 4096);
 }
 
+// Copies made on fetch from spilled masters: a failed read of a master fails that fetch only
+// (IoError, counted); the next fetch converts it, and training goes on bit for bit.
+TEST(ShardStateServingSpill, AFailedMasterReadFailsThatMadeFetchOnly) {
+  const Layout layout = BigLayout();
+  ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
+  auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
+  ASSERT_THAT(ram, IsOk());
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  ChunkStoreOptions so;
+  so.memory_budget = kBudget;  // 1 of 14 states resident: the last chunk's master is spilled
+  so.spill_dir = SpillDir();
+  so.file_prefix = "shard-made-fault-" + std::to_string(::getpid());
+  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
+    return std::make_unique<FailReadsEngine>(std::move(e), armed);
+  };
+  auto made = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so, {},
+                                 ServingCopies::kOnFetch);
+  ASSERT_THAT(made, IsOk());
+  ASSERT_EQ((*made)->storage_stats().store.state_resident, 1u);
+  PushAll(layout, **ram, **made, kInitStep, 13);
+  armed->store(true);
+  testing::FetchResult bad;
+  (*made)->Fetch({13, 0, 64, 0}, bad.Callback());
+  ASSERT_TRUE(bad.Wait());
+  EXPECT_EQ(bad.status.code(), Code::kIoError) << bad.status.ToString();
+  EXPECT_EQ((*made)->storage_stats().io_errors, 1u);
+  armed->store(false);
+  ExpectSameFetches(**ram, **made, 0, 0, 4096);
+  PushAll(layout, **ram, **made, 0, 700);
+  Step(**ram, 0, false);
+  Step(**made, 0, false);
+  ExpectSame(**ram, **made);
+  ExpectSameFetches(**ram, **made, 1, 0, 4096);
+}
+
 TEST(ShardStateServingSpill, ServingBudgetTooSmallForTheStagingBuffersIsAClearError) {
   ChunkStoreOptions so;
   so.memory_budget = UINT64_MAX;

@@ -163,6 +163,13 @@ class ChunkStore {
                    std::span<std::byte> v);
   Status WriteChunk(uint32_t c, std::span<const float> master, std::span<const std::byte> m,
                     std::span<const std::byte> v);
+  /// Calls fn(master) with chunk c's fp32 master (chunk_elems(c) elements): the resident record
+  /// in place, or a spilled record's master alone read into a pipeline buffer (not m or v). The
+  /// span is valid only during the call, which holds the store's mutex: fn must not call the
+  /// store. For a shard whose serving copies are made on fetch from its master. Errors:
+  /// InvalidArgument (bad id), DataLoss (lost record), IoError, ResourceExhausted; fn is then not
+  /// called.
+  Status VisitMaster(uint32_t c, const std::function<void(std::span<const float>)>& fn);
   /// As above for the serving copy (the fetch path for spilled serving copies).
   Status ReadServing(uint32_t c, std::span<uint16_t> out);
   Status WriteServing(uint32_t c, std::span<const uint16_t> in);

@@ -46,9 +46,9 @@ struct ShardServerOptions {
   std::string spill_dir;           // Default: "" = <data-dir>/spill. Where spill files go.
   /// stored: the update pass writes each chunk's 16-bit serving copy and the shard keeps it, so a
   /// fetch is a copy (or a one-sided RMA get) of bytes already there. on-fetch: no copy is kept
-  /// (2 bytes a parameter fewer); each fetch converts the master, on the shard's CPU, and goes by
-  /// request and reply. Needs the state in RAM (no budgets) and sync updates
-  /// (docs/state-bytes.md).
+  /// (2 bytes a parameter fewer, in RAM or in the spill files); each fetch converts the master
+  /// (read back from NVMe if it spilled), on the shard's CPU, and goes by request and reply.
+  /// Needs sync updates, and no serving_budget (docs/state-bytes.md).
   std::string serving_copies = "stored";  // Default: stored.
   int64_t checkpoint_every = 0;           // Default: 0 = never.
   /// background: the checkpoint step is snapshotted (copy-on-write per chunk) and written by a

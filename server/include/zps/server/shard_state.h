@@ -52,12 +52,13 @@
 // and answers with a copy of the range and its owner (FetchCallback), so the reply goes by AM
 // from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
 // copies").
-// Made on fetch (ServingCopies::kOnFetch, the state in RAM, sync updates): no serving copy is
-// kept at all. The update pass writes none, and a fetch is queued to the same reader, which
+// Made on fetch (ServingCopies::kOnFetch, sync updates): no serving copy is kept at all, in RAM
+// or in the store. The update pass writes none, and a fetch is queued to the same reader, which
 // converts the chunk's master into a staging buffer (the same cache: the other ranks' fetches
-// of that chunk and version take it from there) and answers as for a spilled copy. A pass that
-// writes masters (an update, a restore) waits for a conversion in progress, and conversions
-// wait for it (docs/state-bytes.md says what it costs).
+// of that chunk and version take it from there) and answers as for a spilled copy. With a
+// store, the master is read through ChunkStore::VisitMaster: in place when resident, else the
+// master alone from NVMe. A pass that writes masters (an update, a restore) waits for a
+// conversion in progress, and conversions wait for it (docs/state-bytes.md says what it costs).
 //
 // Serving banks (speculative updates with the state in RAM): the serving block holds two copies
 // of every chunk's serving copy, bank 0 and bank 1, serving_bank_bytes() apart; version v is
@@ -248,8 +249,8 @@ inline constexpr uint32_t kServingStagingBuffers = 4;
 /// Where a shard's serving copies come from (ShardServerOptions::serving_copies).
 enum class ServingCopies : uint8_t {
   kStored,   // written by each update pass and kept (in RAM, or spilled under a serving budget)
-  kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer; the state in
-             // RAM and sync updates only)
+  kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer; sync
+             // updates only)
 };
 
 // ShardState's parts (server/src/shard/).
@@ -272,7 +273,8 @@ class ShardState {
   /// ChunkStore::Create. `serving_alloc` (may be empty: then the serving copies live in
   /// ordinary aligned heap memory) provides the memory of every serving copy (see
   /// ServingAllocator); whatever it returns is returned. `serving` kOnFetch keeps no serving
-  /// copies (see the header comment): FailedPrecondition with `spill` or a speculative job.
+  /// copies (see the header comment; a store then has no serving records, whatever `spill`
+  /// says): FailedPrecondition for a speculative job.
   static Result<std::unique_ptr<ShardState>> Create(
       const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
       ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill = std::nullopt,
