@@ -50,7 +50,8 @@ Status ShardState::ServingTier::Make(uint32_t index, std::span<const float> mast
     Convert(master, out);
     return Status::Ok();
   }
-  return s.CountIo(s.store_->VisitMaster(index, [&](std::span<const float> m) { Convert(m, out); }));
+  return s.CountIo(
+      s.store_->VisitMaster(index, [&](std::span<const float> m) { Convert(m, out); }));
 }
 
 Status ShardState::ServingTier::Start() {

@@ -502,8 +502,7 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<std:
   return Status::Ok();
 }
 
-Status ChunkStore::VisitMaster(uint32_t c,
-                               const std::function<void(std::span<const float>)>& fn) {
+Status ChunkStore::VisitMaster(uint32_t c, const std::function<void(std::span<const float>)>& fn) {
   MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];

@@ -255,6 +255,36 @@ TEST(ChunkStore, SingleChunkRoundTripAndBadArguments) {
   EXPECT_FALSE(called);
 }
 
+// VisitMaster hands fn the master a WriteChunk stored, of a resident chunk in place and of a
+// spilled one read back alone: the record's master bytes, not its moments.
+TEST(ChunkStore, VisitMasterReadsTheMasterAlone) {
+  const uint64_t bufs = 5 * 3 * AlignUp(250000 * 4), sbufs = 5 * AlignUp(250000 * 2);
+  auto s =
+      ChunkStore::Create(SmallOptions("cs-master", bufs + 3 * AlignUp(100000 * 4), sbufs), kChunks);
+  ASSERT_THAT(s, IsOk());
+  ChunkStore& store = **s;
+  ASSERT_TRUE(store.state_resident(0));
+  for (uint32_t c : {0u, 3u, 4u}) {
+    const uint32_t spilled = store.state_resident(c) ? 0 : 1;
+    ASSERT_EQ(spilled, c == 0 ? 0u : 1u) << "chunk " << c;
+    std::vector<float> a(kChunks[c]), m(kChunks[c], 7.0f), v(kChunks[c], 9.0f);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i) + c;
+    ASSERT_THAT(store.WriteChunk(c, a, B(m), B(v)), IsOk());
+    const uint64_t before = store.stats().bytes_read;
+    std::vector<float> got;
+    ASSERT_THAT(
+        store.VisitMaster(c, [&](std::span<const float> x) { got.assign(x.begin(), x.end()); }),
+        IsOk());
+    EXPECT_EQ(got, a) << "chunk " << c;
+    EXPECT_EQ(store.stats().bytes_read - before, spilled * AlignUp(kChunks[c] * 4))
+        << "chunk " << c;
+  }
+  bool called = false;
+  EXPECT_EQ(store.VisitMaster(99, [&](std::span<const float>) { called = true; }).code(),
+            Code::kInvalidArgument);
+  EXPECT_FALSE(called);
+}
+
 // Wraps the real engine; fails chosen requests (by op and ordinal) with a given result.
 class FaultEngine final : public IoEngine {
  public:

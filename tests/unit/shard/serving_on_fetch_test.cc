@@ -72,8 +72,8 @@ std::optional<ChunkStoreOptions> Spill(Storage storage) {
 std::unique_ptr<ShardState> Make(const Layout& layout, DType serving, ServingCopies copies,
                                  Storage storage = Storage::kRam,
                                  StateDType state = StateDType::kInt8) {
-  auto s = ShardState::Create(layout, 0, Job(serving), Adam(state), nullptr, Spill(storage), {},
-                              copies);
+  auto s =
+      ShardState::Create(layout, 0, Job(serving), Adam(state), nullptr, Spill(storage), {}, copies);
   EXPECT_THAT(s, IsOk()) << s.status().ToString();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -149,15 +149,16 @@ TEST_P(ServingOnFetchTest, ServesTheBytesAStoredCopyHoldsAtEveryVersion) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ServingDTypes, ServingOnFetchTest,
-    ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16, DType::kF32, DType::kI8Block),
-                       ::testing::Values(Storage::kRam, Storage::kSpilled)),
-    [](const ::testing::TestParamInfo<std::tuple<DType, Storage>>& p) {
-      std::string name(DTypeName(std::get<0>(p.param)));
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name + (std::get<1>(p.param) == Storage::kRam ? "_ram" : "_spilled");
-    });
+INSTANTIATE_TEST_SUITE_P(ServingDTypes, ServingOnFetchTest,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16,
+                                                              DType::kF32, DType::kI8Block),
+                                            ::testing::Values(Storage::kRam, Storage::kSpilled)),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, Storage>>& p) {
+                           std::string name(DTypeName(std::get<0>(p.param)));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name +
+                                  (std::get<1>(p.param) == Storage::kRam ? "_ram" : "_spilled");
+                         });
 
 class ServingOnFetchStorageTest : public ::testing::TestWithParam<Storage> {};
 
