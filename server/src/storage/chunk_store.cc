@@ -486,16 +486,7 @@ Status ChunkStore::ReadChunk(uint32_t c, std::span<float> master, std::span<std:
     return InvalidArgument("chunk store: ReadChunk lengths do not match chunk " +
                            std::to_string(c));
   }
-  const std::byte* src;
-  if (k.state_resident) {
-    src = state_ram_->buffer(0) + k.state_off;
-  } else {
-    if (!k.state_lost.empty()) return RecordLostError(c, false);
-    ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *state_file_, k.state_off,
-                                 state_bufs_->buffer(0), k.state_bytes,
-                                 "read of chunk " + std::to_string(c) + " state", false));
-    src = state_bufs_->buffer(0);
-  }
+  ZPS_ASSIGN_OR_RETURN(const std::byte* src, StateRecord(c, k.state_bytes, "state"));
   std::memcpy(master.data(), src, master.size_bytes());
   if (!m.empty()) std::memcpy(m.data(), src + k.m_off, m.size());
   if (!v.empty()) std::memcpy(v.data(), src + k.m_off + k.moment_stride, v.size());
@@ -506,19 +497,20 @@ Status ChunkStore::VisitMaster(uint32_t c, const std::function<void(std::span<co
   MutexLock lock(&mu_);
   ZPS_RETURN_IF_ERROR(CheckId(c));
   const Chunk& k = chunks_[c];
-  const std::byte* src;
-  if (k.state_resident) {
-    src = state_ram_->buffer(0) + k.state_off;
-  } else {
-    if (!k.state_lost.empty()) return RecordLostError(c, false);
-    // The master is the record's first m_off bytes (a 4 KiB multiple): the moments stay on disk.
-    ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *state_file_, k.state_off,
-                                 state_bufs_->buffer(0), k.m_off,
-                                 "read of chunk " + std::to_string(c) + " master", false));
-    src = state_bufs_->buffer(0);
-  }
+  // The master is the record's first m_off bytes (a 4 KiB multiple): the moments stay on disk.
+  ZPS_ASSIGN_OR_RETURN(const std::byte* src, StateRecord(c, k.m_off, "master"));
   fn({reinterpret_cast<const float*>(src), k.elems});
   return Status::Ok();
+}
+
+Result<const std::byte*> ChunkStore::StateRecord(uint32_t c, uint64_t bytes, const char* what) {
+  const Chunk& k = chunks_[c];
+  if (k.state_resident) return static_cast<const std::byte*>(state_ram_->buffer(0) + k.state_off);
+  if (!k.state_lost.empty()) return RecordLostError(c, false);
+  ZPS_RETURN_IF_ERROR(Transfer(IoRequest::Op::kRead, *state_file_, k.state_off,
+                               state_bufs_->buffer(0), bytes,
+                               "read of chunk " + std::to_string(c) + " " + what, false));
+  return static_cast<const std::byte*>(state_bufs_->buffer(0));
 }
 
 Status ChunkStore::WriteChunk(uint32_t c, std::span<const float> master,

@@ -560,21 +560,28 @@ class FailReadsEngine final : public IoEngine {
   std::multiset<uint64_t> reads_;
 };
 
+// Store options whose reads fail while `armed` is set.
+ChunkStoreOptions FailingReads(const std::string& prefix,
+                               const std::shared_ptr<std::atomic<bool>>& armed) {
+  ChunkStoreOptions so;
+  so.spill_dir = SpillDir();
+  so.file_prefix = prefix + "-" + std::to_string(::getpid());
+  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
+    return std::make_unique<FailReadsEngine>(std::move(e), armed);
+  };
+  return so;
+}
+
 TEST(ShardStateServingSpill, AFailedReadFailsThatFetchOnly) {
   const Layout layout = BigLayout();
   ShardJob job{ReductionMode::kServerSum, 2, DType::kF32, DType::kBF16};
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
   ASSERT_THAT(ram, IsOk());
   auto armed = std::make_shared<std::atomic<bool>>(false);
-  ChunkStoreOptions so;
+  ChunkStoreOptions so = FailingReads("shard-serving-fault", armed);
   so.memory_budget = UINT64_MAX;  // only serving copies spill: every read is a fetch's
   so.serving_records = true;
   so.serving_memory_budget = kServingBudget;
-  so.spill_dir = SpillDir();
-  so.file_prefix = "shard-serving-fault-" + std::to_string(::getpid());
-  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
-    return std::make_unique<FailReadsEngine>(std::move(e), armed);
-  };
   auto spill = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so);
   ASSERT_THAT(spill, IsOk());
   PushAll(layout, **ram, **spill, kInitStep, 13);
@@ -602,13 +609,8 @@ TEST(ShardStateServingSpill, AFailedMasterReadFailsThatMadeFetchOnly) {
   auto ram = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr);
   ASSERT_THAT(ram, IsOk());
   auto armed = std::make_shared<std::atomic<bool>>(false);
-  ChunkStoreOptions so;
+  ChunkStoreOptions so = FailingReads("shard-made-fault", armed);
   so.memory_budget = kBudget;  // 1 of 14 states resident: the last chunk's master is spilled
-  so.spill_dir = SpillDir();
-  so.file_prefix = "shard-made-fault-" + std::to_string(::getpid());
-  so.wrap_engine = [armed](std::unique_ptr<IoEngine> e) -> std::unique_ptr<IoEngine> {
-    return std::make_unique<FailReadsEngine>(std::move(e), armed);
-  };
   auto made = ShardState::Create(layout, 0, job, OptimizerConfig{}, nullptr, so, {},
                                  ServingCopies::kOnFetch);
   ASSERT_THAT(made, IsOk());

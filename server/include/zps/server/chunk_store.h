@@ -210,6 +210,10 @@ class ChunkStore {
   Status Transfer(IoRequest::Op op, const SpillFile& file, uint64_t offset, std::byte* buf,
                   uint64_t bytes, const std::string& what, bool serving) REQUIRES(mu_);
   Status RecordLostError(uint32_t c, bool serving) const REQUIRES(mu_);
+  // Chunk c's state record: the resident one in place, or the first `bytes` (a 4 KiB multiple)
+  // of the spilled one read into pipeline buffer 0, valid until the next read under mu_.
+  // Errors: DataLoss (lost record), IoError, ResourceExhausted (`what` names the read).
+  Result<const std::byte*> StateRecord(uint32_t c, uint64_t bytes, const char* what) REQUIRES(mu_);
 
   ChunkStoreOptions options_;
   friend class ShardState;  // names mu_ in its lock order (ACQUIRED_BEFORE)
