@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shard_steps.h"
+#include "zps/server/shard_server.h"
 #include "zps/server/shard_state.h"
 #include "zps/testing/spill_dir.h"
 #include "zps/testing/status_matchers.h"
@@ -284,6 +285,29 @@ TEST(ServingOnFetchRefusalTest, RefusesSpeculation) {
   }
   EXPECT_THAT(ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr),
               IsOk());  // stored copies serve it
+}
+
+// zps-server's options: on-fetch takes a memory budget, and refuses a serving budget (nothing to
+// hold) with an error that names both flags.
+TEST(ServingOnFetchRefusalTest, ServerOptionsTakeAMemoryBudgetAndRefuseAServingBudget) {
+  auto options = [](uint64_t memory_budget, uint64_t serving_budget) {
+    ShardServerOptions o;
+    o.token = "t";
+    o.data_dir = "/nonexistent";  // Finalize checks the flags only
+    o.serving_copies = "on-fetch";
+    o.memory_budget = memory_budget;
+    o.serving_budget = serving_budget;
+    return o;
+  };
+  EXPECT_THAT(options(0, 0).Finalize(), IsOk());
+  EXPECT_THAT(options(1 << 30, 0).Finalize(), IsOk());
+  const Status refused = options(1 << 30, 1 << 20).Finalize();
+  EXPECT_THAT(refused, StatusIs(Code::kInvalidArgument));
+  EXPECT_NE(refused.message().find("--serving-copies on-fetch"), std::string::npos);
+  EXPECT_NE(refused.message().find("--serving-budget"), std::string::npos);
+  ShardServerOptions bad = options(0, 0);
+  bad.serving_copies = "never";
+  EXPECT_THAT(bad.Finalize(), StatusIs(Code::kInvalidArgument));
 }
 
 }  // namespace
