@@ -12,11 +12,8 @@
 // `from` holding the old stores), over real reshard endpoints on 127.0.0.1. Timed from the start
 // of the threads to the last one's return (every new store committed, the job switched, the
 // stores swapped in).
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +25,7 @@
 
 #include "bench.h"
 #include "zps/common/config.h"
+#include "zps/common/free_port.h"
 #include "zps/common/layout.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_reshard.h"
@@ -85,28 +83,12 @@ Status WriteInputs(const Layout& layout, const std::vector<std::string>& dirs) {
   return Status::Ok();
 }
 
-// A loopback port nothing listens on now.
-Result<uint16_t> FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok) return ErrnoError("bind 127.0.0.1:0", err);
-  return ntohs(a.sin_port);
-}
-
 // Every new shard's ReshardAtStart on its own thread; the first error, if any. Returns the bytes
 // of chunk state the new shards fetched from their peers in *fetched.
 Status ReshardOnline(const std::string& root, int to, uint64_t* fetched) {
   server::OnlineReshardOptions o;
   for (int i = 0; i < to; ++i) {
-    ZPS_ASSIGN_OR_RETURN(uint16_t port, FreePort());
+    ZPS_ASSIGN_OR_RETURN(uint16_t port, FreeLoopbackPort());
     o.peers += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(port);
   }
   ZPS_ASSIGN_OR_RETURN(auto peers, o.PeerList());

@@ -12,7 +12,9 @@ port). So every port handed out is written down with the time, in a file per use
 temporary directory (locked while it is read and written), and is not handed out again, by any
 process, for RESERVE_S seconds: without that, a shard's RPC port could be drawn again as the
 other shard's /metrics port, and whichever bound it first made the other fail. Where the file
-cannot be used, the draw goes on without it.
+cannot be used, the draw goes on without it. The C++ launchers (zps-train's local mode, the C++
+tests) draw their ports the same way through the same file (zps/common/free_port.h), so the
+format of its lines, "<port> <unix time>", is shared.
 
     python3 -m zps.ports [N]     # prints N free ports (default 1), one per line
 """

@@ -1,10 +1,7 @@
 #include "local_cluster.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,26 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "zps/common/free_port.h"
 #include "zps/common/scoped_fd.h"
 
 namespace zps::train {
 namespace {
 
 std::atomic<int> g_signal{0};
-
-Result<uint16_t> FreePort() {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return ErrnoError("socket", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return ErrnoError("bind", errno);
-  }
-  return ntohs(a.sin_port);
-}
 
 struct Child {
   pid_t pid = -1;
@@ -175,11 +159,8 @@ Status RunLocalCluster(const LocalCluster& cluster, int argc, char** argv) {
   auto metrics_port = [&](int index) {
     return cluster.metrics_port == 0 ? 0 : cluster.metrics_port + index;
   };
-  std::vector<uint16_t> ports;
-  for (int i = 0; i < cluster.shards; ++i) {
-    ZPS_ASSIGN_OR_RETURN(uint16_t p, FreePort());
-    ports.push_back(p);
-  }
+  ZPS_ASSIGN_OR_RETURN(const std::vector<uint16_t> ports,
+                       FreeLoopbackPorts(static_cast<size_t>(cluster.shards)));
   const std::string endpoint = "127.0.0.1:" + std::to_string(ports[0]);
   std::printf("zps local cluster: %d shards + %d workers on loopback (logs in %s)\n",
               cluster.shards, cluster.workers, dir.c_str());

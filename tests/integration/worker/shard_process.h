@@ -3,10 +3,7 @@
 // destruction, and deterministic test values.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,10 +11,10 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "zps/common/free_port.h"
 #include "zps/common/scoped_fd.h"
 
 namespace zps {
@@ -31,37 +28,11 @@ inline std::vector<float> Values(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-// A free loopback port below the ephemeral range (python/zps/ports.py says why not port 0: an
-// ephemeral port is re-taken by outgoing connections before the server binds it), checked free by
-// binding it; the kernel's choice after 200 tries. 0 when no socket can be bound at all. A port
-// is handed out once per process: the ports of one cluster are drawn before any server binds
-// them. (Between processes, zps.ports keeps a reservation file; these tests draw few ports.)
+// A free loopback port (zps/common/free_port.h: below the ephemeral range, reserved across
+// processes); 0 when none can be had.
 inline uint16_t FreePort() {
-  static std::set<uint16_t> handed_out;
-  int low = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
-    std::fclose(f);
-  }
-  std::random_device rd;
-  std::uniform_int_distribution<int> pick(10000, low > 10001 ? low - 1 : 10001);
-  for (int attempt = 0; attempt <= 200; ++attempt) {
-    ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return 0;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const uint16_t want = attempt < 200 ? static_cast<uint16_t>(pick(rd)) : 0;
-    if (want != 0 && handed_out.count(want) != 0) continue;
-    a.sin_port = htons(want);
-    socklen_t len = sizeof(a);
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      handed_out.insert(ntohs(a.sin_port));
-      return ntohs(a.sin_port);
-    }
-  }
-  return 0;
+  auto port = FreeLoopbackPort();
+  return port.ok() ? *port : 0;
 }
 
 /// A zps-server child process; SIGKILLed and reaped when destroyed.

@@ -4,11 +4,7 @@
 // multi-process runs, with crashes and donors, are tests/integration/scale/scale.sh.
 #include "zps/server/online_reshard.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
@@ -17,6 +13,7 @@
 #include <vector>
 
 #include "ckpt_test_util.h"
+#include "zps/common/free_port.h"
 #include "zps/common/metrics.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/job.h"
@@ -28,17 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A loopback port nothing listens on now (the kernel's next ephemeral one).
+// A free loopback port (zps/common/free_port.h); the test fails without one.
 uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  auto port = FreeLoopbackPort();
+  EXPECT_TRUE(port.ok()) << port.status().ToString();
+  return port.ok() ? *port : 0;
 }
 
 JobSpec SmallJob(uint32_t shards) {
