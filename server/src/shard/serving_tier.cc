@@ -36,10 +36,10 @@ void ShardState::ServingTier::Convert(std::span<const float> master,
     s.ToServing(master, out);
     return;
   }
-  const size_t words = s.job_.serving_dtype == DType::kF32 ? 2 : 1;  // per element
   s.pool_->ParallelFor((master.size() + kPiece - 1) / kPiece, [&](size_t i) {
     const size_t begin = i * kPiece, n = std::min(master.size() - begin, kPiece);
-    s.ToServing(master.subspan(begin, n), out.subspan(begin * words, n * words));
+    s.ToServing(master.subspan(begin, n),
+                out.subspan(s.kinds_->serving_words(begin), s.kinds_->serving_words(n)));
   });
 }
 

@@ -114,6 +114,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
   // The tier's reader waits while masters and copies are rewritten (and a conversion of a master
   // in progress ends first).
   if (TierServes()) serving_->BeginRewrite();
+  Status loaded;
   if (store_) {
     // An initialising pass: nothing is read; every record is overwritten (and a record lost by
     // a failed write becomes valid again).
@@ -121,7 +122,7 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
     PassOptions pass;
     pass.read_state = false;
     pass.serving = serving_in_store_;
-    Status restored = CountIo(
+    loaded = CountIo(
         store_->ForEachChunk(store_ids_, pass, [&](uint32_t i, const ChunkSpans& s) -> Status {
           Chunk& c = chunks_[i];
           const std::span<uint16_t> serving = serving_in_store_ ? s.serving : c.serving;
@@ -136,28 +137,25 @@ Status ShardState::ResetTo(int64_t version, const ChunkLoader& load, const Statu
           if (!serving.empty()) ToServing(s.state.master, serving);  // empty: made on fetch
           return Status::Ok();
         }));
-    // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
-    // failed restore is retried by the caller (ResetTo again), which clears the tier's error.
-    if (TierServes()) serving_->EndRewrite(Status::Ok());
-    ZPS_RETURN_IF_ERROR(restored);
-  }
-  Status loaded;
-  for (Chunk& c : chunks_) {
-    if (store_) break;
-    c.serving = ServingFor(c, version);  // the bank of the version restored (empty: on fetch)
-    if (version < 0) {
-      c.state.Zero();
-      std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
-      MirrorServing(c);
-      continue;
+  } else {
+    for (Chunk& c : chunks_) {
+      c.serving = ServingFor(c, version);  // the bank of the version restored (empty: on fetch)
+      if (version < 0) {
+        c.state.Zero();
+        std::fill(c.serving.begin(), c.serving.end(), uint16_t{0});
+        MirrorServing(c);
+        continue;
+      }
+      const ChunkState st = c.state.spans();
+      loaded = load(c.id, st.master, st.m, st.v);
+      if (!loaded.ok()) break;
+      if (!c.serving.empty()) ToServing(st.master, c.serving);
+      MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
     }
-    const ChunkState st = c.state.spans();
-    loaded = load(c.id, st.master, st.m, st.v);
-    if (!loaded.ok()) break;
-    if (!c.serving.empty()) ToServing(st.master, c.serving);
-    MirrorServing(c);  // frozen runs are never rewritten: both banks hold them
   }
-  if (serving_on_fetch_ && !store_) serving_->EndRewrite(Status::Ok());
+  // The versions stay -1 until the end, so nothing is served from a half-restored copy; a
+  // failed restore is retried by the caller (ResetTo again), which clears the tier's error.
+  if (TierServes()) serving_->EndRewrite(Status::Ok());
   ZPS_RETURN_IF_ERROR(loaded);
   if (version >= 1) {
     MutexLock lock(&mu_);
