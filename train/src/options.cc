@@ -157,7 +157,7 @@ void AddTrainFlags(Flags& flags, JobFlags& job, TrainOptions* o) {
   flags.Add("shard-serving-copies",
             "local mode: each shard's --serving-copies: stored, or on-fetch (no serving copies "
             "kept, 2 bytes a parameter fewer; each fetch converts the master, read back from the "
-            "spill files if it spilled; sync updates, no serving budget)",
+            "spill files if it spilled; no serving budget)",
             &o->shard_serving_copies);
   flags.Add("work-dir",
             "local mode: where the cluster directory zps-local-XXXXXX is made (logs, token, the "

@@ -401,9 +401,6 @@ def load(config: ConfigSource) -> Config:
         if c.serving_copies == "on-fetch" and c.serving_budget:
             raise _bad("zps.serving_copies", "'on-fetch' keeps no serving copies, so there is "
                        "nothing for zps.serving_budget to hold: drop one of them")
-        if c.serving_copies == "on-fetch" and c.update == "speculative":
-            raise _bad("zps.serving_copies", "'on-fetch' cannot serve speculative updates "
-                       "(zps.update 'speculative')")
         c.data_dir = z.get("data_dir", str)
         c.keep_cluster_dir = z.get("keep_cluster_dir", bool)
         c.checkpoint_every = z.get("checkpoint_every", int, 0)

@@ -42,9 +42,11 @@ uint32_t ChunkLayout::moments() const {
   return has(StateKind::kV) ? 2 : (has(StateKind::kM) ? 1 : 0);
 }
 
-uint64_t ChunkLayout::spare_set_bytes(uint64_t n) const {
+uint64_t ChunkLayout::spare_set_bytes(uint64_t n, bool with_serving) const {
   uint64_t total = 0;
-  for (const StateKindInfo& k : kinds_) total += AlignUp(bytes(k.kind, n));
+  for (const StateKindInfo& k : kinds_) {
+    if (k.kind != StateKind::kServing || with_serving) total += AlignUp(bytes(k.kind, n));
+  }
   return total;
 }
 

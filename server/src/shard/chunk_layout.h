@@ -83,8 +83,9 @@ class ChunkLayout {
     return (bytes(StateKind::kServing, n) + 63) / 64 * 64;
   }
   /// Bytes of a spare set for a chunk of `n` elements (speculation with a store): every kind
-  /// present, each rounded up to the store's direct-I/O alignment.
-  uint64_t spare_set_bytes(uint64_t n) const;
+  /// present, each rounded up to the store's direct-I/O alignment; the serving copy only if
+  /// `with_serving` (a shard that makes its copies on fetch keeps none).
+  uint64_t spare_set_bytes(uint64_t n, bool with_serving) const;
 
  private:
   std::array<StateKindInfo, kNumStateKinds> kinds_;

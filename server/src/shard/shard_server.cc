@@ -72,7 +72,7 @@ void ShardServerOptions::Register(Flags& f) {
   f.Add("serving-copies",
         "stored (each update writes the 16-bit copies workers fetch) or on-fetch (none kept: 2 "
         "bytes a parameter fewer; each fetch converts the master, read back from the spill files "
-        "if it spilled; sync updates)",
+        "if it spilled; no --serving-budget)",
         &serving_copies);
   f.Add("checkpoint-every", "checkpoint every K steps (0 = never)", &checkpoint_every, 0,
         INT64_MAX);

@@ -56,16 +56,9 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       s->chunk_ids_,
       [raw = s.get()](size_t i) -> const ChunkBuffers& { return raw->chunks_[i].state; });
   const bool spilling = spill.has_value() && !s->chunk_ids_.empty();
-  if (serving_copies == ServingCopies::kOnFetch) {
-    // The conversion reads the master between passes; speculation swaps it with a spare under
-    // fetches in flight (docs/state-bytes.md).
-    if (job.update_mode == UpdateMode::kSpeculative) {
-      return FailedPrecondition(
-          "serving copies made on fetch cannot serve a speculative job (--update speculative): "
-          "use sync updates or stored serving copies");
-    }
-    s->serving_on_fetch_ = !s->chunk_ids_.empty();
-  }
+  // Made on fetch, a conversion reads the live master between commits: speculation writes only
+  // spares, and the commit that swaps or rewrites masters waits for a conversion in progress.
+  s->serving_on_fetch_ = serving_copies == ServingCopies::kOnFetch && !s->chunk_ids_.empty();
   // Made on fetch, a store keeps no serving records: the reader converts its masters.
   s->serving_in_store_ = spilling && spill->serving_records && !s->serving_on_fetch_;
   for (size_t i = 0; i < s->chunk_ids_.size(); ++i) {
@@ -122,7 +115,7 @@ Result<std::unique_ptr<ShardState>> ShardState::Create(
       // are updated at the commit, as in sync mode.
       uint64_t largest = 0;
       for (const Chunk& c : s->chunks_) largest = std::max(largest, c.size);
-      const uint64_t set_bytes = kinds.spare_set_bytes(largest);
+      const uint64_t set_bytes = kinds.spare_set_bytes(largest, !s->serving_on_fetch_);
       if (so.memory_budget == UINT64_MAX) {
         spares = s->chunks_.size();
       } else {

@@ -257,9 +257,14 @@ class ShardState::SpeculativeUpdate final : public ShardState::UpdatePolicy {
   Status Apply(const CommitOrder& order, const std::shared_ptr<Snapshot>& snap) override;
 
  private:
-  struct Spare {                      // the updated state of a speculated chunk, until the commit
-    ChunkBuffers state;               // sized for the chunk (RAM state) or the largest (a store)
-    AlignedBuffer<uint16_t> serving;  // with a store only (RAM state: the next serving bank)
+  struct Spare {         // the updated state of a speculated chunk, until the commit
+    ChunkBuffers state;  // sized for the chunk (RAM state) or the largest (a store)
+    // With a store, unless the copies are made on fetch (RAM state: the next serving bank).
+    AlignedBuffer<uint16_t> serving;
+    // The serving copy of a chunk of `words` serving words; empty where none is kept.
+    std::span<uint16_t> ServingOf(uint64_t words) {
+      return serving.size() == 0 ? std::span<uint16_t>{} : serving.span().first(words);
+    }
   };
   struct Counts {
     uint64_t published = 0, redone = 0, dropped = 0, sync = 0;
@@ -318,7 +323,7 @@ Status ShardState::SpeculativeUpdate::Start(const OptimizerConfig& optimizer, Th
     const uint64_t n = s.store_ ? largest : s.chunks_[k].size;
     Spare& sp = spares_[k];
     ZPS_ASSIGN_OR_RETURN(sp.state, ChunkBuffers::Allocate(*s.kinds_, n));
-    if (s.store_) {
+    if (s.store_ && !s.serving_on_fetch_) {
       ZPS_ASSIGN_OR_RETURN(sp.serving,
                            AlignedBuffer<uint16_t>::Allocate(s.kinds_->serving_words(n)));
     }
@@ -352,7 +357,7 @@ Status ShardState::SpeculativeUpdate::Speculate(const Chunk& c, Spare& sp,
   }
   ChunkState st = sp.state.prefix(n);
   if (s.store_) {  // read into the spare, updated there in place
-    const std::span<uint16_t> serving = sp.serving.span().subspan(0, s.kinds_->serving_words(n));
+    const std::span<uint16_t> serving = sp.ServingOf(s.kinds_->serving_words(n));
     ZPS_RETURN_IF_ERROR(
         s.CountIo(s.store_->ReadChunk(static_cast<uint32_t>(s.IndexOf(c)), st.master, st.m, st.v)));
     return s.UpdateChunk(c, st, serving, order, nullptr, optimizer_.get());
@@ -452,11 +457,11 @@ void ShardState::SpeculativeUpdate::Loop() {
 Status ShardState::SpeculativeUpdate::PublishSpare(Chunk& c, Spare& sp) {
   ShardState& s = *s_;
   const uint64_t n = c.size;
-  const std::span<const uint16_t> serving =
-      sp.serving.span().subspan(0, s.kinds_->serving_words(n));
+  const std::span<const uint16_t> serving = sp.ServingOf(s.kinds_->serving_words(n));
   const ChunkState st = sp.state.prefix(n);
   const uint32_t idx = static_cast<uint32_t>(s.IndexOf(c));
   ZPS_RETURN_IF_ERROR(s.CountIo(s.store_->WriteChunk(idx, st.master, st.m, st.v)));
+  if (s.serving_on_fetch_) return Status::Ok();  // made from the new master when fetched
   if (s.ServedByTier(c)) return s.CountIo(s.store_->WriteServing(idx, serving));
   std::memcpy(c.serving.data(), serving.data(), serving.size_bytes());
   return Status::Ok();

@@ -203,10 +203,14 @@ Status ChunkStore::Init(std::vector<uint64_t> chunk_elems) {
   stats_.serving_file_bytes = serving_file;
   stats_.direct =
       (!state_file_ || state_file_->direct()) && (!serving_file_ || serving_file_->direct());
+  // Without serving records the shard keeps its serving copies itself, or none.
   ZPS_LOG(INFO) << "chunk store: " << stats_.state_resident << "/" << stats_.chunks
-                << " chunk states and " << stats_.serving_resident
-                << " serving copies in RAM; spill files " << state_file << " + " << serving_file
-                << " bytes in " << o.spill_dir << (stats_.direct ? " (O_DIRECT)" : " (buffered)");
+                << " chunk states"
+                << (o.serving_records
+                        ? " and " + std::to_string(stats_.serving_resident) + " serving copies"
+                        : std::string())
+                << " in RAM; spill files " << state_file << " + " << serving_file << " bytes in "
+                << o.spill_dir << (stats_.direct ? " (O_DIRECT)" : " (buffered)");
   return Status::Ok();
 }
 

@@ -80,9 +80,11 @@ TEST(ChunkLayoutTest, Int8BlockServingIsBlocksFromTheChunkStart) {
 TEST(ChunkLayoutTest, SpareSetCountsEveryKindAligned) {
   const uint64_t n = 1000;
   const ChunkLayout adam = ChunkLayout::For(Opt(OptimizerKind::kAdam), DType::kBF16);
-  EXPECT_EQ(adam.spare_set_bytes(n), AlignUp(n * 4) * 3 + AlignUp(n * 2));
+  EXPECT_EQ(adam.spare_set_bytes(n, true), AlignUp(n * 4) * 3 + AlignUp(n * 2));
+  EXPECT_EQ(adam.spare_set_bytes(n, false), AlignUp(n * 4) * 3);  // copies made on fetch
   const ChunkLayout sgd = ChunkLayout::For(Opt(OptimizerKind::kSgd), DType::kF32);
-  EXPECT_EQ(sgd.spare_set_bytes(n), AlignUp(n * 4) + AlignUp(n * 4));
+  EXPECT_EQ(sgd.spare_set_bytes(n, true), AlignUp(n * 4) + AlignUp(n * 4));
+  EXPECT_EQ(sgd.spare_set_bytes(n, false), AlignUp(n * 4));
 }
 
 TEST(ChunkBuffersTest, AllocatesTheKindsTheLayoutKeeps) {
@@ -141,7 +143,7 @@ TEST(ChunkLayoutTest, CompactMomentsArePackedWithTheirScalesApart) {
     EXPECT_EQ(l.info(StateKind::kM).element_bytes, code);
     EXPECT_EQ(l.scale_bytes(StateKind::kM, n), MomentBytes(d, n) - n * code);
     EXPECT_EQ(l.scale_bytes(StateKind::kV, n) > 0, d == StateDType::kInt8);
-    EXPECT_EQ(l.spare_set_bytes(n),
+    EXPECT_EQ(l.spare_set_bytes(n, true),
               AlignUp(n * 4) + 2 * AlignUp(MomentBytes(d, n)) + AlignUp(n * 2));
     auto b = ChunkBuffers::Allocate(l, n);
     ASSERT_THAT(b.status(), IsOk());

@@ -3,7 +3,8 @@
 // its CRCs are the same; its state bytes count no serving copy; a chunk's copy is converted once
 // per version and then taken from the cache; a restore's new masters are what later fetches
 // get; all of it with the state in RAM and with masters spilled to NVMe (read back alone, not
-// their moments); and speculation, which it cannot serve, is refused at Create.
+// their moments), and with speculative updates, whose every outcome serves what sync updates of
+// stored copies serve.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -39,10 +40,11 @@ Layout SixChunks() {
   return *l;
 }
 
-ShardJob Job(DType serving) {
+ShardJob Job(DType serving, UpdateMode update = UpdateMode::kSync) {
   ShardJob job;
   job.world_size = 1;
   job.serving_dtype = serving;
+  job.update_mode = update;
   return job;
 }
 
@@ -72,9 +74,10 @@ std::optional<ChunkStoreOptions> Spill(Storage storage) {
 
 std::unique_ptr<ShardState> Make(const Layout& layout, DType serving, ServingCopies copies,
                                  Storage storage = Storage::kRam,
-                                 StateDType state = StateDType::kInt8) {
-  auto s =
-      ShardState::Create(layout, 0, Job(serving), Adam(state), nullptr, Spill(storage), {}, copies);
+                                 StateDType state = StateDType::kInt8,
+                                 UpdateMode update = UpdateMode::kSync) {
+  auto s = ShardState::Create(layout, 0, Job(serving, update), Adam(state), nullptr, Spill(storage),
+                              {}, copies);
   EXPECT_THAT(s, IsOk()) << s.status().ToString();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -268,24 +271,92 @@ TEST_P(ServingOnFetchStorageTest, AFetchAfterARestoreGetsTheRestoredMasters) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
 }
 
+// Speculative updates: every outcome of a speculated chunk (published as assumed, redone after a
+// clip, dropped by a skip) leaves a shard that makes its copies on fetch serving, chunk by chunk
+// and version by version, what a sync shard's stored copies hold, with the same CRCs; while a
+// fetcher converts the live masters beside the speculation and the commits. Spilled, the spares
+// are set aside from the budget (one chunk speculated per step here) and hold no serving copy.
+TEST_P(ServingOnFetchStorageTest, SpeculativeUpdatesServeWhatSyncStoredCopiesHold) {
+  constexpr int64_t kSteps = 6;
+  const Layout layout = SixChunks();
+  auto stored = Make(layout, DType::kBF16, ServingCopies::kStored);
+  auto made = Make(layout, DType::kBF16, ServingCopies::kOnFetch, GetParam(), StateDType::kInt8,
+                   UpdateMode::kSpeculative);
+  ASSERT_TRUE(stored && made);
+  // A spare set is a master and two moments: no serving copy, and no second serving bank.
+  const uint64_t set_bytes = kChunk * 4 + 2 * MomentBytes(StateDType::kInt8, kChunk);
+  const SpeculationStats spares = made->speculation_stats();
+  EXPECT_EQ(spares.spares, GetParam() == Storage::kRam ? kChunks : 1u);
+  EXPECT_EQ(spares.spare_bytes, spares.spares * set_bytes);
+  // The decided order of each step: step 1 clips (another scale than the assumed one), step 3
+  // is skipped (the optimizer step stays), the others are as assumed.
+  const auto assumed = [](int64_t step, int64_t applied) {
+    return CommitOrder{.step = step, .optimizer_step = applied + 1};
+  };
+  std::vector<CommitOrder> orders;
+  for (int64_t step = 0, applied = 0; step < kSteps; ++step) {
+    CommitOrder o = assumed(step, applied);
+    if (step == 1) o.grad_scale = 0.37f;
+    if (step == 3) o.skip = true;
+    if (!o.skip) ++applied;
+    orders.push_back(o);
+  }
+  // The sync shard's copies and CRCs at every version.
+  std::vector<std::vector<std::vector<std::byte>>> want(kSteps + 1);
+  std::vector<std::vector<uint32_t>> want_crc(kSteps + 1);
+  PushAll(*stored, kInitStep, 0);
+  for (int64_t v = 0; v <= kSteps; ++v) {
+    for (uint32_t c = 0; c < kChunks; ++c) {
+      want[v].push_back(FetchBytes(*stored, {c, 0, kChunk, v}));
+      want_crc[v].push_back(*stored->ChunkCrc(c));
+    }
+    if (v == kSteps) break;
+    PushAll(*stored, v, static_cast<int>(v) + 1);
+    testing::Commit(*stored, orders[v], std::nullopt);
+  }
+  PushAll(*made, kInitStep, 0);
+  made->ArmSpeculation(assumed(0, 0));
+  constexpr uint32_t kRaced = 3;
+  std::vector<std::pair<int64_t, std::vector<std::byte>>> got;
+  std::thread fetcher([&] {
+    for (;;) {
+      testing::FetchResult a;
+      made->Fetch({kRaced, 0, kChunk, 0}, a.Callback());
+      if (!a.Wait() || !a.status.ok()) break;
+      got.emplace_back(a.version, std::move(a.data));
+      if (got.back().first == kSteps) break;
+    }
+  });
+  for (int64_t step = 0; step < kSteps; ++step) {
+    PushAll(*made, step, static_cast<int>(step) + 1);
+    testing::WaitSpeculated(*made, spares.spares);
+    const int64_t applied = orders[step].optimizer_step - (orders[step].skip ? 1 : 0);
+    testing::Commit(*made, orders[step], assumed(step + 1, applied));
+    for (uint32_t c = 0; c < kChunks; ++c) {
+      EXPECT_EQ(FetchBytes(*made, {c, 0, kChunk, step + 1}), want[step + 1][c])
+          << "chunk " << c << ", version " << step + 1;
+      EXPECT_EQ(*made->ChunkCrc(c), want_crc[step + 1][c]) << "chunk " << c;
+    }
+  }
+  fetcher.join();
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back().first, kSteps);
+  for (const auto& [version, bytes] : got) {
+    ASSERT_TRUE(version >= 0 && version <= kSteps) << version;
+    EXPECT_EQ(bytes, want[static_cast<size_t>(version)][kRaced]) << "version " << version;
+  }
+  const SpeculationStats st = made->speculation_stats();
+  EXPECT_GT(st.published, 0u);
+  EXPECT_GT(st.redone, 0u);
+  EXPECT_GT(st.dropped, 0u);
+  EXPECT_EQ(made->state_bytes().serving, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, ServingOnFetchStorageTest,
                          ::testing::Values(Storage::kRam, Storage::kSpilled),
                          [](const ::testing::TestParamInfo<Storage>& p) {
                            return std::string(p.param == Storage::kRam ? "Ram" : "Spilled");
                          });
-
-TEST(ServingOnFetchRefusalTest, RefusesSpeculation) {
-  const Layout layout = SixChunks();
-  ShardJob spec = Job(DType::kBF16);
-  spec.update_mode = UpdateMode::kSpeculative;
-  for (Storage storage : {Storage::kRam, Storage::kSpilled}) {
-    auto speculative = ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr,
-                                          Spill(storage), {}, ServingCopies::kOnFetch);
-    EXPECT_THAT(speculative, StatusIs(Code::kFailedPrecondition));
-  }
-  EXPECT_THAT(ShardState::Create(layout, 0, spec, Adam(StateDType::kF32), nullptr),
-              IsOk());  // stored copies serve it
-}
 
 // zps-server's options: on-fetch takes a memory budget, and refuses a serving budget (nothing to
 // hold) with an error that names both flags.

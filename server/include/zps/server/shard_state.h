@@ -52,13 +52,15 @@
 // and answers with a copy of the range and its owner (FetchCallback), so the reply goes by AM
 // from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
 // copies").
-// Made on fetch (ServingCopies::kOnFetch, sync updates): no serving copy is kept at all, in RAM
-// or in the store. The update pass writes none, and a fetch is queued to the same reader, which
-// converts the chunk's master into a staging buffer (the same cache: the other ranks' fetches
-// of that chunk and version take it from there) and answers as for a spilled copy. With a
-// store, the master is read through ChunkStore::VisitMaster: in place when resident, else the
-// master alone from NVMe. A pass that writes masters (an update, a restore) waits for a
-// conversion in progress, and conversions wait for it (docs/state-bytes.md says what it costs).
+// Made on fetch (ServingCopies::kOnFetch): no serving copy is kept at all, in RAM or in the
+// store. The update pass writes none, and a fetch is queued to the same reader, which converts
+// the chunk's master into a staging buffer (the same cache: the other ranks' fetches of that
+// chunk and version take it from there) and answers as for a spilled copy. With a store, the
+// master is read through ChunkStore::VisitMaster: in place when resident, else the master alone
+// from NVMe. A pass that writes or replaces masters (a commit's update or publish of speculated
+// spares, a restore) waits for a conversion in progress, and conversions wait for it; a
+// speculative update writes only its spare, never the live master a conversion reads
+// (docs/state-bytes.md says what it costs).
 //
 // Serving banks (speculative updates with the state in RAM): the serving block holds two copies
 // of every chunk's serving copy, bank 0 and bank 1, serving_bank_bytes() apart; version v is
@@ -224,7 +226,7 @@ struct SpeculationStats {
   uint32_t in_flight = 0;    // chunks speculated now, waiting for the commit
   uint32_t busy = 0;         // chunks the speculation thread is reducing or updating now
   uint32_t spares = 0;       // spare buffer sets (chunks that can be speculated in one step)
-  uint64_t spare_bytes = 0;  // their memory (master, m, v and serving copy per set)
+  uint64_t spare_bytes = 0;  // their memory (master, m, v and a stored serving copy per set)
 };
 
 /// Bytes of each kind of state a shard keeps, wherever it lives (RAM or the spill files): what
@@ -274,7 +276,7 @@ class ShardState {
   /// ordinary aligned heap memory) provides the memory of every serving copy (see
   /// ServingAllocator); whatever it returns is returned. `serving` kOnFetch keeps no serving
   /// copies (see the header comment; a store then has no serving records, whatever `spill`
-  /// says): FailedPrecondition for a speculative job.
+  /// says), with sync or speculative updates.
   static Result<std::unique_ptr<ShardState>> Create(
       const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
       ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill = std::nullopt,
