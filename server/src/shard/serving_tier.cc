@@ -218,14 +218,12 @@ void ShardState::ServingTier::Loop() {
     } else {
       fetches_.fetch_add(1, std::memory_order_relaxed);
       if (!hit) reads_.fetch_add(1, std::memory_order_relaxed);
-      // The reply gets a copy of its range, never the staging buffer itself: a send to a peer
-      // that vanished may never complete (shared memory in UCX 1.13), and its data then stays
-      // held for good; a held staging buffer would stall every later spilled fetch.
+      // The reply is sent straight from the staging buffer, and holds it until the send is
+      // done. A send to a peer that vanished may never complete (shared memory in UCX 1.13):
+      // its buffer then stays held for good, and later reads get another (serving_staging.h).
       const QuantRange r = s.kinds_->serving_range(c->size, w.req.offset, w.req.length);
       const auto* from = reinterpret_cast<const std::byte*>(data->get()) + r.offset;
-      auto copy = std::make_shared<std::vector<std::byte>>(from, from + r.bytes);
-      data->reset();  // only the cache keeps the staging buffer now: evictable for the next read
-      w.cb(Status::Ok(), version, std::span<const std::byte>(*copy), copy);
+      w.cb(Status::Ok(), version, std::span<const std::byte>(from, r.bytes), *std::move(data));
     }
     lock.Lock();
   }

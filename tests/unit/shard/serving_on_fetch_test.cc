@@ -137,7 +137,7 @@ TEST_P(ServingOnFetchTest, ServesTheBytesAStoredCopyHoldsAtEveryVersion) {
       bool owned = false;
       const std::vector<std::byte> want = FetchBytes(*stored, r);
       EXPECT_EQ(FetchBytes(*made, r, &owned), want) << "version " << step;
-      EXPECT_TRUE(owned);  // a copy of the range from a staging buffer, with its owner
+      EXPECT_TRUE(owned);  // the range in a staging buffer, with its owner
     }
     EXPECT_EQ(made->StateCrc(), stored->StateCrc()) << "version " << step;
     for (uint32_t c = 0; c < kChunks; ++c) {

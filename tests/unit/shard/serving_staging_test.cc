@@ -1,9 +1,8 @@
-// ServingStaging: the staging buffers and read cache of spilled serving copies.
+// ServingStaging: the staging buffers and read cache of spilled serving copies and copies made
+// on fetch, and their lending to replies.
 #include "shard/serving_staging.h"
 
 #include <gtest/gtest.h>
-
-#include <thread>
 
 #include "zps/testing/status_matchers.h"
 
@@ -53,23 +52,43 @@ TEST(ServingStagingTest, AReadErrorIsReturnedAndNotCached) {
   EXPECT_FALSE(hit);
 }
 
-TEST(ServingStagingTest, WaitsForAHeldBufferAndStopCancels) {
+// A buffer a reply still holds (one whose send never completes, say) does not stall the next
+// read of another chunk: it gets a new buffer, freed again when the reply lets go.
+TEST(ServingStagingTest, AHeldBufferDoesNotStallTheNextRead) {
   auto staging = ServingStaging::Create(1, 4);
   ASSERT_THAT(staging.status(), IsOk());
   bool hit = false;
-  auto fill = [](uint16_t* out) {
-    out[0] = 1;
-    return Status::Ok();
+  auto fill = [](uint16_t v) {
+    return [v](uint16_t* out) {
+      for (int i = 0; i < 4; ++i) out[i] = v;
+      return Status::Ok();
+    };
   };
-  auto held = (*staging)->Get(1, 0, fill, &hit);  // one owner outside the cache
+  auto held = (*staging)->Get(1, 0, fill(1), &hit);  // one owner outside the cache
   ASSERT_THAT(held.status(), IsOk());
-  // Another chunk needs the only buffer: the cache entry goes, then the read waits for `held`.
-  std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    (*staging)->Stop();
-  });
-  auto next = (*staging)->Get(2, 0, fill, &hit);
-  stopper.join();
+  auto next = (*staging)->Get(2, 0, fill(2), &hit);
+  ASSERT_THAT(next.status(), IsOk());
+  EXPECT_FALSE(hit);
+  EXPECT_NE(held->get(), next->get());
+  EXPECT_EQ(held->get()[3], 1);  // untouched by the read of chunk 2
+  EXPECT_EQ(next->get()[3], 2);
+  EXPECT_EQ((*staging)->bytes(), 2 * 4 * sizeof(uint16_t));
+  held->reset();  // the reply is done: one buffer more than kept, so it is freed
+  EXPECT_EQ((*staging)->bytes(), 4 * sizeof(uint16_t));
+  next->reset();  // the cache keeps chunk 2's
+  auto again = (*staging)->Get(2, 0, fill(9), &hit);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(again->get()[0], 2);
+}
+
+TEST(ServingStagingTest, StopCancelsTheNextRead) {
+  auto staging = ServingStaging::Create(1, 4);
+  ASSERT_THAT(staging.status(), IsOk());
+  (*staging)->Stop();
+  bool hit = false;
+  auto next = (*staging)->Get(
+      1, 0, [](uint16_t*) { return Status::Ok(); }, &hit);
   EXPECT_THAT(next.status(), StatusIs(Code::kCancelled));
 }
 
@@ -81,13 +100,17 @@ TEST(ServingStagingTest, AReleasedBufferServesTheNextRead) {
     out[0] = 3;
     return Status::Ok();
   };
+  const uint16_t* first_at = nullptr;
   {
     auto first = (*staging)->Get(1, 0, fill, &hit);
     ASSERT_THAT(first.status(), IsOk());
+    first_at = first->get();
   }  // only the cache holds it now: evictable
   auto second = (*staging)->Get(2, 0, fill, &hit);
   ASSERT_THAT(second.status(), IsOk());
   EXPECT_FALSE(hit);
+  EXPECT_EQ(second->get(), first_at);  // the same buffer, no new one
+  EXPECT_EQ((*staging)->bytes(), 4 * sizeof(uint16_t));
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
 // The serving tier (server/src/shard/serving_tier.h) through ShardState: a spilled serving copy
 // is answered from the reader thread with an owner, read from NVMe once per version and then
-// from the cache; a fetch queued before the initial values is answered at their publish; and a
-// rollback fails the fetches that wait.
+// from the cache; replies that hold their staging buffers do not stall later fetches; a fetch
+// queued before the initial values is answered at their publish; and a rollback fails the
+// fetches that wait.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "shard_steps.h"
 #include "zps/server/shard_state.h"
@@ -69,7 +73,7 @@ TEST(ServingTierTest, SpilledCopiesComeFromTheReaderThenTheCache) {
   ASSERT_TRUE(first.Wait());
   ASSERT_THAT(first.status, IsOk());
   EXPECT_EQ(first.version, 0);
-  EXPECT_NE(first.owner, nullptr);  // a copy of the range, with its owner
+  EXPECT_NE(first.owner, nullptr);  // the range in a staging buffer, with its owner
   ASSERT_EQ(first.data.size(), 4u * 2);
   EXPECT_EQ(first.Word(0), 0x4180);  // bf16 16.0: chunk 15's initial value
   s->Fetch({kSpilled, 0, 8, 0}, second.Callback());
@@ -78,6 +82,36 @@ TEST(ServingTierTest, SpilledCopiesComeFromTheReaderThenTheCache) {
   const ShardStorageStats st = s->storage_stats();
   EXPECT_EQ(st.spilled_fetches, 2u);
   EXPECT_EQ(st.spilled_fetch_reads, 1u);  // the second from the cache
+}
+
+// Replies that hold their staging buffers (sends that never complete: a worker that vanished)
+// do not stall later fetches of spilled copies: the reader takes new buffers, freed again once
+// the replies let go.
+TEST(ServingTierTest, RepliesHoldingTheirBuffersDoNotStallLaterFetches) {
+  const Layout layout = SixteenChunks();
+  auto s = Make(layout);
+  constexpr uint32_t kHeld = kServingStagingBuffers + 2;
+  const ShardStorageStats st0 = s->storage_stats();
+  ASSERT_GE(st0.store.chunks - st0.store.serving_resident, kHeld);
+  PushInit(*s, layout);
+  std::vector<std::unique_ptr<testing::FetchResult>> replies;
+  for (uint32_t i = 0; i < kHeld; ++i) {
+    const uint32_t chunk = kSpilled - i;
+    auto& r = replies.emplace_back(std::make_unique<testing::FetchResult>());
+    s->Fetch({chunk, 0, kChunk, 0}, r->Callback(/*keep_owner=*/true));
+    ASSERT_TRUE(r->Wait()) << "chunk " << chunk;
+    ASSERT_THAT(r->status, IsOk());
+    ASSERT_NE(r->owner, nullptr);
+    // bf16 of the initial value 1 + chunk (exact)
+    EXPECT_EQ(r->Word(0), std::bit_cast<uint32_t>(1.0f + static_cast<float>(chunk)) >> 16);
+  }
+  EXPECT_EQ(s->storage_stats().serving_staging_bytes, kHeld * kRecord);
+  replies.clear();  // the sends are done: the buffers beyond the kept ones are freed
+  EXPECT_EQ(s->storage_stats().serving_staging_bytes, kServingStagingBuffers * kRecord);
+  testing::FetchResult after;
+  s->Fetch({kSpilled, 0, kChunk, 0}, after.Callback());
+  ASSERT_TRUE(after.Wait());
+  EXPECT_THAT(after.status, IsOk());
 }
 
 TEST(ServingTierTest, AFetchWaitingForTheInitialValuesIsAnsweredAtTheirPublish) {

@@ -49,9 +49,9 @@
 // without a store. Spilled ones are written behind by the update pass, and a fetch of one is
 // queued to the "zps-serving-rd" thread, which reads the copy from NVMe into one of a few
 // staging buffers (a small cache: several workers fetch the same chunk at the same version)
-// and answers with a copy of the range and its owner (FetchCallback), so the reply goes by AM
-// from heap memory in both fetch modes and never holds a staging buffer (docs/nvme.md "Serving
-// copies").
+// and answers with the range in that buffer and its owner (FetchCallback), so the reply goes by
+// AM from unregistered memory in both fetch modes and holds the buffer until it is sent; the
+// reader takes another when every buffer is held (docs/nvme.md "Serving copies").
 // Made on fetch (ServingCopies::kOnFetch): no serving copy is kept at all, in RAM or in the
 // store. The update pass writes none, and a fetch is queued to the same reader, which converts
 // the chunk's master into a staging buffer (the same cache: the other ranks' fetches of that
@@ -182,10 +182,10 @@ struct FetchRequest {
 /// Called once per fetch, maybe later from another thread. With a null `owner`, `data` points
 /// into the resident serving copy and stays valid until the next update of that chunk, which
 /// the step protocol orders after every fetch of the current version. With an `owner` (a
-/// spilled serving copy read back from NVMe), `data` points into a staging buffer that stays
-/// valid while any copy of `owner` is held: keep one until done with `data` (e.g. as the
-/// keep_alive of the send). Holding it long delays later fetches of spilled chunks, which wait
-/// for a free staging buffer.
+/// spilled serving copy read back from NVMe, or one made on fetch), `data` points into a staging
+/// buffer that stays valid while any copy of `owner` is held: keep one until done with `data`
+/// (e.g. as the keep_alive of the send). Holding it long keeps that buffer allocated; later
+/// fetches use others, or a new one.
 using FetchCallback =
     std::function<void(const Status&, int64_t version, std::span<const std::byte> data,
                        std::shared_ptr<const void> owner)>;
