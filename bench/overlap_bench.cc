@@ -57,6 +57,7 @@ struct RigOptions {
   uint64_t chunk_elems = 0;  // 0 = layer_elems (one chunk a layer)
   int threads = 1;
   std::string tls = "shm";
+  std::string serving_copies = "stored";  // the shard's --serving-copies
   server::UpdateMode update = server::UpdateMode::kSync;
   double max_grad_norm = 0.0;
   std::string data_dir;
@@ -92,8 +93,11 @@ Result<double> MeasurePass(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
   job.shard.update_mode = server::UpdateMode::kSync;
   ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-pass", .threads = o.threads}));
-  ZPS_ASSIGN_OR_RETURN(
-      auto st, server::ShardState::Create(job.layout, 0, job.shard, job.optimizer, pool.get()));
+  const server::ServingCopies copies = o.serving_copies == "on-fetch"
+                                           ? server::ServingCopies::kOnFetch
+                                           : server::ServingCopies::kStored;
+  ZPS_ASSIGN_OR_RETURN(auto st, server::ShardState::Create(job.layout, 0, job.shard, job.optimizer,
+                                                           pool.get(), std::nullopt, {}, copies));
   auto push_all = [&](int64_t step, float value) -> Status {
     for (uint32_t c : st->chunk_ids()) {
       // One push per parameter piece of the chunk.
@@ -140,6 +144,7 @@ Result<std::unique_ptr<Rig>> StartRig(const RigOptions& o) {
   so.bind_address = "127.0.0.1";
   so.token = kToken;
   so.ucx_tls = o.tls;
+  so.serving_copies = o.serving_copies;
   so.metrics_port = 0;
   so.optimizer_threads = o.threads;
   so.data_dir = o.data_dir;
@@ -264,8 +269,8 @@ Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto opt, server::Optimizer::Create(job.optimizer, pool.get()));
   const uint64_t n = o.layer_elems;
   // Per layer: live master, m, v (0-2), a spare set (3-5), the gradient (6) and the 16-bit
-  // copy (7): the pass's whole working set, as the shard has it (beyond the last-level cache at
-  // the bench's sizes, as a real shard's state is).
+  // copy (`out`, not written when copies are made on fetch): the pass's whole working set, as the
+  // shard has it (beyond the last-level cache at the bench's sizes, as a real shard's state is).
   struct Layer {
     std::vector<AlignedBuffer<float>> f;
     AlignedBuffer<uint16_t> out;
@@ -285,7 +290,7 @@ Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
     for (Layer& l : layers) {
       server::UpdateParams up;
       up.step = step;
-      up.out16 = l.out.span();
+      if (o.serving_copies != "on-fetch") up.out16 = l.out.span();  // else none is written
       auto bytes = [&](int k) { return std::as_writable_bytes(l.f[k].span()); };
       server::ChunkState st{l.f[0].span(), bytes(1), bytes(2)};
       if (place_out) {
@@ -333,9 +338,16 @@ int RunOverlap(int argc, char** argv) {
         &o.compute_ms);
   f.Add("steps", "steps per mode (the first is not timed)", &o.steps, 3, 100000);
   f.Add("modes", "comma-separated: sync, speculative, speculative-clip", &o.modes);
+  f.Add("serving-copies",
+        "the shard's --serving-copies: stored, or on-fetch (each fetch converts the master)",
+        &o.rig.serving_copies);
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) return Fail("overlap", parsed.status());
   if (*parsed == ParseOutcome::kHelpShown) return 0;
+  if (o.rig.serving_copies != "stored" && o.rig.serving_copies != "on-fetch") {
+    return Fail("overlap", InvalidArgument("--serving-copies must be stored or on-fetch; got '" +
+                                           o.rig.serving_copies + "'"));
+  }
   log::SetLevel(log::Level::kWarning);
   auto pass = MeasurePass(o.rig);
   if (!pass.ok()) return Fail("overlap", pass.status());
@@ -343,9 +355,10 @@ int RunOverlap(int argc, char** argv) {
   const double mx = std::max(compute, *pass), sum = compute + *pass;
   std::printf(
       "overlap: %d layers x %llu elements (AdamW, %.0f MiB of state), %d optimizer "
-      "thread(s), ucx %s\n",
+      "thread(s), ucx %s, serving copies %s\n",
       o.rig.layers, static_cast<unsigned long long>(o.rig.layer_elems),
-      o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 20), o.rig.threads, o.rig.tls.c_str());
+      o.rig.layers * o.rig.layer_elems * 12.0 / (1 << 20), o.rig.threads, o.rig.tls.c_str(),
+      o.rig.serving_copies.c_str());
   std::printf(
       "references: compute %.3f s, pass %.3f s, max(compute, pass) %.3f s, "
       "compute + pass %.3f s\n",

@@ -251,8 +251,7 @@ inline constexpr uint32_t kServingStagingBuffers = 4;
 /// Where a shard's serving copies come from (ShardServerOptions::serving_copies).
 enum class ServingCopies : uint8_t {
   kStored,   // written by each update pass and kept (in RAM, or spilled under a serving budget)
-  kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer; sync
-             // updates only)
+  kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer)
 };
 
 // ShardState's parts (server/src/shard/).
