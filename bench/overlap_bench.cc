@@ -93,9 +93,8 @@ Result<double> MeasurePass(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(server::JobSpec job, MakeJob(o));
   job.shard.update_mode = server::UpdateMode::kSync;
   ZPS_ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.name = "bench-pass", .threads = o.threads}));
-  const server::ServingCopies copies = o.serving_copies == "on-fetch"
-                                           ? server::ServingCopies::kOnFetch
-                                           : server::ServingCopies::kStored;
+  ZPS_ASSIGN_OR_RETURN(const server::ServingCopies copies,
+                       server::ParseServingCopies(o.serving_copies));
   ZPS_ASSIGN_OR_RETURN(auto st, server::ShardState::Create(job.layout, 0, job.shard, job.optimizer,
                                                            pool.get(), std::nullopt, {}, copies));
   auto push_all = [&](int64_t step, float value) -> Status {
@@ -267,6 +266,8 @@ Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
   ZPS_ASSIGN_OR_RETURN(auto pool,
                        ThreadPool::Create({.name = "bench-place", .threads = o.threads}));
   ZPS_ASSIGN_OR_RETURN(auto opt, server::Optimizer::Create(job.optimizer, pool.get()));
+  ZPS_ASSIGN_OR_RETURN(const server::ServingCopies copies,
+                       server::ParseServingCopies(o.serving_copies));
   const uint64_t n = o.layer_elems;
   // Per layer: live master, m, v (0-2), a spare set (3-5), the gradient (6) and the 16-bit
   // copy (`out`, not written when copies are made on fetch): the pass's whole working set, as the
@@ -290,7 +291,7 @@ Result<PlaceTimes> MeasurePlaces(const RigOptions& o) {
     for (Layer& l : layers) {
       server::UpdateParams up;
       up.step = step;
-      if (o.serving_copies != "on-fetch") up.out16 = l.out.span();  // else none is written
+      if (copies == server::ServingCopies::kStored) up.out16 = l.out.span();  // else none
       auto bytes = [&](int k) { return std::as_writable_bytes(l.f[k].span()); };
       server::ChunkState st{l.f[0].span(), bytes(1), bytes(2)};
       if (place_out) {
@@ -344,9 +345,8 @@ int RunOverlap(int argc, char** argv) {
   auto parsed = f.Parse(argc, argv);
   if (!parsed.ok()) return Fail("overlap", parsed.status());
   if (*parsed == ParseOutcome::kHelpShown) return 0;
-  if (o.rig.serving_copies != "stored" && o.rig.serving_copies != "on-fetch") {
-    return Fail("overlap", InvalidArgument("--serving-copies must be stored or on-fetch; got '" +
-                                           o.rig.serving_copies + "'"));
+  if (auto copies = server::ParseServingCopies(o.rig.serving_copies); !copies.ok()) {
+    return Fail("overlap", copies.status());
   }
   log::SetLevel(log::Level::kWarning);
   auto pass = MeasurePass(o.rig);

@@ -87,9 +87,10 @@ Status WriteInputs(const Layout& layout, const std::vector<std::string>& dirs) {
 // of chunk state the new shards fetched from their peers in *fetched.
 Status ReshardOnline(const std::string& root, int to, uint64_t* fetched) {
   server::OnlineReshardOptions o;
-  for (int i = 0; i < to; ++i) {
-    ZPS_ASSIGN_OR_RETURN(uint16_t port, FreeLoopbackPort());
-    o.peers += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(port);
+  ZPS_ASSIGN_OR_RETURN(const std::vector<uint16_t> ports,
+                       FreeLoopbackPorts(static_cast<size_t>(to)));
+  for (size_t i = 0; i < ports.size(); ++i) {
+    o.peers += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(ports[i]);
   }
   ZPS_ASSIGN_OR_RETURN(auto peers, o.PeerList());
   std::vector<metrics::Registry> registries(static_cast<size_t>(to));

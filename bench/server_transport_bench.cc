@@ -366,8 +366,8 @@ int Run(int argc, char** argv) {
   }
   if (*parsed == ParseOutcome::kHelpShown) return 0;
   log::SetLevel(log::Level::kWarning);
-  if (o.serving_copies != "stored" && o.serving_copies != "on-fetch") {
-    std::fprintf(stderr, "zps-bench transport: --serving-copies must be stored or on-fetch\n");
+  if (auto copies = server::ParseServingCopies(o.serving_copies); !copies.ok()) {
+    std::fprintf(stderr, "zps-bench transport: %s\n", copies.status().ToString().c_str());
     return 2;
   }
   if (o.serve) return Serve(o);

@@ -373,8 +373,7 @@ Status ShardDriver::AwaitJob() {
   }
   // Serving copies in UCX-allocated memory (one region), so that workers on shared memory Get
   // them directly; where that fails, heap memory (fetches then go by AM).
-  const ServingCopies copies =
-      o.serving_copies == "on-fetch" ? ServingCopies::kOnFetch : ServingCopies::kStored;
+  ZPS_ASSIGN_OR_RETURN(const ServingCopies copies, ParseServingCopies(o.serving_copies));
   auto created = ShardState::Create(job.layout, static_cast<uint32_t>(o.ordinal), job.shard,
                                     job.optimizer, host_.pool, spill, host_.serving_alloc, copies);
   // Another try without the allocator, unless the job itself was refused.

@@ -117,11 +117,8 @@ Status ShardServerOptions::Finalize() {
     return InvalidArgument(
         "--serving-budget needs --data-dir (spill files go to <data-dir>/spill) or --spill-dir");
   }
-  if (serving_copies != "stored" && serving_copies != "on-fetch") {
-    return InvalidArgument("--serving-copies must be stored or on-fetch; got '" + serving_copies +
-                           "'");
-  }
-  if (serving_copies == "on-fetch" && serving_budget > 0) {
+  ZPS_ASSIGN_OR_RETURN(const ServingCopies copies, ParseServingCopies(serving_copies));
+  if (copies == ServingCopies::kOnFetch && serving_budget > 0) {
     return InvalidArgument(
         "--serving-copies on-fetch keeps no serving copies, so there is nothing for "
         "--serving-budget to hold: drop one of them");

@@ -33,6 +33,13 @@ ShardState::~ShardState() {
   serving_->Stop();
 }
 
+Result<ServingCopies> ParseServingCopies(std::string_view name) {
+  if (name == "stored") return ServingCopies::kStored;
+  if (name == "on-fetch") return ServingCopies::kOnFetch;
+  return InvalidArgument("--serving-copies must be stored or on-fetch; got '" + std::string(name) +
+                         "'");
+}
+
 Result<std::unique_ptr<ShardState>> ShardState::Create(
     const Layout& layout, uint32_t ordinal, const ShardJob& job, const OptimizerConfig& optimizer,
     ThreadPool* pool, const std::optional<ChunkStoreOptions>& spill,

@@ -99,6 +99,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -253,6 +254,10 @@ enum class ServingCopies : uint8_t {
   kStored,   // written by each update pass and kept (in RAM, or spilled under a serving budget)
   kOnFetch,  // not kept: each fetch converts the master (2 bytes a parameter fewer)
 };
+
+/// The ServingCopies a `--serving-copies` value names: "stored" or "on-fetch". Errors:
+/// InvalidArgument naming the value. Thread-safe.
+Result<ServingCopies> ParseServingCopies(std::string_view name);
 
 // ShardState's parts (server/src/shard/).
 class ChunkLayout;
