@@ -5,9 +5,10 @@
 //                    [--max-shard-size 5GB]  (then --out is a directory: Hugging Face's sharded
 //                    model-0000i-of-0000N.safetensors and model.safetensors.index.json)
 //   zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR]
-//                    [--world-size W --accumulation-steps K]
-//                    (the job's stores for another shard count: --out names shard 0's store
-//                    first; the inputs are only read)
+//                    [--world-size W --accumulation-steps K] [--state-dtype fp32|bf16|int8]
+//                    (the job's stores for another shard count, or the same one: --out names
+//                    shard 0's store first; the inputs are only read; --state-dtype converts
+//                    the moments)
 //   zps-ckpt save    --endpoint host:port --token-file F [--timeout S]
 //                    (on-demand: the coordinator checkpoints every shard at the next step
 //                    boundary; prints the step once it is complete on every shard)
@@ -39,6 +40,7 @@ struct Options {
   int64_t world_size = 0;       // Default: 0 — reshard: keep the job's
   int64_t accumulation = 0;     // Default: 0 — reshard: keep the job's
   std::string dtype = "fp32";   // Default: fp32
+  std::string state_dtype;      // Default: none — reshard: keep the checkpoint's
   uint64_t max_shard_size = 0;  // Default: 0 — export: one file; else the sharded set's limit
   std::string endpoint;         // Default: none — save: the coordinator's control endpoint
   std::string token_file;       // Default: none — save: the shared auth secret's file
@@ -133,16 +135,25 @@ zps::Status Reshard(const Options& o) {
   r.coordinator_out = o.coordinator_out;
   r.world_size = static_cast<uint32_t>(o.world_size);
   r.accumulation_steps = static_cast<uint32_t>(o.accumulation);
+  if (!o.state_dtype.empty()) {
+    ZPS_ASSIGN_OR_RETURN(r.state_dtype, zps::ParseStateDType(o.state_dtype));
+  }
   if (r.inputs.empty())
     return zps::InvalidArgument("reshard needs --data-dir (every shard's store)");
   if (r.outputs.empty())
     return zps::InvalidArgument("reshard needs --out (one store per new shard)");
   ZPS_ASSIGN_OR_RETURN(auto stats, zps::server::ReshardCheckpoint(r));
+  std::string moments;
+  if (stats.state_dtype != stats.from_state_dtype) {
+    moments = "; moments converted from " +
+              std::string(zps::StateDTypeName(stats.from_state_dtype)) + " to " +
+              std::string(zps::StateDTypeName(stats.state_dtype));
+  }
   std::printf(
-      "resharded step %lld from %u to %u shards: %u chunks, %llu bytes; coordinator catalog in "
+      "resharded step %lld from %u to %u shards: %u chunks, %llu bytes%s; coordinator catalog in "
       "%s\n",
       static_cast<long long>(stats.step), stats.from_shards, stats.to_shards, stats.chunks,
-      static_cast<unsigned long long>(stats.bytes), stats.coordinator_dir.c_str());
+      static_cast<unsigned long long>(stats.bytes), moments.c_str(), stats.coordinator_dir.c_str());
   return zps::Status::Ok();
 }
 
@@ -179,7 +190,7 @@ int main(int argc, char** argv) {
       "      A new job starts from either form with zt.initialize(model, config, "
       "init_from=path) (zps.torch).\n"
       "  zps-ckpt reshard --data-dir A,B --out C,D,E [--step S] [--coordinator-out DIR] "
-      "[--world-size W --accumulation-steps K]\n"
+      "[--world-size W --accumulation-steps K] [--state-dtype fp32|bf16|int8]\n"
       "  zps-ckpt save --endpoint host:port --token-file F [--timeout S]");
   flags.AllowPositional(1, "inspect|export|reshard|save");
   flags.Add("data-dir", "checkpoint store directories, comma-separated (export: one per shard)",
@@ -204,6 +215,11 @@ int main(int argc, char** argv) {
   flags.Add("accumulation-steps", "reshard: micro-batches per rank and step from this step on",
             &o.accumulation, 0, 1024);
   flags.Add("dtype", "export: fp32 or bf16", &o.dtype);
+  flags.Add("state-dtype",
+            "reshard: convert Adam's moments (SGD's momentum) to fp32, bf16 or int8, and the "
+            "job's optimizer.state_dtype with them; resume with that state dtype (default: keep "
+            "the checkpoint's)",
+            &o.state_dtype);
   flags.AddBytes("max-shard-size",
                  "export: write the sharded set, each file's tensor data at most this size "
                  "(5GB = 5e9 bytes, 4GiB = 2^32; a larger tensor gets a file of its own); 0 = "

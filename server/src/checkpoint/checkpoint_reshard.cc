@@ -11,6 +11,8 @@
 #include "zps/common/thread_pool.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_catalog.h"
+#include "zps/server/optimizer.h"
+#include "zps/server/packed_moment.h"
 
 namespace zps::server {
 namespace {
@@ -220,6 +222,26 @@ bool SamePath(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec1) == fs::weakly_canonical(b, ec2);
 }
 
+// Chunk `chunk` of `from` into `to` with its moments unpacked from `from`'s state dtype and
+// packed in `dtype` (PackMoment); the master and the chunk's version as they are.
+Status ConvertChunk(const CheckpointReader& from, uint32_t chunk, uint64_t elems, StateDType dtype,
+                    CheckpointWriter& to) {
+  const StateDType was = from.info().state_dtype;
+  const auto& entries = from.info().chunks;
+  const auto entry = std::find_if(entries.begin(), entries.end(),
+                                  [&](const ChunkEntry& e) { return e.chunk == chunk; });
+  if (entry == entries.end()) return NotFound("chunk " + std::to_string(chunk) + " not in input");
+  std::vector<float> master(elems), values(elems);
+  std::vector<std::byte> m(MomentBytes(was, elems)), v(MomentBytes(was, elems));
+  ZPS_RETURN_IF_ERROR(from.ReadChunk(chunk, {master, m, v}));
+  std::vector<std::byte> m2(MomentBytes(dtype, elems)), v2(MomentBytes(dtype, elems));
+  ZPS_RETURN_IF_ERROR(UnpackMoment(was, MomentKind::kM, m, values));
+  ZPS_RETURN_IF_ERROR(PackMoment(dtype, MomentKind::kM, values, m2));
+  ZPS_RETURN_IF_ERROR(UnpackMoment(was, MomentKind::kV, v, values));
+  ZPS_RETURN_IF_ERROR(PackMoment(dtype, MomentKind::kV, values, v2));
+  return to.AddChunk(chunk, entry->version, {master, m2, v2});
+}
+
 struct Output {
   std::unique_ptr<CheckpointStore> store;
   std::unique_ptr<CheckpointWriter> writer;
@@ -252,6 +274,10 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
   const auto n = static_cast<uint32_t>(inputs.size());
   const Layout& old_layout = inputs[0].layout;
   ZPS_ASSIGN_OR_RETURN(JobSpec job, JobOnShards(inputs[0].job, m));
+  const StateDType stored_dtype = inputs[0].reader->info().state_dtype;
+  const StateDType state_dtype = o.state_dtype.value_or(stored_dtype);
+  const bool convert = state_dtype != stored_dtype;
+  job.optimizer.state_dtype = state_dtype;
   if ((o.world_size == 0) != (o.accumulation_steps == 0)) {
     return InvalidArgument("reshard: give the world size and the accumulation steps together");
   }
@@ -309,9 +335,8 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
         ZPS_ASSIGN_OR_RETURN(auto value, inputs[0].store->GetCatalog(name));
         ZPS_RETURN_IF_ERROR(out.store->PutCatalog(name, value));
       }
-      // The moments are copied as stored, so the new checkpoints keep the job's state dtype.
-      ZPS_ASSIGN_OR_RETURN(out.writer,
-                           out.store->BeginCheckpoint(step, inputs[0].reader->info().state_dtype));
+      // The moments are copied as stored, or converted to the new state dtype.
+      ZPS_ASSIGN_OR_RETURN(out.writer, out.store->BeginCheckpoint(step, state_dtype));
       out.from_bytes.assign(n, 0);
     }
     ZPS_ASSIGN_OR_RETURN(
@@ -323,12 +348,21 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
       Output& out = outs[j];
       for (uint32_t c : job.layout.ChunksOfShard(static_cast<uint32_t>(j))) {
         const uint32_t from = old_layout.shard_of_chunk(c);
+        if (convert) {
+          // The tensors read: the master and the two moments as stored.
+          const uint64_t elems = job.layout.chunk_size(c);
+          out.result = ConvertChunk(*inputs[from].reader, c, elems, state_dtype, *out.writer);
+          if (!out.result.ok()) return;
+          out.from_bytes[from] += elems * sizeof(float) + 2 * MomentBytes(stored_dtype, elems);
+          continue;
+        }
         const uint64_t before = out.writer->bytes();
         out.result = out.writer->CopyChunk(*inputs[from].reader, c);
         if (!out.result.ok()) return;
         out.from_bytes[from] += out.writer->bytes() - before;
       }
-      out.result = out.writer->CopyState(*inputs[0].reader);
+      out.result = convert ? out.writer->SetState(inputs[0].state)
+                           : out.writer->CopyState(*inputs[0].reader);
     });
     for (auto& out : outs) ZPS_RETURN_IF_ERROR(out.result);
     // Every input's values were copied exactly once: its chunks' payload plus its state blob
@@ -362,6 +396,8 @@ Result<ReshardStats> ReshardCheckpoint(const ReshardOptions& o) {
   stats.from_shards = n;
   stats.to_shards = m;
   stats.chunks = job.layout.num_chunks();
+  stats.from_state_dtype = stored_dtype;
+  stats.state_dtype = state_dtype;
   stats.coordinator_dir = coordinator_dir;
   return stats;
 }

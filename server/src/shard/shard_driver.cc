@@ -131,9 +131,9 @@ Status ShardCheckpoints::CheckStateDType(const CheckpointInfo& c) const {
       "optimizer.state_dtype is " +
       std::string(StateDTypeName(state_dtype_)) +
       ": a checkpoint is restored only into its own state dtype (run the job with state_dtype " +
-      std::string(StateDTypeName(c.state_dtype)) +
-      " to resume, or move --data-dir away to start "
-      "anew)");
+      std::string(StateDTypeName(c.state_dtype)) + " to resume, convert its moments offline with " +
+      "zps-ckpt reshard --state-dtype " + std::string(StateDTypeName(state_dtype_)) +
+      ", or move --data-dir away to start anew)");
 }
 
 Result<std::vector<int64_t>> ShardCheckpoints::Steps(bool verify) {

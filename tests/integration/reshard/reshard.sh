@@ -11,6 +11,8 @@
 #   kill             2to3, with shard 1 of the 3 SIGKILLed during a push of step 20 (the first
 #                    after the resume) and restarted: the job rolls back to the resharded
 #                    checkpoint 20 and still ends bit-identical
+#   convert          20 steps with fp32 state, the moments converted to int8 (--state-dtype), 20
+#                    more on 2 and on 3 shards: the two end bit-identical
 #   baseline         only the 40-step run on 2 shards (the reference of the others)
 #   bad-input        bad inputs leave every store as it was, with a clear error: a store
 #                    missing, stores of two jobs, a store of another step, a corrupt value, and
@@ -118,6 +120,50 @@ scenario() {  # name from to [crash-spec]
   echo "PASS $name: 20 steps on $from shards, reshard, 20 on $to${crash:+ (shard 1 killed at $crash)}: export and $(wc -l < "$d/b/final.crc") chunk CRCs equal 40 steps on 2"
 }
 
+# ---- a change of state dtype ----
+last_loss() {  # worker output: the loss of its last step line
+  awk '$1 == "step" {l = $4} END {print l}' "$1"
+}
+
+# 20 steps with fp32 state on 2 shards, then the moments converted to int8 by zps-ckpt reshard
+# --state-dtype int8, onto 2 shards and onto 3, and 20 more steps with int8 state on each. The two
+# resumed jobs must end bit-identical (the conversion does not depend on the shard count), their
+# checkpoints must hold int8 moments, and their last loss must be within 5% of the fp32 run's.
+convert() {
+  local d=$work/convert to out
+  baseline
+  phase "$d/a" 2 20 || { scenario_fail convert "the first 20 steps"; return; }
+  for to in 2 3; do
+    out=$("$bin/zps-ckpt" reshard --data-dir "$(stores "$d/a" 2)" --out "$(stores "$d/b$to" "$to")" \
+      --state-dtype int8 2> "$d/reshard$to.err") ||
+      { scenario_fail convert "zps-ckpt reshard --state-dtype int8: $(cat "$d/reshard$to.err")"; return; }
+    echo "  convert: $out"
+    [[ $out == *"moments converted from fp32 to int8"* ]] ||
+      { scenario_fail convert "the reshard did not report the conversion"; return; }
+  done
+  local saved=("${model[@]}")
+  model+=(--state-dtype int8)
+  phase "$d/b2" 2 40 || { model=("${saved[@]}"); scenario_fail convert "20 int8 steps on 2 shards"; return; }
+  phase "$d/b3" 3 40 || { model=("${saved[@]}"); scenario_fail convert "20 int8 steps on 3 shards"; return; }
+  model=("${saved[@]}")
+  for to in 2 3; do
+    grep -q "joined the job at step 20" "$d/b$to/worker0.40.err" ||
+      { scenario_fail convert "the int8 job on $to shards did not resume at step 20"; return; }
+    "$bin/zps-ckpt" inspect --data-dir "$d/b$to/s0/checkpoints" > "$d/b$to.inspect" 2> /dev/null
+    grep -Eq '^ *40 .*int8' "$d/b$to.inspect" ||
+      { scenario_fail convert "checkpoint 40 on $to shards does not hold int8 moments: $(cat "$d/b$to.inspect")"; return; }
+    export_model "$d/b$to" "$to" "$d/b$to.safetensors"
+  done
+  cmp -s "$d/b2.safetensors" "$d/b3.safetensors" && diff -q "$d/b2/final.crc" "$d/b3/final.crc" > /dev/null ||
+    { scenario_fail convert "the int8 jobs on 2 and 3 shards differ"; return; }
+  local base int8
+  base=$(last_loss "$work/base/worker0.40.out")
+  int8=$(last_loss "$d/b2/worker0.40.out")
+  awk -v a="$base" -v b="$int8" 'BEGIN {d = (b - a) / a; exit !(d < 0.05 && d > -0.05)}' ||
+    { scenario_fail convert "the int8 job's last loss $int8 is not within 5% of the fp32 run's $base"; return; }
+  echo "PASS convert: fp32 moments converted to int8 at step 20; 20 more steps on 2 and on 3 shards end bit-identical ($(wc -l < "$d/b2/final.crc") chunk CRCs), last loss $int8 against fp32 state's $base"
+}
+
 # ---- bad input ----
 expect_refused() {  # name expected-regex inputs outputs
   local name=$1 re=$2 in=$3 out=$4 before after rc=0 o fresh=()
@@ -199,6 +245,7 @@ for s in "${sel[@]}"; do
     1to4) scenario 1to4 1 4 ;;
     kill) scenario kill 2 3 push:20 ;;
     bad-input) bad_input ;;
+    convert) convert ;;
     baseline) baseline ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac

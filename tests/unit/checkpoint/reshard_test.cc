@@ -5,11 +5,14 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt_test_util.h"
 #include "zps/server/checkpoint.h"
 #include "zps/server/checkpoint_catalog.h"
 #include "zps/server/checkpoint_reshard.h"
+#include "zps/server/optimizer.h"
+#include "zps/server/packed_moment.h"
 #include "zps/testing/status_matchers.h"
 
 namespace zps::server::testing {
@@ -117,6 +120,136 @@ TEST(Reshard, ToOneAndBackAndAnOlderStep) {
     ASSERT_THAT(store, IsOk());
     ExpectCheckpoint(**store, four, s, 10);
   }
+}
+
+// The packed bytes of `values` in `dtype` (what a conversion must have written).
+std::vector<std::byte> Packed(StateDType dtype, MomentKind kind, const std::vector<float>& values) {
+  std::vector<std::byte> out(MomentBytes(dtype, values.size()));
+  EXPECT_THAT(PackMoment(dtype, kind, values, out), IsOk());
+  return out;
+}
+
+std::vector<float> Unpacked(StateDType dtype, MomentKind kind, const std::vector<std::byte>& b,
+                            size_t n) {
+  std::vector<float> out(n);
+  EXPECT_THAT(UnpackMoment(dtype, kind, b, out), IsOk());
+  return out;
+}
+
+// Every local chunk of `step` in the store: the master and version of MakeChunk's, m and v
+// MakeChunk's fp32 moments packed in `dtype` (through `via` first, when given: a second
+// conversion), and the state blob and job spec of the conversion.
+void ExpectConverted(const std::string& dir, uint32_t shards, uint32_t shard, int64_t step,
+                     StateDType dtype, std::optional<StateDType> via = std::nullopt) {
+  auto store = CheckpointStore::Open(dir, ReadOnly());
+  ASSERT_THAT(store, IsOk());
+  auto job = (*store)->GetJobSpec();
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->optimizer.state_dtype, dtype);
+  const Layout l = SmallJob(shards).layout;
+  auto r = (*store)->OpenCheckpoint(step);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ((*r)->info().state_dtype, dtype);
+  for (const ChunkEntry& e : (*r)->info().chunks) EXPECT_EQ(e.version, step + 1);
+  for (uint32_t c : l.ChunksOfShard(shard)) {
+    const ChunkData want = MakeChunk(l, c, step);
+    const size_t n = want.master.size();
+    std::vector<float> master(n);
+    std::vector<std::byte> m(MomentBytes(dtype, n)), v(MomentBytes(dtype, n));
+    ASSERT_THAT((*r)->ReadChunk(c, {master, m, v}), IsOk());
+    EXPECT_EQ(master, want.master) << "chunk " << c;
+    std::vector<float> wm = want.m, wv = want.v;
+    if (via) {
+      wm = Unpacked(*via, MomentKind::kM, Packed(*via, MomentKind::kM, wm), n);
+      wv = Unpacked(*via, MomentKind::kV, Packed(*via, MomentKind::kV, wv), n);
+    }
+    EXPECT_EQ(m, Packed(dtype, MomentKind::kM, wm)) << "chunk " << c;
+    EXPECT_EQ(v, Packed(dtype, MomentKind::kV, wv)) << "chunk " << c;
+  }
+  auto state = (*r)->ReadState();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(state->data()), state->size()),
+            "state@" + std::to_string(step));
+  auto list = (*store)->ListCheckpoints(/*verify=*/true);
+  ASSERT_THAT(list, IsOk());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].verification, Verification::kVerified);
+}
+
+// Reshards `inputs` onto `shards` stores under `root` with their moments in `dtype`; returns
+// the new stores.
+std::vector<std::string> Convert(const std::vector<std::string>& inputs, const std::string& root,
+                                 uint32_t shards, StateDType dtype, ReshardStats* stats = nullptr) {
+  ReshardOptions o;
+  o.inputs = inputs;
+  o.outputs = Outputs(root, shards);
+  o.state_dtype = dtype;
+  auto r = ReshardCheckpoint(o);
+  EXPECT_THAT(r, IsOk());
+  if (stats != nullptr && r.ok()) *stats = *r;
+  return o.outputs;
+}
+
+TEST(Reshard, ConvertsTheMomentsToAnotherStateDtype) {
+  TempDir dir;
+  auto in = MakeJob(dir.sub("a"), 2, {10, 20});
+  // fp32 -> int8 on 3 shards, then int8 -> bf16 on 2, then bf16 -> bf16 (a copy).
+  ReshardStats stats;
+  auto int8 = Convert(in, dir.sub("int8"), 3, StateDType::kInt8, &stats);
+  EXPECT_EQ(stats.from_state_dtype, StateDType::kF32);
+  EXPECT_EQ(stats.state_dtype, StateDType::kInt8);
+  for (uint32_t s = 0; s < 3; ++s) ExpectConverted(int8[s], 3, s, 20, StateDType::kInt8);
+  CheckpointOptions co;
+  auto catalog = CoordinatorCatalog::Open(stats.coordinator_dir, co);
+  ASSERT_THAT(catalog, IsOk());
+  EXPECT_EQ((*catalog)->GetJobSpec()->optimizer.state_dtype, StateDType::kInt8);
+
+  auto bf16 = Convert(int8, dir.sub("bf16"), 2, StateDType::kBF16);
+  for (uint32_t s = 0; s < 2; ++s) {
+    ExpectConverted(bf16[s], 2, s, 20, StateDType::kBF16, StateDType::kInt8);
+  }
+  auto same = Convert(bf16, dir.sub("same"), 2, StateDType::kBF16);  // the bytes as they are
+  for (uint32_t s = 0; s < 2; ++s) {
+    ExpectConverted(same[s], 2, s, 20, StateDType::kBF16, StateDType::kInt8);
+  }
+
+  // fp32 -> bf16 on 1 shard, then -> fp32 on 2: the bf16 values, widened exactly.
+  auto back = Convert(Convert(in, dir.sub("one"), 1, StateDType::kBF16), dir.sub("fp32"), 2,
+                      StateDType::kF32);
+  for (uint32_t s = 0; s < 2; ++s) {
+    ExpectConverted(back[s], 2, s, 20, StateDType::kF32, StateDType::kBF16);
+  }
+}
+
+// int8 moments need every parameter to start on a block: a job aligned to 32 elements is refused
+// before anything is written.
+TEST(Reshard, ConversionToInt8NeedsBlockAlignedParameters) {
+  TempDir dir;
+  JobSpec job;
+  auto layout = Layout::Build({{"a", {100}}, {"b", {70}}},
+                              {.chunk_elems = 1024, .align_elems = 32, .num_shards = 1});
+  ASSERT_THAT(layout, IsOk());
+  job.layout = *layout;
+  const std::string in = dir.sub("a/s0/checkpoints");
+  fs::create_directories(dir.sub("a/s0"));
+  {
+    auto store = CheckpointStore::Open(in, Small());
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->SetIdentity(job.layout, 0), IsOk());
+    ASSERT_THAT((*store)->PutJobSpec(job), IsOk());
+    ASSERT_THAT(WriteCheckpoint(**store, job.layout, 0, 10), IsOk());
+  }
+  ReshardOptions o;
+  o.inputs = {in};
+  o.outputs = Outputs(dir.sub("out"), 1);
+  o.state_dtype = StateDType::kInt8;
+  auto r = ReshardCheckpoint(o);
+  ASSERT_THAT(r, StatusIs(Code::kInvalidArgument));
+  EXPECT_NE(r.status().message().find("align_elems"), std::string::npos) << r.status().ToString();
+  EXPECT_FALSE(fs::exists(dir.sub("out")));
+  // bf16 has no blocks: the same job converts.
+  o.state_dtype = StateDType::kBF16;
+  ASSERT_THAT(ReshardCheckpoint(o), IsOk());
 }
 
 // Bad input: a clear error, the inputs untouched, nothing left at the outputs.

@@ -3,7 +3,8 @@
 // Chunk c of a job lives on shard c % num_shards; chunk ids and sizes depend only on the
 // parameters and chunk_elems, never on the shard count. So a job's checkpoint of step S on N
 // shards becomes one on M shards by moving each chunk's stored values to the store of shard
-// c % M, byte for byte (CheckpointWriter::CopyChunk: whatever dtypes the tensors are stored in),
+// c % M, byte for byte (CheckpointWriter::CopyChunk: whatever dtypes the tensors are stored in;
+// ReshardOptions::state_dtype converts the moments instead),
 // with every store's identity rewritten (the layout with num_shards = M, the shard ordinal) and
 // the state blob (step, loss scaler, optimizer step) copied as it is. Shards started with
 // `--shards M` on the new stores resume the job at step S, and since every reduction runs in a
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,12 @@ struct ReshardOptions {
   /// commit's grad_divisor does. docs/checkpoints.md says what a resumed job then computes.
   uint32_t world_size = 0;
   uint32_t accumulation_steps = 0;
+  /// Default: unset = keep the checkpoint's state dtype (the moments are copied as stored).
+  /// Another dtype converts them: each chunk's m and v are unpacked to fp32 and packed in the new
+  /// dtype as PackMoment packs (bf16: both rounded to nearest even; int8: per block, as the
+  /// update packs), and the job's optimizer.state_dtype becomes it. The masters, versions and
+  /// state blob are kept. int8 needs the job's align_elems to be a multiple of its block.
+  std::optional<StateDType> state_dtype;
   /// Default: 4 — output stores written at once.
   uint32_t threads = 4;
   /// Default: true. The inputs are read with O_DIRECT: each value is read once, and filling the
@@ -63,7 +71,9 @@ struct ReshardStats {
   uint32_t from_shards = 0;
   uint32_t to_shards = 0;
   uint32_t chunks = 0;
-  uint64_t bytes = 0;  // payload bytes copied (tensors and state blobs)
+  uint64_t bytes = 0;                              // payload bytes copied (tensors and state blobs)
+  StateDType from_state_dtype = StateDType::kF32;  // the inputs' moments
+  StateDType state_dtype = StateDType::kF32;       // the outputs' (another one: converted)
   std::string coordinator_dir;
 };
 
