@@ -221,9 +221,19 @@ void ShardState::ServingTier::Loop() {
       // The reply is sent straight from the staging buffer, and holds it until the send is
       // done. A send to a peer that vanished may never complete (shared memory in UCX 1.13):
       // its buffer then stays held for good, and later reads get another (serving_staging.h).
+      // A range of at most a quarter of the chunk is copied out instead, so that a reply never
+      // holds more than four times the bytes it sends.
       const QuantRange r = s.kinds_->serving_range(c->size, w.req.offset, w.req.length);
       const auto* from = reinterpret_cast<const std::byte*>(data->get()) + r.offset;
-      w.cb(Status::Ok(), version, std::span<const std::byte>(from, r.bytes), *std::move(data));
+      if (r.bytes * 4 <= words * sizeof(uint16_t)) {
+        std::shared_ptr<std::byte[]> copy(new std::byte[r.bytes]);
+        std::memcpy(copy.get(), from, r.bytes);
+        data->reset();
+        const std::span<const std::byte> range(copy.get(), r.bytes);
+        w.cb(Status::Ok(), version, range, std::move(copy));
+      } else {
+        w.cb(Status::Ok(), version, std::span<const std::byte>(from, r.bytes), *std::move(data));
+      }
     }
     lock.Lock();
   }

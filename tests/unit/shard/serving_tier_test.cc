@@ -114,6 +114,26 @@ TEST(ServingTierTest, RepliesHoldingTheirBuffersDoNotStallLaterFetches) {
   EXPECT_THAT(after.status, IsOk());
 }
 
+// A reply for a quarter of a chunk or less holds a copy of its range, not a staging buffer.
+TEST(ServingTierTest, SmallRangeRepliesHoldNoStagingBuffer) {
+  const Layout layout = SixteenChunks();
+  auto s = Make(layout);
+  constexpr uint32_t kHeld = kServingStagingBuffers + 2;
+  PushInit(*s, layout);
+  std::vector<std::unique_ptr<testing::FetchResult>> replies;
+  for (uint32_t i = 0; i < kHeld; ++i) {
+    const uint32_t chunk = kSpilled - i;
+    auto& r = replies.emplace_back(std::make_unique<testing::FetchResult>());
+    s->Fetch({chunk, kChunk / 2, kChunk / 4, 0}, r->Callback(/*keep_owner=*/true));
+    ASSERT_TRUE(r->Wait()) << "chunk " << chunk;
+    ASSERT_THAT(r->status, IsOk());
+    ASSERT_NE(r->owner, nullptr);
+    ASSERT_EQ(r->data.size(), kChunk / 4 * 2);
+    EXPECT_EQ(r->Word(0), std::bit_cast<uint32_t>(1.0f + static_cast<float>(chunk)) >> 16);
+  }
+  EXPECT_EQ(s->storage_stats().serving_staging_bytes, kServingStagingBuffers * kRecord);
+}
+
 TEST(ServingTierTest, AFetchWaitingForTheInitialValuesIsAnsweredAtTheirPublish) {
   const Layout layout = SixteenChunks();
   auto s = Make(layout);
