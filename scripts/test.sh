@@ -4,6 +4,8 @@
 # with ctest's summary line; any stage that fails makes the exit status non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/ctest-failures.sh
+tsan_dir=$PWD/${ZPS_TSAN_BUILD_DIR:-build-tsan}
 ./scripts/install-deps.sh
 ./scripts/build.sh  # the same configuration as scripts/main.sh: what it built is reused
 # Every tracked C++ file formatted as .clang-format says; a failure fails the run at the end.
@@ -26,4 +28,8 @@ cd "${ZPS_BUILD_DIR:-build}"
 main_rc=0
 ctest --output-on-failure --timeout 900 -j "${ZPS_TEST_JOBS:-2}" || main_rc=$?
 [[ $format_rc -eq 0 ]] || echo "FAIL: scripts/check-format.sh exited $format_rc (the files are listed above)"
+if [[ $tsan_rc -ne 0 ]]; then
+  echo "FAIL: scripts/tsan.sh exited $tsan_rc"
+  print_ctest_failures "$tsan_dir" TSan
+fi
 [[ $format_rc -eq 0 && $tsan_rc -eq 0 && $main_rc -eq 0 ]]

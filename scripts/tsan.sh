@@ -24,6 +24,7 @@ TESTS=(test_rpc test_ucx test_ucx_peer test_metrics test_shard test_server_kv
 source scripts/lib/sanitizer-tree.sh
 configure_sanitizer_tree "$BUILD_DIR" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DZPS_SANITIZE=thread -DZPS_WERROR=ON
+rm -f "$BUILD_DIR/Testing/Temporary/LastTestsFailed.log"  # what scripts/test.sh reports at its end
 # Every library target (libzps_*.a, libzps_c.so), zps-server, and the subset's tests.
 mapfile -t libs < <(ninja -C "$BUILD_DIR" -t targets all | grep -oE '^lib/libzps[^:]*\.(a|so)' | sort -u)
 [[ ${#libs[@]} -gt 0 ]] || { echo "tsan.sh: no library targets found in $BUILD_DIR"; exit 1; }
