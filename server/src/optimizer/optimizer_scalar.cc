@@ -67,31 +67,18 @@ struct V {
 
 #include "optimizer_kernel_body.inc"
 
+// One element at a time into its lane.
 template <DType G>
-double SumSquaresRangeT(const void* g, size_t begin, size_t end) {
-  double s = 0.0;
-  for (size_t b = begin; b < end; b += kStatsBlock) {
-    const size_t e = std::min(end, b + kStatsBlock);
-    // Same shape as the vector paths (16 lane sums over whole groups of 16, reduced in lane
-    // order, then the block's tail in order), so the result is bit-identical to theirs: the
-    // products are exact, and every addition happens in the same order.
-    double lanes[16] = {};
-    size_t i = b;
-    for (; i + 16 <= e; i += 16) {
-      for (size_t k = 0; k < 16; ++k) {
-        const double x = V::LoadGrad<G>(g, i + k);
-        lanes[k] += x * x;
-      }
+size_t SumSquaresLanes(const void* g, size_t begin, size_t end, double* lanes) {
+  for (size_t k = 0; k < 16; ++k) lanes[k] = 0.0;
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    for (size_t k = 0; k < 16; ++k) {
+      const double x = V::LoadGrad<G>(g, i + k);
+      lanes[k] += x * x;
     }
-    double bs = 0.0;
-    for (double x : lanes) bs += x;
-    for (; i < e; ++i) {
-      const double x = V::LoadGrad<G>(g, i);
-      bs += x * x;
-    }
-    s += bs;
   }
-  return s;
+  return i;
 }
 
 #include "optimizer_kernel_entry.inc"
