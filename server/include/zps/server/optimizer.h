@@ -162,8 +162,9 @@ class Optimizer {
   Status Update(const ChunkState& state, const GradView& grad, const UpdateParams& params) const;
 
   /// Sum of squares of (grad x scale), accumulated in double over fixed blocks of 4096
-  /// elements (each fp32 square is exact in double; 16 lane sums per block), blocks combined in
-  /// index order, then multiplied by scale^2; and the non-finite flag (any Inf/NaN element).
+  /// elements (each fp32 square is exact in double; 16 lane sums per block), blocks added in
+  /// index order within each 64 Ki-element task and the tasks in index order, then multiplied by
+  /// scale^2; and the non-finite flag (any Inf/NaN element).
   /// Bit-identical for any pool size and on every ISA. Relative error <= (320 + n/65536) x 2^-53
   /// (docs/optimizer.md). Errors: InvalidArgument for a bad dtype, null data with n > 0, or a
   /// non-finite scale.
