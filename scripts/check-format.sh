@@ -8,7 +8,7 @@ if ! command -v clang-format >/dev/null 2>&1; then
   echo "check-format: clang-format is not installed (scripts/install-deps.sh installs it)" >&2
   exit 1
 fi
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
+mapfile -t files < <(git ls-files '*.cc' '*.h' '*.inc' '*.cu' '*.cuh')
 if [[ ${1:-} == --fix ]]; then
   clang-format -i "${files[@]}"
   exit 0

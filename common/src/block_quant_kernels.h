@@ -1,5 +1,6 @@
 // block_quant_kernels.h — internal interface between block_quant.cc (formats, record walking,
-// dispatch, the scalar reference) and the vector kernels (block_quant_{avx2,avx512}.cc).
+// dispatch, the scalar reference) and the vector kernels (block_quant_{avx2,avx512}.cc, whose loops
+// are written once in block_quant_kernel_body.inc).
 //
 // A vector kernel handles the longest prefix it can do in whole vectors and returns how many
 // elements it did; block_quant.cc finishes the rest with the scalar functions below, which do
