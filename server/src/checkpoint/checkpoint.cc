@@ -123,6 +123,11 @@ Result<Manifest> DecodeManifest(int64_t key_step, std::span<const std::byte> byt
     ZPS_ASSIGN_OR_RETURN(c.version, r.I64("version"));
     ZPS_ASSIGN_OR_RETURN(c.elems, r.U64("elems"));
   }
+  for (size_t i = 1; i < m.info.chunks.size(); ++i) {
+    if (m.info.chunks[i - 1].chunk >= m.info.chunks[i].chunk) {
+      return DataLoss("checkpoint manifest: chunk ids not ascending");
+    }
+  }
   Status end = r.ExpectEnd("checkpoint manifest");
   if (!end.ok()) return DataLoss(end.message());
   if (m.info.step != key_step || m.slice_bytes == 0 || m.slice_bytes % 4 != 0) {
@@ -162,6 +167,12 @@ std::string_view VerificationName(Verification v) {
       return "CORRUPT";
   }
   return "?";
+}
+
+const ChunkEntry* CheckpointInfo::FindChunk(uint32_t chunk) const {
+  auto it = std::lower_bound(chunks.begin(), chunks.end(), chunk,
+                             [](const ChunkEntry& e, uint32_t c) { return e.chunk < c; });
+  return it != chunks.end() && it->chunk == chunk ? &*it : nullptr;
 }
 
 Status CheckpointOptions::Validate() const {
@@ -685,10 +696,8 @@ Result<ChunkEntry> CheckpointWriter::CheckCopy(const Manifest& src, uint32_t chu
   }
   const size_t idx = static_cast<size_t>(it - local_.begin());
   if (added_[idx]) return InvalidArgument("chunk " + std::to_string(chunk) + " added twice");
-  const auto& list = src.info.chunks;
-  auto e =
-      std::find_if(list.begin(), list.end(), [&](const ChunkEntry& c) { return c.chunk == chunk; });
-  if (e == list.end()) {
+  const ChunkEntry* e = src.info.FindChunk(chunk);
+  if (e == nullptr) {
     return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
                     std::to_string(step_) + " of " + where);
   }
@@ -955,9 +964,8 @@ Status CheckpointReader::ReadSlices(uint32_t chunk, uint8_t kind, std::span<std:
 }
 
 Status CheckpointReader::ReadChunk(uint32_t chunk, const ChunkTensorsOut& out) const {
-  auto it = std::find_if(info_.chunks.begin(), info_.chunks.end(),
-                         [&](const ChunkEntry& e) { return e.chunk == chunk; });
-  if (it == info_.chunks.end()) {
+  const ChunkEntry* it = info_.FindChunk(chunk);
+  if (it == nullptr) {
     return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
                     std::to_string(info_.step));
   }
@@ -985,9 +993,7 @@ Result<std::vector<StoredValue>> CheckpointReader::ReadStored(uint32_t chunk,
                                                               std::string_view after,
                                                               size_t max_bytes, bool* more) const {
   if (chunk != kStateChunk) {
-    const auto& list = info_.chunks;
-    if (std::none_of(list.begin(), list.end(),
-                     [&](const ChunkEntry& c) { return c.chunk == chunk; })) {
+    if (info_.FindChunk(chunk) == nullptr) {
       return NotFound("chunk " + std::to_string(chunk) + " not in checkpoint " +
                       std::to_string(info_.step) + " of " + store_->dir());
     }

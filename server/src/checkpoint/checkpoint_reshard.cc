@@ -227,10 +227,8 @@ bool SamePath(const std::string& a, const std::string& b) {
 Status ConvertChunk(const CheckpointReader& from, uint32_t chunk, uint64_t elems, StateDType dtype,
                     CheckpointWriter& to) {
   const StateDType was = from.info().state_dtype;
-  const auto& entries = from.info().chunks;
-  const auto entry = std::find_if(entries.begin(), entries.end(),
-                                  [&](const ChunkEntry& e) { return e.chunk == chunk; });
-  if (entry == entries.end()) return NotFound("chunk " + std::to_string(chunk) + " not in input");
+  const ChunkEntry* entry = from.info().FindChunk(chunk);
+  if (entry == nullptr) return NotFound("chunk " + std::to_string(chunk) + " not in input");
   std::vector<float> master(elems), values(elems);
   std::vector<std::byte> m(MomentBytes(was, elems)), v(MomentBytes(was, elems));
   ZPS_RETURN_IF_ERROR(from.ReadChunk(chunk, {master, m, v}));

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "checkpoint_codec.h"
 #include "ckpt_test_util.h"
 #include "fault_fs.h"
 #include "zps/server/checkpoint.h"
@@ -412,6 +413,33 @@ TEST_F(CheckpointStoreTest, CorruptManifestFallsBack) {
   EXPECT_EQ(latest->step, 1);
   auto list = store_->ListCheckpoints(false);
   EXPECT_EQ((*list)[1].verification, Verification::kCorrupt);
+}
+
+// A manifest's chunk list is ascending, so FindChunk can search it; one that is not is refused
+// as corrupt rather than read with chunks missing.
+TEST(CheckpointManifest, ChunkListIsAscendingAndSearched) {
+  internal::Manifest m;
+  m.info.step = 7;
+  m.slice_bytes = 4096;
+  for (uint32_t c : {2u, 5u, 9u}) m.info.chunks.push_back({.chunk = c, .version = c, .elems = 64});
+  auto decoded = internal::DecodeManifest(7, internal::EncodeManifest(m));
+  ASSERT_THAT(decoded, IsOk());
+  for (uint32_t c = 0; c < 12; ++c) {
+    const ChunkEntry* e = decoded->info.FindChunk(c);
+    if (c == 2 || c == 5 || c == 9) {
+      ASSERT_NE(e, nullptr) << c;
+      EXPECT_EQ(e->chunk, c);
+      EXPECT_EQ(e->version, c);
+    } else {
+      EXPECT_EQ(e, nullptr) << c;
+    }
+  }
+  std::swap(m.info.chunks[0], m.info.chunks[1]);
+  EXPECT_EQ(internal::DecodeManifest(7, internal::EncodeManifest(m)).status().code(),
+            Code::kDataLoss);
+  m.info.chunks[0] = m.info.chunks[1];  // the same chunk twice
+  EXPECT_EQ(internal::DecodeManifest(7, internal::EncodeManifest(m)).status().code(),
+            Code::kDataLoss);
 }
 
 // ---- injected I/O faults

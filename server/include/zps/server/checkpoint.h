@@ -135,12 +135,16 @@ struct CheckpointInfo {
   uint64_t layout_hash = 0;
   uint32_t shard = 0;
   uint64_t bytes = 0;  // payload bytes: tensors and state
+  /// Ascending by chunk id, each id once (the writer sorts them; decoding a manifest checks it).
   std::vector<ChunkEntry> chunks;
   /// How m and v are packed (MomentBytes). Checkpoints written before state dtypes existed (and
   /// every fp32 one, whose manifest is unchanged) read as fp32.
   StateDType state_dtype = StateDType::kF32;
   Verification verification = Verification::kManifestOk;
   std::string problem;  // why kCorrupt
+
+  /// The entry of `chunk` (a binary search of `chunks`), or nullptr when the checkpoint lacks it.
+  const ChunkEntry* FindChunk(uint32_t chunk) const;
 };
 
 class CheckpointStore;
