@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +28,20 @@ void MaybeCrashAt(std::string_view point, int64_t step) {
     return std::string(e ? e : "");
   }();
   if (spec.empty()) return;
-  if (spec != std::string(point) + ":" + std::to_string(step)) return;
-  ZPS_LOG(WARNING) << "ZPS_TEST_CRASH_AT=" << spec << ": killing this process";
+  const std::string at = std::string(point) + ":" + std::to_string(step);
+  if (spec != at) {
+    // <point>:<step>+ : the first time `point` is reached at `step` or later.
+    const size_t colon = spec.rfind(':');
+    if (!spec.ends_with('+') || colon == std::string::npos ||
+        std::string_view(spec).substr(0, colon) != point) {
+      return;
+    }
+    int64_t from = 0;
+    const char* first = spec.data() + colon + 1;
+    const char* last = spec.data() + spec.size() - 1;
+    if (std::from_chars(first, last, from).ptr != last || step < from) return;
+  }
+  ZPS_LOG(WARNING) << "ZPS_TEST_CRASH_AT=" << spec << ": killing this process at " << at;
   ::raise(SIGKILL);
 }
 

@@ -37,9 +37,12 @@
 namespace zps::server {
 
 /// Test hook: ZPS_TEST_CRASH_AT=<point>:<step> makes the process SIGKILL itself when it reaches
-/// `point` at `step` (points: push, update, decide, checkpoint, after-checkpoint, speculate,
-/// speculating (before each chunk's speculative update), checkpoint-background). Honest crash
-/// points for the recovery test; nothing happens when the variable is unset.
+/// `point` at `step`, and <point>:<step>+ the first time it reaches `point` at `step` or later (a
+/// point that a step may pass without, such as speculate). Points: push, update, decide,
+/// checkpoint, after-checkpoint, speculate, speculating (before each chunk's speculative update),
+/// checkpoint-background. It logs "ZPS_TEST_CRASH_AT=<spec>: killing this process at
+/// <point>:<step>" first. Honest crash points for the recovery test; nothing happens when the
+/// variable is unset.
 void MaybeCrashAt(std::string_view point, int64_t step);
 
 class ShardCheckpoints {

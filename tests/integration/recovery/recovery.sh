@@ -16,7 +16,10 @@
 #                      complete on every shard) is corrupted while it runs: its restore meets
 #                      DATA_LOSS, it reports 15 unusable, and the job rolls back to 10.
 #   speculate          (with --update speculative) shard 1 dies inside the speculation of step
-#                      12: chunks updated into spares, the step not yet decided.
+#                      12, or of the first step after it that speculates a chunk (a step whose
+#                      chunks were all dequeued before its commit order was armed, or found no
+#                      spare free, speculates none): chunks updated into spares, the step not
+#                      yet decided.
 #   checkpoint-background  shard 1 dies in the middle of its background write of checkpoint 10,
 #                      after it has applied step 10 (copy-on-write exercised); its newest
 #                      complete checkpoint is then 5.
@@ -180,6 +183,14 @@ scenario() {  # name victim point:step|timing:step [setup [before-restart [check
     tail -n 12 "$dir/shard$victim.log"
     return
   fi
+  # <point>:<step>+ (the first time the point is reached at that step or later): the newest
+  # checkpoint before the step it died in, a multiple of 5, is the one to resume from.
+  if [[ $crash == *+ ]]; then
+    local died
+    died=$(grep -Eo "killing this process at ${crash%%:*}:[0-9]+" "$dir/shard$victim.log" | grep -Eo '[0-9]+$')
+    expect_resume[$name]=$(( (died - 1) / 5 * 5 ))
+    echo "  $name: shard $victim died at ${crash%%:*}:$died"
+  fi
   local t_kill
   t_kill=$(now_ms)
   wait "${shard_pid[$victim]}" 2>/dev/null || true
@@ -252,7 +263,7 @@ for s in "${sel[@]}"; do
     corrupt-restarted) scenario corrupt-restarted 1 push:17 "" corrupt_restarted check_corrupt_restarted ;;
     corrupt-survivor) scenario corrupt-survivor 1 push:17 "" corrupt_survivor check_corrupt_survivor ;;
     disk-full) scenario disk-full 0 push:17 mount_small_tmpfs "" check_disk_full ;;
-    speculate) scenario speculate 1 speculate:12 ;;
+    speculate) scenario speculate 1 speculate:12+ ;;  # a step may pass with no chunk speculated
     checkpoint-background) scenario checkpoint-background 1 checkpoint-background:10 ;;
     *) echo "unknown scenario $s"; exit 2 ;;
   esac
