@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/ctest-failures.sh
-tsan_dir=$PWD/${ZPS_TSAN_BUILD_DIR:-build-tsan}
+tsan_dir=${ZPS_TSAN_BUILD_DIR:-build-tsan}
+[[ $tsan_dir == /* ]] || tsan_dir=$PWD/$tsan_dir  # scripts/tsan.sh builds there
 ./scripts/install-deps.sh
 ./scripts/build.sh  # the same configuration as scripts/main.sh: what it built is reused
 # Every tracked C++ file formatted as .clang-format says; a failure fails the run at the end.
