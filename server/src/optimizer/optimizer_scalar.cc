@@ -55,8 +55,8 @@ struct V {
   }
   static F Dequant(const uint8_t* codes, const float* table) { return table[*codes]; }
   template <bool SIGNED>
-  static void Quant(uint8_t* out, F x, F inv) {
-    *out = Int8Quantize<SIGNED>(x, inv);
+  static void Quant4(uint8_t* out, const F* x, F inv) {
+    for (int j = 0; j < 4; ++j) out[j] = Int8Quantize<SIGNED>(x[j], inv);
   }
   static I AbsBits(F x) { return std::bit_cast<uint32_t>(x) & 0x7fffffffu; }
   static I MaxU(I a, I b) { return a > b ? a : b; }
