@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 #include <thread>
 
 #include "shard/snapshot_manager.h"
@@ -22,26 +23,41 @@ namespace zps::server {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// ZPS_TEST_CRASH_AT, parsed once: <point>:<step>, or <point>:<step>+ for that step or later.
+struct CrashSpec {
+  std::string text;  // as given, for the log line; empty when unset
+  std::string point;
+  int64_t step = 0;
+  bool or_later = false;
+  bool valid = false;
+};
+
+CrashSpec ParseCrashSpec(const char* env) {
+  CrashSpec c;
+  if (env == nullptr) return c;
+  c.text = env;
+  std::string_view s = c.text;
+  c.or_later = s.ends_with('+');
+  if (c.or_later) s.remove_suffix(1);
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos) return c;
+  c.point = std::string(s.substr(0, colon));
+  const std::string_view digits = s.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), c.step);
+  c.valid = ec == std::errc() && end == digits.data() + digits.size();
+  return c;
+}
+
+}  // namespace
+
 void MaybeCrashAt(std::string_view point, int64_t step) {
-  static const std::string spec = [] {
-    const char* e = std::getenv("ZPS_TEST_CRASH_AT");
-    return std::string(e ? e : "");
-  }();
-  if (spec.empty()) return;
-  const std::string at = std::string(point) + ":" + std::to_string(step);
-  if (spec != at) {
-    // <point>:<step>+ : the first time `point` is reached at `step` or later.
-    const size_t colon = spec.rfind(':');
-    if (!spec.ends_with('+') || colon == std::string::npos ||
-        std::string_view(spec).substr(0, colon) != point) {
-      return;
-    }
-    int64_t from = 0;
-    const char* first = spec.data() + colon + 1;
-    const char* last = spec.data() + spec.size() - 1;
-    if (std::from_chars(first, last, from).ptr != last || step < from) return;
-  }
-  ZPS_LOG(WARNING) << "ZPS_TEST_CRASH_AT=" << spec << ": killing this process at " << at;
+  static const CrashSpec spec = ParseCrashSpec(std::getenv("ZPS_TEST_CRASH_AT"));
+  if (!spec.valid || point != spec.point) return;
+  if (spec.or_later ? step < spec.step : step != spec.step) return;
+  ZPS_LOG(WARNING) << "ZPS_TEST_CRASH_AT=" << spec.text << ": killing this process at " << point
+                   << ":" << step;
   ::raise(SIGKILL);
 }
 
